@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv, install parplan with everything it needs, then run.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.parplan-installed
+
+# torchvision needs the torch it was built against; these pairs install on
+# the machines we use (x86_64: CUDA build that also runs on CPU; aarch64: CPU build).
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),aarch64)
+TORCH_PINS := torch==2.9.1 torchvision==0.24.1
+else
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+endif
+
+DEMO_MODEL ?= torchvision:resnet50
+DEMO_SHAPE ?= 64,3,2048,2048
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_PINS)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/parplan inspect --model $(DEMO_MODEL) --input-shape $(DEMO_SHAPE)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,137 @@
+"""Floating-point operation counts of one layer's forward and backward passes.
+
+Pure arithmetic on shapes, so cost models can count the FLOPs of any *local*
+problem (a tile, a slice of the batch) without torch.
+
+Assumptions:
+    * Convolution and linear layers count a multiply and an add as two FLOPs,
+      bias excluded — the convention of ``torch.utils.flop_counter``; the test
+      suite checks these counts against ``FlopCounterMode`` on real models.
+    * Their backward is two problems of the forward's size: backward-data
+      (only when the layer's input needs a gradient, i.e. something before it
+      has parameters) and backward-weight (only when it has weights).
+    * Every other layer is counted per element, with the per-element operation
+      counts of ``_PER_ELEMENT`` (forward, backward-data): these layers are
+      bound by memory, not arithmetic; the counts only rank problem sizes and
+      never stand in for a timed kernel.
+    * Pooling counts one operation per window element per output element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Sequence
+
+__all__ = ["Flops", "layer_flops"]
+
+Shape = Sequence[int]
+
+# kind -> (forward ops per output element, backward-data ops per output element)
+_PER_ELEMENT: dict[str, tuple[int, int]] = {
+    "batchnorm": (4, 6),
+    "norm": (5, 8),
+    "activation": (1, 1),
+    "add": (1, 0),
+    "mul": (1, 2),
+    "elementwise": (1, 1),
+    "softmax": (4, 4),
+    "dropout": (1, 1),
+    "upsample": (1, 1),
+    "mean": (1, 1),
+}
+_POOLING = ("maxpool", "avgpool")
+
+
+@dataclass(frozen=True)
+class Flops:
+    """FLOPs of the forward, backward-data and backward-weight passes of one layer."""
+
+    fwd: int = 0
+    bwd_data: int = 0
+    bwd_weight: int = 0
+
+    @property
+    def bwd(self) -> int:
+        """Backward total: data plus weight."""
+        return self.bwd_data + self.bwd_weight
+
+
+def layer_flops(
+    kind: str,
+    input_shapes: Sequence[Shape],
+    output_shape: Shape,
+    attrs: dict[str, Any],
+    *,
+    needs_input_grad: bool,
+    has_weight: bool,
+) -> Flops:
+    """FLOPs of a layer of ``kind`` on the given (global or local) shapes.
+
+    Args:
+        kind: Layer kind as set by tracing (``conv``, ``linear``, ``maxpool``, ...).
+        input_shapes: Shapes of the tensor inputs, in argument order.
+        output_shape: Shape of the (single) output tensor.
+        attrs: Layer attributes; convolutions need ``weight_shape`` and
+            ``transposed``, linear layers ``weight_shape``, pooling ``kernel_size``.
+        needs_input_grad: Whether backward must produce the input's gradient.
+        has_weight: Whether the layer has trainable weights (backward-weight runs).
+    """
+    if kind in ("conv", "conv_transpose"):
+        dense = _conv_flops(input_shapes[0], output_shape, attrs)
+    elif kind == "linear":
+        dense = _linear_flops(input_shapes[0], attrs["weight_shape"])
+    else:
+        return _elementwise_flops(kind, input_shapes, output_shape, attrs, needs_input_grad, has_weight)
+    return Flops(
+        fwd=dense,
+        bwd_data=dense if needs_input_grad else 0,
+        bwd_weight=dense if has_weight else 0,
+    )
+
+
+def _conv_flops(input_shape: Shape, output_shape: Shape, attrs: dict[str, Any]) -> int:
+    weight_shape = attrs["weight_shape"]
+    window = prod(weight_shape[2:])
+    if attrs.get("transposed", False):
+        # weight (C_in, C_out/groups, *k); every input point meets every kernel tap.
+        c_in, c_out_per_group = weight_shape[0], weight_shape[1]
+        return 2 * input_shape[0] * prod(input_shape[2:]) * window * c_in * c_out_per_group
+    # weight (C_out, C_in/groups, *k); every output point reads one window per input channel of its group.
+    c_out, c_in_per_group = weight_shape[0], weight_shape[1]
+    return 2 * output_shape[0] * prod(output_shape[2:]) * window * c_out * c_in_per_group
+
+
+def _linear_flops(input_shape: Shape, weight_shape: Shape) -> int:
+    out_features, in_features = weight_shape
+    rows = prod(input_shape[:-1])
+    return 2 * rows * in_features * out_features
+
+
+def _elementwise_flops(
+    kind: str,
+    input_shapes: Sequence[Shape],
+    output_shape: Shape,
+    attrs: dict[str, Any],
+    needs_input_grad: bool,
+    has_weight: bool,
+) -> Flops:
+    out_elements = prod(output_shape)
+    if kind in _POOLING:
+        window = prod(_pair(attrs.get("kernel_size", 1)))
+        return Flops(fwd=out_elements * window, bwd_data=out_elements * window if needs_input_grad else 0)
+    if kind in ("adaptive_avgpool", "adaptive_maxpool"):
+        in_elements = prod(input_shapes[0]) if input_shapes else out_elements
+        return Flops(fwd=in_elements, bwd_data=in_elements if needs_input_grad else 0)
+    fwd_ops, bwd_ops = _PER_ELEMENT.get(kind, (0, 0))
+    return Flops(
+        fwd=fwd_ops * out_elements,
+        bwd_data=bwd_ops * out_elements if needs_input_grad else 0,
+        bwd_weight=2 * out_elements if has_weight else 0,
+    )
+
+
+def _pair(value: Any) -> tuple[int, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value), int(value))

@@ -1,0 +1,168 @@
+"""The traced model: ``trace(model, input_shape) -> LayerGraph``.
+
+A :class:`LayerGraph` is a ``networkx.DiGraph`` whose nodes are the model's
+layers in execution (topological) order, keyed by their torch.fx node name
+(``layer1_0_conv1``, ``add_3``). Each node carries:
+
+==================  ==========================================================
+``kind``            ``input``, ``conv``, ``linear``, ``batchnorm``, ``maxpool``,
+                    ``add``, ``cat``, ``upsample``, ... (see ``layer_kinds``)
+``target``          what the node calls: a module class or a function name
+``module``          qualified name of the module it belongs to ("" at top level)
+``input_shapes``    shapes of its tensor inputs, in argument order
+``output_shape``    shape of its output (a list of shapes for tuple outputs)
+``weight_shape``    shape of its weight, or ``None``
+``params``          number of parameters it owns (shared ones counted once)
+``param_bytes``     their size in bytes
+``flops_fwd``       forward FLOPs; ``flops_bwd_data``, ``flops_bwd_weight``,
+                    ``flops_bwd`` for backward (see ``cost_models.flops``)
+``activation_bytes``  bytes of its output tensor(s)
+``aliases_input``   the output is a view of (or written into) its input
+``requires_grad``   the output needs a gradient in backward
+``attrs``           hyper-parameters: kernel, stride, padding, dilation, groups, ...
+==================  ==========================================================
+
+Edges ``(producer, consumer)`` carry ``bytes`` (the tensor passed) and
+``shape``. ``graph.graph`` holds ``input_shape``, ``dtype``, ``outputs`` and
+``fingerprint``: a stable hash of everything above, so a plan made for one
+model and input shape is refused on another.
+
+Shapes come from torch.fx shape propagation on fake tensors, so a batch of
+2048×2048 images costs no memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable, Sequence
+
+import networkx as nx
+
+__all__ = ["LayerGraph", "compute_fingerprint", "parse_input_shape", "trace"]
+
+GRAPH_FORMAT = "parplan.graph/1"
+_FINGERPRINT_NODE_KEYS = (
+    "kind", "target", "input_shapes", "output_shape", "weight_shape", "params", "attrs",
+)
+
+
+class LayerGraph(nx.DiGraph):
+    """A traced model: layers as nodes in execution order, tensors as edges."""
+
+    def layers(self) -> list[str]:
+        """Layer names in execution order (the order tracing inserted them)."""
+        return list(self.nodes)
+
+    def compute_layers(self) -> list[str]:
+        """Layers other than the input placeholders."""
+        return [name for name, data in self.nodes(data=True) if data["kind"] != "input"]
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint stored at trace time (``sha256:…``)."""
+        return str(self.graph["fingerprint"])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The global input shape the model was traced with."""
+        return tuple(self.graph["input_shape"])
+
+    def totals(self) -> dict[str, int]:
+        """Sums over layers: parameters, FLOPs, activation bytes (aliasing outputs excluded)."""
+        data = [self.nodes[name] for name in self.nodes]
+        return {
+            "layers": sum(1 for d in data if d["kind"] != "input"),
+            "params": sum(d["params"] for d in data),
+            "param_bytes": sum(d["param_bytes"] for d in data),
+            "flops_fwd": sum(d["flops_fwd"] for d in data),
+            "flops_bwd": sum(d["flops_bwd"] for d in data),
+            "activation_bytes": sum(d["activation_bytes"] for d in data if not d["aliases_input"]),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: graph attributes, layers (with their names) and edges."""
+        return {
+            "format": GRAPH_FORMAT,
+            **{key: self.graph[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")},
+            "layers": [{"name": name, **_jsonable(self.nodes[name])} for name in self.nodes],
+            "edges": [{"src": u, "dst": v, **_jsonable(d)} for u, v, d in self.edges(data=True)],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LayerGraph":
+        """Inverse of :meth:`to_dict` (shapes come back as lists)."""
+        graph = cls()
+        graph.graph.update({key: data[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")})
+        for layer in data["layers"]:
+            attributes = {key: value for key, value in layer.items() if key != "name"}
+            graph.add_node(layer["name"], **attributes)
+        for edge in data["edges"]:
+            graph.add_edge(edge["src"], edge["dst"], **{k: v for k, v in edge.items() if k not in ("src", "dst")})
+        return graph
+
+
+def compute_fingerprint(graph: nx.DiGraph) -> str:
+    """A stable hash of a traced graph: layers, their shapes and attributes, edges, input shape, dtype.
+
+    Independent of Python's hash seed, the process and the machine; two traces
+    of the same model class at the same input shape and dtype agree.
+    """
+    canonical = {
+        "input_shape": list(graph.graph["input_shape"]),
+        "dtype": graph.graph["dtype"],
+        "layers": [[name, [_jsonable(graph.nodes[name].get(k)) for k in _FINGERPRINT_NODE_KEYS]] for name in graph.nodes],
+        "edges": sorted([u, v] for u, v in graph.edges),
+    }
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def parse_input_shape(text: str | Sequence[int]) -> tuple[int, int, int, int]:
+    """Read ``N,C,H,W`` (or a sequence of ints) into a shape, refusing anything else.
+
+    Raises:
+        InputError: Not four comma-separated positive integers.
+    """
+    from cost_models.errors import InputError
+
+    parts: Iterable[Any] = text.replace("x", ",").split(",") if isinstance(text, str) else text
+    try:
+        shape = tuple(int(str(p).strip()) for p in parts)
+    except ValueError as err:
+        raise InputError(f"input shape {text!r} is not a list of integers; write it as N,C,H,W, e.g. 8,3,224,224") from err
+    if len(shape) != 4:
+        raise InputError(
+            f"input shape {text!r} has {len(shape)} dimensions; parplan plans 2-D CNNs and needs N,C,H,W, "
+            f"e.g. 8,3,224,224"
+        )
+    if any(extent < 1 for extent in shape):
+        raise InputError(f"input shape {text!r} has a non-positive extent; every one of N,C,H,W must be >= 1")
+    return shape  # type: ignore[return-value]
+
+
+def trace(model: Any, input_shape: Sequence[int], dtype: Any = None, leaf_modules: Iterable[str] = ()) -> LayerGraph:
+    """Trace ``model`` at ``input_shape`` into a :class:`LayerGraph`.
+
+    Args:
+        model: An ``nn.Module``; traced in training mode (its modes are restored).
+        input_shape: Global input shape ``(N, C, H, W)``.
+        dtype: Element type of the input and activations (default ``torch.float32``).
+        leaf_modules: Qualified names or class names of modules to keep opaque
+            (not traced into), for modules torch.fx cannot trace.
+
+    Raises:
+        TraceError: torch.fx cannot trace a module (named), or the model rejects the input.
+        InputError: The input shape is not four positive integers.
+    """
+    from cost_models.tracing import build_layer_graph
+
+    return build_layer_graph(model, parse_input_shape(input_shape), dtype, tuple(leaf_modules))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,244 @@
+"""The answer parplan gives: per layer a Layout and a stage, the pipeline, and how it was found.
+
+A :class:`Plan` is saved as versioned JSON (``"format": "parplan.plan/1"``),
+validated on load against ``schemas/plan-1.schema.json``, and written
+atomically. It records the fingerprint of the traced model it was made for;
+:func:`load_plan` refuses a plan whose fingerprint differs from the model it is
+applied to, naming both.
+
+Consistency rules checked on construction (:meth:`Plan.__post_init__`):
+    * ``pipeline.stages`` equals the lengths of ``devices_per_stage`` and
+      ``staleness``; every layer's stage is below it;
+    * the stages use at most the cluster's devices;
+    * a ``sync`` schedule has zero staleness everywhere;
+    * each layer's ``Layout.ranks`` divides its stage's device count (the
+      remaining factor holds copies computing the same thing).
+:func:`check_plan_for_graph` adds the checks that need the model: every layer
+has an assignment, no unknown names, and each layout fits its layer's tensor.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from cost_models.cluster import Cluster
+from cost_models.errors import PlanError
+from cost_models.jsonio import read_json, write_json_atomic
+from cost_models.layout import Layout
+from cost_models.schema import check_document
+
+__all__ = [
+    "PLAN_FORMAT", "LayerAssignment", "Pipeline", "Plan", "Prediction", "SolverInfo",
+    "check_plan_for_graph", "load_plan", "save_plan",
+]
+
+PLAN_FORMAT = "parplan.plan/1"
+
+
+@dataclass(frozen=True)
+class LayerAssignment:
+    """Where one layer runs: its Layout and its pipeline stage."""
+
+    layout: Layout
+    stage: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.layout}@{self.stage}"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Stages, the devices each one gets, the schedule and the staleness of each stage."""
+
+    stages: int = 1
+    devices_per_stage: tuple[int, ...] = (1,)
+    schedule: str = "sync"
+    micro_batches: int = 1
+    staleness: tuple[int, ...] = (0,)
+
+    def __str__(self) -> str:
+        if self.stages == 1:
+            return "1 stage"
+        tail = f"M={self.micro_batches}" if self.schedule == "sync" else f"stale≤{max(self.staleness)}"
+        return f"{self.stages} stages {self.schedule} {tail}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the cost model predicts for the plan."""
+
+    iteration_s: float
+    memory_bytes_max: int
+    breakdown_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """How the plan was found: solver, its status, objective, optimality gap and time."""
+
+    name: str
+    status: str
+    seconds: float
+    objective: float | None = None
+    gap: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-layer layouts and stages for one model at one input shape on one cluster."""
+
+    fingerprint: str
+    input_shape: tuple[int, int, int, int]
+    dtype: str
+    cluster: Cluster
+    layers: Mapping[str, LayerAssignment]
+    pipeline: Pipeline = Pipeline()
+    predicted: Prediction | None = None
+    solver: SolverInfo | None = None
+    model_spec: str = ""
+    created: str = ""
+
+    def __post_init__(self) -> None:
+        _check_pipeline(self.pipeline, self.cluster)
+        for name, assignment in self.layers.items():
+            _check_assignment(name, assignment, self.pipeline)
+
+    def summary(self) -> str:
+        """One line: the distinct layouts by frequency and the pipeline, e.g. ``n4·h2 (52), n8 (3); 1 stage``."""
+        counts: dict[str, int] = {}
+        for assignment in self.layers.values():
+            counts[str(assignment.layout)] = counts.get(str(assignment.layout), 0) + 1
+        layouts = ", ".join(f"{text} ({n})" for text, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        return f"{layouts}; {self.pipeline}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``parplan.plan/1`` JSON document."""
+        return {
+            "format": PLAN_FORMAT,
+            "model": {"spec": self.model_spec, "fingerprint": self.fingerprint,
+                      "input_shape": list(self.input_shape), "dtype": self.dtype},
+            "cluster": self.cluster.to_dict(),
+            "layers": [{"name": name, "layout": a.layout.to_dict(), "stage": a.stage} for name, a in self.layers.items()],
+            "pipeline": {"schedule": self.pipeline.schedule, "stages": self.pipeline.stages,
+                         "micro_batches": self.pipeline.micro_batches,
+                         "devices_per_stage": list(self.pipeline.devices_per_stage),
+                         "staleness": list(self.pipeline.staleness)},
+            "predicted": None if self.predicted is None else {
+                "iteration_s": self.predicted.iteration_s, "memory_bytes_max": self.predicted.memory_bytes_max,
+                "breakdown_s": dict(self.predicted.breakdown_s)},
+            "solver": None if self.solver is None else {
+                "name": self.solver.name, "status": self.solver.status, "objective": self.solver.objective,
+                "gap": self.solver.gap, "seconds": self.solver.seconds},
+            "created": self.created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any], source: str = "plan") -> "Plan":
+        """Validate a ``parplan.plan/1`` document (format, schema, consistency) and build the Plan."""
+        check_document(document, PLAN_FORMAT, "plan-1", source, PlanError)
+        names = [layer["name"] for layer in document["layers"]]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise PlanError(f"{source} assigns layers {repeated[:5]} more than once; keep one entry per layer")
+        pipeline, predicted, solver = document["pipeline"], document.get("predicted"), document.get("solver")
+        try:
+            return cls(
+                fingerprint=document["model"]["fingerprint"],
+                input_shape=tuple(document["model"]["input_shape"]),  # type: ignore[arg-type]
+                dtype=document["model"]["dtype"],
+                cluster=Cluster.from_dict(document["cluster"]),
+                layers={layer["name"]: LayerAssignment(Layout.from_dict(layer["layout"]), layer["stage"])
+                        for layer in document["layers"]},
+                pipeline=Pipeline(pipeline["stages"], tuple(pipeline["devices_per_stage"]), pipeline["schedule"],
+                                  pipeline["micro_batches"], tuple(pipeline["staleness"])),
+                predicted=None if predicted is None else Prediction(
+                    predicted["iteration_s"], predicted["memory_bytes_max"], predicted.get("breakdown_s", {})),
+                solver=None if solver is None else SolverInfo(
+                    solver["name"], solver["status"], solver["seconds"], solver.get("objective"), solver.get("gap")),
+                model_spec=document["model"].get("spec", ""),
+                created=document.get("created", ""),
+            )
+        except PlanError as err:
+            raise PlanError(f"{source}: {err}") from err
+        except ValueError as err:  # InputError from Cluster/Layout validation
+            raise PlanError(f"{source}: {err}") from err
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Write ``plan`` as ``parplan.plan/1`` JSON, atomically."""
+    write_json_atomic(path, plan.to_dict())
+
+
+def load_plan(path: str | os.PathLike[str], expected_fingerprint: str | None = None) -> Plan:
+    """Read and validate a plan file.
+
+    Args:
+        path: The JSON file.
+        expected_fingerprint: The fingerprint of the model the plan will be
+            applied to; a different one in the file is refused.
+
+    Raises:
+        InputError: Missing file or invalid JSON.
+        PlanError: Wrong format version, schema violation, inconsistency, or
+            fingerprint mismatch (both fingerprints named).
+    """
+    plan = Plan.from_dict(read_json(path, "plan"), source=str(path))
+    if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
+        raise PlanError(
+            f"plan {path} was made for model fingerprint {plan.fingerprint} (input {_shape(plan.input_shape)}), "
+            f"but this model traces to {expected_fingerprint}; make a new plan for this model and input shape"
+        )
+    return plan
+
+
+def check_plan_for_graph(plan: Plan, graph: Any) -> None:
+    """Refuse a plan that does not cover exactly the graph's layers or whose layouts do not fit them.
+
+    Args:
+        plan: The plan.
+        graph: The :class:`~cost_models.graph.LayerGraph` it is applied to.
+    """
+    layers = set(graph.compute_layers())
+    missing, unknown = sorted(layers - set(plan.layers)), sorted(set(plan.layers) - set(graph.nodes))
+    if missing:
+        raise PlanError(f"plan has no layout for {len(missing)} layers of the model, e.g. {missing[:3]}; re-plan")
+    if unknown:
+        raise PlanError(f"plan names {len(unknown)} layers the model does not have, e.g. {unknown[:3]}; re-plan")
+    for name in layers:
+        layout, shape = plan.layers[name].layout, graph.nodes[name]["output_shape"]
+        if len(shape) == 4 and not layout.fits(tuple(shape)):
+            raise PlanError(f"layout {layout} of layer '{name}' splits its output {tuple(shape)} into empty parts")
+
+
+def _check_pipeline(pipeline: Pipeline, cluster: Cluster) -> None:
+    if pipeline.schedule not in ("sync", "stale"):
+        raise PlanError(f"pipeline schedule {pipeline.schedule!r} is unknown; use 'sync' or 'stale'")
+    if not (pipeline.stages == len(pipeline.devices_per_stage) == len(pipeline.staleness)):
+        raise PlanError(
+            f"pipeline has {pipeline.stages} stages but {len(pipeline.devices_per_stage)} device counts and "
+            f"{len(pipeline.staleness)} staleness values; give one of each per stage"
+        )
+    if sum(pipeline.devices_per_stage) > cluster.devices:
+        raise PlanError(
+            f"pipeline stages use {sum(pipeline.devices_per_stage)} devices but the cluster has {cluster.devices}"
+        )
+    if pipeline.schedule == "sync" and any(pipeline.staleness):
+        raise PlanError(f"a 'sync' pipeline has no staleness, got {list(pipeline.staleness)}; use schedule 'stale'")
+
+
+def _check_assignment(name: str, assignment: LayerAssignment, pipeline: Pipeline) -> None:
+    if not 0 <= assignment.stage < pipeline.stages:
+        raise PlanError(f"layer '{name}' is on stage {assignment.stage}, but the pipeline has {pipeline.stages} stages")
+    devices = pipeline.devices_per_stage[assignment.stage]
+    if devices % assignment.layout.ranks:
+        raise PlanError(
+            f"layer '{name}' has layout {assignment.layout} on {assignment.layout.ranks} ranks, which does not "
+            f"divide the {devices} devices of stage {assignment.stage}"
+        )
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return ",".join(str(d) for d in shape)
