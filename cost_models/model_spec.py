@@ -45,7 +45,7 @@ def load_model(spec: str) -> Any:
     from torch import nn
 
     if not isinstance(model, nn.Module):
-        raise InputError(f"model factory {spec!r} returned a {type(model).__name__}, not a torch.nn.Module")
+        raise InputError(f"model factory {spec!r} returned an object of type {type(model).__name__}, not a torch.nn.Module")
     return model
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeCopyMode, FakeTensorMode
 from torch.fx import GraphModule, Interpreter, Node, Tracer
 
 from cost_models.errors import InputError, TraceError
@@ -44,6 +44,7 @@ def build_layer_graph(
         fake_mode = FakeTensorMode()
         with FakeCopyMode(fake_mode):
             fake_traced = copy.deepcopy(traced)
+        _cast_floating(fake_traced, dtype, fake_mode)
     finally:
         for module, training in modes.items():
             module.training = training
@@ -51,6 +52,21 @@ def build_layer_graph(
     graph = _assemble(fake_traced, metas, input_shape, str(dtype).removeprefix("torch."))
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
     return graph
+
+
+def _cast_floating(module: nn.Module, dtype: torch.dtype, fake_mode: FakeTensorMode) -> None:
+    """Give the fake copy's floating-point parameters and buffers the activations' dtype."""
+    cast: dict[int, nn.Parameter] = {}  # tied weights stay tied
+    with fake_mode:
+        for sub in module.modules():
+            for key, param in sub._parameters.items():
+                if param is not None and param.is_floating_point() and param.dtype != dtype:
+                    if id(param) not in cast:
+                        cast[id(param)] = nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+                    sub._parameters[key] = cast[id(param)]
+            for key, buffer in sub._buffers.items():
+                if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
+                    sub._buffers[key] = buffer.to(dtype)
 
 
 class _LocatingTracer(Tracer):
@@ -104,6 +120,11 @@ class _FakePropagator(Interpreter):
     def run_node(self, n: Node) -> Any:
         try:
             result = super().run_node(n)
+        except DataDependentOutputException as err:
+            raise TraceError(
+                f"layer '{n.name}' ({_node_label(n)}) needs tensor values ({err.func}), which shape propagation on "
+                f"fake tensors cannot provide; make its control flow depend on shapes only"
+            ) from err
         except Exception as err:  # the model rejected the input: say which layer and why
             raise TraceError(
                 f"the model rejects input shape {_shape_text(self.metas)} at layer '{n.name}' "

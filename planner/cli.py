@@ -84,25 +84,28 @@ def _add_inspect(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_inspect)
 
 
-def _trace_model(args: argparse.Namespace) -> Any:
-    """Parse the shape first (cheap), then load and trace the model."""
+def _trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
+    """Parse the shape first (cheap), then load and trace the model; also returns the seconds each took."""
     from cost_models.graph import parse_input_shape
 
     shape = parse_input_shape(args.input_shape)
+    started = time.perf_counter()
     import torch
 
     from cost_models.graph import trace
     from cost_models.model_spec import load_model
 
     model = load_model(args.model)
-    return trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    loaded = time.perf_counter()
+    graph = trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    timing = {"load": round(loaded - started, 3), "trace": round(time.perf_counter() - loaded, 3)}
+    return graph, timing
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    graph = _trace_model(args)
+    graph, timing = _trace_model(args)
     document = {"model": args.model, **graph.to_dict(), "totals": graph.totals(),
-                "unused_params": graph.graph["unused_params"], "seconds": round(time.perf_counter() - started, 3)}
+                "unused_params": graph.graph["unused_params"], "timing_s": timing}
     if args.json:
         _print_json(document)
     else:
