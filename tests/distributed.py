@@ -13,9 +13,10 @@ traceback. Functions must be importable at module level (spawn pickles them).
 
 from __future__ import annotations
 
+import queue as queue_module
 import tempfile
+import time
 import traceback
-from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
@@ -27,36 +28,51 @@ RankFunction = Callable[..., Any]
 
 
 def run_ranks(fn: RankFunction, world_size: int, args: tuple[Any, ...] = (), timeout_s: float = 120.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; results in rank order."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; results in rank order.
+
+    Results are read while the ranks run (a rank blocked writing a large result
+    cannot deadlock the join), and a rank that dies without reporting fails the
+    call at once, naming its exit code.
+    """
     with tempfile.TemporaryDirectory(prefix="parplan-ranks-") as scratch:
-        rendezvous = Path(scratch) / "rendezvous"
         context = mp.get_context("spawn")
-        queue = context.SimpleQueue()
+        queue = context.Queue()
         processes = [
-            context.Process(target=_entry, args=(fn, rank, world_size, str(rendezvous), queue, args), daemon=True)
+            context.Process(target=_entry, args=(fn, rank, world_size, f"file://{scratch}/rendezvous", queue, args),
+                            daemon=True)
             for rank in range(world_size)
         ]
         for process in processes:
             process.start()
-        for process in processes:
-            process.join(timeout_s)
-        stuck = [rank for rank, process in enumerate(processes) if process.is_alive()]
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-        if stuck:
-            raise TimeoutError(f"ranks {stuck} did not finish within {timeout_s} s")
-        results: dict[int, Any] = {}
-        while not queue.empty():
-            rank, ok, value = queue.get()
-            if not ok:
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
-        missing = sorted(set(range(world_size)) - set(results))
-        if missing:
-            codes = [process.exitcode for process in processes]
-            raise AssertionError(f"ranks {missing} returned nothing (exit codes {codes})")
+        try:
+            results = _collect(queue, processes, timeout_s)
+        finally:
+            for process in processes:
+                process.join(5.0)
+                if process.is_alive():
+                    process.kill()
         return [results[rank] for rank in range(world_size)]
+
+
+def _collect(queue: Any, processes: list[Any], timeout_s: float) -> dict[int, Any]:
+    deadline = time.monotonic() + timeout_s
+    results: dict[int, Any] = {}
+    while len(results) < len(processes):
+        try:
+            rank, ok, value = queue.get(timeout=0.5)
+        except queue_module.Empty:
+            silent = [r for r, p in enumerate(processes) if r not in results and p.exitcode not in (None, 0)]
+            if silent:
+                codes = {r: processes[r].exitcode for r in silent}
+                raise AssertionError(f"ranks {silent} died without reporting (exit codes {codes})") from None
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(len(processes))) - set(results))
+                raise TimeoutError(f"ranks {missing} did not finish within {timeout_s} s") from None
+            continue
+        if not ok:
+            raise AssertionError(f"rank {rank} failed:\n{value}")
+        results[rank] = value
+    return results
 
 
 def _entry(fn: RankFunction, rank: int, world_size: int, rendezvous: str, queue: Any, args: tuple[Any, ...]) -> None:
@@ -64,7 +80,7 @@ def _entry(fn: RankFunction, rank: int, world_size: int, rendezvous: str, queue:
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
+        dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
         try:
             queue.put((rank, True, fn(rank, world_size, *args)))
         finally:

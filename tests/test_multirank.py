@@ -42,3 +42,16 @@ def _fail_on_rank_one(rank: int, world_size: int) -> int:
 def test_a_failing_rank_is_reported_with_its_traceback() -> None:
     with pytest.raises(AssertionError, match=r"rank 1 failed:[\s\S]*ValueError: rank one breaks"):
         run_ranks(_fail_on_rank_one, 2)
+
+
+def _die_on_rank_zero(rank: int, world_size: int) -> int:
+    if rank == 0:
+        import os
+
+        os._exit(3)
+    return rank
+
+
+def test_a_dead_rank_fails_fast() -> None:
+    with pytest.raises(AssertionError, match=r"ranks \[0\] died without reporting \(exit codes \{0: 3\}\)"):
+        run_ranks(_die_on_rank_zero, 2, timeout_s=60)
