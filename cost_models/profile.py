@@ -1,0 +1,257 @@
+"""What calibration measured, and the models fitted to it: the ``Profile``.
+
+A Profile holds, for one kind of device and its links:
+
+* ``compute``: timed local problems (:class:`ComputeSample`, keyed by a
+  canonical problem key) and, per layer kind and pass, a fitted model
+  (:class:`ComputeFit`) for problems that were not timed:
+  ``t = overhead_s + flops · s_per_flop + bytes · s_per_byte`` — a roofline
+  whose two rates add instead of taking the max, so small problems pay their
+  fixed overhead and large ones their dominant rate;
+* ``comm``: timed collectives (:class:`CommSample`) and per collective and
+  link level an α-β fit (:class:`CommFit`) over the algorithm terms of
+  :mod:`cost_models.collectives`;
+* ``device``: name, memory, and datasheet peaks when known;
+* ``meta``: where and how it was measured (host, torch version, backend,
+  dtype, threads, date, seconds) or, for presets, the datasheets used;
+* fit errors measured on held-out samples (:class:`FitError`).
+
+Stored as ``parplan.profile/1`` JSON, schema ``schemas/profile-1.schema.json``.
+
+Assumptions: a timed problem's median stands for every occurrence of the same
+key; unmeasured problems of a kind with no fit of its own use the pooled fit
+of kind ``*`` for the same pass.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from cost_models.collectives import comm_terms
+from cost_models.errors import InputError
+from cost_models.jsonio import read_json, write_json_atomic
+from cost_models.schema import check_document
+
+__all__ = [
+    "PROFILE_FORMAT", "CommFit", "CommSample", "ComputeFit", "ComputeSample", "DeviceSpec", "FitError",
+    "Profile", "ProfileError", "load_profile", "save_profile",
+]
+
+PROFILE_FORMAT = "parplan.profile/1"
+POOLED_KIND = "*"
+
+
+class ProfileError(InputError):
+    """A profile file is malformed, of another version, or lacks what is asked of it."""
+
+
+@dataclass(frozen=True)
+class FitError:
+    """Relative error of a fitted model on samples it was not fitted to."""
+
+    median_rel_err: float | None
+    p90_rel_err: float | None
+    n: int
+
+    @classmethod
+    def of(cls, predicted: Iterable[float], measured: Iterable[float]) -> "FitError":
+        """Median and 90th percentile of ``|predicted − measured| / measured``."""
+        errors = sorted(abs(p - m) / m for p, m in zip(predicted, measured) if m > 0)
+        if not errors:
+            return cls(None, None, 0)
+        p90 = statistics.quantiles(errors, n=10, method="inclusive")[-1] if len(errors) > 1 else errors[0]
+        return cls(statistics.median(errors), p90, len(errors))
+
+    def short(self) -> str:
+        """``median 4.1% · p90 9.8% · n=37`` or ``not measured``."""
+        if self.median_rel_err is None or self.p90_rel_err is None:
+            return "not measured"
+        return f"median {self.median_rel_err:.1%} · p90 {self.p90_rel_err:.1%} · n={self.n}"
+
+
+@dataclass(frozen=True)
+class ComputeSample:
+    """One timed local problem: a layer kind's pass on concrete shapes."""
+
+    kind: str
+    phase: str
+    key: str
+    flops: int
+    bytes: int
+    median_s: float
+    iqr_s: float
+    repeats: int
+
+
+@dataclass(frozen=True)
+class ComputeFit:
+    """``t = overhead_s + flops·s_per_flop + bytes·s_per_byte`` for one kind and pass."""
+
+    kind: str
+    phase: str
+    overhead_s: float
+    s_per_flop: float
+    s_per_byte: float
+    n_train: int
+    error: FitError = FitError(None, None, 0)
+
+    def time_s(self, flops: float, nbytes: float) -> float:
+        """Predicted seconds for a problem of ``flops`` and ``nbytes`` moved."""
+        return self.overhead_s + flops * self.s_per_flop + nbytes * self.s_per_byte
+
+
+@dataclass(frozen=True)
+class CommSample:
+    """One timed collective: its group size, link level and message bytes."""
+
+    collective: str
+    level: str
+    group: int
+    bytes: int
+    median_s: float
+    iqr_s: float
+    repeats: int
+
+
+@dataclass(frozen=True)
+class CommFit:
+    """α (seconds per message) and β (seconds per byte) of one collective on one link level."""
+
+    collective: str
+    level: str
+    alpha_s: float
+    beta_s_per_byte: float
+    n_train: int
+    error: FitError = FitError(None, None, 0)
+
+    def time_s(self, group: int, nbytes: float) -> float:
+        """Predicted seconds of the collective over ``group`` ranks (see ``comm_terms``)."""
+        count, volume = comm_terms(self.collective, group, nbytes)
+        return count * self.alpha_s + volume * self.beta_s_per_byte
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """The device: its name, memory, and datasheet peaks where known."""
+
+    name: str
+    memory_bytes: int
+    peak_flops: float | None = None
+    memory_bandwidth_bps: float | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measurements and fitted models of one device type and its links."""
+
+    device: DeviceSpec
+    meta: Mapping[str, Any]
+    compute_samples: tuple[ComputeSample, ...] = ()
+    compute_fits: tuple[ComputeFit, ...] = ()
+    comm_samples: tuple[CommSample, ...] = ()
+    comm_fits: tuple[CommFit, ...] = ()
+    compute_error: FitError = FitError(None, None, 0)
+    comm_error: FitError = FitError(None, None, 0)
+    _index: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._index["samples"] = {(s.kind, s.phase, s.key): s for s in self.compute_samples}
+        self._index["compute"] = {(f.kind, f.phase): f for f in self.compute_fits}
+        self._index["comm"] = {(f.collective, f.level): f for f in self.comm_fits}
+
+    @property
+    def is_measured(self) -> bool:
+        """Whether this profile was measured (rather than built from datasheets)."""
+        return self.meta.get("source") == "measured"
+
+    def compute_time_s(self, kind: str, phase: str, key: str, flops: float, nbytes: float) -> tuple[float, str]:
+        """Seconds of one local problem and where they came from: ``measured`` or ``fitted``.
+
+        Raises:
+            ProfileError: No sample and no fit for this pass of this kind or of ``*``.
+        """
+        sample = self._index["samples"].get((kind, phase, key))
+        if sample is not None:
+            return sample.median_s, "measured"
+        return self.compute_fit(kind, phase).time_s(flops, nbytes), "fitted"
+
+    def compute_fit(self, kind: str, phase: str) -> ComputeFit:
+        """The fit for ``kind``'s ``phase``, or the pooled one."""
+        fits = self._index["compute"]
+        fit = fits.get((kind, phase)) or fits.get((POOLED_KIND, phase))
+        if fit is None:
+            raise ProfileError(
+                f"profile for {self.device.name} has no compute model for {kind}/{phase}; re-run parplan calibrate"
+            )
+        return fit
+
+    def comm_time_s(self, collective: str, level: str, group: int, nbytes: float) -> float:
+        """Seconds of one collective over ``group`` ranks on link ``level`` (``intra`` or ``inter``)."""
+        if group <= 1:
+            return 0.0
+        fits = self._index["comm"]
+        fit = fits.get((collective, level)) or (fits.get((collective, "intra")) if level == "inter" else None)
+        if fit is None:
+            known = sorted({f"{c}/{lvl}" for c, lvl in fits})
+            raise ProfileError(
+                f"profile for {self.device.name} has no fit for {collective} on the {level} link "
+                f"(it has {', '.join(known) or 'none'}); re-run parplan calibrate with more ranks"
+            )
+        return fit.time_s(group, nbytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``parplan.profile/1`` JSON document."""
+        return {
+            "format": PROFILE_FORMAT,
+            "meta": dict(self.meta),
+            "device": _fields(self.device),
+            "compute": {"samples": [_fields(s) for s in self.compute_samples],
+                        "fits": [_fields(f) for f in self.compute_fits]},
+            "comm": {"samples": [_fields(s) for s in self.comm_samples],
+                     "fits": [_fields(f) for f in self.comm_fits]},
+            "fit": {"compute": _fields(self.compute_error), "comm": _fields(self.comm_error)},
+        }
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any], source: str = "profile") -> "Profile":
+        """Validate a ``parplan.profile/1`` document and build the Profile."""
+        check_document(document, PROFILE_FORMAT, "profile-1", source, ProfileError)
+        compute, comm, fit = document["compute"], document["comm"], document["fit"]
+        return cls(
+            device=DeviceSpec(**document["device"]),
+            meta=dict(document["meta"]),
+            compute_samples=tuple(ComputeSample(**s) for s in compute["samples"]),
+            compute_fits=tuple(ComputeFit(**{**f, "error": FitError(**f["error"])}) for f in compute["fits"]),
+            comm_samples=tuple(CommSample(**s) for s in comm["samples"]),
+            comm_fits=tuple(CommFit(**{**f, "error": FitError(**f["error"])}) for f in comm["fits"]),
+            compute_error=FitError(**fit["compute"]),
+            comm_error=FitError(**fit["comm"]),
+        )
+
+
+def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
+    """Write ``profile`` as ``parplan.profile/1`` JSON, atomically."""
+    write_json_atomic(path, profile.to_dict())
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read and validate a profile file.
+
+    Raises:
+        InputError: Missing file or invalid JSON.
+        ProfileError: Wrong format version or schema violation.
+    """
+    return Profile.from_dict(read_json(path, "profile"), source=str(path))
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in value.__dataclass_fields__:
+        if name.startswith("_"):
+            continue
+        item = getattr(value, name)
+        out[name] = _fields(item) if hasattr(item, "__dataclass_fields__") else item
+    return out
