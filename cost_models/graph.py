@@ -19,6 +19,8 @@ layers in execution (topological) order, keyed by their torch.fx node name
 ``activation_bytes``  bytes of its output tensor(s)
 ``aliases_input``   the output is a view of (or written into) its input
 ``requires_grad``   the output needs a gradient in backward
+``needs_input_grad``  backward must produce its input's gradient (false before the first weights)
+``has_weight``      it has trainable weights (a weight gradient is computed)
 ``attrs``           hyper-parameters: kernel, stride, padding, dilation, groups, ...
 ==================  ==========================================================
 

@@ -178,7 +178,8 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, meta: TensorMeta,
         params=sum(p.numel() for p in owned), param_bytes=sum(p.numel() * p.element_size() for p in owned),
         flops_fwd=flops.fwd, flops_bwd_data=flops.bwd_data, flops_bwd_weight=flops.bwd_weight, flops_bwd=flops.bwd,
         activation_bytes=sum(prod(shape) * size for shape, size in meta),
-        aliases_input=info.aliases_input, requires_grad=has_weight or needs_input_grad, attrs=attrs,
+        aliases_input=info.aliases_input, requires_grad=has_weight or needs_input_grad,
+        needs_input_grad=needs_input_grad, has_weight=has_weight, attrs=attrs,
     )
     for src in dict.fromkeys(inputs):
         graph.add_edge(src, node.name, bytes=graph.nodes[src]["activation_bytes"], shape=graph.nodes[src]["output_shape"])

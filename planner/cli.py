@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"parplan {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     _add_inspect(commands, common)
+    _add_calibrate(commands, common)
+    _add_profile(commands, common)
     return parser
 
 
@@ -82,6 +85,131 @@ def _add_inspect(commands: Any, common: argparse.ArgumentParser) -> None:
                                  description="Trace MODEL at the input shape and show its layers and totals.")
     _add_model_arguments(parser)
     parser.set_defaults(handler=_inspect)
+
+
+def _add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser("calibrate", parents=[common], help="measure this machine into a profile",
+                                 description="Time MODEL's local problems and the collectives, fit them, write a profile.")
+    _add_model_arguments(parser)
+    parser.add_argument("--ranks", type=_positive_int, default=1, help="ranks for timing collectives (default 1: none)")
+    parser.add_argument("--devices", default=None, metavar="D1,D2,...",
+                        help="device counts the planner may use (default: powers of two up to --ranks)")
+    parser.add_argument("--budget-s", type=_positive_float, default=120.0, help="wall-time bound in seconds (default 120)")
+    parser.add_argument("--threads", type=_positive_int, default=1, help="threads per rank while timing (default 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] for the compute kernels (default cpu)")
+    parser.add_argument("--backend", default=None, choices=("gloo", "nccl", "mpi"),
+                        help="collectives backend (default gloo on cpu, nccl on cuda)")
+    parser.add_argument("--out", required=True, metavar="P.json", help="where to write the profile")
+    parser.set_defaults(handler=_calibrate)
+
+
+def _add_profile(commands: Any, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser("profile", help="inspect profiles")
+    actions = parser.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
+    show = actions.add_parser("show", parents=[common], help="device, fitted parameters and fit errors of a profile")
+    show.add_argument("profile", metavar="PROFILE", help="a profile JSON path or a preset name (v100, a100, h100)")
+    show.add_argument("--dtype", default="float32", help="dtype of a preset (default float32)")
+    show.set_defaults(handler=_profile_show)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def _device_counts(text: str | None, ranks: int) -> tuple[int, ...]:
+    if text is None:
+        counts = [1]
+        while counts[-1] * 2 <= ranks:
+            counts.append(counts[-1] * 2)
+        return tuple(sorted(set(counts) | {ranks}))
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise InputError(f"--devices {text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
+    if not counts or min(counts) < 1:
+        raise InputError(f"--devices {text!r} must list device counts >= 1, e.g. 1,2,4")
+    return tuple(sorted(set(counts)))
+
+
+def load_profile_argument(text: str, dtype: str = "float32") -> Any:
+    """A PROFILE argument: a preset name or a profile file."""
+    from calibrate.presets import is_preset, preset_profile
+    from cost_models.profile import load_profile
+
+    if is_preset(text):
+        return preset_profile(text, dtype)
+    if not text.endswith(".json") and "/" not in text:
+        preset_profile(text, dtype)  # raises: unknown preset, naming the known ones
+    return load_profile(text)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    counts = _device_counts(args.devices, args.ranks)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise InputError(f"--out {args.out}: directory {out_dir} does not exist; create it first")
+    graph, _ = _trace_model(args)
+    from calibrate.session import CalibrationRequest, run_calibration
+    from cost_models.profile import save_profile
+
+    backend = args.backend or ("nccl" if args.device.startswith("cuda") else "gloo")
+    request = CalibrationRequest(graph, counts, args.ranks, args.budget_s, args.threads, args.device, backend, args.model)
+    from planner.report import calibration_progress
+
+    with calibration_progress(enabled=not args.json) as progress:
+        result = run_calibration(request, progress)
+    save_profile(result.profile, args.out)
+    summary = {"profile": args.out, "fit": result.profile.to_dict()["fit"], "measured": result.measured,
+               "left_to_fit": result.left_to_fit, "interrupted": result.interrupted, "notes": result.notes,
+               "seconds": result.profile.meta["calibration_s"]}
+    if args.json:
+        _print_json(summary)
+    else:
+        from planner.report import print_calibration_summary
+
+        print_calibration_summary(summary)
+    return 130 if result.interrupted else 0
+
+
+def _profile_show(args: argparse.Namespace) -> int:
+    profile = load_profile_argument(args.profile, args.dtype)
+    document = profile.to_dict()
+    shown = {"device": document["device"], "meta": document["meta"], "fit": document["fit"],
+             "compute_fits": document["compute"]["fits"], "comm_fits": document["comm"]["fits"],
+             "samples": {"compute": len(profile.compute_samples), "comm": len(profile.comm_samples)},
+             "warnings": _profile_warnings(profile)}
+    if args.json:
+        _print_json(shown)
+    else:
+        from planner.report import print_profile
+
+        print_profile(shown)
+    return 0
+
+
+def _profile_warnings(profile: Any) -> list[str]:
+    import torch
+
+    recorded = profile.meta.get("torch_version")
+    if profile.is_measured and recorded and recorded != torch.__version__:
+        return [f"measured with torch {recorded}, this is torch {torch.__version__}: kernel times may differ"]
+    return []
 
 
 def _trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["format_bytes", "format_count", "print_layer_table"]
+__all__ = [
+    "calibration_progress", "format_bytes", "format_count", "print_calibration_summary", "print_layer_table",
+    "print_profile",
+]
 
 
 def format_count(value: float) -> str:
@@ -60,3 +64,85 @@ def _shape(shape: Any) -> str:
     if shape and isinstance(shape[0], list):
         return " ".join(_shape(s) for s in shape)
     return "×".join(str(d) for d in shape)
+
+
+@contextmanager
+def calibration_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar with ETA on stderr; yields the ``(phase, done, total)`` callback calibration calls."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:  # no bar in logs and pipes
+        yield lambda phase, done, total: None
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True)
+    tasks: dict[str, Any] = {}
+
+    def update(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = bar.add_task(f"timing {phase} kernels", total=total)
+        bar.update(tasks[phase], completed=done, total=total)
+
+    with bar:
+        yield update
+
+
+def print_calibration_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    """What ``parplan calibrate`` did: problems measured, left to the fit, fit errors, notes."""
+    console = console or Console()
+    fit = summary["fit"]
+    console.print(f"wrote {summary['profile']} in {summary['seconds']:.1f} s: {summary['measured']} kernel timings, "
+                  f"{summary['left_to_fit']} problems left to the fitted model"
+                  + (" (interrupted)" if summary["interrupted"] else ""))
+    console.print(f"compute fit error on held-out problems: {_error_text(fit['compute'])}")
+    console.print(f"collective fit error on held-out sizes: {_error_text(fit['comm'])}")
+    for note in summary["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def print_profile(shown: dict[str, Any], console: Console | None = None) -> None:
+    """``parplan profile show``: device, provenance, fitted models and their errors."""
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    device, meta = shown["device"], shown["meta"]
+    console.print(f"[bold]{device['name']}[/] · {format_bytes(device['memory_bytes'])} · source: {meta['source']}"
+                  + (f" ({meta.get('note')})" if meta.get("note") else ""))
+    context = ", ".join(f"{key} {meta[key]}" for key in ("host", "torch_version", "backend", "dtype", "threads_per_rank",
+                                                           "ranks", "date", "calibration_s") if key in meta)
+    if context:
+        console.print(context)
+    console.print(f"compute fit: {_error_text(shown['fit']['compute'])} · collective fit: {_error_text(shown['fit']['comm'])}")
+    console.print(_compute_table(shown["compute_fits"]))
+    console.print(_comm_table(shown["comm_fits"]))
+    for warning in shown.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _compute_table(fits: list[dict[str, Any]]) -> Table:
+    table = Table(title="compute: t = overhead + FLOPs / rate + bytes / bandwidth")
+    for header in ("kind", "pass", "overhead", "FLOP rate", "bandwidth", "n", "held-out error"):
+        table.add_column(header)
+    for fit in fits:
+        table.add_row(fit["kind"], fit["phase"], f"{fit['overhead_s'] * 1e6:.1f} µs", _rate(fit["s_per_flop"], "FLOP/s"),
+                      _rate(fit["s_per_byte"], "B/s"), str(fit["n_train"]), _error_text(fit["error"]))
+    return table
+
+
+def _comm_table(fits: list[dict[str, Any]]) -> Table:
+    table = Table(title="collectives: t = count·α + volume·β")
+    for header in ("collective", "link", "α", "1/β", "n", "held-out error"):
+        table.add_column(header)
+    for fit in fits:
+        table.add_row(fit["collective"], fit["level"], f"{fit['alpha_s'] * 1e6:.1f} µs",
+                      _rate(fit["beta_s_per_byte"], "B/s"), str(fit["n_train"]), _error_text(fit["error"]))
+    return table
+
+
+def _rate(seconds_per_unit: float, unit: str) -> str:
+    return "∞" if seconds_per_unit == 0 else f"{format_count(1 / seconds_per_unit)}{unit}"
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    if error.get("median_rel_err") is None:
+        return "not measured"
+    return f"median {error['median_rel_err']:.1%} · p90 {error['p90_rel_err']:.1%} · n={error['n']}"

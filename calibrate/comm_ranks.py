@@ -1,0 +1,373 @@
+"""Running the collective measurement on R local ranks, or inside a job torchrun or MPI started.
+
+Two ways in:
+
+* :func:`run_comm_calibration` (and :func:`run_comm_measurement`, which also
+  returns what was skipped) from a plain process: spawns ``ranks`` processes
+  (spawn context, ``torch.set_num_threads(1)`` in each), which meet through a
+  ``file://`` store in a fresh temporary directory (no ports), run
+  :func:`calibrate.comm_bench.measure_collectives` and hand rank 0's result
+  back over a queue read while they run. A rank that fails or dies stops the
+  call at once with its rank, its exit code or its traceback.
+* :func:`init_from_environment` when this process is one rank of a job
+  started by torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``MASTER_ADDR``, ``MASTER_PORT``) or by mpirun/srun (rank and size from
+  ``MPI.COMM_WORLD``; rank 0 broadcasts its host name and a free port, unless
+  ``MASTER_ADDR`` and ``MASTER_PORT`` are set already). mpi4py is imported only
+  on that path.
+
+Assumptions: spawned ranks all run on this host, so the parent's wall clock
+(``time.time()``) is theirs and the budget, which counts from the call,
+pays for their start-up; with nccl, spawned rank ``r`` uses GPU ``r`` and a
+launched rank its local rank's GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import socket
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from calibrate.comm_bench import DEFAULT_SIZES_BYTES, CommMeasurement, default_group_sizes, measure_collectives
+from cost_models.collectives import COLLECTIVES
+from cost_models.errors import InputError
+from cost_models.profile import CommSample
+
+__all__ = [
+    "CommCalibrationError", "RankEnvironment", "check_launch", "in_existing_group", "init_from_environment",
+    "run_comm_calibration", "run_comm_measurement",
+]
+
+SPAWN_BACKENDS = ("gloo", "nccl")
+_MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_TEARDOWN_MARGIN_S = 1.0  # kept from the budget for tearing the ranks down
+_WAIT_GRACE_S = 120.0  # beyond the budget, before ranks count as hung
+_POLL_S = 0.2
+
+
+class CommCalibrationError(RuntimeError):
+    """A spawned rank failed, died or hung; the message names the rank and why."""
+
+
+@dataclass(frozen=True)
+class RankEnvironment:
+    """This process's place in the job :func:`init_from_environment` joined."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # "torchrun", "mpi" or "existing" (a group was already initialised)
+
+
+@dataclass(frozen=True)
+class _RankTask:
+    """Everything a spawned rank needs (picklable)."""
+
+    world_size: int
+    backend: str
+    rendezvous: str
+    deadline_wall_s: float
+    sizes_bytes: tuple[int, ...]
+    collectives: tuple[str, ...]
+    repeats: int
+    warmup: int
+    timeout_s: float
+
+
+def run_comm_calibration(
+    ranks: int, sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES, budget_s: float = 60.0, backend: str = "gloo"
+) -> list[CommSample]:
+    """Time collectives on ``ranks`` spawned local ranks within ``budget_s``; rank 0's samples.
+
+    See :func:`run_comm_measurement` for the arguments and errors.
+    """
+    return list(run_comm_measurement(ranks, sizes_bytes, budget_s, backend).samples)
+
+
+def run_comm_measurement(
+    ranks: int,
+    sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES,
+    budget_s: float = 60.0,
+    backend: str = "gloo",
+    *,
+    collectives: Sequence[str] = COLLECTIVES,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> CommMeasurement:
+    """Spawn ``ranks`` processes, time collectives on groups of 2, 4, …, ``ranks`` of them, return rank 0's result.
+
+    Args:
+        ranks: Processes to spawn (>= 2).
+        sizes_bytes: Message sizes (see :mod:`cost_models.collectives` for their meaning).
+        budget_s: Wall seconds for the whole call, start-up of the ranks included.
+        backend: ``gloo`` (CPU) or ``nccl`` (rank ``r`` on GPU ``r``).
+        collectives: Which collectives to time.
+        repeats: Timed runs per sample.
+        warmup: Untimed runs before them.
+
+    Raises:
+        InputError: The ranks cannot start (too few, backend or GPUs missing) or
+            the budget ran out before anything was timed.
+        CommCalibrationError: A rank failed, died or hung.
+    """
+    check_launch(ranks, budget_s, backend)
+    _check_request(sizes_bytes, collectives, repeats, warmup)
+    deadline_wall_s = time.time() + budget_s - min(_TEARDOWN_MARGIN_S, 0.05 * budget_s)
+    with tempfile.TemporaryDirectory(prefix="parplan-comm-") as scratch:
+        task = _RankTask(
+            ranks, backend, f"file://{scratch}/rendezvous", deadline_wall_s, tuple(int(s) for s in sizes_bytes),
+            tuple(collectives), repeats, warmup, budget_s + _WAIT_GRACE_S,
+        )
+        measurement = _spawn_and_collect(task)
+    if not measurement.samples:
+        raise InputError(_nothing_timed(measurement, ranks, budget_s))
+    return measurement
+
+
+def check_launch(ranks: int, budget_s: float, backend: str) -> None:
+    """Refuse, with one clear line, a launch that cannot work (too few ranks, missing backend or GPUs)."""
+    if ranks < 2:
+        raise InputError(f"timing collectives needs at least 2 ranks, got {ranks}; ask for 2 or more")
+    if budget_s <= 0:
+        raise InputError(f"the time budget must be positive, got {budget_s} s")
+    if backend not in SPAWN_BACKENDS:
+        raise InputError(f"backend {backend!r} cannot run spawned local ranks; use one of {', '.join(SPAWN_BACKENDS)}")
+    if not dist.is_available() or (backend == "gloo" and not dist.is_gloo_available()):
+        raise InputError(f"this torch build has no {backend} backend for torch.distributed; install one that has")
+    if backend == "nccl" and (not dist.is_nccl_available() or torch.cuda.device_count() < ranks):
+        raise InputError(
+            f"nccl with {ranks} ranks needs {ranks} GPUs, this machine has {torch.cuda.device_count()}; "
+            "use fewer ranks or backend gloo"
+        )
+
+
+def _check_request(sizes_bytes: Sequence[int], collectives: Sequence[str], repeats: int, warmup: int) -> None:
+    unknown = [c for c in collectives if c not in COLLECTIVES]
+    if unknown or not collectives:
+        raise InputError(f"unknown or no collectives {list(collectives)}; choose from {', '.join(COLLECTIVES)}")
+    if not sizes_bytes or min(sizes_bytes) <= 0:
+        raise InputError(f"message sizes must be positive and non-empty, got {list(sizes_bytes)}")
+    if repeats < 1 or warmup < 0:
+        raise InputError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+
+
+def _nothing_timed(measurement: CommMeasurement, ranks: int, budget_s: float) -> str:
+    if measurement.skipped:
+        refused = "; ".join(f"{c}: {why}" for c, why in measurement.skipped.items())
+        return f"no collective could be timed on {ranks} ranks ({measurement.backend} refused {refused})"
+    return (
+        f"no collective could be timed: the budget of {budget_s:g} s ran out while {ranks} ranks started; "
+        "give a larger budget (at least 10 s)"
+    )
+
+
+def _spawn_and_collect(task: _RankTask) -> CommMeasurement:
+    context = mp.get_context("spawn")
+    results: Any = context.Queue()
+    processes = [
+        context.Process(target=_rank_main, args=(task, rank, results), daemon=True, name=f"parplan-comm-rank{rank}")
+        for rank in range(task.world_size)
+    ]
+    finished = False
+    try:
+        _start(processes)
+        measurement = _collect(results, processes, task.timeout_s)
+        finished = True
+    finally:
+        _stop(processes, graceful=finished)
+    return measurement
+
+
+def _start(processes: Sequence[Any]) -> None:
+    for process in processes:
+        try:
+            process.start()
+        except OSError as error:
+            raise InputError(f"could not start {len(processes)} ranks: {error}") from error
+
+
+def _stop(processes: Sequence[Any], graceful: bool) -> None:
+    """Join finished ranks; on failure kill the rest at once (they may wait in a collective)."""
+    for process in processes:
+        if process.pid is None:
+            continue
+        if not graceful and process.is_alive():
+            process.kill()
+        process.join(10.0 if graceful else 1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
+
+
+def _collect(results: Any, processes: Sequence[Any], timeout_s: float) -> CommMeasurement:
+    """Read every rank's report while they run; rank 0's measurement."""
+    deadline_s = time.monotonic() + timeout_s
+    pending = set(range(len(processes)))
+    measurement: CommMeasurement | None = None
+    while pending:
+        try:
+            rank, ok, value = results.get(timeout=_POLL_S)
+        except queue_module.Empty:
+            _check_alive(processes, pending)
+            if time.monotonic() > deadline_s:
+                raise CommCalibrationError(f"ranks {sorted(pending)} did not finish within {timeout_s:g} s") from None
+            continue
+        if not ok:
+            phase, trace = value
+            last = trace.strip().splitlines()[-1] if trace.strip() else "no traceback"
+            dead = {r: p.exitcode for r, p in enumerate(processes) if p.exitcode not in (None, 0)}
+            also = f" (ranks that died meanwhile, with exit codes: {dead})" if dead else ""
+            raise CommCalibrationError(f"rank {rank} failed while {phase}: {last}{also}\n{trace}")
+        pending.discard(rank)
+        measurement = value if rank == 0 else measurement
+    if measurement is None:
+        raise CommCalibrationError("rank 0 finished without a measurement")
+    return measurement
+
+
+def _check_alive(processes: Sequence[Any], pending: set[int]) -> None:
+    for rank in sorted(pending):
+        code = processes[rank].exitcode
+        if code not in (None, 0):
+            raise CommCalibrationError(f"rank {rank} died with exit code {code} before reporting")
+
+
+def _rank_main(task: _RankTask, rank: int, results: Any) -> None:
+    """Body of one spawned rank: join the group, measure, report (rank 0 its result, others None)."""
+    torch.set_num_threads(1)
+    phase = "joining the process group"
+    try:
+        device = _spawned_device(task.backend, rank)
+        dist.init_process_group(
+            task.backend, init_method=task.rendezvous, rank=rank, world_size=task.world_size,
+            timeout=timedelta(seconds=task.timeout_s),
+        )
+        try:
+            phase = "timing collectives"
+            measurement = _measure(task, device)
+            results.put((rank, True, measurement if rank == 0 else None))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # reported to the parent with the full traceback; the rank then exits
+        results.put((rank, False, (phase, traceback.format_exc())))
+
+
+def _spawned_device(backend: str, rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return torch.device("cpu")
+
+
+def _measure(task: _RankTask, device: torch.device) -> CommMeasurement:
+    deadline_s = time.monotonic() + (task.deadline_wall_s - time.time())
+    return measure_collectives(
+        task.sizes_bytes, default_group_sizes(task.world_size), task.collectives, deadline_s,
+        repeats=task.repeats, warmup=task.warmup, device=device,
+    )
+
+
+def in_existing_group(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started as one rank of a job by torchrun or an MPI launcher."""
+    env = os.environ if environ is None else environ
+    return _torchrun_started(env) or any(name in env for name in _MPI_SIZE_VARIABLES)
+
+
+def _torchrun_started(env: Mapping[str, str]) -> bool:
+    return "RANK" in env and "WORLD_SIZE" in env
+
+
+def init_from_environment(backend: str = "gloo", timeout_s: float = 1800.0) -> RankEnvironment:
+    """Initialise the default process group from torchrun's or MPI's environment.
+
+    With nccl, the rank's GPU (its local rank) is selected first. Returns at
+    once, describing the group, when one is initialised already.
+
+    Raises:
+        InputError: Not started by torchrun or MPI, a variable is missing or
+            malformed, or mpi4py is needed but not installed.
+    """
+    env = os.environ
+    timeout = timedelta(seconds=timeout_s)
+    if dist.is_available() and dist.is_initialized():
+        return RankEnvironment(dist.get_rank(), dist.get_world_size(), _int_variable(env, "LOCAL_RANK", 0), "existing")
+    if _torchrun_started(env):
+        return _init_torchrun(backend, env, timeout)
+    if any(name in env for name in _MPI_SIZE_VARIABLES):
+        return _init_mpi(backend, timeout)
+    raise InputError(
+        "this process was not started by torchrun or mpirun (none of RANK/WORLD_SIZE, "
+        f"{', '.join(_MPI_SIZE_VARIABLES)} is set); launch it with one, or spawn local ranks instead"
+    )
+
+
+def _int_variable(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = env.get(name)
+    if value is None and default is not None:
+        return default
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InputError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def _init_torchrun(backend: str, env: Mapping[str, str], timeout: timedelta) -> RankEnvironment:
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing:
+        raise InputError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not; start the job with torchrun")
+    rank, world_size = _int_variable(env, "RANK"), _int_variable(env, "WORLD_SIZE")
+    local_rank = _int_variable(env, "LOCAL_RANK", 0)
+    _select_device(backend, local_rank)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
+    return RankEnvironment(rank, world_size, local_rank, "torchrun")
+
+
+def _init_mpi(backend: str, timeout: timedelta) -> RankEnvironment:
+    try:
+        from mpi4py import MPI  # imported lazily: only MPI-launched jobs need it
+    except ImportError:
+        raise InputError("started by an MPI launcher but mpi4py is not installed; pip install mpi4py") from None
+    comm = MPI.COMM_WORLD
+    rank, world_size = comm.Get_rank(), comm.Get_size()
+    local_rank = _mpi_local_rank(comm, MPI)
+    _select_device(backend, local_rank)
+    if backend == "mpi":
+        dist.init_process_group("mpi", timeout=timeout)
+        return RankEnvironment(rank, world_size, local_rank, "mpi")
+    host, port = comm.bcast(_master_address() if rank == 0 else None, root=0)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = str(host), str(port)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
+    return RankEnvironment(rank, world_size, local_rank, "mpi")
+
+
+def _mpi_local_rank(comm: Any, mpi: Any) -> int:
+    """Index of this rank among the ranks on its host."""
+    shared = comm.Split_type(mpi.COMM_TYPE_SHARED)
+    try:
+        return int(shared.Get_rank())
+    finally:
+        shared.Free()
+
+
+def _master_address() -> tuple[str, int]:
+    """``MASTER_ADDR``/``MASTER_PORT`` if both are set, else this host's name and a free port."""
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return os.environ["MASTER_ADDR"], _int_variable(os.environ, "MASTER_PORT")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return socket.gethostname(), int(probe.getsockname()[1])
+
+
+def _select_device(backend: str, local_rank: int) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)

@@ -1,0 +1,242 @@
+"""The local problem one rank solves for a layer under a Layout, and its canonical key.
+
+Splitting a layer by ``Layout(n, c, h, w)`` leaves each rank a smaller
+problem of the same kind; calibration times those problems and the cost model
+looks them up by :attr:`LocalProblem.key`, so both must derive them here.
+
+Assumptions:
+    * Parts are near-equal (``torch.chunk``); the largest part is the one costed.
+    * ``n`` splits the batch of every 4-D layer.
+    * ``c`` splits output channels (filters) of convolution and linear layers —
+      each rank keeps the full input and ``C_out/c`` filters; for grouped
+      convolutions ``c`` must divide the groups, and each rank keeps ``groups/c``
+      whole groups. Channel-wise layers (batch-norm, activations, pooling, adds)
+      split their channels.
+    * ``h``/``w`` split height and width of spatial layers. A convolution or
+      pooling on a tile reads a halo-extended input with no padding on the split
+      dimension: for ``o`` local output rows it needs ``(o−1)·stride +
+      dilation·(k−1) + 1`` input rows (border tiles pad instead of receiving a
+      halo: the same size). Transposed convolutions read ``⌈I/parts⌉`` input rows
+      plus ``⌈(dilation·(k−1)+1−stride)/stride⌉`` halo rows when the kernel is
+      wider than the stride. Global (1×1) adaptive pooling reduces each tile to
+      one value per channel. Linear layers take 2-D inputs and cannot split
+      ``h``/``w``.
+    * Layers that only move or view data (``flatten``, ``view``, ``getitem``,
+      ``identity``, ``input``) have no local problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from cost_models.flops import Flops, layer_flops
+from cost_models.layout import Layout
+
+__all__ = ["DENSE_KINDS", "LocalProblem", "local_problem", "phases_of"]
+
+DENSE_KINDS = frozenset({"conv", "conv_transpose", "linear"})
+_NO_PROBLEM = frozenset({"input", "flatten", "view", "getitem", "identity"})
+_SPATIAL_WINDOW = frozenset({"conv", "maxpool", "avgpool"})
+_CHANNEL_SPLIT = frozenset({"batchnorm", "activation", "add", "mul", "elementwise", "dropout", "maxpool", "avgpool",
+                            "adaptive_avgpool", "adaptive_maxpool", "upsample", "cat"})
+
+
+@dataclass(frozen=True)
+class LocalProblem:
+    """One rank's share of a layer: shapes, hyper-parameters, dtype, and the key they make."""
+
+    kind: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...] | None
+    attrs: tuple[tuple[str, Any], ...]
+    dtype: str
+    itemsize: int
+    needs_input_grad: bool
+    has_weight: bool
+
+    @property
+    def key(self) -> str:
+        """Canonical text naming everything the kernel's time depends on."""
+        shapes = ";".join("x".join(map(str, s)) for s in self.input_shapes)
+        weight = "x".join(map(str, self.weight_shape)) if self.weight_shape else "-"
+        attrs = ",".join(f"{k}={_text(v)}" for k, v in self.attrs if k != "weight_shape")
+        return f"{self.kind}|in={shapes}|w={weight}|out={'x'.join(map(str, self.output_shape))}|{attrs}|{self.dtype}"
+
+    @property
+    def flops(self) -> Flops:
+        """FLOPs of each pass on the local shapes."""
+        return layer_flops(self.kind, [list(s) for s in self.input_shapes], list(self.output_shape), dict(self.attrs),
+                           needs_input_grad=self.needs_input_grad, has_weight=self.has_weight)
+
+    def bytes_moved(self, phase: str) -> int:
+        """Bytes a pass reads and writes once: inputs, weights, outputs (or their gradients)."""
+        inputs = sum(_numel(s) for s in self.input_shapes) * self.itemsize
+        output = _numel(self.output_shape) * self.itemsize
+        weight = _numel(self.weight_shape) * self.itemsize if self.weight_shape else 0
+        if phase == "bwd_weight":
+            return inputs + output + weight
+        if phase == "bwd":
+            return 2 * inputs + output + 2 * weight  # reads input and grad_out, writes grad_in (+ weight grads)
+        return inputs + output + weight
+
+
+def phases_of(problem: LocalProblem) -> tuple[str, ...]:
+    """The passes calibration times for a problem: separate backward kernels for dense layers."""
+    if problem.kind in DENSE_KINDS:
+        phases = ["fwd"]
+        if problem.needs_input_grad:
+            phases.append("bwd_data")
+        if problem.has_weight:
+            phases.append("bwd_weight")
+        return tuple(phases)
+    return ("fwd", "bwd") if problem.needs_input_grad or problem.has_weight else ("fwd",)
+
+
+def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype: str) -> LocalProblem | None:
+    """The local problem of ``layer`` (a LayerGraph node's data) under ``layout``.
+
+    Returns:
+        ``None`` when the layer has no compute of its own (views, the input) or
+        the layout cannot apply to it (a split the kind does not support, more
+        parts than elements, a tile narrower than its halo).
+    """
+    kind = layer["kind"]
+    if kind in _NO_PROBLEM or not _splittable(layer, layout):
+        return None
+    output = list(layer["output_shape"])
+    local_out = _split_shape(output, layout) if len(output) == 4 else _split_flat(output, layout)
+    attrs = dict(layer.get("attrs", {}))
+    inputs = [_local_input(kind, list(s), output, local_out, layout, attrs) for s in layer["input_shapes"]]
+    if any(s is None for s in inputs):
+        return None
+    weight = _local_weight(layer.get("weight_shape"), layout, kind, attrs)
+    if kind in ("conv", "conv_transpose", "maxpool", "avgpool"):
+        attrs = _unpad_split_dims(attrs, layout)
+    if weight is not None:
+        attrs["weight_shape"] = list(weight)
+    if kind == "conv" and layout.c > 1 and attrs.get("groups", 1) > 1:
+        attrs["groups"] = attrs["groups"] // layout.c
+    return LocalProblem(
+        kind=kind, input_shapes=tuple(tuple(s) for s in inputs), output_shape=tuple(local_out),  # type: ignore[arg-type]
+        weight_shape=tuple(weight) if weight else None, attrs=tuple(sorted((k, _freeze(v)) for k, v in attrs.items())),
+        dtype=dtype, itemsize=itemsize, needs_input_grad=bool(layer.get("needs_input_grad", True)),
+        has_weight=bool(layer.get("has_weight", layer.get("weight_shape") is not None)),
+    )
+
+
+def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
+    kind, output = layer["kind"], layer["output_shape"]
+    if not output or isinstance(output[0], list):
+        return False
+    if len(output) != 4:
+        return layout.h == layout.w == 1 and (layout.c == 1 or kind == "linear") and output[0] >= layout.n
+    if layout.c > 1 and kind not in _CHANNEL_SPLIT | DENSE_KINDS:
+        return False
+    if layout.c > 1 and kind == "conv" and layer["attrs"].get("groups", 1) > 1 and layer["attrs"]["groups"] % layout.c:
+        return False
+    if kind == "cat" and layout.c > 1:
+        return False
+    spatial = layout.h > 1 or layout.w > 1
+    if spatial and isinstance(layer["attrs"].get("padding"), str):
+        return False  # 'same'/'valid' padding strings: the runtime splits only explicit paddings
+    if spatial and kind in ("adaptive_avgpool", "adaptive_maxpool") and list(output[2:]) != [1, 1]:
+        return False
+    return layout.fits(tuple(output))
+
+
+def _split_shape(shape: Sequence[int], layout: Layout) -> list[int]:
+    return list(layout.local_shape(tuple(shape)))
+
+
+def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:
+    local = list(shape)
+    local[0] = -(-local[0] // layout.n)
+    local[-1] = -(-local[-1] // layout.c)
+    return local
+
+
+def _local_input(kind: str, shape: list[int], output: list[int], local_out: list[int], layout: Layout,
+                 attrs: dict[str, Any]) -> list[int] | None:
+    if len(shape) != 4:
+        local = list(shape)
+        local[0] = -(-local[0] // layout.n)
+        return local
+    channels = shape[1] if kind in DENSE_KINDS else -(-shape[1] // layout.c)
+    if kind == "conv" and attrs.get("groups", 1) > 1:
+        channels = -(-shape[1] // layout.c)
+    local = [-(-shape[0] // layout.n), channels, shape[2], shape[3]]
+    for axis, parts in ((2, layout.h), (3, layout.w)):
+        if parts > 1:
+            extent = _input_extent(kind, shape[axis], output[axis], local_out[axis], parts, axis - 2, attrs)
+            if extent is None:
+                return None
+            local[axis] = extent
+    return local
+
+
+def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, parts: int, axis: int,
+                  attrs: dict[str, Any]) -> int | None:
+    if kind in _SPATIAL_WINDOW:
+        k, s, d = (_axis(attrs.get(name, default), axis) for name, default in
+                   (("kernel_size", 1), ("stride", None), ("dilation", 1)))
+        s = s or k  # pooling's stride defaults to its kernel
+        needed = (local_out - 1) * s + d * (k - 1) + 1
+        return needed if needed <= extent_in else None
+    if kind == "conv_transpose":
+        k, s, d = (_axis(attrs.get(name, 1), axis) for name in ("kernel_size", "stride", "dilation"))
+        halo = max(0, -(-(d * (k - 1) + 1 - s) // s))
+        return -(-extent_in // parts) + halo
+    if kind == "upsample" and extent_out != extent_in:
+        scaled = -(-local_out * extent_in // extent_out)
+        return scaled + (1 if attrs.get("mode") in ("bilinear", "bicubic") else 0)
+    return -(-extent_in // parts)
+
+
+def _local_weight(weight: Sequence[int] | None, layout: Layout, kind: str, attrs: dict[str, Any]) -> list[int] | None:
+    if not weight:
+        return None
+    local = list(weight)
+    if layout.c > 1 and kind in DENSE_KINDS:
+        axis = 1 if kind == "conv_transpose" else 0
+        local[axis] = -(-local[axis] // layout.c)
+    elif layout.c > 1 and kind in _CHANNEL_SPLIT:
+        local[0] = -(-local[0] // layout.c)
+    return local
+
+
+def _unpad_split_dims(attrs: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    padding = attrs.get("padding")
+    if not isinstance(padding, list):
+        padding = [padding or 0, padding or 0] if not isinstance(padding, str) else padding
+    if isinstance(padding, str):
+        return attrs
+    padding = list(padding)
+    for axis, parts in enumerate((layout.h, layout.w)):
+        if parts > 1:
+            padding[axis] = 0
+    return {**attrs, "padding": padding}
+
+
+def _axis(value: Any, axis: int) -> Any:
+    if isinstance(value, (list, tuple)):
+        return value[axis] if axis < len(value) else value[-1]
+    return value
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ",".join(_text(v) for v in value) + ")"
+    return str(value)
+
+
+def _numel(shape: Sequence[int] | None) -> int:
+    total = 1
+    for extent in shape or ():
+        total *= extent
+    return total

@@ -1,0 +1,78 @@
+"""Tier 3: `parplan calibrate` for real — compute kernels plus a 2-rank gloo run — and `parplan profile show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cost_models.profile import load_profile
+from planner.cli import main
+
+
+@pytest.mark.multirank
+def test_calibrate_two_ranks_then_show(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    code = main(["calibrate", "--model", "examples.unet:unet", "--input-shape", "2,3,32,32", "--ranks", "2",
+                 "--budget-s", "30", "--out", str(out), "--json"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["profile"] == str(out) and summary["measured"] > 0
+    assert summary["seconds"] <= 30 + 5
+    profile = load_profile(out)
+    assert profile.is_measured and profile.meta["ranks"] == 2 and profile.meta["backend"] == "gloo"
+    assert {s.kind for s in profile.compute_samples} >= {"conv", "batchnorm"}
+    assert {(f.collective, f.level) for f in profile.comm_fits} >= {("allreduce", "intra"), ("sendrecv", "intra")}
+    assert all(s.group == 2 and s.median_s > 0 for s in profile.comm_samples)
+    assert profile.meta["problems_measured"] + profile.meta["left_to_fit"] == profile.meta["problems_total"]
+
+    assert main(["profile", "show", str(out), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    for part in ("compute", "comm"):
+        assert set(shown["fit"][part]) == {"median_rel_err", "p90_rel_err", "n"}
+    assert shown["device"]["name"].startswith("CPU")
+    assert main(["profile", "show", str(out)]) == 0
+    assert "held-out error" in capsys.readouterr().out
+
+
+def test_show_presets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "show", "a100", "--dtype", "bfloat16", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["meta"]["source"] == "datasheet" and shown["fit"]["compute"]["n"] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "show", "a10"], "unknown preset 'a10'"),
+        (["profile", "show", "missing.json"], "profile file missing.json does not exist"),
+        (["profile", "show", "v100", "--dtype", "bfloat16"], "no bfloat16 peak"),
+        (["calibrate", "--model", "torchvision:resnet18", "--input-shape", "1,3,8,8", "--out", "/nonexistent/p.json"],
+         "directory /nonexistent does not exist"),
+        (["calibrate", "--model", "torchvision:resnet18", "--input-shape", "1,3,8,8", "--devices", "0,2",
+          "--out", "p.json"], "must list device counts >= 1"),
+        (["calibrate", "--model", "torchvision:resnet18", "--input-shape", "2,3,16,16", "--ranks", "2",
+          "--backend", "nccl", "--budget-s", "5", "--out", "{tmp}/p.json"], "nccl"),
+    ],
+)
+def test_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str) -> None:
+    code = main([arg.replace("{tmp}", str(tmp_path)) for arg in argv])
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_corrupt_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "p.json").write_text('{"format": "parplan.profile/1", "meta": {}}')
+    assert main(["profile", "show", str(tmp_path / "p.json")]) == 2
+    assert "is not a valid parplan.profile/1 document" in capsys.readouterr().err
+
+
+def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["calibrate", "--model", "m:f", "--input-shape", "1,3,8,8", "--out", "p.json", "--budget-s", "-3"])
+    assert info.value.code == 2
+    assert "must be a positive number of seconds" in capsys.readouterr().err
