@@ -33,7 +33,8 @@ __all__ = ["CalibrationRequest", "CalibrationResult", "run_calibration"]
 COMPUTE_SHARE = 0.6
 RESERVE_S = 2.0
 MIN_COMM_S = 12.0  # starting ranks costs 4–8 s here (torch import per rank)
-COMM_REPEATS = 11
+COMM_REPEATS = 21  # odd, and enough that the median ignores the scheduler stalls of a busy host
+COMM_SIZES_BYTES = tuple(1024 * 2**k for k in range(17))  # 1 KiB … 64 MiB, every power of two
 MAX_RUN_TIME_S = 0.25
 MIN_RUN_TIME_S = 0.01
 Progress = Callable[[str, int, int], None]
@@ -65,8 +66,18 @@ class CalibrationResult:
     notes: list[str] = field(default_factory=list)
 
 
-def run_calibration(request: CalibrationRequest, progress: Progress | None = None) -> CalibrationResult:
-    """Measure compute then collectives within ``request.budget_s`` and fit the profile."""
+def run_calibration(request: CalibrationRequest, progress: Progress | None = None) -> CalibrationResult | None:
+    """Measure compute then collectives within ``request.budget_s`` and fit the profile.
+
+    Started by torchrun or mpirun, the process is one rank of the job: every
+    rank takes part in the collectives, rank 0 also times the compute kernels
+    and returns the result; the other ranks return ``None``. Otherwise
+    ``request.ranks`` local ranks are spawned for the collectives.
+    """
+    from calibrate.comm_ranks import in_existing_group
+
+    if in_existing_group():
+        return _run_as_rank(request, progress)
     started = time.monotonic()
     deadline = started + request.budget_s - RESERVE_S
     compute_deadline = started + request.budget_s - RESERVE_S
@@ -84,6 +95,36 @@ def run_calibration(request: CalibrationRequest, progress: Progress | None = Non
         comm, comm_notes, interrupted = _measure_comm(request, deadline)
         notes += comm_notes
     profile = _build_profile(request, compute, comm, time.monotonic() - started, interrupted, len(measurements), notes)
+    return CalibrationResult(profile, len(compute), len(measurements) - len(compute), interrupted, notes)
+
+
+def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> CalibrationResult | None:
+    import torch.distributed as dist
+
+    from calibrate.comm_bench import default_group_sizes, measure_collectives
+    from calibrate.comm_ranks import init_from_environment
+    from cost_models.collectives import COLLECTIVES
+
+    started = time.monotonic()
+    job = init_from_environment(request.backend)
+    device = f"cuda:{job.local_rank}" if request.backend == "nccl" else request.device
+    measurements = schedule(enumerate_problems(request.graph, request.device_counts))
+    compute: list[ComputeSample] = []
+    interrupted = False
+    if job.rank == 0:
+        compute_deadline = started + request.budget_s * COMPUTE_SHARE - RESERVE_S
+        compute, interrupted = measure_compute(measurements, compute_deadline, request.threads, device, progress)
+    dist.barrier()
+    comm_device = torch.device(device) if request.backend == "nccl" else torch.device("cpu")
+    measured = measure_collectives(request.comm_sizes_bytes or COMM_SIZES_BYTES, default_group_sizes(job.world_size),
+                                   COLLECTIVES, started + request.budget_s - RESERVE_S, repeats=COMM_REPEATS,
+                                   device=comm_device)
+    if job.rank != 0:
+        return None
+    notes = [f"{name} not timed: {why}" for name, why in measured.skipped.items()]
+    in_job = CalibrationRequest(**{**request.__dict__, "ranks": job.world_size, "device": device})
+    profile = _build_profile(in_job, compute, list(measured.samples), time.monotonic() - started, interrupted,
+                             len(measurements), notes)
     return CalibrationResult(profile, len(compute), len(measurements) - len(compute), interrupted, notes)
 
 
@@ -113,11 +154,10 @@ def measure_compute(measurements: Sequence[Measurement], deadline: float, thread
 
 
 def _measure_comm(request: CalibrationRequest, deadline: float) -> tuple[list[CommSample], list[str], bool]:
-    from calibrate.comm_bench import DEFAULT_SIZES_BYTES
     from calibrate.comm_ranks import run_comm_measurement
 
     budget_s = deadline - time.monotonic()
-    sizes = request.comm_sizes_bytes or DEFAULT_SIZES_BYTES
+    sizes = request.comm_sizes_bytes or COMM_SIZES_BYTES
     try:
         measured = run_comm_measurement(request.ranks, sizes, budget_s, backend=request.backend, repeats=COMM_REPEATS)
     except KeyboardInterrupt:

@@ -174,6 +174,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     with calibration_progress(enabled=not args.json) as progress:
         result = run_calibration(request, progress)
+    if result is None:  # a rank other than 0 under torchrun/mpirun: rank 0 writes and reports
+        return 0
     save_profile(result.profile, args.out)
     summary = {"profile": args.out, "fit": result.profile.to_dict()["fit"], "measured": result.measured,
                "left_to_fit": result.left_to_fit, "interrupted": result.interrupted, "notes": result.notes,

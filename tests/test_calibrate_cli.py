@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,44 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
         main(["calibrate", "--model", "m:f", "--input-shape", "1,3,8,8", "--out", "p.json", "--budget-s", "-3"])
     assert info.value.code == 2
     assert "must be a positive number of seconds" in capsys.readouterr().err
+
+
+LAUNCHERS = {
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python"],
+    "mpirun": [str(Path(sys.executable).with_name("mpirun")), "--allow-run-as-root", "--oversubscribe", "-np", "2"],
+}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_calibrate_under_a_launcher_uses_every_rank(tmp_path: Path, launcher: str) -> None:
+    if launcher == "mpirun" and not Path(LAUNCHERS["mpirun"][0]).exists():
+        pytest.skip("Open MPI's mpirun is not installed in this environment")
+    out = tmp_path / "profile.json"
+    command = LAUNCHERS[launcher] + [str(Path(sys.executable).with_name("parplan")), "calibrate", "--model",
+                                      "torchvision:resnet18", "--input-shape", "2,3,32,32", "--budget-s", "20",
+                                      "--out", str(out), "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    profile = load_profile(out)
+    assert profile.meta["ranks"] == 2 and profile.compute_samples
+    assert {s.collective for s in profile.comm_samples} >= {"allreduce", "allgather", "all_to_all", "sendrecv"}
+    assert list(tmp_path.iterdir()) == [out]  # only rank 0 wrote, atomically
+
+
+def test_ctrl_c_still_writes_a_valid_profile(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "profile.json"
+    command = [str(Path(sys.executable).with_name("parplan")), "calibrate", "--model", "torchvision:resnet18",
+               "--input-shape", "8,3,64,64", "--devices", "1,2,4", "--budget-s", "300", "--out", str(out)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(14)  # past imports and tracing, inside kernel timing
+    child.send_signal(signal.SIGINT)
+    stdout, stderr = child.communicate(timeout=60)
+    assert child.returncode == 130, stderr
+    assert "(interrupted)" in stdout
+    profile = load_profile(out)
+    assert profile.meta["interrupted"] is True and 0 < profile.meta["problems_measured"] < profile.meta["problems_total"]
+    assert list(tmp_path.iterdir()) == [out]
