@@ -167,6 +167,18 @@ class Profile:
         """Whether this profile was measured (rather than built from datasheets)."""
         return self.meta.get("source") == "measured"
 
+    def compatibility_warnings(self, torch_version: str, dtype: str | None = None) -> list[str]:
+        """Why this profile may not fit a run with ``torch_version`` and ``dtype`` (empty when it does)."""
+        warnings = []
+        recorded_torch, recorded_dtype = self.meta.get("torch_version"), self.meta.get("dtype")
+        if self.is_measured and recorded_torch and recorded_torch != torch_version:
+            warnings.append(f"profile measured with torch {recorded_torch}, running torch {torch_version}: "
+                            f"kernel times may differ; re-run parplan calibrate")
+        if dtype is not None and recorded_dtype and recorded_dtype != dtype:
+            warnings.append(f"profile is for {recorded_dtype}, the model runs in {dtype}: times will be off; "
+                            f"calibrate with --dtype {dtype}")
+        return warnings
+
     def compute_time_s(self, kind: str, phase: str, key: str, flops: float, nbytes: float) -> tuple[float, str]:
         """Seconds of one local problem and where they came from: ``measured`` or ``fitted``.
 

@@ -208,10 +208,7 @@ def _profile_show(args: argparse.Namespace) -> int:
 def _profile_warnings(profile: Any) -> list[str]:
     import torch
 
-    recorded = profile.meta.get("torch_version")
-    if profile.is_measured and recorded and recorded != torch.__version__:
-        return [f"measured with torch {recorded}, this is torch {torch.__version__}: kernel times may differ"]
-    return []
+    return profile.compatibility_warnings(torch.__version__)
 
 
 def _trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:

@@ -119,3 +119,14 @@ def test_ctrl_c_still_writes_a_valid_profile(tmp_path: Path) -> None:
     profile = load_profile(out)
     assert profile.meta["interrupted"] is True and 0 < profile.meta["problems_measured"] < profile.meta["problems_total"]
     assert list(tmp_path.iterdir()) == [out]
+
+
+def test_profile_from_another_torch_is_shown_with_a_warning(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from cost_models.profile import DeviceSpec, Profile, save_profile
+
+    old = Profile(DeviceSpec("CPU old", 2**30), {"source": "measured", "torch_version": "1.13.0", "dtype": "float16"})
+    save_profile(old, tmp_path / "old.json")
+    assert main(["profile", "show", str(tmp_path / "old.json"), "--json"]) == 0
+    (warning,) = json.loads(capsys.readouterr().out)["warnings"]
+    assert "measured with torch 1.13.0" in warning
+    assert any("is for float16, the model runs in float32" in w for w in old.compatibility_warnings("1.13.0", "float32"))
