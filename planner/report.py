@@ -72,7 +72,17 @@ def calibration_progress(enabled: bool = True) -> Iterator[Callable[[str, int, i
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     console = Console(stderr=True)
-    if not enabled or not console.is_terminal:  # no bar in logs and pipes
+    if not console.is_terminal:  # logs and pipes get one line per phase instead of a bar
+        started: set[str] = set()
+
+        def announce(phase: str, done: int, total: int) -> None:
+            if phase not in started:
+                started.add(phase)
+                print(f"timing {phase} kernels: {total} problems", file=sys.stderr, flush=True)
+
+        yield announce
+        return
+    if not enabled:
         yield lambda phase, done, total: None
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -111,7 +111,10 @@ def test_ctrl_c_still_writes_a_valid_profile(tmp_path: Path) -> None:
     command = [str(Path(sys.executable).with_name("parplan")), "calibrate", "--model", "torchvision:resnet18",
                "--input-shape", "8,3,64,64", "--devices", "1,2,4", "--budget-s", "300", "--out", str(out)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    time.sleep(14)  # past imports and tracing, inside kernel timing
+    assert child.stderr is not None
+    first = child.stderr.readline()  # printed when kernel timing starts
+    assert first.startswith("timing compute kernels"), first
+    time.sleep(3)
     child.send_signal(signal.SIGINT)
     stdout, stderr = child.communicate(timeout=60)
     assert child.returncode == 130, stderr
