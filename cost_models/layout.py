@@ -6,9 +6,10 @@ dimensions that are not split: ``Layout(4, 1, 2, 2)`` prints as ``n4·h2·w2``
 and the unsplit layout as ``n1``. ``Layout.parse`` reads that form back (``.``
 or ``*`` may stand for ``·``, so it can be typed on any keyboard).
 
-A dimension of extent ``E`` split into ``p`` parts gives near-equal parts as
-``torch.chunk`` would; :meth:`Layout.local_shape` returns the largest part, the
-one that bounds time and memory.
+A dimension of extent ``E`` split into ``p`` parts gives balanced parts, as
+``torch.tensor_split`` does (sizes differ by at most one);
+:meth:`Layout.local_shape` returns the largest part, ``⌈E/p⌉``, the one that
+bounds time and memory.
 """
 
 from __future__ import annotations

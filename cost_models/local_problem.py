@@ -5,7 +5,7 @@ problem of the same kind; calibration times those problems and the cost model
 looks them up by :attr:`LocalProblem.key`, so both must derive them here.
 
 Assumptions:
-    * Parts are near-equal (``torch.chunk``); the largest part is the one costed.
+    * Parts are balanced (``torch.tensor_split``); the largest part is the one costed.
     * ``n`` splits the batch of every 4-D layer.
     * ``c`` splits output channels (filters) of convolution and linear layers —
       each rank keeps the full input and ``C_out/c`` filters; for grouped

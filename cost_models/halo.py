@@ -1,0 +1,113 @@
+"""Halo regions of spatially split convolutions and pooling, from exact index arithmetic.
+
+A dimension of output extent ``O`` split into ``parts`` tiles gives tile ``t``
+the output rows of ``partition(O, parts)[t]``. Producing output rows
+``[o0, o1)`` of a window of size ``k``, stride ``s``, dilation ``d`` and padding
+``p`` reads input rows ``[o0·s − p, (o1−1)·s − p + d·(k−1)]``, clipped to
+``[0, I)``: rows outside are the global padding, which only border tiles see.
+The tile owns input rows ``partition(I, parts)[t]`` (its producer used the same
+split), so its halo is what it reads beyond them on each side: received from
+the neighbour before the forward pass, and — as the gradient of those rows —
+sent back and added to the neighbour's input gradient after backward-data.
+
+Assumptions:
+    * Parts are balanced (``torch.tensor_split``): sizes differ by at most one,
+      the first ``E mod parts`` parts are the larger.
+    * A halo never reaches past the adjacent tile (:func:`axis_halos` refuses
+      such splits; the planner does not offer them).
+    * A 2-D (h×w) split exchanges with up to eight neighbours: four edges and,
+      when both halos on a corner are non-zero, the corner block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from cost_models.errors import InputError
+
+__all__ = ["AxisHalo", "HaloMessage", "axis_halos", "halo_messages", "partition", "window_output_extent"]
+
+
+@dataclass(frozen=True)
+class AxisHalo:
+    """Rows a tile reads beyond its own input rows on one axis: ``before`` and ``after``."""
+
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class HaloMessage:
+    """One halo message of a tile: its neighbour offset ``(dh, dw)``, shape of the block and bytes."""
+
+    offset: tuple[int, int]
+    rows: int
+    cols: int
+    nbytes: int
+
+
+def partition(extent: int, parts: int) -> list[tuple[int, int]]:
+    """Balanced ``[start, stop)`` ranges of ``extent`` split into ``parts`` (as ``torch.tensor_split``)."""
+    if parts < 1 or extent < parts:
+        raise InputError(f"cannot split an extent of {extent} into {parts} non-empty parts")
+    base, extra = divmod(extent, parts)
+    bounds, start = [], 0
+    for index in range(parts):
+        stop = start + base + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def window_output_extent(extent: int, kernel: int, stride: int, dilation: int, padding: int) -> int:
+    """Output extent of a window operation (floor mode), as ``torch.nn.Conv2d`` computes it."""
+    return (extent + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def axis_halos(extent_in: int, parts: int, kernel: int, stride: int = 1, dilation: int = 1,
+               padding: int = 0) -> list[AxisHalo]:
+    """Per-tile halo widths on one axis.
+
+    Raises:
+        InputError: A tile would need rows beyond its adjacent tile, or the
+            split leaves a tile without output rows.
+    """
+    extent_out = window_output_extent(extent_in, kernel, stride, dilation, padding)
+    owned = partition(extent_in, parts)
+    halos = []
+    for tile, (o0, o1) in enumerate(partition(extent_out, parts)):
+        need_start = max(0, o0 * stride - padding)
+        need_stop = min(extent_in, (o1 - 1) * stride - padding + dilation * (kernel - 1) + 1)
+        own_start, own_stop = owned[tile]
+        halo = AxisHalo(max(0, own_start - need_start), max(0, need_stop - own_stop))
+        if (tile > 0 and halo.before > owned[tile - 1][1] - owned[tile - 1][0]) or (
+                tile + 1 < parts and halo.after > owned[tile + 1][1] - owned[tile + 1][0]):
+            raise InputError(
+                f"a {parts}-way split of extent {extent_in} is too fine for a window of {kernel} "
+                f"(stride {stride}, dilation {dilation}): tile {tile} needs rows beyond its neighbour"
+            )
+        halos.append(halo)
+    return halos
+
+
+def halo_messages(rows: Sequence[AxisHalo], cols: Sequence[AxisHalo], tile: tuple[int, int],
+                  tile_shape: tuple[int, int], plane_bytes: int) -> list[HaloMessage]:
+    """The messages tile ``(i, j)`` receives for one exchange (and sends back as gradients).
+
+    Args:
+        rows: Per-tile halos along height (length = height parts).
+        cols: Per-tile halos along width (length = width parts).
+        tile: The tile's ``(row, column)`` index.
+        tile_shape: Its own input extent ``(rows, cols)``.
+        plane_bytes: Bytes of one spatial element across the local batch and
+            channels (``N_local · C_local · itemsize``).
+    """
+    i, j = tile
+    row_halo, col_halo = rows[i], cols[j]
+    sides = {(-1, 0): (row_halo.before, tile_shape[1]), (1, 0): (row_halo.after, tile_shape[1]),
+             (0, -1): (tile_shape[0], col_halo.before), (0, 1): (tile_shape[0], col_halo.after),
+             (-1, -1): (row_halo.before, col_halo.before), (-1, 1): (row_halo.before, col_halo.after),
+             (1, -1): (row_halo.after, col_halo.before), (1, 1): (row_halo.after, col_halo.after)}
+    return [HaloMessage(offset, height, width, height * width * plane_bytes)
+            for offset, (height, width) in sides.items() if height > 0 and width > 0]
