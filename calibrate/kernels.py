@@ -47,10 +47,12 @@ def time_kernel(fn: Callable[[], Any], min_run_time_s: float, threads: int, bloc
     """Time ``fn`` in ``blocks`` blocks of equal run counts; median and IQR of the per-run block means.
 
     One warm-up call also sizes the blocks so that all of them together last
-    about ``min_run_time_s`` (at least one run per block).
+    about ``min_run_time_s`` (at least one run per block; a single block when
+    one run already takes longer).
     """
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     first_s = max(timer.timeit(number=1).median, 1e-7)
+    blocks = max(1, min(blocks, int(min_run_time_s / first_s)))  # a kernel longer than the budget runs once
     number = max(1, int(min_run_time_s / blocks / first_s))
     per_run = sorted(timer.timeit(number=number).median for _ in range(blocks))
     quartiles = statistics.quantiles(per_run, n=4, method="inclusive") if len(per_run) > 1 else [per_run[0]] * 3

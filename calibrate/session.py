@@ -16,6 +16,7 @@ import os
 import platform
 import socket
 import time
+from math import prod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -37,6 +38,8 @@ COMM_REPEATS = 11  # timed runs per sample, each a burst of operations (see comm
 COMM_SIZES_BYTES = tuple(1024 * 2**k for k in range(17))  # 1 KiB … 64 MiB, every power of two
 MAX_RUN_TIME_S = 0.25
 MIN_RUN_TIME_S = 0.01
+ROUGH_FLOPS_PER_S = 1e9  # before any kernel is timed: a slow CPU core, so big problems wait their turn
+ROUGH_BYTES_PER_S = 1e9
 Progress = Callable[[str, int, int], None]
 
 
@@ -129,28 +132,49 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
 
 
 def measure_compute(measurements: Sequence[Measurement], deadline: float, threads: int, device: str,
-                    progress: Progress | None = None) -> tuple[list[ComputeSample], bool]:
-    """Time measurements in order until the deadline; returns the samples and whether Ctrl-C stopped it."""
+                    progress: Progress | None = None,
+                    max_problem_bytes: int | None = None) -> tuple[list[ComputeSample], bool]:
+    """Time measurements in order until the deadline; returns the samples and whether Ctrl-C stopped it.
+
+    Problems whose tensors would not fit in ``max_problem_bytes`` (default: a
+    quarter of the device's memory), or whose one run would not fit in the
+    time left (judged from the fastest FLOP rate seen so far), are left to the
+    fitted model rather than risking the machine or the budget.
+    """
     from calibrate.kernels import TIMED_KINDS, build_kernel, time_kernel
 
     torch.set_num_threads(threads)
     target = torch.device(device)
+    memory_cap = max_problem_bytes or _device_spec(device).memory_bytes // 4
     samples: list[ComputeSample] = []
     timed = [m for m in measurements if m.problem.kind in TIMED_KINDS]
+    best_flops_per_s = ROUGH_FLOPS_PER_S
     try:
         for index, item in enumerate(timed):
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 break
+            guess_s = item.flops / best_flops_per_s + _footprint_bytes(item) / ROUGH_BYTES_PER_S
+            if _footprint_bytes(item) > memory_cap or 4 * guess_s > remaining_s:
+                continue  # set-up, warm-up and one run must fit in what is left
             per_kernel_s = min(MAX_RUN_TIME_S, max(MIN_RUN_TIME_S, remaining_s / (len(timed) - index) / 3))
             timing = time_kernel(build_kernel(item.problem, item.phase, target), per_kernel_s, threads)
             samples.append(ComputeSample(item.problem.kind, item.phase, item.problem.key, item.flops, item.bytes,
                                          timing.median_s, timing.iqr_s, timing.repeats))
+            best_flops_per_s = max(best_flops_per_s, item.flops / timing.median_s)
             if progress is not None:
                 progress("compute", index + 1, len(timed))
     except KeyboardInterrupt:
         return samples, True
     return samples, False
+
+
+def _footprint_bytes(item: Measurement) -> int:
+    """Memory one timing needs: inputs, output, weight, and their gradients (twice the tensors)."""
+    problem = item.problem
+    elements = sum(prod(shape) for shape in problem.input_shapes) + prod(problem.output_shape)
+    elements += prod(problem.weight_shape) if problem.weight_shape else 0
+    return 2 * elements * problem.itemsize
 
 
 def _measure_comm(request: CalibrationRequest, deadline: float) -> tuple[list[CommSample], list[str], bool]:
