@@ -149,14 +149,12 @@ def _device_counts(text: str | None, ranks: int) -> tuple[int, ...]:
 
 def load_profile_argument(text: str, dtype: str = "float32") -> Any:
     """A PROFILE argument: a preset name or a profile file."""
-    from calibrate.presets import is_preset, preset_profile
+    from calibrate.presets import preset_profile
     from cost_models.profile import load_profile
 
-    if is_preset(text):
-        return preset_profile(text, dtype)
-    if not text.endswith(".json") and "/" not in text:
-        preset_profile(text, dtype)  # raises: unknown preset, naming the known ones
-    return load_profile(text)
+    if os.path.exists(text) or text.endswith(".json") or os.sep in text:
+        return load_profile(text)
+    return preset_profile(text, dtype)  # a preset, or one line naming the known ones
 
 
 def _calibrate(args: argparse.Namespace) -> int:

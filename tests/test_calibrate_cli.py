@@ -110,7 +110,9 @@ def test_ctrl_c_still_writes_a_valid_profile(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     command = [str(Path(sys.executable).with_name("parplan")), "calibrate", "--model", "torchvision:resnet18",
                "--input-shape", "8,3,64,64", "--devices", "1,2,4", "--budget-s", "300", "--out", str(out)]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    # A child inherits an ignored SIGINT (pytest started in the background): give it the default back.
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert child.stderr is not None
     first = child.stderr.readline()  # printed when kernel timing starts
     assert first.startswith("timing compute kernels"), first
