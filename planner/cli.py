@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(commands, common)
     _add_calibrate(commands, common)
     _add_profile(commands, common)
+    _add_estimate(commands, common)
     return parser
 
 
@@ -110,6 +111,55 @@ def _add_profile(commands: Any, common: argparse.ArgumentParser) -> None:
     show.add_argument("profile", metavar="PROFILE", help="a profile JSON path or a preset name (v100, a100, h100)")
     show.add_argument("--dtype", default="float32", help="dtype of a preset (default float32)")
     show.set_defaults(handler=_profile_show)
+
+
+def _add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser("estimate", parents=[common], help="predict a plan's time and memory",
+                                 description="Price PLAN for MODEL with PROFILE: time per layer and term, memory.")
+    _add_model_arguments(parser)
+    parser.add_argument("--plan", required=True, metavar="PLAN.json", help="a parplan.plan/1 file (hand-written is fine)")
+    parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="model no overlap of halo exchange and gradient allreduce with compute")
+    parser.set_defaults(handler=_estimate)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from cost_models.plan import load_plan
+
+    plan = load_plan(args.plan)  # a malformed plan is refused before the model is built
+    graph, _ = _trace_model(args)
+    plan = load_plan(args.plan, expected_fingerprint=graph.fingerprint)
+    profile = load_profile_argument(args.profile, args.dtype)
+    import torch
+
+    from cost_models.estimate import estimate
+
+    started = time.perf_counter()
+    result = estimate(graph, plan, profile, optimizer=args.optimizer, overlap=not args.no_overlap)
+    document = _estimate_document(result, profile.compatibility_warnings(torch.__version__, graph.graph["dtype"]))
+    document["seconds"] = round(time.perf_counter() - started, 4)
+    if args.json:
+        _print_json(document)
+    else:
+        from planner.report import print_estimate
+
+        print_estimate(document)
+    return 0
+
+
+def _estimate_document(result: Any, warnings: list[str]) -> dict[str, Any]:
+    layers = [{"name": layer.name, "kind": layer.kind, "layout": str(layer.layout),
+               "compute_source": layer.cost.compute_source, "forward_s": layer.cost.forward_s,
+               "backward_s": layer.cost.backward_s, "halo_s": layer.cost.halo_s,
+               "halo_exposed_s": layer.cost.halo_exposed_s, "allreduce_s": layer.cost.allreduce_s,
+               "norm_s": layer.cost.norm_s, "channel_reduce_s": layer.cost.channel_reduce_s,
+               "redistribution_s": layer.redistribution_s,
+               "memory_bytes": layer.memory.resident_bytes} for layer in result.layers]
+    return {"iteration_s": result.iteration_s, "breakdown_s": dict(result.breakdown_s),
+            "memory_bytes_max": result.memory_bytes_max, "memory_bytes": dict(result.memory_bytes),
+            "sources": result.sources(), "layers": layers, "warnings": warnings}
 
 
 def _positive_int(text: str) -> int:

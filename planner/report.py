@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 __all__ = [
-    "calibration_progress", "format_bytes", "format_count", "print_calibration_summary", "print_layer_table",
-    "print_profile",
+    "calibration_progress", "format_bytes", "format_count", "print_calibration_summary", "print_estimate",
+    "print_layer_table", "print_profile",
 ]
 
 
@@ -156,3 +156,23 @@ def _error_text(error: dict[str, Any]) -> str:
     if error.get("median_rel_err") is None:
         return "not measured"
     return f"median {error['median_rel_err']:.1%} · p90 {error['p90_rel_err']:.1%} · n={error['n']}"
+
+
+def print_estimate(document: dict[str, Any], console: Console | None = None) -> None:
+    """``parplan estimate``: one row per layer with its terms, then the totals."""
+    console = console or Console(width=None if sys.stdout.isatty() else 180)
+    table = Table(title="estimate per layer (ms)")
+    for header in ("layer", "kind", "layout", "fwd", "bwd", "halo", "allreduce", "norm", "chan", "redist", "memory", "src"):
+        table.add_column(header, justify="left" if header in ("layer", "kind", "layout", "src") else "right")
+    for layer in document["layers"]:
+        table.add_row(layer["name"], layer["kind"], layer["layout"],
+                      *(f"{layer[key] * 1e3:.3f}" for key in ("forward_s", "backward_s", "halo_s", "allreduce_s",
+                                                              "norm_s", "channel_reduce_s", "redistribution_s")),
+                      format_bytes(layer["memory_bytes"]), layer["compute_source"])
+    console.print(table)
+    parts = ", ".join(f"{key} {value * 1e3:.2f} ms" for key, value in document["breakdown_s"].items())
+    console.print(f"iteration {document['iteration_s'] * 1e3:.2f} ms ({parts})")
+    memory = ", ".join(f"{key} {format_bytes(value)}" for key, value in document["memory_bytes"].items())
+    console.print(f"peak memory per rank {format_bytes(document['memory_bytes_max'])} ({memory})")
+    for warning in document.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")

@@ -1,0 +1,174 @@
+"""Seconds of one layer under one layout: compute, halo exchange, weight-gradient allreduce, norm statistics.
+
+Assumptions (beyond those of the modules used):
+    * Compute is the local problem's passes (``local_problem.phases_of``), each
+      a measured profile entry when its key was timed, else the fitted model.
+    * Halo exchange (convolution and pooling split by height/width) happens
+      once forward (activations) and once backward (their gradients); with
+      ``overlap`` the interior of the tile is computed meanwhile, so only
+      ``max(0, halo − interior compute)`` is exposed. The interior is the share
+      of local output rows/columns that need no halo.
+    * Ranks of a layer are placed row-major over ``(n, c, h, w)``
+      (``cost_models.redistribution``): a tile's spatial neighbours are
+      consecutive ranks, and the ``h·w`` group spans nodes only when it is
+      larger than a node.
+    * Weights split by ``c`` (filters of convolution/linear, channels of
+      batch-norm) are allreduced over the ``D/c`` ranks that hold the same slice.
+    * Batch-norm under a spatial split allreduces ``2·C`` statistics over the
+      ``h·w`` group forward and ``2·C`` sums backward.
+    * A filter (``c``) split of a convolution or linear layer needs the full
+      input on every rank (an edge redistribution provides it) and sums the
+      partial input gradients over the ``c`` group: one allreduce of the local
+      input gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from cost_models.cluster import Cluster
+from cost_models.comm_cost import allreduce_s, halo_exchange_s
+from cost_models.errors import PlanError
+from cost_models.halo import AxisHalo, axis_halos, halo_messages
+from cost_models.layout import Layout
+from cost_models.local_problem import DENSE_KINDS, LocalProblem, local_problem, phases_of
+from cost_models.profile import Profile
+
+__all__ = ["LayerCost", "layer_cost"]
+
+_HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
+_FLOPS_OF = {"fwd": "fwd", "bwd_data": "bwd_data", "bwd_weight": "bwd_weight", "bwd": "bwd"}
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer's seconds per term; ``compute_source`` is ``measured``, ``fitted``, ``mixed`` or ``none``."""
+
+    forward_s: float
+    backward_s: float
+    halo_s: float
+    halo_exposed_s: float
+    allreduce_s: float
+    norm_s: float
+    channel_reduce_s: float
+    compute_source: str
+
+    @property
+    def total_s(self) -> float:
+        """Time on the critical path if nothing overlapped except the halo's interior."""
+        return (self.forward_s + self.backward_s + self.halo_exposed_s + self.allreduce_s + self.norm_s
+                + self.channel_reduce_s)
+
+
+def layer_cost(name: str, layer: Mapping[str, Any], layout: Layout, devices: int, profile: Profile,
+               cluster: Cluster, itemsize: int, dtype: str, overlap: bool = True) -> LayerCost:
+    """All terms of one layer (see the module docstring)."""
+    problem = local_problem(layer, layout, itemsize, dtype)
+    if problem is None:
+        if layer["kind"] in ("input", "flatten", "view", "getitem", "identity") or layout.ranks == 1:
+            return LayerCost(0.0, 0.0, 0.0, 0.0, _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
+                             0.0, 0.0, "none")
+        raise PlanError(f"layout {layout} cannot split layer '{name}' ({layer['kind']}, output "
+                        f"{tuple(layer['output_shape'])}); choose a layout its kind and shape allow")
+    forward_s, backward_s, source = _compute_s(problem, profile)
+    halo_s = _halo_s(layer, layout, problem, profile, cluster)
+    interior = _interior_share(layer, layout, problem) if overlap else 0.0
+    exposed = max(0.0, halo_s / 2 - interior * forward_s) + max(0.0, halo_s / 2 - interior * backward_s)
+    return LayerCost(
+        forward_s, backward_s, halo_s, exposed,
+        _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
+        _norm_s(layer, layout, problem, profile, cluster),
+        _channel_reduce_s(layer, layout, problem, profile, cluster), source,
+    )
+
+
+def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, str]:
+    flops = problem.flops
+    forward_s = backward_s = 0.0
+    sources = set()
+    for phase in phases_of(problem):
+        count = getattr(flops, _FLOPS_OF[phase])
+        seconds, source = profile.compute_time_s(problem.kind, phase, problem.key, count, problem.bytes_moved(phase))
+        sources.add(source)
+        if phase == "fwd":
+            forward_s += seconds
+        else:
+            backward_s += seconds
+    return forward_s, backward_s, sources.pop() if len(sources) == 1 else "mixed"
+
+
+def _spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], list[AxisHalo]] | None:
+    if layer["kind"] not in _HALO_KINDS or layout.spatial == 1:
+        return None
+    attrs, shape = layer["attrs"], layer["input_shapes"][0]
+    halos = []
+    for axis, parts in ((0, layout.h), (1, layout.w)):
+        kernel, stride, dilation, padding = (_axis(attrs.get(key, default), axis) for key, default in
+                                             (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
+        halos.append(axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding))
+    return halos[0], halos[1]
+
+
+def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
+    halos = _spatial_halos(layer, layout)
+    if halos is None:
+        return 0.0
+    rows, cols = halos
+    shape = layer["input_shapes"][0]
+    tile_shape = (-(-shape[2] // layout.h), -(-shape[3] // layout.w))
+    plane_bytes = problem.input_shapes[0][0] * problem.input_shapes[0][1] * problem.itemsize
+    level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
+    worst = max(halo_exchange_s(profile, halo_messages(rows, cols, (i, j), tile_shape, plane_bytes), level)
+                for i in range(layout.h) for j in range(layout.w))
+    return 2 * worst  # forward activations, backward their gradients
+
+
+def _interior_share(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem) -> float:
+    halos = _spatial_halos(layer, layout)
+    if halos is None:
+        return 0.0
+    out_h, out_w = problem.output_shape[2], problem.output_shape[3]
+    rows, cols = halos
+    edge_h = max(max(h.before for h in rows), max(h.after for h in rows))
+    edge_w = max(max(h.before for h in cols), max(h.after for h in cols))
+    inner_h, inner_w = max(0, out_h - 2 * edge_h), max(0, out_w - 2 * edge_w)
+    return inner_h * inner_w / (out_h * out_w)
+
+
+def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, profile: Profile, cluster: Cluster,
+                        itemsize: int) -> float:
+    if not layer.get("params"):
+        return 0.0
+    split = layout.c if layer["kind"] in DENSE_KINDS | {"batchnorm"} else 1
+    group = [rank for rank in range(devices) if _c_coordinate(rank, layout) == 0]
+    return allreduce_s(profile, cluster, group, layer["params"] * itemsize / split)
+
+
+def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
+    if layer["kind"] != "batchnorm" or layout.spatial == 1:
+        return 0.0
+    stats_bytes = 2 * problem.output_shape[1] * 4
+    return 2 * allreduce_s(profile, cluster, list(range(layout.spatial)), stats_bytes)
+
+
+def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,
+                      cluster: Cluster) -> float:
+    if layer["kind"] not in DENSE_KINDS or layout.c == 1 or not problem.needs_input_grad:
+        return 0.0
+    stride = layout.spatial
+    group = [index * stride for index in range(layout.c)]
+    input_bytes = problem.itemsize
+    for extent in problem.input_shapes[0]:
+        input_bytes *= extent
+    return allreduce_s(profile, cluster, group, input_bytes)
+
+
+def _c_coordinate(rank: int, layout: Layout) -> int:
+    return (rank % layout.ranks) // layout.spatial % layout.c
+
+
+def _axis(value: Any, axis: int) -> Any:
+    if isinstance(value, (list, tuple)):
+        return value[axis] if axis < len(value) else value[-1]
+    return value
