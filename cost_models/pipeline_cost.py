@@ -1,0 +1,76 @@
+"""Iteration time of pipeline schedules from per-stage times.
+
+Stage ``k`` of ``K`` needs ``F_k`` seconds forward and ``B_k`` backward per
+micro-batch (already scaled by any straggler factor); ``T_k`` is the
+point-to-point transfer from stage ``k`` to ``k+1`` (activations forward,
+their gradients backward, the same size).
+
+* ``sync`` (GPipe: ``M`` micro-batches, fill/drain, one update): the forward
+  phase is a deterministic flow line — ``M`` jobs, all ready at time 0, through
+  ``2K−1`` servers (stages and the transfers between them) — whose last job
+  finishes at ``Σ servers + (M−1)·max server``; the backward phase is the same
+  line reversed; then the flush: each stage's weight-gradient allreduce, the
+  slowest one exposed. With equal stages of time ``t`` this is the familiar
+  ``(M+K−1)·t`` per phase.
+* ``stale`` (DSP: no locking, staleness ``2(K−1−k)``): every stage runs
+  forward on new batches and, when a gradient arrives, recomputes its forward
+  from the stashed input and runs backward. In steady state the pipeline moves
+  at the pace of its busiest server: ``max_k(2F_k + B_k + A_k)`` where ``A_k``
+  is the part of the stage's gradient allreduce not hidden behind its backward,
+  or ``max_k T_k`` if a link is slower (links are full duplex: activations
+  and gradients cross at once).
+
+``tests/test_pipeline_cost.py`` checks both against a discrete-event simulation
+of the same schedules.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from cost_models.errors import InputError
+
+__all__ = ["dsp_staleness", "stale_iteration_s", "sync_iteration_s"]
+
+
+def sync_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
+                     micro_batches: int, allreduce_s: Sequence[float] = ()) -> float:
+    """Seconds of one GPipe iteration (see the module docstring)."""
+    _check(forward_s, backward_s, transfer_s, micro_batches)
+    servers_fwd = _interleave(forward_s, transfer_s)
+    servers_bwd = _interleave(backward_s, transfer_s)
+    forward = sum(servers_fwd) + (micro_batches - 1) * max(servers_fwd)
+    backward = sum(servers_bwd) + (micro_batches - 1) * max(servers_bwd)
+    return forward + backward + max(allreduce_s, default=0.0)
+
+
+def stale_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
+                      allreduce_s: Sequence[float] = ()) -> float:
+    """Steady-state seconds per batch of the DSP schedule (see the module docstring)."""
+    _check(forward_s, backward_s, transfer_s, 1)
+    reduce = list(allreduce_s) or [0.0] * len(forward_s)
+    stages = [2 * f + b + max(0.0, a - b) for f, b, a in zip(forward_s, backward_s, reduce)]
+    return max(stages + list(transfer_s))
+
+
+def dsp_staleness(stages: int, bound: int | None = None) -> tuple[int, ...]:
+    """DSP's staleness ``2(K−1−k)`` per stage, capped at ``bound`` when given."""
+    return tuple(min(2 * (stages - 1 - k), bound) if bound is not None else 2 * (stages - 1 - k)
+                 for k in range(stages))
+
+
+def _interleave(stage_s: Sequence[float], transfer_s: Sequence[float]) -> list[float]:
+    servers: list[float] = []
+    for index, seconds in enumerate(stage_s):
+        servers.append(seconds)
+        if index < len(transfer_s):
+            servers.append(transfer_s[index])
+    return servers
+
+
+def _check(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float], micro: int) -> None:
+    if not forward_s or len(forward_s) != len(backward_s) or len(transfer_s) != len(forward_s) - 1:
+        raise InputError(f"need K forward and backward times and K−1 transfers, got {len(forward_s)}, "
+                         f"{len(backward_s)} and {len(transfer_s)}")
+    if micro < 1:
+        raise InputError(f"micro_batches must be >= 1, got {micro}")
