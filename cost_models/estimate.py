@@ -4,53 +4,76 @@ Per layer (``layer_cost``): compute from the profile, exposed halo exchange,
 batch-norm statistics, the input-gradient sum of a filter split, and its
 weight-gradient allreduce. Per edge whose two layouts differ
 (``comm_cost.redistribution_s``): the redistribution forward and, for the
-gradient, backward.
+gradient, backward. Per pipeline stage: its forward and backward time per
+micro-batch, the transfer to the next stage, and the part of its gradient
+allreduce left after its last backward; the schedule (``pipeline_cost``) turns
+those into the iteration time.
 
 Assumptions:
-    * One pipeline stage; plans with more stages are refused with a clear
-      message (their schedules are costed by a later module).
     * The input batch is loaded directly in its first layers' layouts: edges
       from the input cost nothing.
     * A convolution or linear layer split by ``c`` reads its input with
       ``c = 1`` (every filter slice needs all input channels); other layers
       read their input in their own layout. A 2-D tensor (after flattening)
       carries only the ``n`` and ``c`` parts of a layout.
-    * Weight-gradient allreduces run on their own stream in reverse layer
-      order, each starting when its layer's backward is done and the previous
-      allreduce has finished; the step ends when both compute and the last
-      allreduce are done. With ``overlap=False`` they add up after backward.
+    * Within a stage, weight-gradient allreduces run on their own stream in
+      reverse layer order, each starting when its layer's backward is done and
+      the previous allreduce has finished; what runs past the stage's last
+      backward is exposed. With ``overlap=False`` all of it is.
+    * ``sync`` runs ``M`` micro-batches of ``⌈N/M⌉`` samples and keeps all their
+      activations (no re-materialisation); ``stale`` runs whole batches and
+      stage ``k`` stashes ``staleness[k]`` extra copies of its input.
+    * Stage ``k`` occupies the ranks after those of stages ``0..k−1``; a stage
+      wider than a node starts on a node boundary. Tensors crossing a cut
+      (skip connections included) are sent across every boundary between
+      their producer's and consumer's stages, each rank sending its local part.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import ceil
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
-from cost_models.errors import PlanError
+from cost_models.errors import InputError, PlanError
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, local_problem
 from cost_models.memory import LayerMemory, layer_memory
+from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.profile import Profile
 
-__all__ = ["Estimate", "LayerEstimate", "estimate"]
+__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "estimate"]
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
 class LayerEstimate:
-    """One layer's layout, cost terms, incoming redistribution and memory."""
+    """One layer's stage, layout, cost terms (per micro-batch), incoming redistribution and memory."""
 
     name: str
     kind: str
+    stage: int
     layout: Layout
     cost: LayerCost
     redistribution_s: float
     memory: LayerMemory
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """Per micro-batch: forward, backward, transfer to the next stage; allreduce total and exposed; memory."""
+
+    forward_s: float
+    backward_s: float
+    transfer_s: float
+    allreduce_s: float
+    allreduce_exposed_s: float
+    memory_bytes: int
 
 
 @dataclass(frozen=True)
@@ -62,6 +85,7 @@ class Estimate:
     memory_bytes_max: int
     memory_bytes: Mapping[str, int]
     layers: tuple[LayerEstimate, ...]
+    stages: tuple[StageEstimate, ...]
 
     def sources(self) -> dict[str, int]:
         """How many layers' compute came from measured entries, the fit, both, or needed none."""
@@ -71,53 +95,87 @@ class Estimate:
         return counts
 
 
+@dataclass(frozen=True)
+class _Context:
+    graph: Any
+    nodes: Mapping[str, Mapping[str, Any]]
+    plan: Plan
+    profile: Profile
+    itemsize: int
+    dtype: str
+    optimizer: str
+    overlap: bool
+
+
 def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None = None, optimizer: str = "sgd",
-             overlap: bool = True) -> Estimate:
+             overlap: bool = True, slowdown: Mapping[int, float] | None = None) -> Estimate:
     """Predict one training iteration of ``plan`` for the traced ``graph``.
 
+    Args:
+        slowdown: Optional straggler factors by stage index (``{1: 2.0}``: stage 1 runs at half speed).
+
     Raises:
-        PlanError: The plan does not fit the graph, has several stages, or a
-            layout cannot split its layer.
+        PlanError: The plan does not fit the graph or a layout cannot split its layer.
     """
     cluster = cluster or plan.cluster
-    if plan.pipeline.stages != 1:
-        raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; this estimate covers one-stage plans")
     if plan.fingerprint != graph.fingerprint:
         raise PlanError(f"plan was made for model fingerprint {plan.fingerprint}, this model traces to "
                         f"{graph.fingerprint}; make a new plan for this model and input shape")
     check_plan_for_graph(plan, graph)
+    micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
     dtype = graph.graph["dtype"]
-    itemsize = _ITEMSIZE.get(dtype, 4)
-    devices = plan.pipeline.devices_per_stage[0]
-    layers = tuple(_layer_estimate(graph, plan, name, devices, profile, cluster, itemsize, dtype, optimizer, overlap)
+    context = _Context(graph, _micro_batch_nodes(graph, micro), plan, profile, _ITEMSIZE.get(dtype, 4), dtype,
+                       optimizer, overlap)
+    layers = tuple(_layer_estimate(context, name, _stage_cluster(cluster, plan, plan.layers[name].stage))
                    for name in graph.compute_layers())
-    return _combine(layers, overlap)
+    stages = tuple(_stage_estimate(context, layers, stage, cluster, micro, (slowdown or {}).get(stage, 1.0))
+                   for stage in range(plan.pipeline.stages))
+    return _combine(layers, stages, plan, micro)
 
 
-def _layer_estimate(graph: Any, plan: Plan, name: str, devices: int, profile: Profile, cluster: Cluster,
-                    itemsize: int, dtype: str, optimizer: str, overlap: bool) -> LayerEstimate:
-    node, layout = graph.nodes[name], plan.layers[name].layout
-    cost = layer_cost(name, node, layout, devices, profile, cluster, itemsize, dtype, overlap)
-    moved = sum(_edge_s(graph, plan, source, name, devices, profile, cluster, itemsize)
-                for source in graph.predecessors(name))
-    memory = layer_memory(node, layout, local_problem(node, layout, itemsize, dtype), optimizer, itemsize)
-    return LayerEstimate(name, node["kind"], layout, cost, moved, memory)
+def _micro_batch_nodes(graph: Any, micro: int) -> Mapping[str, Mapping[str, Any]]:
+    if micro == 1:
+        return graph.nodes
+    def scaled(shape: list[Any]) -> list[Any]:
+        return [ceil(shape[0] / micro), *shape[1:]] if shape and not isinstance(shape[0], list) else shape
+    return {name: {**data, "output_shape": scaled(data["output_shape"]),
+                   "input_shapes": [scaled(s) for s in data.get("input_shapes", [])]}
+            for name, data in graph.nodes(data=True)}
 
 
-def _edge_s(graph: Any, plan: Plan, source: str, target: str, devices: int, profile: Profile, cluster: Cluster,
-            itemsize: int) -> float:
-    if graph.nodes[source]["kind"] == "input":
-        return 0.0
-    shape = graph.nodes[source]["output_shape"]
+def _stage_cluster(cluster: Cluster, plan: Plan, stage: int) -> Cluster:
+    devices = plan.pipeline.devices_per_stage[stage]
+    try:
+        return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
+    except InputError as err:
+        raise PlanError(f"stage {stage} has {devices} devices, which are not whole nodes of "
+                        f"{cluster.devices_per_node}: {err}") from err
+
+
+def _layer_estimate(context: _Context, name: str, cluster: Cluster) -> LayerEstimate:
+    node, assignment = context.nodes[name], context.plan.layers[name]
+    devices = context.plan.pipeline.devices_per_stage[assignment.stage]
+    cost = layer_cost(name, node, assignment.layout, devices, context.profile, cluster, context.itemsize,
+                      context.dtype, context.overlap)
+    moved = sum(_edge_s(context, source, name, devices, cluster) for source in context.graph.predecessors(name))
+    memory = layer_memory(node, assignment.layout, local_problem(node, assignment.layout, context.itemsize,
+                                                                 context.dtype), context.optimizer, context.itemsize)
+    return LayerEstimate(name, node["kind"], assignment.stage, assignment.layout, cost, moved, memory)
+
+
+def _edge_s(context: _Context, source: str, target: str, devices: int, cluster: Cluster) -> float:
+    plan, nodes = context.plan, context.nodes
+    if nodes[source]["kind"] == "input" or plan.layers[source].stage != plan.layers[target].stage:
+        return 0.0  # the input is loaded in place; stage crossings are transfers
+    shape = nodes[source]["output_shape"]
     if not shape or isinstance(shape[0], list):
         return 0.0
-    have = plan.layers[source].layout
-    want = _input_layout(graph.nodes[target]["kind"], plan.layers[target].layout)
-    shape4, have, want = _as_4d(shape, have, want)
+    want = _input_layout(nodes[target]["kind"], plan.layers[target].layout)
+    shape4, have, want = _as_4d(shape, plan.layers[source].layout, want)
     if have == want:
         return 0.0
-    return (redistribution_s(profile, cluster, shape4, itemsize, have, want, devices)
-            + redistribution_s(profile, cluster, shape4, itemsize, want, have, devices))
+    return (redistribution_s(context.profile, cluster, shape4, context.itemsize, have, want, devices)
+            + redistribution_s(context.profile, cluster, shape4, context.itemsize, want, have, devices))
 
 
 def _input_layout(kind: str, layout: Layout) -> Layout:
@@ -127,39 +185,92 @@ def _input_layout(kind: str, layout: Layout) -> Layout:
 def _as_4d(shape: list[int], have: Layout, want: Layout) -> tuple[tuple[int, ...], Layout, Layout]:
     if len(shape) == 4:
         return tuple(shape), have, want
-    flat = (shape[0], int(_product(shape[1:])), 1, 1)
-    return flat, Layout(have.n, have.c), Layout(want.n, want.c)
+    features = 1
+    for extent in shape[1:]:
+        features *= extent
+    return (shape[0], features, 1, 1), Layout(have.n, have.c), Layout(want.n, want.c)
 
 
-def _combine(layers: tuple[LayerEstimate, ...], overlap: bool) -> Estimate:
-    forward = sum(layer.cost.forward_s for layer in layers)
-    critical = sum(layer.cost.halo_exposed_s + layer.cost.norm_s + layer.cost.channel_reduce_s + layer.redistribution_s
-                   for layer in layers)
-    clock = forward + critical
-    comm_free = clock
+def _stage_estimate(context: _Context, layers: tuple[LayerEstimate, ...], stage: int, cluster: Cluster,
+                    micro: int, slowdown: float) -> StageEstimate:
+    own = [layer for layer in layers if layer.stage == stage]
+    shared = [layer.cost.halo_exposed_s / 2 + layer.cost.norm_s / 2 + layer.redistribution_s / 2 for layer in own]
+    forward = slowdown * sum(layer.cost.forward_s + extra for layer, extra in zip(own, shared))
+    backward = slowdown * sum(layer.cost.backward_s + layer.cost.channel_reduce_s + extra
+                              for layer, extra in zip(own, shared))
+    allreduce, exposed = _allreduce_timeline(own, context.overlap)
+    memory = sum(layer.memory.weights + layer.memory.gradients + layer.memory.optimizer + micro * layer.memory.saved
+                 for layer in own)
+    memory += max((layer.memory.transient for layer in own), default=0)
+    memory += context.plan.pipeline.staleness[stage] * _boundary_bytes(context, stage, into=True)
+    return StageEstimate(forward, backward, _transfer_s(context, stage, cluster), allreduce, exposed, memory)
+
+
+def _allreduce_timeline(layers: list[LayerEstimate], overlap: bool) -> tuple[float, float]:
+    total = sum(layer.cost.allreduce_s for layer in layers)
+    if not overlap:
+        return total, total
+    clock = comm_free = 0.0
     for layer in reversed(layers):
         clock += layer.cost.backward_s
         if layer.cost.allreduce_s:
             comm_free = max(comm_free, clock) + layer.cost.allreduce_s
-    allreduce = sum(layer.cost.allreduce_s for layer in layers)
-    iteration = max(clock, comm_free) if overlap else clock + allreduce
-    breakdown = {
-        "compute_fwd": forward, "compute_bwd": sum(layer.cost.backward_s for layer in layers),
-        "halo": sum(layer.cost.halo_s for layer in layers),
-        "halo_exposed": sum(layer.cost.halo_exposed_s for layer in layers),
-        "norm_stats": sum(layer.cost.norm_s for layer in layers),
-        "channel_reduce": sum(layer.cost.channel_reduce_s for layer in layers),
-        "redistribution": sum(layer.redistribution_s for layer in layers),
-        "allreduce": allreduce, "allreduce_exposed": iteration - clock if overlap else allreduce,
-    }
-    memory = {term: sum(getattr(layer.memory, term) for layer in layers)
-              for term in ("weights", "gradients", "optimizer", "saved")}
-    memory["transient"] = max((layer.memory.transient for layer in layers), default=0)
-    return Estimate(iteration, breakdown, sum(memory.values()), memory, layers)
+    return total, max(0.0, comm_free - clock)
 
 
-def _product(values: list[int]) -> int:
-    total = 1
-    for value in values:
-        total *= value
+def _boundary_bytes(context: _Context, stage: int, into: bool) -> int:
+    """Bytes one rank sends across the cut after ``stage`` (or receives across the cut before it, ``into``)."""
+    plan, total = context.plan, 0
+    cut = stage - 1 if into else stage
+    if cut >= plan.pipeline.stages - 1:
+        return 0
+    for source, target in context.graph.edges:
+        if source not in plan.layers:  # the model input: stage 0 receives it (and DSP stashes it)
+            crosses = cut < 0 and target in plan.layers and plan.layers[target].stage == 0
+            layout = plan.layers[target].layout if target in plan.layers else Layout()
+        else:
+            crosses = target in plan.layers and plan.layers[source].stage <= cut < plan.layers[target].stage
+            layout = plan.layers[source].layout
+        if crosses:
+            elements = 1
+            for extent in context.nodes[source]["output_shape"]:
+                elements *= extent
+            total += ceil(elements / layout.ranks) * context.itemsize
     return total
+
+
+def _transfer_s(context: _Context, stage: int, cluster: Cluster) -> float:
+    nbytes = _boundary_bytes(context, stage, into=False)
+    if not nbytes:
+        return 0.0
+    first = sum(context.plan.pipeline.devices_per_stage[:stage])
+    after = first + context.plan.pipeline.devices_per_stage[stage]
+    level = "inter" if cluster.node_of(first) != cluster.node_of(min(after, cluster.devices - 1)) else "intra"
+    return context.profile.comm_time_s("sendrecv", level, 2, nbytes)
+
+
+def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...], plan: Plan, micro: int) -> Estimate:
+    forward, backward = [s.forward_s for s in stages], [s.backward_s for s in stages]
+    transfer = [s.transfer_s for s in stages[:-1]]
+    if plan.pipeline.schedule == "stale" and len(stages) > 1:
+        iteration = stale_iteration_s(forward, backward, transfer, [s.allreduce_s for s in stages])
+    else:
+        iteration = sync_iteration_s(forward, backward, transfer, micro, [s.allreduce_exposed_s for s in stages])
+    breakdown = {
+        "compute_fwd": micro * sum(layer.cost.forward_s for layer in layers),
+        "compute_bwd": micro * sum(layer.cost.backward_s for layer in layers),
+        "halo": micro * sum(layer.cost.halo_s for layer in layers),
+        "halo_exposed": micro * sum(layer.cost.halo_exposed_s for layer in layers),
+        "norm_stats": micro * sum(layer.cost.norm_s for layer in layers),
+        "channel_reduce": micro * sum(layer.cost.channel_reduce_s for layer in layers),
+        "redistribution": micro * sum(layer.redistribution_s for layer in layers),
+        "transfer": micro * 2 * sum(transfer),
+        "allreduce": sum(s.allreduce_s for s in stages),
+        "allreduce_exposed": max((s.allreduce_exposed_s for s in stages), default=0.0),
+    }
+    worst = max(range(len(stages)), key=lambda k: stages[k].memory_bytes)
+    own = [layer for layer in layers if layer.stage == worst]
+    memory = {term: sum(getattr(layer.memory, term) for layer in own) for term in ("weights", "gradients", "optimizer")}
+    memory["saved"] = micro * sum(layer.memory.saved for layer in own)
+    memory["transient_and_stash"] = stages[worst].memory_bytes - sum(memory.values())
+    return Estimate(iteration, breakdown, stages[worst].memory_bytes, memory, layers, stages)

@@ -201,13 +201,14 @@ def check_plan_for_graph(plan: Plan, graph: Any) -> None:
         plan: The plan.
         graph: The :class:`~cost_models.graph.LayerGraph` it is applied to.
     """
-    layers = set(graph.compute_layers())
+    order = graph.compute_layers()
+    layers = set(order)
     missing, unknown = sorted(layers - set(plan.layers)), sorted(set(plan.layers) - set(graph.nodes))
     if missing:
         raise PlanError(f"plan has no layout for {len(missing)} layers of the model, e.g. {missing[:3]}; re-plan")
     if unknown:
         raise PlanError(f"plan names {len(unknown)} layers the model does not have, e.g. {unknown[:3]}; re-plan")
-    for name in layers:
+    for name in order:  # execution order: the first offending layer is named
         layout, shape = plan.layers[name].layout, graph.nodes[name]["output_shape"]
         if len(shape) == 4 and not layout.fits(tuple(shape)):
             raise PlanError(f"layout {layout} of layer '{name}' splits its output {tuple(shape)} into empty parts")

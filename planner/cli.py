@@ -122,7 +122,22 @@ def _add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
     parser.add_argument("--no-overlap", action="store_true",
                         help="model no overlap of halo exchange and gradient allreduce with compute")
+    parser.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
+                        help="model stage K running FACTOR times slower (a straggler); repeatable")
     parser.set_defaults(handler=_estimate)
+
+
+def _slowdowns(items: list[str]) -> dict[int, float]:
+    factors: dict[int, float] = {}
+    for item in items:
+        stage, _, factor = item.partition(":")
+        try:
+            factors[int(stage)] = float(factor)
+        except ValueError:
+            raise InputError(f"--slow-stage {item!r} is not K:FACTOR, e.g. 1:2.0") from None
+        if factors[int(stage)] < 1.0 or int(stage) < 0:
+            raise InputError(f"--slow-stage {item!r} needs a stage >= 0 and a factor >= 1")
+    return factors
 
 
 def _estimate(args: argparse.Namespace) -> int:
@@ -137,7 +152,10 @@ def _estimate(args: argparse.Namespace) -> int:
     from cost_models.estimate import estimate
 
     started = time.perf_counter()
-    result = estimate(graph, plan, profile, optimizer=args.optimizer, overlap=not args.no_overlap)
+    slow = _slowdowns(args.slow_stage)
+    if any(stage >= plan.pipeline.stages for stage in slow):
+        raise InputError(f"--slow-stage names stage {max(slow)}, but the plan has {plan.pipeline.stages} stages")
+    result = estimate(graph, plan, profile, optimizer=args.optimizer, overlap=not args.no_overlap, slowdown=slow)
     document = _estimate_document(result, profile.compatibility_warnings(torch.__version__, graph.graph["dtype"]))
     document["seconds"] = round(time.perf_counter() - started, 4)
     if args.json:
@@ -150,14 +168,18 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def _estimate_document(result: Any, warnings: list[str]) -> dict[str, Any]:
-    layers = [{"name": layer.name, "kind": layer.kind, "layout": str(layer.layout),
+    layers = [{"name": layer.name, "kind": layer.kind, "stage": layer.stage, "layout": str(layer.layout),
                "compute_source": layer.cost.compute_source, "forward_s": layer.cost.forward_s,
                "backward_s": layer.cost.backward_s, "halo_s": layer.cost.halo_s,
                "halo_exposed_s": layer.cost.halo_exposed_s, "allreduce_s": layer.cost.allreduce_s,
                "norm_s": layer.cost.norm_s, "channel_reduce_s": layer.cost.channel_reduce_s,
                "redistribution_s": layer.redistribution_s,
                "memory_bytes": layer.memory.resident_bytes} for layer in result.layers]
-    return {"iteration_s": result.iteration_s, "breakdown_s": dict(result.breakdown_s),
+    stages = [{"stage": index, "forward_s": stage.forward_s, "backward_s": stage.backward_s,
+               "transfer_s": stage.transfer_s, "allreduce_s": stage.allreduce_s,
+               "allreduce_exposed_s": stage.allreduce_exposed_s, "memory_bytes": stage.memory_bytes}
+              for index, stage in enumerate(result.stages)]
+    return {"iteration_s": result.iteration_s, "breakdown_s": dict(result.breakdown_s), "stages": stages,
             "memory_bytes_max": result.memory_bytes_max, "memory_bytes": dict(result.memory_bytes),
             "sources": result.sources(), "layers": layers, "warnings": warnings}
 

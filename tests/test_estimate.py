@@ -144,3 +144,86 @@ def test_a_layout_the_kind_cannot_take_names_the_layer() -> None:
     with pytest.raises(PlanError, match=r"layout h2 cannot split layer 'fc' \(linear, output \(8, 10\)\)"):
         estimate(graph, plan_for(graph, 2, {"fc": Layout(h=2)}), PROFILE)
     assert estimate(graph, plan_for(graph, 2, {"fc": Layout(c=2)}), PROFILE).iteration_s > 0
+
+
+def chain_graph(depth: int = 4, batch: int = 8) -> LayerGraph:
+    """input -> conv0 -> conv1 -> ... (3x3, 8 channels, 16x16, padding 1)."""
+    shape = [batch, 8, 16, 16]
+    graph = LayerGraph(input_shape=shape, dtype="float32", outputs=[f"conv{depth - 1}"])
+    graph.add_node("x", kind="input", output_shape=shape, input_shapes=[], params=0, attrs={})
+    previous = "x"
+    for index in range(depth):
+        name = f"conv{index}"
+        graph.add_node(name, kind="conv", output_shape=shape, input_shapes=[shape], params=8 * 8 * 9,
+                       weight_shape=[8, 8, 3, 3], needs_input_grad=index > 0, has_weight=True, requires_grad=True,
+                       attrs={"kernel_size": [3, 3], "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
+                              "groups": 1, "transposed": False, "weight_shape": [8, 8, 3, 3]})
+        graph.add_edge(previous, name)
+        previous = name
+    graph.graph["fingerprint"] = compute_fingerprint(graph)
+    return graph
+
+
+def pipeline_plan(graph: LayerGraph, pipeline: Pipeline) -> Plan:
+    layers = {f"conv{i}": LayerAssignment(Layout(), stage=0 if i < 2 else 1) for i in range(4)}
+    return Plan(graph.fingerprint, tuple(graph.input_shape), "float32", cluster(2), layers, pipeline)  # type: ignore[arg-type]
+
+
+def test_sync_pipeline_known_answer() -> None:
+    graph = chain_graph()
+    result = estimate(graph, pipeline_plan(graph, Pipeline(2, (1, 1), "sync", 2, (0, 0))), PROFILE)
+    conv = 2 * 4 * 8 * 16 * 16 * 8 * 9 * 1e-10  # one pass of one conv on a micro-batch of 4
+    forward, backward = 2 * conv, [3 * conv, 4 * conv]  # conv0 has no backward-data
+    transfer = ALPHA + 4 * 8 * 16 * 16 * 4 * BETA
+    # flow line of 2 micro-batches through stage0, link, stage1 and back
+    expected = (forward + transfer + forward + max(forward, transfer)) + (
+        backward[1] + transfer + backward[0] + max(backward + [transfer]))
+    assert result.iteration_s == pytest.approx(expected)
+    assert [s.transfer_s for s in result.stages] == [pytest.approx(transfer), 0.0]
+
+
+def test_stale_pipeline_stashes_inputs_and_tolerates_a_straggler_better() -> None:
+    graph = chain_graph()
+    sync = pipeline_plan(graph, Pipeline(2, (1, 1), "sync", 1, (0, 0)))
+    stale = pipeline_plan(graph, Pipeline(2, (1, 1), "stale", 1, (2, 0)))
+    sync_result, stale_result = estimate(graph, sync, PROFILE), estimate(graph, stale, PROFILE)
+    boundary = 8 * 8 * 16 * 16 * 4
+    assert stale_result.stages[1].memory_bytes == sync_result.stages[1].memory_bytes
+    assert stale_result.stages[0].memory_bytes == sync_result.stages[0].memory_bytes + 2 * boundary  # input batch
+    assert stale_result.iteration_s < sync_result.iteration_s
+    slow_sync = estimate(graph, sync, PROFILE, slowdown={1: 2.0}).iteration_s
+    slow_stale = estimate(graph, stale, PROFILE, slowdown={1: 2.0}).iteration_s
+    assert slow_sync > sync_result.iteration_s and slow_stale > stale_result.iteration_s
+    assert slow_stale < slow_sync
+
+
+def test_stash_counts_the_stage_input() -> None:
+    graph = chain_graph()
+    no_stash = estimate(graph, pipeline_plan(graph, Pipeline(2, (1, 1), "stale", 1, (0, 0))), PROFILE)
+    stash = estimate(graph, pipeline_plan(graph, Pipeline(2, (1, 1), "stale", 1, (0, 2))), PROFILE)
+    assert stash.stages[1].memory_bytes - no_stash.stages[1].memory_bytes == 2 * 8 * 8 * 16 * 16 * 4
+
+
+def test_estimate_command_bad_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path, repo: Path) -> None:
+    from conftest import build_model
+    from cost_models.graph import trace
+
+    shape = (2, 3, 32, 32)
+    graph = trace(build_model("unet"), shape)
+    plan = Plan(graph.fingerprint, shape, "float32", cluster(2),
+                {name: LayerAssignment(Layout(n=2)) for name in graph.compute_layers()}, Pipeline(1, (2,)))
+    save_plan(plan, tmp_path / "plan.json")
+    base = ["estimate", "--model", f"{repo}/examples/unet.py:unet", "--input-shape", "2,3,32,32",
+            "--plan", str(tmp_path / "plan.json"), "--profile", "a100"]
+    assert main(base) == 0
+    assert "iteration" in capsys.readouterr().out
+    for extra, message in ((["--slow-stage", "3:2"], "names stage 3, but the plan has 1 stages"),
+                           (["--slow-stage", "x"], "is not K:FACTOR")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    document = json.loads((tmp_path / "plan.json").read_text())
+    document["layers"][0]["layout"]["n"] = 4
+    (tmp_path / "bad.json").write_text(json.dumps(document))
+    assert main(base[:-4] + ["--plan", str(tmp_path / "bad.json"), "--profile", "a100"]) == 2
+    assert "does not divide the 2 devices" in capsys.readouterr().err
