@@ -13,7 +13,8 @@ Assumptions:
       and adaptive pooling, upsampling and views keep nothing.
     * The peak of a step is all weights, gradients, optimizer state and saved
       activations, plus the largest transient of one layer: its output and
-      output gradient, its received halo, and its gradient bucket.
+      output gradient, and its gradient bucket. Received halos are part of the
+      halo-extended local input, so they are counted with it.
     * A stale pipeline stage keeps ``staleness`` extra copies of its input
       (DSP recomputes the forward from them).
 """
@@ -51,7 +52,7 @@ class LayerMemory:
 
 
 def layer_memory(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None, optimizer: str,
-                 itemsize: int, halo_bytes: int = 0) -> LayerMemory:
+                 itemsize: int) -> LayerMemory:
     """The memory terms of one layer on one rank."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise InputError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATE_COPIES)}")
@@ -63,7 +64,7 @@ def layer_memory(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem
         gradients=weights,
         optimizer=OPTIMIZER_STATE_COPIES[optimizer] * weights,
         saved=_saved_bytes(layer, problem),
-        transient=2 * output + halo_bytes + weights,
+        transient=2 * output + weights,
     )
 
 

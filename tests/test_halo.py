@@ -89,3 +89,15 @@ def test_halos_cover_exactly_what_each_tile_reads(extent: int, parts: int, kerne
         assert halos[tile].before == 0 or min(read) == span_start
         assert halos[tile].after == 0 or max(read) == span_stop - 1
         assert halos[tile].before >= 0 and halos[tile].after >= 0
+
+
+def test_strided_7x7_under_a_2x2_split() -> None:
+    rows = axis_halos(224, 2, kernel=7, stride=2, padding=3)
+    cols = axis_halos(224, 2, kernel=7, stride=2, padding=3)
+    plane = 8 * 3 * 4  # 8 samples, 3 channels, float32
+    # tile (0, 0) owns 112x112 input and needs 2 rows below, 2 columns right, and the 2x2 corner.
+    first = {m.offset: (m.rows, m.cols) for m in halo_messages(rows, cols, (0, 0), (112, 112), plane)}
+    assert first == {(1, 0): (2, 112), (0, 1): (112, 2), (1, 1): (2, 2)}
+    # tile (1, 1) needs 3 rows above, 3 columns left and the 3x3 corner.
+    last = halo_messages(rows, cols, (1, 1), (112, 112), plane)
+    assert sum(m.nbytes for m in last) == (3 * 112 + 112 * 3 + 3 * 3) * plane
