@@ -77,8 +77,7 @@ def axis_halos(extent_in: int, parts: int, kernel: int, stride: int = 1, dilatio
     owned = partition(extent_in, parts)
     halos = []
     for tile, (o0, o1) in enumerate(partition(extent_out, parts)):
-        need_start = max(0, o0 * stride - padding)
-        need_stop = min(extent_in, (o1 - 1) * stride - padding + dilation * (kernel - 1) + 1)
+        need_start, need_stop = _rows_read(o0, o1, extent_in, kernel, stride, dilation, padding)
         own_start, own_stop = owned[tile]
         halo = AxisHalo(max(0, own_start - need_start), max(0, need_stop - own_stop))
         if (tile > 0 and halo.before > owned[tile - 1][1] - owned[tile - 1][0]) or (
@@ -89,6 +88,35 @@ def axis_halos(extent_in: int, parts: int, kernel: int, stride: int = 1, dilatio
             )
         halos.append(halo)
     return halos
+
+
+def _rows_read(o0: int, o1: int, extent_in: int, kernel: int, stride: int, dilation: int,
+               padding: int) -> tuple[int, int]:
+    """``[first, last + 1)`` of the input rows that output rows ``[o0, o1)`` read (taps in the padding excluded).
+
+    Near a border a dilated window's first or last in-range tap depends on the
+    output row, so the few outputs whose windows reach into the padding are
+    examined one by one.
+    """
+    span = dilation * (kernel - 1)
+    first = extent_in
+    for o in range(o0, o1):
+        start = o * stride - padding
+        tap = start if start >= 0 else start + dilation * -(start // dilation)
+        if tap <= min(start + span, extent_in - 1):  # a window wholly in the padding reads nothing
+            first = min(first, tap)
+        if start >= 0:
+            break
+    last = -1
+    for o in range(o1 - 1, o0 - 1, -1):
+        start = o * stride - padding
+        end = start + span
+        tap = end if end < extent_in else start + dilation * ((extent_in - 1 - start) // dilation)
+        if tap >= max(start, 0):
+            last = max(last, tap)
+        if end < extent_in:
+            break
+    return first, last + 1
 
 
 def halo_messages(rows: Sequence[AxisHalo], cols: Sequence[AxisHalo], tile: tuple[int, int],
