@@ -144,7 +144,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from cost_models.plan import load_plan
 
     plan = load_plan(args.plan)  # a malformed plan is refused before the model is built
-    graph, _ = _trace_model(args)
+    graph, timing = _trace_model(args)
     plan = load_plan(args.plan, expected_fingerprint=graph.fingerprint)
     profile = load_profile_argument(args.profile, args.dtype)
     import torch
@@ -157,7 +157,7 @@ def _estimate(args: argparse.Namespace) -> int:
         raise InputError(f"--slow-stage names stage {max(slow)}, but the plan has {plan.pipeline.stages} stages")
     result = estimate(graph, plan, profile, optimizer=args.optimizer, overlap=not args.no_overlap, slowdown=slow)
     document = _estimate_document(result, profile.compatibility_warnings(torch.__version__, graph.graph["dtype"]))
-    document["seconds"] = round(time.perf_counter() - started, 4)
+    document["timing_s"] = {**timing, "estimate": round(time.perf_counter() - started, 4)}
     if args.json:
         _print_json(document)
     else:
