@@ -18,6 +18,7 @@ Assumptions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 from math import prod
 from typing import Sequence
 
@@ -40,35 +41,73 @@ class RankTransfer:
 
 def rank_box(shape: Sequence[int], layout: Layout, rank: int) -> Box:
     """The index box ``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` rank ``rank`` holds."""
+    return tuple(_part_range(extent, parts, index)
+                 for extent, parts, index in zip(shape, layout.parts(), _coordinates(layout, rank)))
+
+
+def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices: int) -> list[RankTransfer]:
+    """Per rank, what it must receive to go from ``source`` to ``target`` layout on ``devices`` ranks.
+
+    Each rank looks only at the source parts its wanted box overlaps (found by
+    arithmetic on the balanced split), so the work per rank grows with its
+    peers, not with the number of ranks.
+    """
+    for extent, parts in zip(shape, source.parts()):
+        partition(extent, parts)  # refuses splits into empty parts, as rank_box does
+    transfers = []
+    for rank in range(devices):
+        wanted = rank_box(shape, target, rank)
+        overlaps = [_overlapping_parts(extent, parts, lo, hi)
+                    for extent, parts, (lo, hi) in zip(shape, source.parts(), wanted)]
+        base = (rank // source.ranks) * source.ranks
+        elements, peers = 0, []
+        for combination in product(*overlaps):
+            holder = base + _rank_of(source, [index for index, _ in combination])
+            if holder != rank:
+                elements += prod(length for _, length in combination)
+                peers.append(holder)
+        transfers.append(RankTransfer(rank, elements, tuple(sorted(peers))))
+    return transfers
+
+
+def _coordinates(layout: Layout, rank: int) -> list[int]:
     coords, rest = [], rank % layout.ranks
     for parts in reversed(layout.parts()):
         rest, index = divmod(rest, parts)
         coords.append(index)
     coords.reverse()
-    return tuple(partition(extent, parts)[index] for extent, parts, index in zip(shape, layout.parts(), coords))
+    return coords
 
 
-def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices: int) -> list[RankTransfer]:
-    """Per rank, what it must receive to go from ``source`` to ``target`` layout on ``devices`` ranks."""
-    transfers = []
-    for rank in range(devices):
-        wanted = rank_box(shape, target, rank)
-        replica = (rank // source.ranks) * source.ranks
-        elements, peers = 0, []
-        for holder in range(replica, replica + source.ranks):
-            if holder == rank:
-                continue
-            overlap = _volume(_intersect(wanted, rank_box(shape, source, holder)))
-            if overlap:
-                elements += overlap
-                peers.append(holder)
-        transfers.append(RankTransfer(rank, elements, tuple(peers)))
-    return transfers
+def _rank_of(layout: Layout, coords: Sequence[int]) -> int:
+    rank = 0
+    for parts, index in zip(layout.parts(), coords):
+        rank = rank * parts + index
+    return rank
 
 
-def _intersect(a: Box, b: Box) -> Box:
-    return tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
+def _part_range(extent: int, parts: int, index: int) -> tuple[int, int]:
+    base, extra = divmod(extent, parts)
+    if base == 0:
+        partition(extent, parts)  # raises: empty parts
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
 
 
-def _volume(box: Box) -> int:
-    return prod(max(0, stop - start) for start, stop in box)
+def _part_of(extent: int, parts: int, position: int) -> int:
+    base, extra = divmod(extent, parts)
+    big = extra * (base + 1)
+    return position // (base + 1) if position < big else extra + (position - big) // base
+
+
+def _overlapping_parts(extent: int, parts: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """``(part index, overlap length)`` of the parts of a balanced split that overlap ``[lo, hi)``."""
+    found = []
+    index = _part_of(extent, parts, lo)
+    while index < parts:
+        start, stop = _part_range(extent, parts, index)
+        if start >= hi:
+            break
+        found.append((index, min(stop, hi) - max(start, lo)))
+        index += 1
+    return found
