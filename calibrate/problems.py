@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any, Iterable, Sequence
 
+from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem, local_problem, phases_of
 
@@ -67,7 +68,7 @@ def enumerate_problems(graph: Any, device_counts: Iterable[int]) -> list[Measure
     """
     layouts = sorted({layout for devices in device_counts for layout in candidate_layouts(devices)},
                      key=lambda layout: (layout.ranks, layout.parts()))
-    itemsize = _itemsize(graph.graph["dtype"])
+    itemsize = dtype_itemsize(graph.graph["dtype"])
     counts: dict[str, int] = {}
     problems: dict[str, LocalProblem] = {}
     for name in graph.compute_layers():
@@ -92,6 +93,3 @@ def schedule(measurements: Sequence[Measurement]) -> list[Measurement]:
                 ordered.append(queue.pop(0))
     return ordered
 
-
-def _itemsize(dtype: str) -> int:
-    return {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)

@@ -38,6 +38,7 @@ from typing import Any, Mapping
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.errors import InputError, PlanError
+from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, local_problem
@@ -47,9 +48,6 @@ from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.profile import Profile
 
 __all__ = ["Estimate", "LayerEstimate", "StageEstimate", "estimate"]
-
-_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
-
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -124,7 +122,7 @@ def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None =
     check_plan_for_graph(plan, graph)
     micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
     dtype = graph.graph["dtype"]
-    context = _Context(graph, _micro_batch_nodes(graph, micro), plan, profile, _ITEMSIZE.get(dtype, 4), dtype,
+    context = _Context(graph, _micro_batch_nodes(graph, micro), plan, profile, dtype_itemsize(dtype), dtype,
                        optimizer, overlap)
     layers = tuple(_layer_estimate(context, name, _stage_cluster(cluster, plan, plan.layers[name].stage))
                    for name in graph.compute_layers())

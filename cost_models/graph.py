@@ -41,9 +41,10 @@ from typing import Any, Iterable, Sequence
 
 import networkx as nx
 
-__all__ = ["LayerGraph", "compute_fingerprint", "parse_input_shape", "trace"]
+__all__ = ["LayerGraph", "compute_fingerprint", "dtype_itemsize", "parse_input_shape", "trace"]
 
 GRAPH_FORMAT = "parplan.graph/1"
+_ITEMSIZE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 _FINGERPRINT_NODE_KEYS = (
     "kind", "target", "input_shapes", "output_shape", "weight_shape", "params", "attrs",
 )
@@ -102,6 +103,15 @@ class LayerGraph(nx.DiGraph):
         for edge in data["edges"]:
             graph.add_edge(edge["src"], edge["dst"], **{k: v for k, v in edge.items() if k not in ("src", "dst")})
         return graph
+
+
+def dtype_itemsize(dtype: str) -> int:
+    """Bytes per element of a floating-point dtype name (``float32`` → 4)."""
+    from cost_models.errors import InputError
+
+    if dtype not in _ITEMSIZE_BYTES:
+        raise InputError(f"dtype {dtype!r} is not one parplan plans for; use {', '.join(_ITEMSIZE_BYTES)}")
+    return _ITEMSIZE_BYTES[dtype]
 
 
 def compute_fingerprint(graph: nx.DiGraph) -> str:

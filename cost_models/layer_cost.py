@@ -32,7 +32,7 @@ from cost_models.comm_cost import allreduce_s, halo_exchange_s
 from cost_models.errors import PlanError
 from cost_models.halo import AxisHalo, axis_halos, halo_messages
 from cost_models.layout import Layout
-from cost_models.local_problem import DENSE_KINDS, LocalProblem, local_problem, phases_of
+from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, local_problem, phases_of
 from cost_models.profile import Profile
 
 __all__ = ["LayerCost", "layer_cost"]
@@ -104,7 +104,7 @@ def _spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisH
     attrs, shape = layer["attrs"], layer["input_shapes"][0]
     halos = []
     for axis, parts in ((0, layout.h), (1, layout.w)):
-        kernel, stride, dilation, padding = (_axis(attrs.get(key, default), axis) for key, default in
+        kernel, stride, dilation, padding = (axis_value(attrs.get(key, default), axis) for key, default in
                                              (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
         halos.append(axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding))
     return halos[0], halos[1]
@@ -167,8 +167,3 @@ def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalPr
 def _c_coordinate(rank: int, layout: Layout) -> int:
     return (rank % layout.ranks) // layout.spatial % layout.c
 
-
-def _axis(value: Any, axis: int) -> Any:
-    if isinstance(value, (list, tuple)):
-        return value[axis] if axis < len(value) else value[-1]
-    return value

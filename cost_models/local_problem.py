@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
 
-__all__ = ["DENSE_KINDS", "LocalProblem", "local_problem", "phases_of"]
+__all__ = ["DENSE_KINDS", "LocalProblem", "axis_value", "local_problem", "phases_of"]
 
 DENSE_KINDS = frozenset({"conv", "conv_transpose", "linear"})
 _NO_PROBLEM = frozenset({"input", "flatten", "view", "getitem", "identity"})
@@ -179,13 +179,13 @@ def _local_input(kind: str, shape: list[int], output: list[int], local_out: list
 def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, parts: int, axis: int,
                   attrs: dict[str, Any]) -> int | None:
     if kind in _SPATIAL_WINDOW:
-        k, s, d = (_axis(attrs.get(name, default), axis) for name, default in
+        k, s, d = (axis_value(attrs.get(name, default), axis) for name, default in
                    (("kernel_size", 1), ("stride", None), ("dilation", 1)))
         s = s or k  # pooling's stride defaults to its kernel
         needed = (local_out - 1) * s + d * (k - 1) + 1
         return needed if needed <= extent_in else None
     if kind == "conv_transpose":
-        k, s, d = (_axis(attrs.get(name, 1), axis) for name in ("kernel_size", "stride", "dilation"))
+        k, s, d = (axis_value(attrs.get(name, 1), axis) for name in ("kernel_size", "stride", "dilation"))
         halo = max(0, -(-(d * (k - 1) + 1 - s) // s))
         return -(-extent_in // parts) + halo
     if kind == "upsample" and extent_out != extent_in:
@@ -219,7 +219,8 @@ def _unpad_split_dims(attrs: dict[str, Any], layout: Layout) -> dict[str, Any]:
     return {**attrs, "padding": padding}
 
 
-def _axis(value: Any, axis: int) -> Any:
+def axis_value(value: Any, axis: int) -> Any:
+    """One axis of a per-axis hyper-parameter given as an int or a list (``[3, 3]`` or ``3``)."""
     if isinstance(value, (list, tuple)):
         return value[axis] if axis < len(value) else value[-1]
     return value
