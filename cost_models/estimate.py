@@ -47,7 +47,7 @@ from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.profile import Profile
 
-__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "estimate"]
+__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "edge_s", "estimate"]
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -163,17 +163,27 @@ def _layer_estimate(context: _Context, name: str, cluster: Cluster) -> LayerEsti
 
 def _edge_s(context: _Context, source: str, target: str, devices: int, cluster: Cluster) -> float:
     plan, nodes = context.plan, context.nodes
-    if nodes[source]["kind"] == "input" or plan.layers[source].stage != plan.layers[target].stage:
+    if plan.layers.get(source) is None or plan.layers[source].stage != plan.layers[target].stage:
         return 0.0  # the input is loaded in place; stage crossings are transfers
-    shape = nodes[source]["output_shape"]
-    if not shape or isinstance(shape[0], list):
+    return edge_s(nodes[source], nodes[target], plan.layers[source].layout, plan.layers[target].layout, devices,
+                  context.profile, cluster, context.itemsize)
+
+
+def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
+           profile: Profile, cluster: Cluster, itemsize: int) -> float:
+    """Seconds to move ``source``'s output from layout ``have`` to what ``target`` under ``layout`` reads, and back.
+
+    The forward redistribution of the activation plus the backward one of its
+    gradient; zero from the model input (loaded in place) and for equal layouts.
+    """
+    shape = source["output_shape"]
+    if source["kind"] == "input" or not shape or isinstance(shape[0], list):
         return 0.0
-    want = _input_layout(nodes[target]["kind"], plan.layers[target].layout)
-    shape4, have, want = _as_4d(shape, plan.layers[source].layout, want)
+    shape4, have, want = _as_4d(shape, have, _input_layout(target["kind"], layout))
     if have == want:
         return 0.0
-    return (redistribution_s(context.profile, cluster, shape4, context.itemsize, have, want, devices)
-            + redistribution_s(context.profile, cluster, shape4, context.itemsize, want, have, devices))
+    return (redistribution_s(profile, cluster, shape4, itemsize, have, want, devices)
+            + redistribution_s(profile, cluster, shape4, itemsize, want, have, devices))
 
 
 def _input_layout(kind: str, layout: Layout) -> Layout:

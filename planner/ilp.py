@@ -27,7 +27,8 @@ objective                              :func:`_objective`
 =====================================  ===========================
 
 Solvers: CBC (shipped with PuLP) by default, HiGHS when ``highspy`` is
-installed and asked for. A time limit returns the best integral plan found,
+installed and asked for; both with a relative gap of 0 (proven optimal), and
+the objective in microseconds so their absolute tolerances are negligible. A time limit returns the best integral plan found,
 with status ``"TimeLimit"`` and the gap when the solver reports one.
 """
 
@@ -42,6 +43,8 @@ import pulp
 from planner.cost_table import CostTable, Solution
 
 __all__ = ["available_solvers", "solve_ilp"]
+
+_US = 1e6  # objective unit: microseconds
 
 
 def available_solvers() -> list[str]:
@@ -77,8 +80,9 @@ def solve_ilp(table: CostTable, solver: str = "cbc", time_limit_s: float | None 
 
 
 def _objective(table: CostTable, x: dict[Any, Any], y: dict[Any, Any]) -> Any:
-    nodes = pulp.lpSum(table.node_s[layer][i] * x[(layer, i)] for layer, i in x)
-    edges = pulp.lpSum(table.edge_s[edge][i][j] * var for (edge, i, j), var in y.items() if table.edge_s[edge][i][j])
+    """Total seconds, stated in microseconds so the solver's tolerances sit far below a kernel's time."""
+    nodes = pulp.lpSum(_US * table.node_s[layer][i] * x[(layer, i)] for layer, i in x)
+    edges = pulp.lpSum(_US * table.edge_s[edge][i][j] * var for (edge, i, j), var in y.items() if table.edge_s[edge][i][j])
     return nodes + edges
 
 
@@ -106,10 +110,10 @@ def _add_memory_limit(problem: Any, table: CostTable, x: dict[Any, Any]) -> None
 
 def _solver(name: str, time_limit_s: float | None) -> Any:
     if name == "cbc":
-        coin = pulp.COIN_CMD(msg=False, timeLimit=time_limit_s)  # a CBC on PATH or from pulp[cbc]
-        return coin if coin.available() else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
+        coin = pulp.COIN_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0)  # a CBC on PATH or from pulp[cbc]
+        return coin if coin.available() else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0)
     if name == "highs":
-        highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s)
+        highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0)
         if not highs.available():
             raise ValueError("solver 'highs' needs highspy: pip install highspy (or use --solver cbc)")
         return highs

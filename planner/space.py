@@ -1,0 +1,125 @@
+"""The search space: which layouts each layer may take on a stage's devices, and their cost table.
+
+A layer may take ``Layout(n, c, h, w)`` when ``n·c·h·w`` divides the stage's
+devices (the rest hold copies), its kind supports the split and its tensor
+has at least one element per part (``cost_models.local_problem``), and, for
+windows split by height or width, no tile needs rows beyond its neighbour
+(``cost_models.halo``). Layers without compute of their own (views) may take
+any layout that fits their output.
+
+The table's costs come from ``cost_models``: per (layer, layout) the layer's
+seconds with the weight-gradient allreduce counted in full (the additive
+objective cannot express its overlap; the chosen plan is then estimated with
+it) and its resident bytes per rank; per edge and pair of layouts the
+redistribution seconds forward and backward.
+
+Pruning (counted in :attr:`Space.pruned`): a layout of a layer is dropped when
+another layout of the same layer costs no more time and no more memory and
+leaves every neighbour the same edge costs — then no plan can prefer it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Any, Mapping
+
+from cost_models.cluster import Cluster
+from cost_models.errors import InputError
+from cost_models.estimate import edge_s
+from cost_models.graph import dtype_itemsize
+from cost_models.layer_cost import layer_cost
+from cost_models.layout import Layout
+from cost_models.local_problem import DENSE_KINDS, local_problem
+from cost_models.memory import layer_memory
+from cost_models.profile import Profile
+from planner.cost_table import CostTable
+
+__all__ = ["Space", "build_space", "layouts_dividing"]
+
+_NO_COMPUTE = frozenset({"flatten", "view", "getitem", "identity"})
+
+
+@dataclass(frozen=True)
+class Space:
+    """The candidate layouts per layer, the cost table over them, and how many candidates were pruned."""
+
+    candidates: Mapping[str, tuple[Layout, ...]]
+    table: CostTable
+    pruned: int
+
+
+def layouts_dividing(devices: int) -> list[Layout]:
+    """Every Layout whose rank count divides ``devices``, fewest ranks first."""
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
+    layouts = {Layout(n, c, h, w) for n, c, h, w in product(divisors, repeat=4) if devices % (n * c * h * w) == 0}
+    return sorted(layouts, key=lambda layout: (layout.ranks, layout.parts()))
+
+
+def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str = "sgd",
+                memory_limit_bytes: int | None = None) -> Space:
+    """Candidates and the cost table of every compute layer of ``graph`` on ``devices`` devices.
+
+    Raises:
+        InputError: A layer has no layout at all on these devices.
+    """
+    itemsize, dtype = dtype_itemsize(graph.graph["dtype"]), graph.graph["dtype"]
+    layers = graph.compute_layers()
+    candidates, node_s, memory = {}, {}, {}
+    for name in layers:
+        options = _feasible(graph.nodes[name], devices, profile, cluster, itemsize, dtype, optimizer)
+        if not options:
+            raise InputError(f"layer '{name}' has no layout on {devices} devices; try a device count it can split by")
+        candidates[name] = tuple(options)
+        node_s[name] = tuple(seconds for _, seconds, _ in options)
+        memory[name] = tuple(nbytes for _, _, nbytes in options)
+    edges = [(u, v) for u, v in graph.edges if u in candidates and v in candidates]
+    moves = _EdgeCosts(profile, cluster, devices, itemsize)
+    edge_table = {(u, v): tuple(tuple(moves(graph.nodes[u], graph.nodes[v], a, b) for b, _, _ in candidates[v])
+                                for a, _, _ in candidates[u]) for u, v in edges}
+    table = CostTable(tuple(layers), {name: tuple(str(layout) for layout, _, _ in candidates[name]) for name in layers},
+                      node_s, edge_table, memory, memory_limit_bytes)
+    return Space({name: tuple(layout for layout, _, _ in options) for name, options in candidates.items()}, table, 0)
+
+
+class _EdgeCosts:
+    """Redistribution seconds per (tensor shape, reader kind, layouts), computed once: blocks repeat."""
+
+    def __init__(self, profile: Profile, cluster: Cluster, devices: int, itemsize: int) -> None:
+        self.profile, self.cluster, self.devices, self.itemsize = profile, cluster, devices, itemsize
+        self.seen: dict[tuple[Any, ...], float] = {}
+
+    def __call__(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout) -> float:
+        shape = source["output_shape"]
+        key = (source["kind"], _frozen(shape), target["kind"] in DENSE_KINDS, have, layout)
+        if key not in self.seen:
+            self.seen[key] = edge_s(source, target, have, layout, self.devices, self.profile, self.cluster,
+                                    self.itemsize)
+        return self.seen[key]
+
+
+def _frozen(shape: Any) -> Any:
+    return tuple(_frozen(s) for s in shape) if isinstance(shape, list) else shape
+
+
+def _feasible(node: Mapping[str, Any], devices: int, profile: Profile, cluster: Cluster, itemsize: int, dtype: str,
+              optimizer: str) -> list[tuple[Layout, float, int]]:
+    options = []
+    for layout in layouts_dividing(devices):
+        problem = local_problem(node, layout, itemsize, dtype)
+        if problem is None and not (node["kind"] in _NO_COMPUTE and _fits(node, layout)):
+            continue
+        try:
+            cost = layer_cost("", node, layout, devices, profile, cluster, itemsize, dtype)
+        except InputError:  # a halo wider than the neighbouring tile, or a split the kind refuses
+            continue
+        nbytes = layer_memory(node, layout, problem, optimizer, itemsize).resident_bytes
+        options.append((layout, cost.total_s, nbytes))
+    return options
+
+
+def _fits(node: Mapping[str, Any], layout: Layout) -> bool:
+    shape = node["output_shape"]
+    if len(shape) == 4:
+        return layout.fits(tuple(shape))
+    return layout.h == layout.w == 1 and shape[0] >= layout.n and (len(shape) < 2 or shape[-1] >= layout.c)
