@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(commands, common)
     _add_profile(commands, common)
     _add_estimate(commands, common)
+    _add_plan(commands, common)
     return parser
 
 
@@ -182,6 +183,65 @@ def _estimate_document(result: Any, warnings: list[str]) -> dict[str, Any]:
     return {"iteration_s": result.iteration_s, "breakdown_s": dict(result.breakdown_s), "stages": stages,
             "memory_bytes_max": result.memory_bytes_max, "memory_bytes": dict(result.memory_bytes),
             "sources": result.sources(), "layers": layers, "warnings": warnings}
+
+
+def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser("plan", parents=[common], help="search the best plan (one stage for now)",
+                                 description="Find the per-layer layouts with the least predicted time that fit.")
+    _add_model_arguments(parser)
+    parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
+    parser.add_argument("--devices", required=True, type=_positive_int, help="number of devices")
+    parser.add_argument("--devices-per-node", type=_positive_int, default=None, help="devices per node")
+    parser.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="ILP solver (default cbc)")
+    parser.add_argument("--time-limit-s", type=_positive_float, default=None, help="ILP time limit in seconds")
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
+    parser.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the plan")
+    parser.set_defaults(handler=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise InputError(f"--out {args.out}: directory {out_dir} does not exist; create it first")
+    profile = load_profile_argument(args.profile, args.dtype)
+    cluster = _cluster_for(args.profile, profile, args.devices, args.devices_per_node)
+    graph, _ = _trace_model(args)
+    from cost_models.plan import save_plan
+    from planner.search import plan_one_stage
+
+    result = plan_one_stage(graph, profile, cluster, args.solver, args.time_limit_s, args.optimizer, args.model)
+    save_plan(result.plan, args.out)
+    document = {**result.plan.to_dict(), "summary": result.plan.summary(), "candidates": result.candidates,
+                "baselines": [{"name": b.name, "iteration_s": b.estimate.iteration_s,
+                               "memory_bytes_max": b.estimate.memory_bytes_max,
+                               "speedup": b.estimate.iteration_s / result.estimate.iteration_s}
+                              for b in result.baselines]}
+    if args.json:
+        _print_json(document)
+    else:
+        from planner.report import print_plan_summary
+
+        print_plan_summary(document, args.out)
+    return 0
+
+
+def _cluster_for(text: str, profile: Any, devices: int, per_node: int | None) -> Any:
+    """The cluster a plan is made for: a preset's nodes and links, or a measured profile's."""
+    from dataclasses import replace
+
+    from calibrate.presets import is_preset, preset_cluster
+    from cost_models.cluster import Cluster, Link
+
+    if is_preset(text) and not os.path.exists(text):
+        cluster = preset_cluster(text, devices)
+        return replace(cluster, devices_per_node=per_node) if per_node else cluster
+    links = []
+    for level in ("intra", "inter"):
+        seconds_small = profile.comm_time_s("sendrecv", level, 2, 0)
+        seconds_large = profile.comm_time_s("sendrecv", level, 2, 2**26)
+        links.append(Link(seconds_small, 2**26 / max(seconds_large - seconds_small, 1e-12)))
+    return Cluster(devices, per_node or devices, profile.device.memory_bytes, links[0], links[1],
+                   profile.device.name)
 
 
 def _positive_int(text: str) -> int:

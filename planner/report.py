@@ -11,7 +11,7 @@ from rich.table import Table
 
 __all__ = [
     "calibration_progress", "format_bytes", "format_count", "print_calibration_summary", "print_estimate",
-    "print_layer_table", "print_profile",
+    "print_layer_table", "print_plan_summary", "print_profile",
 ]
 
 
@@ -176,3 +176,20 @@ def print_estimate(document: dict[str, Any], console: Console | None = None) -> 
     console.print(f"peak memory per rank {format_bytes(document['memory_bytes_max'])} ({memory})")
     for warning in document.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+def print_plan_summary(document: dict[str, Any], path: str, console: Console | None = None) -> None:
+    """``parplan plan``: the layouts chosen, the prediction, the solver, and the baselines side by side."""
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    predicted, solver = document["predicted"], document["solver"]
+    console.print(f"wrote {path}: {document['summary']}")
+    console.print(f"predicted {predicted['iteration_s'] * 1e3:.2f} ms per iteration, "
+                  f"{format_bytes(predicted['memory_bytes_max'])} per rank · solver {solver['name']} "
+                  f"{solver['status']} in {solver['seconds']:.2f} s over {document['candidates']} candidates")
+    table = Table(title="against the plans a user would pick by hand")
+    for header in ("plan", "iteration", "memory per rank", "parplan's speedup"):
+        table.add_column(header)
+    for baseline in document["baselines"]:
+        table.add_row(baseline["name"], f"{baseline['iteration_s'] * 1e3:.2f} ms",
+                      format_bytes(baseline["memory_bytes_max"]), f"{baseline['speedup']:.2f}×")
+    console.print(table)

@@ -8,14 +8,14 @@ windows split by height or width, no tile needs rows beyond its neighbour
 any layout that fits their output.
 
 The table's costs come from ``cost_models``: per (layer, layout) the layer's
-seconds with the weight-gradient allreduce counted in full (the additive
-objective cannot express its overlap; the chosen plan is then estimated with
-it) and its resident bytes per rank; per edge and pair of layouts the
-redistribution seconds forward and backward.
+seconds and its resident bytes per rank; per edge and pair of layouts the
+redistribution seconds forward and backward. The weight-gradient allreduce
+overlaps backward in the full model, which an additive objective cannot say,
+so there are two tables that bracket it: ``table`` counts each allreduce in
+full, ``hidden_allreduce`` not at all.
 
-Pruning (counted in :attr:`Space.pruned`): a layout of a layer is dropped when
-another layout of the same layer costs no more time and no more memory and
-leaves every neighbour the same edge costs — then no plan can prefer it.
+No candidate is pruned yet (``pruned`` is 0): a safe dominance test must
+compare edge costs too, which is left for the planner issue's next step.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import edge_s
 from cost_models.graph import dtype_itemsize
-from cost_models.layer_cost import layer_cost
+from cost_models.layer_cost import LayerCost, layer_cost
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, local_problem
 from cost_models.memory import layer_memory
@@ -46,6 +46,7 @@ class Space:
 
     candidates: Mapping[str, tuple[Layout, ...]]
     table: CostTable
+    hidden_allreduce: CostTable
     pruned: int
 
 
@@ -65,21 +66,24 @@ def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, op
     """
     itemsize, dtype = dtype_itemsize(graph.graph["dtype"]), graph.graph["dtype"]
     layers = graph.compute_layers()
-    candidates, node_s, memory = {}, {}, {}
+    candidates, node_s, hidden_s, memory = {}, {}, {}, {}
     for name in layers:
         options = _feasible(graph.nodes[name], devices, profile, cluster, itemsize, dtype, optimizer)
         if not options:
             raise InputError(f"layer '{name}' has no layout on {devices} devices; try a device count it can split by")
         candidates[name] = tuple(options)
-        node_s[name] = tuple(seconds for _, seconds, _ in options)
+        node_s[name] = tuple(cost.total_s for _, cost, _ in options)
+        hidden_s[name] = tuple(cost.total_s - cost.allreduce_s for _, cost, _ in options)
         memory[name] = tuple(nbytes for _, _, nbytes in options)
     edges = [(u, v) for u, v in graph.edges if u in candidates and v in candidates]
     moves = _EdgeCosts(profile, cluster, devices, itemsize)
     edge_table = {(u, v): tuple(tuple(moves(graph.nodes[u], graph.nodes[v], a, b) for b, _, _ in candidates[v])
                                 for a, _, _ in candidates[u]) for u, v in edges}
-    table = CostTable(tuple(layers), {name: tuple(str(layout) for layout, _, _ in candidates[name]) for name in layers},
-                      node_s, edge_table, memory, memory_limit_bytes)
-    return Space({name: tuple(layout for layout, _, _ in options) for name, options in candidates.items()}, table, 0)
+    labels = {name: tuple(str(layout) for layout, _, _ in candidates[name]) for name in layers}
+    table = CostTable(tuple(layers), labels, node_s, edge_table, memory, memory_limit_bytes)
+    hidden = CostTable(tuple(layers), labels, hidden_s, edge_table, memory, memory_limit_bytes)
+    return Space({name: tuple(layout for layout, _, _ in options) for name, options in candidates.items()},
+                 table, hidden, 0)
 
 
 class _EdgeCosts:
@@ -103,7 +107,7 @@ def _frozen(shape: Any) -> Any:
 
 
 def _feasible(node: Mapping[str, Any], devices: int, profile: Profile, cluster: Cluster, itemsize: int, dtype: str,
-              optimizer: str) -> list[tuple[Layout, float, int]]:
+              optimizer: str) -> list[tuple[Layout, LayerCost, int]]:
     options = []
     for layout in layouts_dividing(devices):
         problem = local_problem(node, layout, itemsize, dtype)
@@ -114,7 +118,7 @@ def _feasible(node: Mapping[str, Any], devices: int, profile: Profile, cluster: 
         except InputError:  # a halo wider than the neighbouring tile, or a split the kind refuses
             continue
         nbytes = layer_memory(node, layout, problem, optimizer, itemsize).resident_bytes
-        options.append((layout, cost.total_s, nbytes))
+        options.append((layout, cost, nbytes))
     return options
 
 
