@@ -14,14 +14,13 @@ Order: problems are ranked by how much iteration time they can stand for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import product
 from typing import Any, Iterable, Sequence
 
 from cost_models.graph import dtype_itemsize
-from cost_models.layout import Layout
+from cost_models.layout import layouts_dividing
 from cost_models.local_problem import LocalProblem, local_problem, phases_of
 
-__all__ = ["Measurement", "candidate_layouts", "enumerate_problems", "schedule"]
+__all__ = ["Measurement", "enumerate_problems", "schedule"]
 
 _ROUGH_FLOPS_PER_S = 2e10  # only ranks problems; never used as a prediction
 _ROUGH_BYTES_PER_S = 5e9
@@ -52,13 +51,6 @@ class Measurement:
         return self.occurrences * (self.flops / _ROUGH_FLOPS_PER_S + self.bytes / _ROUGH_BYTES_PER_S)
 
 
-def candidate_layouts(devices: int) -> list[Layout]:
-    """Every Layout whose rank count divides ``devices``."""
-    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
-    layouts = {Layout(n, c, h, w) for n, c, h, w in product(divisors, repeat=4) if devices % (n * c * h * w) == 0}
-    return sorted(layouts, key=lambda layout: (layout.ranks, layout.parts()))
-
-
 def enumerate_problems(graph: Any, device_counts: Iterable[int]) -> list[Measurement]:
     """The deduplicated (problem, pass) pairs of ``graph`` under all candidate layouts.
 
@@ -66,7 +58,7 @@ def enumerate_problems(graph: Any, device_counts: Iterable[int]) -> list[Measure
         graph: A :class:`~cost_models.graph.LayerGraph`.
         device_counts: Device counts the planner may use (e.g. 1, 2, 4).
     """
-    layouts = sorted({layout for devices in device_counts for layout in candidate_layouts(devices)},
+    layouts = sorted({layout for devices in device_counts for layout in layouts_dividing(devices)},
                      key=lambda layout: (layout.ranks, layout.parts()))
     itemsize = dtype_itemsize(graph.graph["dtype"])
     counts: dict[str, int] = {}

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import product
 from typing import Iterator
 
 from cost_models.errors import InputError
 
-__all__ = ["DIMS", "Layout"]
+__all__ = ["DIMS", "Layout", "layouts_dividing"]
 
 DIMS: tuple[str, ...] = ("n", "c", "h", "w")
 _PART = re.compile(r"^([nchw])(\d+)$")
@@ -111,6 +112,13 @@ class Layout:
     def __str__(self) -> str:
         split = [f"{dim}{parts}" for dim, parts in self.items() if parts > 1]
         return "·".join(split) if split else "n1"
+
+
+def layouts_dividing(devices: int) -> list[Layout]:
+    """Every Layout whose rank count divides ``devices`` (the rest hold copies), fewest ranks first."""
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
+    layouts = {Layout(n, c, h, w) for n, c, h, w in product(divisors, repeat=4) if devices % (n * c * h * w) == 0}
+    return sorted(layouts, key=lambda layout: (layout.ranks, layout.parts()))
 
 
 def _as_4d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:

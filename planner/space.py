@@ -14,14 +14,13 @@ overlaps backward in the full model, which an additive objective cannot say,
 so there are two tables that bracket it: ``table`` counts each allreduce in
 full, ``hidden_allreduce`` not at all.
 
-No candidate is pruned yet (``pruned`` is 0): a safe dominance test must
-compare edge costs too, which is left for the planner issue's next step.
+No candidate is pruned yet: a safe dominance test must compare edge costs
+too, which is left for the planner issue's next step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import product
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
@@ -29,32 +28,24 @@ from cost_models.errors import InputError
 from cost_models.estimate import edge_s
 from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import LayerCost, layer_cost
-from cost_models.layout import Layout
+from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS, local_problem
 from cost_models.memory import layer_memory
 from cost_models.profile import Profile
 from planner.cost_table import CostTable
 
-__all__ = ["Space", "build_space", "layouts_dividing"]
+__all__ = ["Space", "build_space"]
 
 _NO_COMPUTE = frozenset({"flatten", "view", "getitem", "identity"})
 
 
 @dataclass(frozen=True)
 class Space:
-    """The candidate layouts per layer, the cost table over them, and how many candidates were pruned."""
+    """The candidate layouts per layer and the two cost tables over them."""
 
     candidates: Mapping[str, tuple[Layout, ...]]
     table: CostTable
     hidden_allreduce: CostTable
-    pruned: int
-
-
-def layouts_dividing(devices: int) -> list[Layout]:
-    """Every Layout whose rank count divides ``devices``, fewest ranks first."""
-    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
-    layouts = {Layout(n, c, h, w) for n, c, h, w in product(divisors, repeat=4) if devices % (n * c * h * w) == 0}
-    return sorted(layouts, key=lambda layout: (layout.ranks, layout.parts()))
 
 
 def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str = "sgd",
@@ -83,7 +74,7 @@ def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, op
     table = CostTable(tuple(layers), labels, node_s, edge_table, memory, memory_limit_bytes)
     hidden = CostTable(tuple(layers), labels, hidden_s, edge_table, memory, memory_limit_bytes)
     return Space({name: tuple(layout for layout, _, _ in options) for name, options in candidates.items()},
-                 table, hidden, 0)
+                 table, hidden)
 
 
 class _EdgeCosts:

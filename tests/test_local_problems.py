@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from calibrate.problems import candidate_layouts, enumerate_problems, schedule
+from calibrate.problems import enumerate_problems, schedule
+from cost_models.layout import layouts_dividing
 from cost_models.graph import trace
 from cost_models.layout import Layout
 from cost_models.local_problem import local_problem, phases_of
@@ -38,10 +39,10 @@ def problem(graph, name: str, layout: Layout):  # noqa: ANN001, ANN201
     return local_problem(graph.nodes[name], layout, 4, "float32")
 
 
-def test_candidate_layouts() -> None:
-    assert candidate_layouts(1) == [Layout()]
-    assert {str(layout) for layout in candidate_layouts(2)} == {"n1", "n2", "c2", "h2", "w2"}
-    four = candidate_layouts(4)
+def test_layouts_dividing() -> None:
+    assert layouts_dividing(1) == [Layout()]
+    assert {str(layout) for layout in layouts_dividing(2)} == {"n1", "n2", "c2", "h2", "w2"}
+    four = layouts_dividing(4)
     assert len(four) == 15 and Layout(h=2, w=2) in four and Layout(n=4) in four
 
 

@@ -10,7 +10,8 @@ from cost_models.graph import trace
 from cost_models.layout import Layout
 from planner.chain import solve_chain
 from planner.ilp import solve_ilp
-from planner.space import build_space, layouts_dividing
+from cost_models.layout import layouts_dividing
+from planner.space import build_space
 
 
 def test_layouts_dividing() -> None:
