@@ -69,8 +69,8 @@ __all__ = ["DEFAULT_SIZES_BYTES", "CommMeasurement", "default_group_sizes", "mea
 DEFAULT_SIZES_BYTES: tuple[int, ...] = tuple(1024 * 4**k for k in range(9))  # 1 KiB, 4 KiB, …, 64 MiB
 _ELEMENT_BYTES = 4  # float32 buffers
 _PROBE_ELEMENTS = 16  # per rank, for the support probe
-_MAX_OPS_PER_RUN = 16
-_BURST_BYTES = 2 * 2**20
+_MAX_OPS_PER_RUN = 32
+_BURST_BYTES = 4 * 2**20
 _RUN, _SKIP, _STOP = 0, 1, 2  # rank 0's decision before each measurement
 
 Operation = Callable[[], object]
