@@ -18,15 +18,19 @@ Assumptions:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
+import numpy as np
+
 from cost_models.cluster import Cluster
+from cost_models.errors import InputError
 from cost_models.halo import HaloMessage
 from cost_models.layout import Layout
 from cost_models.profile import Profile
-from cost_models.redistribution import redistribution
+from cost_models.redistribution import rank_loads
 
-__all__ = ["allreduce_s", "halo_exchange_s", "redistribution_s"]
+__all__ = ["allreduce_s", "halo_exchange_s", "redistribution_row_s", "redistribution_s"]
 
 
 def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes: float) -> float:
@@ -34,15 +38,22 @@ def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes
     group = len(ranks)
     if group <= 1 or nbytes <= 0:
         return 0.0
-    per_node: dict[int, int] = {}
-    for rank in ranks:
-        per_node[cluster.node_of(rank)] = per_node.get(cluster.node_of(rank), 0) + 1
-    if len(per_node) == 1:
+    nodes, local = _node_shape(cluster, tuple(ranks))
+    if nodes == 1:
         return profile.comm_time_s("allreduce", "intra", group, nbytes)
-    local = max(per_node.values())
     inside = (profile.comm_time_s("reduce_scatter", "intra", local, nbytes)
               + profile.comm_time_s("allgather", "intra", local, nbytes))
-    return inside + profile.comm_time_s("allreduce", "inter", len(per_node), nbytes / local)
+    return inside + profile.comm_time_s("allreduce", "inter", nodes, nbytes / local)
+
+
+@lru_cache(maxsize=8192)
+def _node_shape(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[int, int]:
+    """How many nodes a group spans and the most of its ranks on one node."""
+    per_node: dict[int, int] = {}
+    for rank in ranks:
+        node = cluster.node_of(rank)
+        per_node[node] = per_node.get(node, 0) + 1
+    return len(per_node), max(per_node.values())
 
 
 def halo_exchange_s(profile: Profile, messages: Sequence[HaloMessage], level: str) -> float:
@@ -53,12 +64,26 @@ def halo_exchange_s(profile: Profile, messages: Sequence[HaloMessage], level: st
 def redistribution_s(profile: Profile, cluster: Cluster, shape: Sequence[int], itemsize: int,
                      source: Layout, target: Layout, devices: int) -> float:
     """Seconds of the busiest rank when a tensor of ``shape`` moves from ``source`` to ``target``."""
-    worst = 0.0
-    for transfer in redistribution(shape, source, target, devices):
-        if not transfer.peers:
+    return redistribution_row_s(profile, cluster, shape, itemsize, source, [target], devices)[0]
+
+
+def redistribution_row_s(profile: Profile, cluster: Cluster, shape: Sequence[int], itemsize: int,
+                         source: Layout, targets: Sequence[Layout], devices: int) -> list[float]:
+    """:func:`redistribution_s` from one ``source`` to each of ``targets``, computed together."""
+    if devices > cluster.devices:
+        raise InputError(f"a redistribution over {devices} ranks needs that many devices; the cluster has "
+                         f"{cluster.devices}")
+    loads = rank_loads(shape, source, targets, devices)
+    per_node = cluster.devices_per_node
+    spans = loads.lowest // per_node != loads.highest // per_node
+    worst = np.zeros(len(targets))
+    for level, on_level in (("intra", ~spans), ("inter", spans)):
+        busy = on_level & (loads.peers > 0)
+        if not busy.any():
             continue
-        level = "inter" if cluster.spans_nodes([transfer.rank, *transfer.peers]) else "intra"
-        fit_alpha = profile.comm_time_s("sendrecv", level, 2, 0)
-        total = profile.comm_time_s("sendrecv", level, 2, transfer.elements * itemsize)
-        worst = max(worst, total + fit_alpha * (len(transfer.peers) - 1))
-    return worst
+        # α-β fits are affine in bytes: a rank's seconds are α·peers + β·bytes, maximised over the ranks at once
+        alpha_s = profile.comm_time_s("sendrecv", level, 2, 0)
+        beta_s = profile.comm_time_s("sendrecv", level, 2, itemsize) - alpha_s
+        seconds = np.where(busy, alpha_s * loads.peers + beta_s * loads.elements.astype(np.float64), 0.0)
+        worst = np.maximum(worst, seconds.max(axis=1))
+    return worst.tolist()

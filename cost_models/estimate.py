@@ -47,7 +47,7 @@ from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.profile import Profile
 
-__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "edge_s", "estimate"]
+__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "edge_move", "edge_s", "estimate"]
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -176,14 +176,22 @@ def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, l
     The forward redistribution of the activation plus the backward one of its
     gradient; zero from the model input (loaded in place) and for equal layouts.
     """
-    shape = source["output_shape"]
-    if source["kind"] == "input" or not shape or isinstance(shape[0], list):
+    move = edge_move(source, target, have, layout)
+    if move is None:
         return 0.0
-    shape4, have, want = _as_4d(shape, have, _input_layout(target["kind"], layout))
-    if have == want:
-        return 0.0
+    shape4, have, want = move
     return (redistribution_s(profile, cluster, shape4, itemsize, have, want, devices)
             + redistribution_s(profile, cluster, shape4, itemsize, want, have, devices))
+
+
+def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
+              layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
+    """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
+    shape = source["output_shape"]
+    if source["kind"] == "input" or not shape or isinstance(shape[0], list):
+        return None
+    shape4, have, want = _as_4d(shape, have, _input_layout(target["kind"], layout))
+    return None if have == want else (shape4, have, want)
 
 
 def _input_layout(kind: str, layout: Layout) -> Layout:

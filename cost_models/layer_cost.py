@@ -25,6 +25,7 @@ Assumptions (beyond those of the modules used):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
@@ -106,7 +107,7 @@ def _spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisH
     for axis, parts in ((0, layout.h), (1, layout.w)):
         kernel, stride, dilation, padding = (axis_value(attrs.get(key, default), axis) for key, default in
                                              (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
-        halos.append(axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding))
+        halos.append(_axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding))
     return halos[0], halos[1]
 
 
@@ -119,8 +120,11 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
     tile_shape = (-(-shape[2] // layout.h), -(-shape[3] // layout.w))
     plane_bytes = problem.input_shapes[0][0] * problem.input_shapes[0][1] * problem.itemsize
     level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
-    worst = max(halo_exchange_s(profile, halo_messages(rows, cols, (i, j), tile_shape, plane_bytes), level)
-                for i in range(layout.h) for j in range(layout.w))
+    # A tile's messages depend only on its two halos (sizes use the largest tile), which take few distinct values.
+    distinct_rows, distinct_cols = list(dict.fromkeys(rows)), list(dict.fromkeys(cols))
+    worst = max(halo_exchange_s(profile, halo_messages(distinct_rows, distinct_cols, (i, j), tile_shape, plane_bytes),
+                                level)
+                for i in range(len(distinct_rows)) for j in range(len(distinct_cols)))
     return 2 * worst  # forward activations, backward their gradients
 
 
@@ -141,8 +145,7 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
     if not layer.get("params"):
         return 0.0
     split = layout.c if layer["kind"] in DENSE_KINDS | {"batchnorm"} else 1
-    group = [rank for rank in range(devices) if _c_coordinate(rank, layout) == 0]
-    return allreduce_s(profile, cluster, group, layer["params"] * itemsize / split)
+    return allreduce_s(profile, cluster, _replica_group(layout, devices), layer["params"] * itemsize / split)
 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
@@ -164,6 +167,14 @@ def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalPr
     return allreduce_s(profile, cluster, group, input_bytes)
 
 
-def _c_coordinate(rank: int, layout: Layout) -> int:
-    return (rank % layout.ranks) // layout.spatial % layout.c
+@lru_cache(maxsize=65536)
+def _axis_halos(extent: int, parts: int, kernel: int, stride: int, dilation: int, padding: int) -> tuple[AxisHalo, ...]:
+    return tuple(axis_halos(extent, parts, kernel, stride, dilation, padding))
+
+
+@lru_cache(maxsize=4096)
+def _replica_group(layout: Layout, devices: int) -> tuple[int, ...]:
+    """The ranks holding channel slice 0 of the weights (each slice's group has the same node shape)."""
+    block = layout.c * layout.spatial  # ranks r with (r // spatial) % c == 0, as layout.ranks divides devices
+    return tuple(start + offset for start in range(0, devices, block) for offset in range(layout.spatial))
 

@@ -62,8 +62,8 @@ class Pipeline:
     def __str__(self) -> str:
         if self.stages == 1:
             return "1 stage"
-        tail = f"M={self.micro_batches}" if self.schedule == "sync" else f"stale≤{max(self.staleness)}"
-        return f"{self.stages} stages {self.schedule} {tail}"
+        tail = f"sync M={self.micro_batches}" if self.schedule == "sync" else f"stale≤{max(self.staleness)}"
+        return f"{self.stages} stages {tail}"
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,17 @@ Assumptions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Sequence
+from typing import Any, Sequence
+
+import numpy as np
 
 from cost_models.halo import partition
 from cost_models.layout import Layout
 
-__all__ = ["Box", "RankTransfer", "rank_box", "redistribution"]
+__all__ = ["Box", "RankLoads", "RankTransfer", "rank_box", "rank_loads", "redistribution"]
 
 Box = tuple[tuple[int, int], ...]
 
@@ -68,6 +71,79 @@ def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices
                 peers.append(holder)
         transfers.append(RankTransfer(rank, elements, tuple(sorted(peers))))
     return transfers
+
+
+@dataclass(frozen=True)
+class RankLoads:
+    """Per rank (arrays of length ``devices``): elements received, peers, and the span of ranks involved.
+
+    ``lowest``/``highest`` bound the ranks a rank talks to, itself included
+    (ranks are placed row-major, so every holder lies between them).
+    """
+
+    elements: np.ndarray
+    peers: np.ndarray
+    lowest: np.ndarray
+    highest: np.ndarray
+
+
+def rank_loads(shape: Sequence[int], source: Layout, target: Layout | Sequence[Layout], devices: int) -> RankLoads:
+    """What :func:`redistribution` computes, for all ranks at once with array arithmetic.
+
+    Per dimension the wanted range, the first and last source part it
+    overlaps, and the overlap with the rank's own source part are closed
+    forms of the balanced split; the box quantities are their products.
+    Given several target layouts, every array gets a leading axis over them.
+    """
+    for extent, parts in zip(shape, source.parts()):
+        if extent < parts:
+            partition(extent, parts)  # raises: empty parts
+    targets = [target] if isinstance(target, Layout) else list(target)
+    ranks = np.arange(devices, dtype=np.int64)
+    wanted_coords = [np.stack(axis) for axis in zip(*(_coordinate_arrays(layout, devices) for layout in targets))]
+    held_coords = _coordinate_arrays(source, devices)
+    target_parts = np.array([layout.parts() for layout in targets], dtype=np.int64).T[:, :, None]
+    volume, own, count = (np.ones((len(targets), devices), np.int64) for _ in range(3))
+    first_rank, last_rank = (np.zeros((len(targets), devices), np.int64) for _ in range(2))
+    for extent, src_parts, dst_parts, want, held in zip(shape, source.parts(), target_parts, wanted_coords,
+                                                        held_coords):
+        lo, hi = _range_arrays(extent, dst_parts, want)
+        first, last = _part_of_array(extent, src_parts, lo), _part_of_array(extent, src_parts, hi - 1)
+        own_lo, own_hi = _range_arrays(extent, src_parts, held)
+        volume *= hi - lo
+        own *= np.maximum(0, np.minimum(own_hi, hi) - np.maximum(own_lo, lo))
+        count *= last - first + 1
+        first_rank, last_rank = first_rank * src_parts + first, last_rank * src_parts + last
+    base = ranks // source.ranks * source.ranks
+    loads = RankLoads(volume - own, count - (own > 0), np.minimum(ranks, base + first_rank),
+                      np.maximum(ranks, base + last_rank))
+    if isinstance(target, Layout):
+        return RankLoads(loads.elements[0], loads.peers[0], loads.lowest[0], loads.highest[0])
+    return loads
+
+
+@lru_cache(maxsize=4096)
+def _coordinate_arrays(layout: Layout, devices: int) -> tuple[np.ndarray, ...]:
+    """Each rank's part index along n, c, h, w (read-only arrays, shared between calls)."""
+    coords, rest = [], np.arange(devices, dtype=np.int64) % layout.ranks
+    for parts in reversed(layout.parts()):
+        rest, index = np.divmod(rest, parts)
+        index.flags.writeable = False
+        coords.append(index)
+    coords.reverse()
+    return tuple(coords)
+
+
+def _range_arrays(extent: int, parts: Any, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    base, extra = np.divmod(extent, parts)
+    start = index * base + np.minimum(index, extra)
+    return start, start + base + (index < extra)
+
+
+def _part_of_array(extent: int, parts: int, position: np.ndarray) -> np.ndarray:
+    base, extra = divmod(extent, parts)
+    big = extra * (base + 1)
+    return np.where(position < big, position // (base + 1), extra + (position - big) // max(base, 1))
 
 
 def _coordinates(layout: Layout, rank: int) -> list[int]:

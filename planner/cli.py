@@ -186,8 +186,9 @@ def _estimate_document(result: Any, warnings: list[str]) -> dict[str, Any]:
 
 
 def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
-    parser = commands.add_parser("plan", parents=[common], help="search the best plan (one stage for now)",
-                                 description="Find the per-layer layouts with the least predicted time that fit.")
+    parser = commands.add_parser("plan", parents=[common], help="search the best plan: layouts, stages, staleness",
+                                 description="Find the per-layer layouts, pipeline stages and schedule with the least "
+                                             "predicted time that fit in memory.")
     _add_model_arguments(parser)
     parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
     parser.add_argument("--devices", required=True, type=_positive_int, help="number of devices")
@@ -195,6 +196,12 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="ILP solver (default cbc)")
     parser.add_argument("--time-limit-s", type=_positive_float, default=None, help="ILP time limit in seconds")
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
+    parser.add_argument("--max-stages", type=_positive_int, default=4, help="most pipeline stages to try (default 4)")
+    parser.add_argument("--schedule", default="auto", choices=("sync", "stale", "auto"),
+                        help="pipeline schedule: sync (GPipe), stale (DSP) or the faster (default auto)")
+    parser.add_argument("--max-staleness", type=_non_negative_int, default=None,
+                        help="cap on a stage's staleness (0 = synchronous only; default: DSP's 2(K-1-k))")
+    parser.add_argument("--explain", action="store_true", help="per layer, the runner-up layout and its extra cost")
     parser.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the plan")
     parser.set_defaults(handler=_plan)
 
@@ -207,22 +214,42 @@ def _plan(args: argparse.Namespace) -> int:
     cluster = _cluster_for(args.profile, profile, args.devices, args.devices_per_node)
     graph, _ = _trace_model(args)
     from cost_models.plan import save_plan
-    from planner.search import plan_one_stage
+    from planner.search import plan_model
 
-    result = plan_one_stage(graph, profile, cluster, args.solver, args.time_limit_s, args.optimizer, args.model)
+    result = plan_model(graph, profile, cluster, args.solver, args.time_limit_s, args.optimizer, args.model,
+                        args.max_stages, args.schedule, args.max_staleness)
     save_plan(result.plan, args.out)
-    document = {**result.plan.to_dict(), "summary": result.plan.summary(), "candidates": result.candidates,
-                "baselines": [{"name": b.name, "iteration_s": b.estimate.iteration_s,
-                               "memory_bytes_max": b.estimate.memory_bytes_max,
-                               "speedup": b.estimate.iteration_s / result.estimate.iteration_s}
-                              for b in result.baselines]}
+    document = _plan_document(graph, result)
     if args.json:
         _print_json(document)
     else:
         from planner.report import print_plan_summary
 
-        print_plan_summary(document, args.out)
+        print_plan_summary(document, args.out, explain=args.explain)
     return 0
+
+
+def _plan_document(graph: Any, result: Any) -> dict[str, Any]:
+    from planner.space import decision_groups
+
+    by_name = {layer.name: layer for layer in result.estimate.layers}
+    rows = []
+    for head, members in decision_groups(graph).items():
+        found = [by_name[name] for name in members]
+        runner = result.runner_ups.get(head)
+        rows.append({"layer": head, "followers": list(members[1:]), "kind": found[0].kind, "stage": found[0].stage,
+                     "layout": str(found[0].layout),
+                     "time_s": sum(layer.cost.total_s + layer.redistribution_s for layer in found),
+                     "memory_bytes": sum(layer.memory.resident_bytes for layer in found),
+                     "runner_up": runner.option if runner else None, "runner_up_extra_s": runner.extra_s if runner else None})
+    return {**result.plan.to_dict(), "summary": result.plan.summary(), "candidates": result.candidates,
+            "pruned": result.pruned, "search_s": result.search_s, "decisions": rows,
+            "considered": [{"plan": c.summary, "iteration_s": c.iteration_s, "memory_bytes_max": c.memory_bytes_max,
+                            "fits": c.fits} for c in result.considered],
+            "baselines": [{"name": b.name, "iteration_s": b.estimate.iteration_s,
+                           "memory_bytes_max": b.estimate.memory_bytes_max,
+                           "speedup": b.estimate.iteration_s / result.estimate.iteration_s}
+                          for b in result.baselines]}
 
 
 def _cluster_for(text: str, profile: Any, devices: int, per_node: int | None) -> Any:
@@ -251,6 +278,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 

@@ -178,14 +178,21 @@ def print_estimate(document: dict[str, Any], console: Console | None = None) -> 
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def print_plan_summary(document: dict[str, Any], path: str, console: Console | None = None) -> None:
-    """``parplan plan``: the layouts chosen, the prediction, the solver, and the baselines side by side."""
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
-    predicted, solver = document["predicted"], document["solver"]
+def print_plan_summary(document: dict[str, Any], path: str, console: Console | None = None,
+                       explain: bool = False) -> None:
+    """``parplan plan``: per layer its layout and stage, the prediction, the search, and the baselines side by side."""
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    console.print(_decision_table(document["decisions"], explain))
+    predicted, solver = document["predicted"], document.get("solver")
     console.print(f"wrote {path}: {document['summary']}")
+    how = (f"solver {solver['name']} {solver['status']} in {solver['seconds']:.2f} s" if solver
+           else "a baseline was fastest")
     console.print(f"predicted {predicted['iteration_s'] * 1e3:.2f} ms per iteration, "
-                  f"{format_bytes(predicted['memory_bytes_max'])} per rank · solver {solver['name']} "
-                  f"{solver['status']} in {solver['seconds']:.2f} s over {document['candidates']} candidates")
+                  f"{format_bytes(predicted['memory_bytes_max'])} per rank · {how} · {document['candidates']} "
+                  f"candidates kept, {document['pruned']} pruned · search {document['search_s']:.1f} s")
+    if len(document["considered"]) > 2:
+        fitting = [c for c in document["considered"] if c["fits"]]
+        console.print(f"stage search priced {len(document['considered'])} plans ({len(fitting)} fit in memory)")
     table = Table(title="against the plans a user would pick by hand")
     for header in ("plan", "iteration", "memory per rank", "parplan's speedup"):
         table.add_column(header)
@@ -193,3 +200,19 @@ def print_plan_summary(document: dict[str, Any], path: str, console: Console | N
         table.add_row(baseline["name"], f"{baseline['iteration_s'] * 1e3:.2f} ms",
                       format_bytes(baseline["memory_bytes_max"]), f"{baseline['speedup']:.2f}×")
     console.print(table)
+
+
+def _decision_table(rows: list[dict[str, Any]], explain: bool) -> Table:
+    table = Table(title="plan per layer (followers share their layer's layout)")
+    headers = ["layer", "kind", "stage", "layout", "time", "memory"] + (["runner-up", "extra"] if explain else [])
+    for header in headers:
+        table.add_column(header, justify="right" if header in ("stage", "time", "memory", "extra") else "left")
+    for row in rows:
+        name = row["layer"] + (f" +{len(row['followers'])}" if row["followers"] else "")
+        cells = [name, row["kind"], str(row["stage"]), row["layout"], f"{row['time_s'] * 1e3:.3f} ms",
+                 format_bytes(row["memory_bytes"])]
+        if explain:
+            extra = row.get("runner_up_extra_s")
+            cells += [row.get("runner_up") or "—", "—" if extra is None else f"+{extra * 1e3:.3f} ms"]
+        table.add_row(*cells)
+    return table

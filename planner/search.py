@@ -1,38 +1,41 @@
-"""One-stage planning: the optimal per-layer layouts for a model on D devices, and the baselines.
+"""Planning: the optimal per-layer layouts on D devices as one stage, pipelines around it, and the baselines.
 
-``plan_one_stage`` builds the search space (``planner.space``) and solves it
-exactly — shortest path when the model is a chain and the optimum fits in
-memory, the ILP otherwise — once with each weight-gradient allreduce counted
-in full and once with it fully hidden behind backward (the two bounds of the
-overlap the additive objective cannot express). Both optima are priced with
-the full cost model (``cost_models.estimate``) and the faster is returned,
-with two baselines priced the same way: pure sample parallelism, and the best
-single layout used for every layer.
+``plan_model`` builds the one-stage search space (``planner.space``) and
+solves it exactly (``planner.exact``) — once with each weight-gradient
+allreduce counted in full and once with it fully hidden behind backward (the
+two bounds of the overlap the additive objective cannot express). Both optima
+are priced with the full cost model (``cost_models.estimate``). With
+``max_stages > 1`` the pipeline search (``planner.stages``) adds its plans.
+The fastest plan that fits in memory is returned, beside two baselines
+priced the same way: pure sample parallelism, and the best single layout
+used for every layer. When a baseline is itself faster than both optima
+(possible: the tables bracket the overlap, they do not model it), it is
+returned as the plan, and the result says so.
 
 The memory limit applies to what stays resident on a rank (weights,
 gradients, optimizer state, saved activations); the transients of one layer
-come on top and are reported in the prediction. Pipeline stages are not
-searched here yet.
+come on top and are reported in the prediction.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
-from cost_models.errors import InputError
+from cost_models.errors import InputError, PlanError
 from cost_models.estimate import Estimate, estimate
 from cost_models.layout import Layout
 from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo
 from cost_models.profile import Profile
-from planner.chain import solve_chain
-from planner.cost_table import CostTable, Solution
-from planner.ilp import solve_ilp
+from planner.exact import solve_exact
+from planner.explain import RunnerUp, runner_ups
 from planner.space import Space, build_space
+from planner.stages import search_pipelines
 
-__all__ = ["Baseline", "PlanResult", "plan_one_stage"]
+__all__ = ["Baseline", "Considered", "PlanResult", "plan_model"]
 
 
 @dataclass(frozen=True)
@@ -45,93 +48,120 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class Considered:
+    """One plan the search priced: its one-line summary, predicted seconds, peak bytes and whether it fits."""
+
+    summary: str
+    iteration_s: float
+    memory_bytes_max: int
+    fits: bool
+
+
+@dataclass(frozen=True)
 class PlanResult:
-    """The optimal plan, its estimate, the baselines, and the search space's size."""
+    """The chosen plan, its estimate, the baselines, the search's size and what it considered."""
 
     plan: Plan
     estimate: Estimate
     baselines: tuple[Baseline, ...]
     candidates: int
+    pruned: int
+    considered: tuple[Considered, ...]
+    runner_ups: Mapping[str, RunnerUp]
+    search_s: float
 
 
-def plan_one_stage(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cbc",
-                   time_limit_s: float | None = None, optimizer: str = "sgd", model_spec: str = "") -> PlanResult:
-    """The least predicted time plan on all of ``cluster``'s devices as one stage.
+def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cbc", time_limit_s: float | None = None,
+               optimizer: str = "sgd", model_spec: str = "", max_stages: int = 1, schedule: str = "auto",
+               max_staleness: int | None = None) -> PlanResult:
+    """The least predicted time plan for ``graph`` on ``cluster`` (see the module docstring).
 
     Raises:
         InputError: No plan fits in memory (with how much is missing) or a layer cannot be placed.
     """
+    started = time.perf_counter()
     space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes)
-    found = []
+    found, explained = [], {}
+    failure = None
     for table in (space.table, space.hidden_allreduce):  # allreduce counted in full / fully hidden
-        solution = _solve(table, solver, time_limit_s)
-        layouts = {name: space.candidates[name][index] for name, index in solution.choice.items()}
+        try:
+            solution = solve_exact(table, solver, time_limit_s)
+        except InputError as err:
+            failure = err
+            continue
         info = SolverInfo(solution.solver, solution.status, round(solution.seconds, 4), solution.objective_s,
                           solution.gap)
-        predicted = estimate(graph, _plan(graph, cluster, layouts, None, info, model_spec), profile,
-                             optimizer=optimizer)
-        found.append((predicted.iteration_s, len(found), layouts, info, predicted))
-    _, _, layouts, info, predicted = min(found)
-    plan = _plan(graph, cluster, layouts, predicted, info, model_spec)
+        plan = _plan(graph, cluster, _stage_zero(space.layouts(solution.choice)), Pipeline(1, (cluster.devices,)),
+                     None, info, model_spec)
+        predicted = estimate(graph, plan, profile, optimizer=optimizer)
+        explained[plan.summary()] = runner_ups(table, solution.choice)
+        found.append((plan, predicted))
+    if max_stages > 1:
+        def make(assignments: Mapping[str, LayerAssignment], pipeline: Pipeline, info: SolverInfo) -> Plan:
+            return _plan(graph, cluster, assignments, pipeline, None, info, model_spec)
+        found += [(c.plan, c.estimate) for c in search_pipelines(graph, profile, cluster, make, max_stages, schedule,
+                                                                 max_staleness, optimizer, solver, time_limit_s)]
+    baselines = _baselines(graph, profile, cluster, space, optimizer)
+    return _choose(graph, cluster, space, found, baselines, explained, failure, time.perf_counter() - started)
+
+
+def _choose(graph: Any, cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate]],
+            baselines: tuple[Baseline, ...], explained: Mapping[str, Mapping[str, RunnerUp]],
+            failure: InputError | None, elapsed_s: float) -> PlanResult:
+    pool = found + [(b.plan, b.estimate) for b in baselines]
+    fitting = [(predicted.iteration_s, index) for index, (_, predicted) in enumerate(pool)
+               if predicted.memory_bytes_max <= cluster.memory_bytes]
+    if not fitting:
+        raise failure or _nothing_fits(pool, cluster)
+    plan, predicted = pool[min(fitting)[1]]
+    prediction = Prediction(predicted.iteration_s, predicted.memory_bytes_max, dict(predicted.breakdown_s))
+    chosen = replace(plan, predicted=prediction)
+    considered = tuple(Considered(p.summary(), e.iteration_s, e.memory_bytes_max, e.memory_bytes_max <= cluster.memory_bytes)
+                       for p, e in found)
     candidates = sum(len(options) for options in space.candidates.values())
-    return PlanResult(plan, predicted, _baselines(graph, profile, cluster, space, optimizer), candidates)
+    return PlanResult(chosen, predicted, baselines, candidates, space.pruned, considered,
+                      explained.get(plan.summary(), {}), elapsed_s)
 
 
-def _solve(table: CostTable, solver: str, time_limit_s: float | None) -> Solution:
-    if table.is_chain():
-        free = CostTable(table.layers, table.options, table.node_s, table.edge_s, table.memory_bytes, None)
-        path = solve_chain(free)
-        if table.fits(path.choice):
-            return path
-    try:
-        return solve_ilp(table, solver, time_limit_s)
-    except ValueError as err:
-        least = sum(min(table.memory_bytes[layer]) for layer in table.layers)
-        if table.memory_limit_bytes is not None and least > table.memory_limit_bytes:
-            raise InputError(
-                f"no plan fits: the leanest layouts need {least / 2**30:.2f} GiB per rank, the devices have "
-                f"{table.memory_limit_bytes / 2**30:.2f} GiB; use more devices, or splits that shrink activations "
-                f"(spatial) and weights (channel)") from err
-        raise InputError(f"the solver found no plan: {err}") from err
+def _nothing_fits(pool: list[tuple[Plan, Estimate]], cluster: Cluster) -> InputError:
+    least = min(predicted.memory_bytes_max for _, predicted in pool)
+    return InputError(f"no plan fits: the leanest plan found needs {least / 2**30:.2f} GiB per device, the devices have "
+                      f"{cluster.memory_bytes / 2**30:.2f} GiB; use more devices, spatial or channel splits, or more "
+                      f"pipeline stages (--max-stages)")
 
 
-def _plan(graph: Any, cluster: Cluster, layouts: Mapping[str, Layout], predicted: Estimate | None,
-          solver: SolverInfo | None, model_spec: str) -> Plan:
+def _stage_zero(layouts: Mapping[str, Layout]) -> dict[str, LayerAssignment]:
+    return {name: LayerAssignment(layout) for name, layout in layouts.items()}
+
+
+def _plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
+          predicted: Estimate | None, solver: SolverInfo | None, model_spec: str) -> Plan:
     prediction = None if predicted is None else Prediction(predicted.iteration_s, predicted.memory_bytes_max,
                                                            dict(predicted.breakdown_s))
     return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
-                {name: LayerAssignment(layout) for name, layout in layouts.items()},
-                Pipeline(1, (cluster.devices,)), prediction, solver, model_spec,
+                dict(assignments), pipeline, prediction, solver, model_spec,
                 _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
 
 def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, optimizer: str) -> tuple[Baseline, ...]:
+    """Pure sample parallelism (copies on the devices the batch cannot use) and the best uniform layout."""
     found = []
     batch = graph.input_shape[0]
     sample = max(d for d in range(1, cluster.devices + 1) if cluster.devices % d == 0 and d <= batch)
-    uniform = {name: Layout(n=sample) for name in space.candidates}
-    if all(uniform[name] in space.candidates[name] for name in uniform):
-        found.append(_baseline("pure sample", graph, profile, cluster, uniform, optimizer))
-    best = _best_single_layout(space)
-    if best is not None:
+    layers = graph.compute_layers()
+    try:
+        found.append(_baseline("pure sample", graph, profile, cluster, {name: Layout(n=sample) for name in layers},
+                               optimizer))
+    except PlanError:  # a layer smaller than the batch split (rare: a reshape that folds the batch)
+        pass
+    if space.uniform_s:
+        best = min(space.uniform_s, key=lambda layout: (space.uniform_s[layout], layout.parts()))
         found.append(_baseline(f"best single layout ({best})", graph, profile, cluster,
-                               {name: best for name in space.candidates}, optimizer))
+                               {name: best for name in layers}, optimizer))
     return tuple(found)
-
-
-def _best_single_layout(space: Space) -> Layout | None:
-    table, shared = space.table, None
-    for options in space.candidates.values():
-        shared = set(options) if shared is None else shared & set(options)
-    scored = []
-    for layout in shared or ():
-        choice = {name: space.candidates[name].index(layout) for name in table.layers}
-        if table.fits(choice):
-            scored.append((table.objective(choice), layout.parts(), layout))
-    return min(scored)[2] if scored else None
 
 
 def _baseline(name: str, graph: Any, profile: Profile, cluster: Cluster, layouts: Mapping[str, Layout],
               optimizer: str) -> Baseline:
-    plan = _plan(graph, cluster, layouts, None, None, "")
+    plan = _plan(graph, cluster, _stage_zero(layouts), Pipeline(1, (cluster.devices,)), None, None, "")
     return Baseline(name, plan, estimate(graph, plan, profile, optimizer=optimizer))

@@ -1,116 +1,364 @@
-"""The search space: which layouts each layer may take on a stage's devices, and their cost table.
+"""The search space: which layouts each layer may take on a stage's devices, and their cost tables.
 
-A layer may take ``Layout(n, c, h, w)`` when ``n·c·h·w`` divides the stage's
-devices (the rest hold copies), its kind supports the split and its tensor
-has at least one element per part (``cost_models.local_problem``), and, for
-windows split by height or width, no tile needs rows beyond its neighbour
-(``cost_models.halo``). Layers without compute of their own (views) may take
-any layout that fits their output.
+Candidates (the seed paper's formulation, Dryden et al. 2019: every layer is
+split over all the processors of its stage):
+    * ``Layout(n, c, h, w)`` with ``n·c·h·w`` equal to the stage's devices and
+      each split dividing its extent of the layer's output exactly; a layer
+      that has no such layout (too small to use every device) may take the
+      layouts with fewer ranks that divide it, the other ranks holding copies.
+    * Channel/filter groups stay inside a node: ``c ≤ devices per node`` (as
+      tensor parallelism does in Megatron-LM: its allgather of the input and
+      sum of input gradients per layer need the fast link).
+    * Spatial tiles ``h × w`` are rows only, columns only, or the most nearly
+      square grid (``h ≥ w``): 1-D strips have the fewest halo messages (two
+      neighbours, no corners), square tiles the fewest halo bytes; grids in
+      between have as many messages as square ones and more bytes.
+    * The kind must support the split and every tile must be at least as wide
+      as its halo (``cost_models.local_problem``, ``cost_models.halo``).
+    * Followers: a batch-norm, activation, dropout or identity layer whose one
+      input is another layer takes that layer's layout (as Alpa merges
+      element-wise operators into their operand). The layer and its followers
+      are one decision: one row of the cost table, named after the first.
 
-The table's costs come from ``cost_models``: per (layer, layout) the layer's
-seconds and its resident bytes per rank; per edge and pair of layouts the
-redistribution seconds forward and backward. The weight-gradient allreduce
-overlaps backward in the full model, which an additive objective cannot say,
-so there are two tables that bracket it: ``table`` counts each allreduce in
-full, ``hidden_allreduce`` not at all.
+Costs come from ``cost_models``: per decision and layout the seconds and
+resident bytes per rank of all its layers; per edge between decisions and
+pair of layouts the redistribution seconds forward and backward. The
+weight-gradient allreduce overlaps backward in the full model, which an
+additive objective cannot say, so there are two tables that bracket it:
+``table`` counts each allreduce in full, ``hidden_allreduce`` not at all.
 
-No candidate is pruned yet: a safe dominance test must compare edge costs
-too, which is left for the planner issue's next step.
+Before any edge matrix is built, options that no optimal plan of either
+table can use are pruned (``planner.prune``) with an upper bound from the
+best plan among a restricted set: the uniform layouts and, per decision, the
+few cheapest options, solved exactly.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import networkx as nx
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.estimate import edge_s
+from cost_models.comm_cost import redistribution_row_s
+from cost_models.estimate import edge_move
 from cost_models.graph import dtype_itemsize
-from cost_models.layer_cost import LayerCost, layer_cost
+from cost_models.layer_cost import layer_cost
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS, local_problem
 from cost_models.memory import layer_memory
 from cost_models.profile import Profile
 from planner.cost_table import CostTable
+from planner.exact import solve_exact
+from planner.prune import surviving_options
 
-__all__ = ["Space", "build_space"]
+__all__ = ["FOLLOWER_KINDS", "LayerCosts", "Space", "build_space", "decision_groups"]
 
+FOLLOWER_KINDS = frozenset({"batchnorm", "activation", "dropout", "identity"})
+MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the first
 _NO_COMPUTE = frozenset({"flatten", "view", "getitem", "identity"})
+_RESTRICTED_PER_DECISION = 3  # cheapest options per decision in the restricted solve that sets the upper bound
 
 
 @dataclass(frozen=True)
 class Space:
-    """The candidate layouts per layer and the two cost tables over them."""
+    """Candidate layouts per decision, the layers each decision places, and the two cost tables."""
 
     candidates: Mapping[str, tuple[Layout, ...]]
+    members: Mapping[str, tuple[str, ...]]
     table: CostTable
     hidden_allreduce: CostTable
+    considered: int
+    pruned: int
+    uniform_s: Mapping[Layout, float]
+
+    def layouts(self, choice: Mapping[str, int]) -> dict[str, Layout]:
+        """Every layer's layout from one option index per decision."""
+        return {layer: self.candidates[head][index] for head, index in choice.items() for layer in self.members[head]}
+
+    def choice_of(self, layouts: Mapping[str, Layout]) -> dict[str, int] | None:
+        """The option indices of a per-layer layout assignment, or ``None`` when it is not in the space."""
+        choice = {}
+        for head, members in self.members.items():
+            layout = layouts[head]
+            if layout not in self.candidates[head] or any(layouts[m] != layout for m in members):
+                return None
+            choice[head] = self.candidates[head].index(layout)
+        return choice
+
+
+def decision_groups(graph: Any) -> dict[str, tuple[str, ...]]:
+    """Per decision (named by its first layer, in topological order) the layers that share its layout.
+
+    An element-wise layer with several inputs follows its first input unless
+    that would make the decisions depend on each other in a circle (its other
+    input computed from its first); then it is a decision of its own.
+    """
+    layers = graph.compute_layers()
+    own: set[str] = set()
+    while True:
+        groups = _groups(graph, layers, own)
+        head_of = {layer: head for head, members in groups.items() for layer in members}
+        contracted = nx.DiGraph()
+        contracted.add_nodes_from(groups)
+        contracted.add_edges_from((head_of[u], head_of[v], {"layer": v}) for u, v in graph.edges
+                                  if u in head_of and v in head_of and head_of[u] != head_of[v])
+        try:
+            cycle = nx.find_cycle(contracted)
+        except nx.NetworkXNoCycle:
+            break
+        merged = [contracted.edges[u, v]["layer"] for u, v, *_ in cycle
+                  if graph.nodes[contracted.edges[u, v]["layer"]]["kind"] in MERGED_KINDS]
+        own.add(merged[0])
+    position = {layer: index for index, layer in enumerate(layers)}
+    order = nx.lexicographical_topological_sort(contracted, key=position.__getitem__)
+    return {head: groups[head] for head in order}
+
+
+def _groups(graph: Any, layers: list[str], own: set[str]) -> dict[str, tuple[str, ...]]:
+    compute, head_of, groups = set(layers), {}, {}
+    for name in layers:
+        inputs = list(graph.predecessors(name))  # in argument order (tracing adds edges so)
+        kind = graph.nodes[name]["kind"]
+        follows = ((kind in FOLLOWER_KINDS and len(inputs) == 1) or (kind in MERGED_KINDS and name not in own)) \
+            and inputs[0] in compute
+        head_of[name] = head_of[inputs[0]] if follows else name
+        groups.setdefault(head_of[name], []).append(name)
+    return {head: tuple(members) for head, members in groups.items()}
 
 
 def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str = "sgd",
-                memory_limit_bytes: int | None = None) -> Space:
-    """Candidates and the cost table of every compute layer of ``graph`` on ``devices`` devices.
+                memory_limit_bytes: int | None = None, decisions: Sequence[str] | None = None,
+                costs: LayerCosts | None = None, prune: bool = True) -> Space:
+    """Candidates and both cost tables of the decisions of ``graph`` on ``devices`` devices.
+
+    Args:
+        decisions: Only these decisions (a pipeline stage's); all by default.
+        costs: A cost cache to share between stages of the same devices and batch.
+        prune: Drop the options no optimal plan can use (``planner.prune``); off only to check that rule.
 
     Raises:
         InputError: A layer has no layout at all on these devices.
     """
-    itemsize, dtype = dtype_itemsize(graph.graph["dtype"]), graph.graph["dtype"]
-    layers = graph.compute_layers()
-    candidates, node_s, hidden_s, memory = {}, {}, {}, {}
-    for name in layers:
-        options = _feasible(graph.nodes[name], devices, profile, cluster, itemsize, dtype, optimizer)
-        if not options:
-            raise InputError(f"layer '{name}' has no layout on {devices} devices; try a device count it can split by")
-        candidates[name] = tuple(options)
-        node_s[name] = tuple(cost.total_s for _, cost, _ in options)
-        hidden_s[name] = tuple(cost.total_s - cost.allreduce_s for _, cost, _ in options)
-        memory[name] = tuple(nbytes for _, _, nbytes in options)
-    edges = [(u, v) for u, v in graph.edges if u in candidates and v in candidates]
-    moves = _EdgeCosts(profile, cluster, devices, itemsize)
-    edge_table = {(u, v): tuple(tuple(moves(graph.nodes[u], graph.nodes[v], a, b) for b, _, _ in candidates[v])
-                                for a, _, _ in candidates[u]) for u, v in edges}
-    labels = {name: tuple(str(layout) for layout, _, _ in candidates[name]) for name in layers}
-    table = CostTable(tuple(layers), labels, node_s, edge_table, memory, memory_limit_bytes)
-    hidden = CostTable(tuple(layers), labels, hidden_s, edge_table, memory, memory_limit_bytes)
-    return Space({name: tuple(layout for layout, _, _ in options) for name, options in candidates.items()},
-                 table, hidden)
+    groups = decision_groups(graph)
+    if decisions is not None:
+        groups = {head: groups[head] for head in decisions}
+    costs = costs or LayerCosts(graph, profile, cluster, devices, optimizer)
+    rows = {head: costs.rows(members) for head, members in groups.items()}
+    considered = sum(len(options) for options in rows.values())
+    edges = _decision_edges(graph, groups)
+    uniform = _uniform_objectives(rows, edges, costs, memory_limit_bytes)
+    bounds = _upper_bounds(rows, edges, costs, memory_limit_bytes, uniform) if prune else (None, None)
+    limit = memory_limit_bytes if prune else None
+    kept = [surviving_options({h: [r[column] for r in opts] for h, opts in rows.items()},
+                              {h: [r[3] for r in opts] for h, opts in rows.items()}, limit, bound)
+            for column, bound in zip((1, 2), bounds)]
+    kept_rows = {head: [options[i] for i in sorted(set(kept[0][head]) | set(kept[1][head]))]
+                 for head, options in rows.items()}
+    for head, options in kept_rows.items():
+        if not options:  # only the memory rule can empty a row: nothing fits
+            kept_rows[head] = rows[head]
+    full, hidden = _tables(kept_rows, edges, costs, memory_limit_bytes)
+    candidates = {head: tuple(row[0] for row in options) for head, options in kept_rows.items()}
+    return Space(candidates, groups, full, hidden, considered, considered - sum(map(len, candidates.values())),
+                 {layout: objective[0] for layout, objective in uniform.items()})
 
 
-class _EdgeCosts:
-    """Redistribution seconds per (tensor shape, reader kind, layouts), computed once: blocks repeat."""
+class LayerCosts:
+    """Per layer and layout: seconds (allreduce in full, and hidden) and resident bytes; per edge: seconds.
 
-    def __init__(self, profile: Profile, cluster: Cluster, devices: int, itemsize: int) -> None:
-        self.profile, self.cluster, self.devices, self.itemsize = profile, cluster, devices, itemsize
-        self.seen: dict[tuple[Any, ...], float] = {}
+    Layers with the same shapes and hyper-parameters (repeated blocks) are
+    costed once, and so are redistributions of the same tensor shape.
+    ``saved_copies`` counts the micro-batches whose activations stay resident.
+    """
 
-    def __call__(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout) -> float:
-        shape = source["output_shape"]
-        key = (source["kind"], _frozen(shape), target["kind"] in DENSE_KINDS, have, layout)
-        if key not in self.seen:
-            self.seen[key] = edge_s(source, target, have, layout, self.devices, self.profile, self.cluster,
-                                    self.itemsize)
-        return self.seen[key]
+    def __init__(self, graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
+                 saved_copies: int = 1) -> None:
+        self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
+        self.saved_copies = saved_copies
+        self.rows_seen: dict[tuple[str, ...], list[_Row]] = {}
+        self.dtype = graph.graph["dtype"]
+        self.itemsize = dtype_itemsize(self.dtype)
+        self.layer_seen: dict[tuple[str, Layout], tuple[float, float, int] | None] = {}
+        self.moved_s: dict[tuple[Any, Layout, Layout], float] = {}
+        self.matrix_seen: dict[tuple[Any, ...], list[list[float]]] = {}
+        self.shape_key = {name: json.dumps(data["output_shape"]) for name, data in graph.nodes(data=True)}
+        self.signature = {name: json.dumps({k: v for k, v in data.items() if k != "module"}, sort_keys=True)
+                          for name, data in graph.nodes(data=True)}
 
+    def layer(self, name: str, layout: Layout) -> tuple[float, float, int] | None:
+        """``(seconds, seconds without allreduce, bytes)`` of ``name`` under ``layout``, or ``None`` if refused."""
+        key = (self.signature[name], layout)
+        if key not in self.layer_seen:
+            self.layer_seen[key] = self._layer(self.graph.nodes[name], layout)
+        return self.layer_seen[key]
 
-def _frozen(shape: Any) -> Any:
-    return tuple(_frozen(s) for s in shape) if isinstance(shape, list) else shape
-
-
-def _feasible(node: Mapping[str, Any], devices: int, profile: Profile, cluster: Cluster, itemsize: int, dtype: str,
-              optimizer: str) -> list[tuple[Layout, LayerCost, int]]:
-    options = []
-    for layout in layouts_dividing(devices):
-        problem = local_problem(node, layout, itemsize, dtype)
+    def _layer(self, node: Mapping[str, Any], layout: Layout) -> tuple[float, float, int] | None:
+        problem = local_problem(node, layout, self.itemsize, self.dtype)
         if problem is None and not (node["kind"] in _NO_COMPUTE and _fits(node, layout)):
-            continue
+            return None
         try:
-            cost = layer_cost("", node, layout, devices, profile, cluster, itemsize, dtype)
+            cost = layer_cost("", node, layout, self.devices, self.profile, self.cluster, self.itemsize, self.dtype)
         except InputError:  # a halo wider than the neighbouring tile, or a split the kind refuses
+            return None
+        memory = layer_memory(node, layout, problem, self.optimizer, self.itemsize)
+        return cost.total_s, cost.total_s - cost.allreduce_s, memory.resident_bytes + (self.saved_copies - 1) * memory.saved
+
+    def rows(self, members: tuple[str, ...]) -> list["_Row"]:
+        """The options of the decision placing ``members``: layout, seconds, seconds with hidden allreduce, bytes."""
+        if members not in self.rows_seen:
+            self.rows_seen[members] = _decision_rows(self.graph, self, members, self.devices)
+        return self.rows_seen[members]
+
+    def edge(self, source: str, target: str, have: Layout, layout: Layout) -> float:
+        """Redistribution seconds (forward and backward) on the edge ``source → target``."""
+        return self.edge_matrix(source, target, (have,), (layout,))[0][0]
+
+    def edge_matrix(self, source: str, target: str, haves: tuple[Layout, ...],
+                    layouts: tuple[Layout, ...]) -> list[list[float]]:
+        """:meth:`edge` for every pair of ``haves`` and ``layouts``; missing moves are computed a row at a time."""
+        src, dst = self.graph.nodes[source], self.graph.nodes[target]
+        key = (src["kind"] == "input", self.shape_key[source], dst["kind"] in DENSE_KINDS, haves, layouts)
+        if key not in self.matrix_seen:
+            self.matrix_seen[key] = self._edge_matrix(src, dst, haves, layouts)
+        return self.matrix_seen[key]
+
+    def _edge_matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
+                     layouts: tuple[Layout, ...]) -> list[list[float]]:
+        moves = [[edge_move(src, dst, have, layout) for layout in layouts] for have in haves]
+        wanted: dict[tuple[Any, Layout], list[Layout]] = {}
+        for row in moves:
+            for move in row:
+                if move is not None:
+                    for start, end in ((move[1], move[2]), (move[2], move[1])):  # forward, and the gradient back
+                        if (move[0], start, end) not in self.moved_s:
+                            wanted.setdefault((move[0], start), []).append(end)
+        for (shape, start), ends in wanted.items():
+            ends = list(dict.fromkeys(ends))
+            seconds = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize, start, ends, self.devices)
+            self.moved_s.update({(shape, start, end): value for end, value in zip(ends, seconds)})
+        return [[0.0 if move is None else self.moved_s[(move[0], move[1], move[2])]
+                 + self.moved_s[(move[0], move[2], move[1])] for move in row] for row in moves]
+
+
+_Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the allreduce hidden, bytes
+
+
+def _decision_rows(graph: Any, costs: LayerCosts, members: tuple[str, ...], devices: int) -> list[_Row]:
+    head = members[0]
+    for layouts in _layout_tiers(graph.nodes[head], devices, costs.cluster.devices_per_node):
+        rows = [row for row in (_decision_row(graph, costs, members, layout) for layout in layouts) if row]
+        if rows:
+            return rows
+    raise InputError(f"layer '{head}' ({graph.nodes[head]['kind']}, output {tuple(graph.nodes[head]['output_shape'])}) "
+                     f"has no layout on {devices} devices; try a device count its extents can be split by")
+
+
+def _layout_tiers(node: Mapping[str, Any], devices: int, per_node: int) -> list[list[Layout]]:
+    """Layouts of the space (module docstring) that divide the output: on all devices first, then fewer ranks."""
+    dividing = [layout for layout in layouts_dividing(devices)
+                if _divides(node["output_shape"], layout) and layout.c <= max(per_node, 1)
+                and (layout.h, layout.w) in _tilings(layout.spatial)]
+    return [[lay for lay in dividing if lay.ranks == devices], [lay for lay in dividing if lay.ranks < devices]]
+
+
+def _tilings(tiles: int) -> set[tuple[int, int]]:
+    """Rows-only, columns-only and the most nearly square ``(h, w)`` grid of ``tiles`` tiles (``h ≥ w``)."""
+    rows = min(h for h in range(1, tiles + 1) if tiles % h == 0 and h * h >= tiles)
+    return {(tiles, 1), (1, tiles), (rows, tiles // rows)}
+
+
+def _decision_row(graph: Any, costs: LayerCosts, members: tuple[str, ...], layout: Layout) -> _Row | None:
+    total_s = hidden_s = 0.0
+    nbytes = 0
+    for index, name in enumerate(members):
+        found = costs.layer(name, layout)
+        if found is None:
+            return None
+        total_s, hidden_s, nbytes = total_s + found[0], hidden_s + found[1], nbytes + found[2]
+        if index:  # a follower reads its producer's output in the same layout
+            moved = costs.edge(next(iter(graph.predecessors(name))), name, layout, layout)
+            total_s, hidden_s = total_s + moved, hidden_s + moved
+    return layout, total_s, hidden_s, nbytes
+
+
+def _decision_edges(graph: Any, groups: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """Per pair of decisions, the graph edges between their layers."""
+    head_of = {layer: head for head, members in groups.items() for layer in members}
+    edges: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for u, v in graph.edges:
+        if u in head_of and v in head_of and head_of[u] != head_of[v]:
+            edges.setdefault((head_of[u], head_of[v]), []).append((u, v))
+    return edges
+
+
+def _uniform_objectives(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
+                        costs: LayerCosts, memory_limit_bytes: int | None) -> dict[Layout, tuple[float, float]]:
+    """Objectives (full, hidden allreduce) of every layout every decision can take, where it fits in memory."""
+    shared = [row[0] for row in next(iter(rows.values()))]
+    found = {}
+    for layout in shared:
+        chosen = [next((row for row in options if row[0] == layout), None) for options in rows.values()]
+        if any(row is None for row in chosen):
             continue
-        nbytes = layer_memory(node, layout, problem, optimizer, itemsize).resident_bytes
-        options.append((layout, cost, nbytes))
-    return options
+        if memory_limit_bytes is not None and sum(row[3] for row in chosen) > memory_limit_bytes:  # type: ignore[index]
+            continue
+        moved = sum(costs.edge(u, v, layout, layout) for links in edges.values() for u, v in links)
+        found[layout] = (sum(row[1] for row in chosen) + moved, sum(row[2] for row in chosen) + moved)  # type: ignore[index]
+    return found
+
+
+def _upper_bounds(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
+                  costs: LayerCosts, memory_limit_bytes: int | None,
+                  uniform: Mapping[Layout, tuple[float, float]]) -> tuple[float | None, float | None]:
+    """Objectives (full, hidden allreduce) of the best plans found among uniform layouts and a restricted table."""
+    restricted = {head: _restricted(options) for head, options in rows.items()}
+    bounds = []
+    for index, table in enumerate(_tables(restricted, edges, costs, memory_limit_bytes)):
+        known = [objective[index] for objective in uniform.values()]
+        try:
+            known.append(solve_exact(table).objective_s)
+        except InputError:  # the restricted options do not fit in memory
+            pass
+        bounds.append(min(known, default=None))
+    return bounds[0], bounds[1]
+
+
+def _restricted(options: list[_Row]) -> list[_Row]:
+    cheapest = sorted(options, key=lambda row: (row[1], row[0]))[:_RESTRICTED_PER_DECISION]
+    leanest = min(options, key=lambda row: (row[3], row[1]))
+    sample = max(options, key=lambda row: (row[0].n, -row[0].ranks))  # keeps a pure sample plan reachable
+    return list(dict.fromkeys([*cheapest, leanest, sample]))
+
+
+def _tables(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
+            costs: LayerCosts, memory_limit_bytes: int | None) -> tuple[CostTable, CostTable]:
+    heads = tuple(rows)
+    labels = {head: tuple(str(row[0]) for row in options) for head, options in rows.items()}
+    memory = {head: tuple(row[3] for row in options) for head, options in rows.items()}
+    matrices = {}
+    for (head_u, head_v), links in edges.items():
+        haves, layouts = tuple(row[0] for row in rows[head_u]), tuple(row[0] for row in rows[head_v])
+        parts = [costs.edge_matrix(u, v, haves, layouts) for u, v in links]
+        matrices[(head_u, head_v)] = tuple(tuple(sum(part[i][j] for part in parts) for j in range(len(layouts)))
+                                           for i in range(len(haves)))
+    full = CostTable(heads, labels, {h: tuple(r[1] for r in o) for h, o in rows.items()}, matrices, memory,
+                     memory_limit_bytes)
+    hidden = CostTable(heads, labels, {h: tuple(r[2] for r in o) for h, o in rows.items()}, matrices, memory,
+                       memory_limit_bytes)
+    return full, hidden
+
+
+def _divides(shape: Any, layout: Layout) -> bool:
+    if len(shape) == 4:
+        return layout.divides(tuple(shape))
+    features = 1
+    for extent in shape[1:]:
+        features *= extent
+    return layout.h == layout.w == 1 and shape[0] % layout.n == 0 and features % layout.c == 0
 
 
 def _fits(node: Mapping[str, Any], layout: Layout) -> bool:

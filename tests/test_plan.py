@@ -63,7 +63,7 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
 def test_summary_is_one_line() -> None:
     assert make_plan().summary() == "n4·h2 (1), n8 (1); 1 stage"
     stale = Pipeline(stages=2, devices_per_stage=(4, 4), schedule="stale", staleness=(2, 0))
-    assert str(stale) == "2 stages stale stale≤2"
+    assert str(stale) == "2 stages stale≤2"
 
 
 def test_fingerprint_mismatch_names_both(tmp_path: Path) -> None:

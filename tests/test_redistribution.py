@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_models.layout import Layout
-from cost_models.redistribution import rank_box, redistribution
+from cost_models.redistribution import rank_box, rank_loads, redistribution
 
 
 def elements(box: tuple[tuple[int, int], ...]) -> set[tuple[int, ...]]:
@@ -67,3 +67,25 @@ def test_uneven_extents_use_balanced_parts() -> None:
     assert [t.elements for t in transfers] == [2, 3]  # rank 0 holds rows 0-2, rank 1 rows 3-4
     with pytest.raises(Exception, match="non-empty parts"):
         rank_box((1, 1, 1, 1), Layout(h=2), 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 6), st.integers(1, 9), st.integers(1, 9)),
+    source=st.tuples(*[st.sampled_from([1, 2, 3]) for _ in range(4)]),
+    target=st.tuples(*[st.sampled_from([1, 2, 4]) for _ in range(4)]),
+    copies=st.sampled_from([1, 2]),
+)
+def test_rank_loads_equal_the_per_rank_reference(shape: tuple[int, ...], source: tuple[int, ...],
+                                                 target: tuple[int, ...], copies: int) -> None:
+    src, dst = Layout(*source), Layout(*target)
+    if not (src.fits(shape) and dst.fits(shape)):
+        return
+    devices = src.ranks * dst.ranks * copies
+    loads = rank_loads(shape, src, dst, devices)
+    for transfer in redistribution(shape, src, dst, devices):
+        rank = transfer.rank
+        assert loads.elements[rank] == transfer.elements
+        assert loads.peers[rank] == len(transfer.peers)
+        assert loads.lowest[rank] == min((rank, *transfer.peers))
+        assert loads.highest[rank] == max((rank, *transfer.peers))

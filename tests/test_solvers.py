@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from planner.brute_force import solve_brute_force
 from planner.chain import solve_chain
 from planner.cost_table import CostTable
+from planner.elimination import solve_elimination
+from planner.exact import solve_exact
 from planner.ilp import available_solvers, solve_ilp
 
 costs = st.floats(0.0, 10.0, allow_nan=False)
@@ -111,3 +113,33 @@ def test_the_solvers_are_pure_python() -> None:
 
     code = "import sys, planner.ilp, planner.chain, planner.brute_force; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@settings(max_examples=80, deadline=None)
+@given(dags())
+def test_elimination_equals_brute_force_where_it_applies(table: CostTable) -> None:
+    free = CostTable(table.layers, table.options, table.node_s, table.edge_s, table.memory_bytes, None)
+    try:
+        found = solve_elimination(free)
+    except ValueError:
+        return  # tree-width above two: the ILP's job
+    assert found.objective_s == pytest.approx(solve_brute_force(free).objective_s, rel=1e-9, abs=1e-12)
+    assert found.objective_s == pytest.approx(free.objective(found.choice), rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags())
+def test_solve_exact_equals_brute_force_with_memory(table: CostTable) -> None:
+    assert solve_exact(table).objective_s == pytest.approx(solve_brute_force(table).objective_s, rel=1e-9, abs=1e-9)
+
+
+def test_elimination_on_a_residual_block() -> None:
+    # a → b → c with a skip a → c: a triangle, tree-width two; the skip makes "all o1" the optimum.
+    layers = ("a", "b", "c")
+    table = CostTable(layers, {name: ("o0", "o1") for name in layers},
+                      {"a": (1.0, 1.2), "b": (1.0, 1.1), "c": (1.0, 1.0)},
+                      {("a", "b"): ((0.0, 1.0), (1.0, 0.0)), ("b", "c"): ((0.0, 1.0), (1.0, 0.0)),
+                       ("a", "c"): ((5.0, 5.0), (5.0, 0.0))})
+    found = solve_elimination(table)
+    assert found.labels(table) == {"a": "o1", "b": "o1", "c": "o1"}
+    assert found.objective_s == pytest.approx(3.3)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import networkx as nx
 import pytest
 
 from calibrate.presets import preset_cluster, preset_profile
 from conftest import build_model
 from cost_models.graph import trace
-from cost_models.layout import Layout
+from cost_models.layout import Layout, layouts_dividing
 from planner.chain import solve_chain
+from planner.exact import solve_exact
 from planner.ilp import solve_ilp
-from cost_models.layout import layouts_dividing
-from planner.space import build_space
+from planner.space import build_space, decision_groups
 
 
 def test_layouts_dividing() -> None:
@@ -25,27 +26,45 @@ def unet_space():  # noqa: ANN201
     return graph, build_space(graph, preset_profile("a100"), preset_cluster("a100", 2), 2)
 
 
+def test_decisions_cover_every_layer_once_and_followers_share_their_producer(unet_space) -> None:  # noqa: ANN001
+    graph, space = unet_space
+    members = [layer for group in space.members.values() for layer in group]
+    assert sorted(members) == sorted(graph.compute_layers())
+    for head, group in space.members.items():
+        for follower in group[1:]:
+            assert graph.nodes[follower]["kind"] in ("batchnorm", "activation", "dropout", "identity", "add", "mul",
+                                                      "elementwise")
+        assert set(space.candidates[head]) <= {Layout(n=2), Layout(c=2), Layout(h=2), Layout(w=2)}  # all devices
+
+
 def test_candidates_respect_kinds_and_shapes(unet_space) -> None:  # noqa: ANN001
     graph, space = unet_space
-    assert set(space.candidates) == set(graph.compute_layers())
-    head = space.candidates["head"]
+    unpruned = build_space(graph, preset_profile("a100"), preset_cluster("a100", 2), 2, prune=False)
+    head = unpruned.candidates["head"]
     assert Layout(n=2) in head and Layout(h=2) in head and Layout(c=2) in head
-    for name, layouts in space.candidates.items():
+    for name, layouts in unpruned.candidates.items():
         if graph.nodes[name]["kind"] == "cat":
             assert all(layout.c == 1 for layout in layouts)  # concatenation along channels is never channel-split
 
 
-def test_the_ilp_plan_beats_both_baselines_on_its_objective(unet_space) -> None:  # noqa: ANN001
+def test_pruning_keeps_the_optimum() -> None:
+    graph = trace(build_model("resnet18"), (4, 3, 128, 128))
+    profile, cluster = preset_profile("v100"), preset_cluster("v100", 4)
+    pruned = build_space(graph, profile, cluster, 4, memory_limit_bytes=cluster.memory_bytes)
+    full = build_space(graph, profile, cluster, 4, memory_limit_bytes=cluster.memory_bytes, prune=False)
+    assert pruned.pruned > 0 and full.pruned == 0
+    for small, large in ((pruned.table, full.table), (pruned.hidden_allreduce, full.hidden_allreduce)):
+        assert solve_exact(small).objective_s == pytest.approx(solve_exact(large).objective_s, rel=1e-9)
+
+
+def test_the_exact_plan_beats_every_uniform_layout_on_its_objective(unet_space) -> None:  # noqa: ANN001
     graph, space = unet_space
-    table = space.table
-    best = solve_ilp(table)
+    best = solve_ilp(space.table)
     assert best.status == "Optimal"
-    sample = {name: table.options[name].index("n2") for name in table.layers}
-    assert best.objective_s <= table.objective(sample) + 1e-12
-    for label in ("n1", "n2", "h2", "w2"):
-        if all(label in table.options[name] for name in table.layers):
-            uniform = {name: table.options[name].index(label) for name in table.layers}
-            assert best.objective_s <= table.objective(uniform) + 1e-12
+    assert best.objective_s == pytest.approx(solve_exact(space.table).objective_s, rel=1e-9)
+    assert space.uniform_s
+    for objective in space.uniform_s.values():
+        assert best.objective_s <= objective + 1e-12
 
 
 def test_on_a_chain_model_the_ilp_equals_the_shortest_path() -> None:
@@ -53,3 +72,26 @@ def test_on_a_chain_model_the_ilp_equals_the_shortest_path() -> None:
     space = build_space(graph, preset_profile("a100"), preset_cluster("a100", 2), 2)
     assert space.table.is_chain()
     assert solve_ilp(space.table).objective_s == pytest.approx(solve_chain(space.table).objective_s, rel=1e-9, abs=1e-12)
+
+
+def test_an_add_that_would_close_a_circle_is_its_own_decision() -> None:
+    import torch
+    from torch import nn
+
+    class Loop(nn.Module):  # out = y + conv2(relu(y)): following y would make the decisions depend on each other
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2, self.relu = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1), nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv1(x)
+            return y + self.conv2(self.relu(y))
+
+    graph = trace(Loop(), (2, 3, 8, 8))
+    groups = decision_groups(graph)
+    add = next(name for name in graph.compute_layers() if graph.nodes[name]["kind"] == "add")
+    assert add in groups and groups["conv1"] == ("conv1", "relu")
+    head_of = {layer: head for head, members in groups.items() for layer in members}
+    contracted = nx.DiGraph((head_of[u], head_of[v]) for u, v in graph.edges
+                            if u in head_of and v in head_of and head_of[u] != head_of[v])
+    assert nx.is_directed_acyclic_graph(contracted)

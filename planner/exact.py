@@ -1,0 +1,42 @@
+"""One entry point for an exact solve.
+
+The shortest path on chains, min-sum elimination on graphs of tree-width two
+(residual networks), when their optimum fits in memory; the ILP otherwise
+(a binding memory limit, or denser graphs such as DenseNet).
+"""
+
+from __future__ import annotations
+
+from cost_models.errors import InputError
+from planner.chain import solve_chain
+from planner.cost_table import CostTable, Solution
+from planner.elimination import solve_elimination
+from planner.ilp import solve_ilp
+
+__all__ = ["solve_exact"]
+
+
+def solve_exact(table: CostTable, solver: str = "cbc", time_limit_s: float | None = None) -> Solution:
+    """The optimal option per layer of ``table`` (best found, with its gap, under a time limit).
+
+    Raises:
+        InputError: Nothing fits in memory (with how much is missing and what would help).
+    """
+    free = CostTable(table.layers, table.options, table.node_s, table.edge_s, table.memory_bytes, None)
+    try:
+        unconstrained = solve_chain(free) if table.is_chain() or len(table.layers) == 1 else solve_elimination(free)
+        if table.fits(unconstrained.choice):
+            return unconstrained
+    except ValueError:  # tree-width above two: the ILP handles any graph
+        pass
+    try:
+        return solve_ilp(table, solver, time_limit_s)
+    except ValueError as err:
+        least = sum(min(table.memory_bytes[layer]) for layer in table.layers if layer in table.memory_bytes)
+        if table.memory_limit_bytes is not None and least > table.memory_limit_bytes:
+            raise InputError(
+                f"no plan fits: the leanest layouts need {least / 2**30:.2f} GiB per rank, the devices have "
+                f"{table.memory_limit_bytes / 2**30:.2f} GiB ({(least - table.memory_limit_bytes) / 2**30:.2f} GiB "
+                f"short); use more devices, splits that shrink activations (spatial) and weights (channel), "
+                f"or pipeline stages (--max-stages)") from err
+        raise InputError(f"the solver found no plan: {err}") from err
