@@ -14,8 +14,9 @@ else
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 endif
 
-DEMO_MODEL ?= torchvision:resnet50
-DEMO_SHAPE ?= 64,3,2048,2048
+DEMO_MODEL   ?= torchvision:resnet50
+DEMO_SHAPE   ?= 64,3,2048,2048
+DEMO_DEVICES ?= 64
 
 .PHONY: setup demo test clean
 
@@ -29,7 +30,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/parplan inspect --model $(DEMO_MODEL) --input-shape $(DEMO_SHAPE)
+	$(BIN)/parplan plan --model $(DEMO_MODEL) --input-shape $(DEMO_SHAPE) --profile h100 \
+		--devices $(DEMO_DEVICES) --devices-per-node 8 --out demo-plan.json
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -18,8 +18,10 @@ Assumptions:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from math import lcm, prod
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +32,8 @@ from cost_models.layout import Layout
 from cost_models.profile import Profile
 from cost_models.redistribution import rank_loads
 
-__all__ = ["allreduce_s", "halo_exchange_s", "redistribution_row_s", "redistribution_s"]
+__all__ = ["MovePattern", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "pattern_s",
+           "redistribution_row_s", "redistribution_s", "sendrecv_coefficients"]
 
 
 def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes: float) -> float:
@@ -87,3 +90,64 @@ def redistribution_row_s(profile: Profile, cluster: Cluster, shape: Sequence[int
         seconds = np.where(busy, alpha_s * loads.peers + beta_s * loads.elements.astype(np.float64), 0.0)
         worst = np.maximum(worst, seconds.max(axis=1))
     return worst.tolist()
+
+
+@dataclass(frozen=True)
+class MovePattern:
+    """The part of a redistribution that does not depend on the tensor's extents.
+
+    Between two layouts whose splits nest (along every dimension one part
+    count divides the other) and divide the tensor exactly, every rank's
+    wanted box overlaps the same number of source parts (``parts``); a rank
+    either holds one of them itself or not, and its peers are on its node or
+    not. ``cases`` lists the ``(holds own part, spans nodes)`` pairs that occur.
+    """
+
+    parts: int
+    cases: tuple[tuple[bool, bool], ...]
+
+
+def nested(source: Layout, target: Layout, shape: Sequence[int]) -> bool:
+    """Whether :func:`move_patterns` applies: nesting splits that divide ``shape`` exactly."""
+    return all(extent % p == 0 and extent % q == 0 and (p % q == 0 or q % p == 0)
+               for extent, p, q in zip(shape, source.parts(), target.parts()))
+
+
+def move_patterns(cluster: Cluster, source: Layout, targets: Sequence[Layout], devices: int) -> list[MovePattern]:
+    """The :class:`MovePattern` from ``source`` to each of ``targets`` (all nested with it), computed together."""
+    extents = [lcm(p, *(target.parts()[d] for target in targets)) for d, p in enumerate(source.parts())]
+    loads = rank_loads(extents, source, targets, devices)
+    spans = loads.lowest // cluster.devices_per_node != loads.highest // cluster.devices_per_node
+    holds = loads.elements < np.prod([e // q for e, q in zip(extents, np.array([t.parts() for t in targets]).T)],
+                                     axis=0)[:, None]
+    parts = (loads.peers + holds).max(axis=1)  # the same on every rank
+    present = {(h, v): np.any((holds == h) & (spans == v), axis=1) for h in (False, True) for v in (False, True)}
+    return [MovePattern(int(parts[index]), tuple(case for case in sorted(present) if present[case][index]))
+            for index in range(len(targets))]
+
+
+def sendrecv_coefficients(profile: Profile, itemsize: int) -> dict[bool, tuple[float, float]]:
+    """Per link (``True``: between nodes) the α in seconds and the β in seconds per element of one message."""
+    found = {}
+    for inter, level in ((False, "intra"), (True, "inter")):
+        alpha_s = profile.comm_time_s("sendrecv", level, 2, 0)
+        found[inter] = (alpha_s, profile.comm_time_s("sendrecv", level, 2, itemsize) - alpha_s)
+    return found
+
+
+def pattern_s(coefficients: Mapping[bool, tuple[float, float]], pattern: MovePattern, shape: Sequence[int],
+              source: Layout, target: Layout) -> float:
+    """:func:`redistribution_s` of a ``shape`` tensor from its pattern (nested layouts only).
+
+    Args:
+        coefficients: :func:`sendrecv_coefficients` of the profile and element size.
+    """
+    wanted = prod(extent // q for extent, q in zip(shape, target.parts()))
+    own = prod(extent // max(p, q) for extent, p, q in zip(shape, source.parts(), target.parts()))
+    worst = 0.0
+    for holds, spans in pattern.cases:
+        peers = pattern.parts - holds
+        if peers > 0:
+            alpha_s, beta_s = coefficients[spans]
+            worst = max(worst, alpha_s * peers + beta_s * (wanted - own * holds))
+    return worst

@@ -156,8 +156,12 @@ def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, opt
         pass
     if space.uniform_s:
         best = min(space.uniform_s, key=lambda layout: (space.uniform_s[layout], layout.parts()))
-        found.append(_baseline(f"best single layout ({best})", graph, profile, cluster,
-                               {name: best for name in layers}, optimizer))
+        per_decision = space.uniform_layouts[best]
+        others = sorted({str(layout) for layout in per_decision.values() if layout != best})
+        name = f"best single layout ({best}" + (f"; {', '.join(others)} where it does not apply)" if others else ")")
+        found.append(_baseline(name, graph, profile, cluster,
+                               {layer: per_decision[head] for head, members in space.members.items() for layer in members},
+                               optimizer))
     return tuple(found)
 
 

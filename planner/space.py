@@ -43,7 +43,8 @@ import networkx as nx
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.comm_cost import redistribution_row_s
+from cost_models.comm_cost import (MovePattern, move_patterns, nested, pattern_s, redistribution_row_s,
+                                  sendrecv_coefficients)
 from cost_models.estimate import edge_move
 from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import layer_cost
@@ -74,6 +75,7 @@ class Space:
     considered: int
     pruned: int
     uniform_s: Mapping[Layout, float]
+    uniform_layouts: Mapping[Layout, Mapping[str, Layout]]
 
     def layouts(self, choice: Mapping[str, int]) -> dict[str, Layout]:
         """Every layer's layout from one option index per decision."""
@@ -164,7 +166,8 @@ def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, op
     full, hidden = _tables(kept_rows, edges, costs, memory_limit_bytes)
     candidates = {head: tuple(row[0] for row in options) for head, options in kept_rows.items()}
     return Space(candidates, groups, full, hidden, considered, considered - sum(map(len, candidates.values())),
-                 {layout: objective[0] for layout, objective in uniform.items()})
+                 {layout: objective[0] for layout, objective in uniform.items()},
+                 {layout: objective[2] for layout, objective in uniform.items()})
 
 
 class LayerCosts:
@@ -185,6 +188,8 @@ class LayerCosts:
         self.layer_seen: dict[tuple[str, Layout], tuple[float, float, int] | None] = {}
         self.moved_s: dict[tuple[Any, Layout, Layout], float] = {}
         self.matrix_seen: dict[tuple[Any, ...], list[list[float]]] = {}
+        self.patterns: dict[tuple[Layout, Layout], MovePattern] = {}
+        self.coefficients = sendrecv_coefficients(profile, self.itemsize)
         self.shape_key = {name: json.dumps(data["output_shape"]) for name, data in graph.nodes(data=True)}
         self.signature = {name: json.dumps({k: v for k, v in data.items() if k != "module"}, sort_keys=True)
                           for name, data in graph.nodes(data=True)}
@@ -213,6 +218,13 @@ class LayerCosts:
             self.rows_seen[members] = _decision_rows(self.graph, self, members, self.devices)
         return self.rows_seen[members]
 
+    def _add_patterns(self, start: Layout, ends: list[Layout]) -> None:
+        """Shape-independent redistribution patterns, so each pair of layouts is examined rank by rank once."""
+        missing = [end for end in ends if (start, end) not in self.patterns]
+        if missing:
+            found = move_patterns(self.cluster, start, missing, self.devices)
+            self.patterns.update({(start, end): pattern for end, pattern in zip(missing, found)})
+
     def edge(self, source: str, target: str, have: Layout, layout: Layout) -> float:
         """Redistribution seconds (forward and backward) on the edge ``source → target``."""
         return self.edge_matrix(source, target, (have,), (layout,))[0][0]
@@ -238,13 +250,21 @@ class LayerCosts:
                             wanted.setdefault((move[0], start), []).append(end)
         for (shape, start), ends in wanted.items():
             ends = list(dict.fromkeys(ends))
-            seconds = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize, start, ends, self.devices)
-            self.moved_s.update({(shape, start, end): value for end, value in zip(ends, seconds)})
+            patterned = [end for end in ends if nested(start, end, shape)]
+            self._add_patterns(start, patterned)
+            self.moved_s.update({(shape, start, end): pattern_s(self.coefficients, self.patterns[(start, end)], shape,
+                                                                start, end) for end in patterned})
+            rest = [end for end in ends if not nested(start, end, shape)]
+            if rest:
+                seconds = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize, start, rest,
+                                               self.devices)
+                self.moved_s.update({(shape, start, end): value for end, value in zip(rest, seconds)})
         return [[0.0 if move is None else self.moved_s[(move[0], move[1], move[2])]
                  + self.moved_s[(move[0], move[2], move[1])] for move in row] for row in moves]
 
 
 _Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the allreduce hidden, bytes
+_Uniform = tuple[float, float, dict[str, Layout]]  # seconds, seconds with the allreduce hidden, layout per decision
 
 
 def _decision_rows(graph: Any, costs: LayerCosts, members: tuple[str, ...], devices: int) -> list[_Row]:
@@ -296,24 +316,29 @@ def _decision_edges(graph: Any, groups: Mapping[str, tuple[str, ...]]) -> dict[t
 
 
 def _uniform_objectives(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
-                        costs: LayerCosts, memory_limit_bytes: int | None) -> dict[Layout, tuple[float, float]]:
-    """Objectives (full, hidden allreduce) of every layout every decision can take, where it fits in memory."""
-    shared = [row[0] for row in next(iter(rows.values()))]
+                        costs: LayerCosts, memory_limit_bytes: int | None) -> dict[Layout, _Uniform]:
+    """Objectives (full, hidden allreduce) of each layout used wherever it applies, where it fits in memory.
+
+    A decision that cannot take the layout (too small to split that way)
+    takes its widest pure sample layout, or its fastest layout if it has none.
+    """
+    fallback = {head: min(options, key=lambda row: (row[0].c * row[0].h * row[0].w > 1, -row[0].n, row[1]))
+                for head, options in rows.items()}
     found = {}
-    for layout in shared:
-        chosen = [next((row for row in options if row[0] == layout), None) for options in rows.values()]
-        if any(row is None for row in chosen):
+    for layout in (row[0] for row in next(iter(rows.values()))):
+        chosen = {head: next((row for row in options if row[0] == layout), fallback[head])
+                  for head, options in rows.items()}
+        if memory_limit_bytes is not None and sum(row[3] for row in chosen.values()) > memory_limit_bytes:
             continue
-        if memory_limit_bytes is not None and sum(row[3] for row in chosen) > memory_limit_bytes:  # type: ignore[index]
-            continue
-        moved = sum(costs.edge(u, v, layout, layout) for links in edges.values() for u, v in links)
-        found[layout] = (sum(row[1] for row in chosen) + moved, sum(row[2] for row in chosen) + moved)  # type: ignore[index]
+        moved = sum(costs.edge(u, v, chosen[a][0], chosen[b][0]) for (a, b), links in edges.items() for u, v in links)
+        found[layout] = (sum(row[1] for row in chosen.values()) + moved, sum(row[2] for row in chosen.values()) + moved,
+                         {head: row[0] for head, row in chosen.items()})
     return found
 
 
 def _upper_bounds(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
                   costs: LayerCosts, memory_limit_bytes: int | None,
-                  uniform: Mapping[Layout, tuple[float, float]]) -> tuple[float | None, float | None]:
+                  uniform: Mapping[Layout, _Uniform]) -> tuple[float | None, float | None]:
     """Objectives (full, hidden allreduce) of the best plans found among uniform layouts and a restricted table."""
     restricted = {head: _restricted(options) for head, options in rows.items()}
     bounds = []

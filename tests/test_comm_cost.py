@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_models.cluster import Cluster, Link
@@ -59,3 +59,30 @@ def test_redistribution_cost_of_the_busiest_rank() -> None:
     assert redistribution_s(PROFILE, CLUSTER, (8, 4, 8, 8), 4, Layout(n=4), Layout(n=4), 4) == 0.0
     across = redistribution_s(PROFILE, CLUSTER, (8, 4, 8, 8), 4, Layout(n=8), Layout(h=8), 8)
     assert across > seconds  # peers on the other node use the slower link
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    source=st.tuples(*[st.sampled_from([1, 2, 4]) for _ in range(4)]),
+    target=st.tuples(*[st.sampled_from([1, 2, 4]) for _ in range(4)]),
+    scale=st.tuples(*[st.sampled_from([1, 2, 3]) for _ in range(4)]),
+    per_node=st.sampled_from([1, 2, 4, 8]),
+)
+def test_move_patterns_give_the_per_rank_answer(source: tuple[int, ...], target: tuple[int, ...],
+                                                scale: tuple[int, ...], per_node: int) -> None:
+    from calibrate.presets import preset_profile
+    from cost_models.comm_cost import move_patterns, nested, pattern_s, redistribution_s, sendrecv_coefficients
+
+    src, dst = Layout(*source), Layout(*target)
+    devices = max(src.ranks, dst.ranks) * 2
+    if devices % src.ranks or devices % dst.ranks:
+        return
+    shape = tuple(4 * k for k in scale)
+    if not nested(src, dst, shape):
+        return
+    profile = preset_profile("a100")
+    cluster = Cluster(devices, min(per_node, devices), 10**9, Link(1e-6, 1e10), Link(1e-5, 1e9))
+    pattern = move_patterns(cluster, src, [dst], devices)[0]
+    expected = redistribution_s(profile, cluster, shape, 4, src, dst, devices)
+    seconds = pattern_s(sendrecv_coefficients(profile, 4), pattern, shape, src, dst)
+    assert seconds == pytest.approx(expected, rel=1e-12, abs=1e-15)
