@@ -47,7 +47,7 @@ from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.profile import Profile
 
-__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "edge_move", "edge_s", "estimate"]
+__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "edge_layouts", "edge_move", "edge_s", "estimate"]
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -184,14 +184,24 @@ def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, l
             + redistribution_s(profile, cluster, shape4, itemsize, want, have, devices))
 
 
-def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
-              layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
-    """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
+def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
+                 layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
+    """The 4-D shape, held and wanted layouts of the edge's tensor; ``None`` for edges free by rule (the input).
+
+    Each layout projects on its own: a 2-D tensor keeps ``n`` and ``c``; a
+    filter-split reader (``c > 1`` on a convolution or linear layer) wants ``c = 1``.
+    """
     shape = source["output_shape"]
     if source["kind"] == "input" or not shape or isinstance(shape[0], list):
         return None
-    shape4, have, want = _as_4d(shape, have, _input_layout(target["kind"], layout))
-    return None if have == want else (shape4, have, want)
+    return _as_4d(shape, have, _input_layout(target["kind"], layout))
+
+
+def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
+              layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
+    """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
+    move = edge_layouts(source, target, have, layout)
+    return None if move is None or move[1] == move[2] else move
 
 
 def _input_layout(kind: str, layout: Layout) -> Layout:

@@ -40,19 +40,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import networkx as nx
+import numpy as np
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.comm_cost import (MovePattern, move_patterns, nested, pattern_s, redistribution_row_s,
-                                  sendrecv_coefficients)
-from cost_models.estimate import edge_move
 from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import layer_cost
 from cost_models.layout import Layout, layouts_dividing
-from cost_models.local_problem import DENSE_KINDS, local_problem
+from cost_models.local_problem import local_problem
 from cost_models.memory import layer_memory
 from cost_models.profile import Profile
 from planner.cost_table import CostTable
+from planner.edge_costs import EdgeCosts
 from planner.exact import solve_exact
 from planner.prune import surviving_options
 
@@ -186,11 +185,7 @@ class LayerCosts:
         self.dtype = graph.graph["dtype"]
         self.itemsize = dtype_itemsize(self.dtype)
         self.layer_seen: dict[tuple[str, Layout], tuple[float, float, int] | None] = {}
-        self.moved_s: dict[tuple[Any, Layout, Layout], float] = {}
-        self.matrix_seen: dict[tuple[Any, ...], list[list[float]]] = {}
-        self.patterns: dict[tuple[Layout, Layout], MovePattern] = {}
-        self.coefficients = sendrecv_coefficients(profile, self.itemsize)
-        self.shape_key = {name: json.dumps(data["output_shape"]) for name, data in graph.nodes(data=True)}
+        self.edges = EdgeCosts(graph, profile, cluster, devices, self.itemsize)
         self.signature = {name: json.dumps({k: v for k, v in data.items() if k != "module"}, sort_keys=True)
                           for name, data in graph.nodes(data=True)}
 
@@ -218,49 +213,9 @@ class LayerCosts:
             self.rows_seen[members] = _decision_rows(self.graph, self, members, self.devices)
         return self.rows_seen[members]
 
-    def _add_patterns(self, start: Layout, ends: list[Layout]) -> None:
-        """Shape-independent redistribution patterns, so each pair of layouts is examined rank by rank once."""
-        missing = [end for end in ends if (start, end) not in self.patterns]
-        if missing:
-            found = move_patterns(self.cluster, start, missing, self.devices)
-            self.patterns.update({(start, end): pattern for end, pattern in zip(missing, found)})
-
     def edge(self, source: str, target: str, have: Layout, layout: Layout) -> float:
         """Redistribution seconds (forward and backward) on the edge ``source → target``."""
-        return self.edge_matrix(source, target, (have,), (layout,))[0][0]
-
-    def edge_matrix(self, source: str, target: str, haves: tuple[Layout, ...],
-                    layouts: tuple[Layout, ...]) -> list[list[float]]:
-        """:meth:`edge` for every pair of ``haves`` and ``layouts``; missing moves are computed a row at a time."""
-        src, dst = self.graph.nodes[source], self.graph.nodes[target]
-        key = (src["kind"] == "input", self.shape_key[source], dst["kind"] in DENSE_KINDS, haves, layouts)
-        if key not in self.matrix_seen:
-            self.matrix_seen[key] = self._edge_matrix(src, dst, haves, layouts)
-        return self.matrix_seen[key]
-
-    def _edge_matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
-                     layouts: tuple[Layout, ...]) -> list[list[float]]:
-        moves = [[edge_move(src, dst, have, layout) for layout in layouts] for have in haves]
-        wanted: dict[tuple[Any, Layout], list[Layout]] = {}
-        for row in moves:
-            for move in row:
-                if move is not None:
-                    for start, end in ((move[1], move[2]), (move[2], move[1])):  # forward, and the gradient back
-                        if (move[0], start, end) not in self.moved_s:
-                            wanted.setdefault((move[0], start), []).append(end)
-        for (shape, start), ends in wanted.items():
-            ends = list(dict.fromkeys(ends))
-            patterned = [end for end in ends if nested(start, end, shape)]
-            self._add_patterns(start, patterned)
-            self.moved_s.update({(shape, start, end): pattern_s(self.coefficients, self.patterns[(start, end)], shape,
-                                                                start, end) for end in patterned})
-            rest = [end for end in ends if not nested(start, end, shape)]
-            if rest:
-                seconds = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize, start, rest,
-                                               self.devices)
-                self.moved_s.update({(shape, start, end): value for end, value in zip(rest, seconds)})
-        return [[0.0 if move is None else self.moved_s[(move[0], move[1], move[2])]
-                 + self.moved_s[(move[0], move[2], move[1])] for move in row] for row in moves]
+        return float(self.edges.matrix(source, target, (have,), (layout,))[0, 0])
 
 
 _Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the allreduce hidden, bytes
@@ -367,9 +322,8 @@ def _tables(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list
     matrices = {}
     for (head_u, head_v), links in edges.items():
         haves, layouts = tuple(row[0] for row in rows[head_u]), tuple(row[0] for row in rows[head_v])
-        parts = [costs.edge_matrix(u, v, haves, layouts) for u, v in links]
-        matrices[(head_u, head_v)] = tuple(tuple(sum(part[i][j] for part in parts) for j in range(len(layouts)))
-                                           for i in range(len(haves)))
+        total = sum(costs.edges.matrix(u, v, haves, layouts) for u, v in links)
+        matrices[(head_u, head_v)] = tuple(tuple(row) for row in np.asarray(total).tolist())
     full = CostTable(heads, labels, {h: tuple(r[1] for r in o) for h, o in rows.items()}, matrices, memory,
                      memory_limit_bytes)
     hidden = CostTable(heads, labels, {h: tuple(r[2] for r in o) for h, o in rows.items()}, matrices, memory,

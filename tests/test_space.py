@@ -95,3 +95,32 @@ def test_an_add_that_would_close_a_circle_is_its_own_decision() -> None:
     contracted = nx.DiGraph((head_of[u], head_of[v]) for u, v in graph.edges
                             if u in head_of and v in head_of and head_of[u] != head_of[v])
     assert nx.is_directed_acyclic_graph(contracted)
+
+
+@pytest.mark.parametrize("devices", [8, 6])
+def test_edge_matrices_equal_the_estimate_edge_costs(devices: int) -> None:
+    from cost_models.cluster import Cluster
+    from cost_models.estimate import edge_s
+    from cost_models.graph import dtype_itemsize
+    from planner.edge_costs import EdgeCosts
+
+    graph = trace(build_model("resnet18"), (12, 3, 32, 32))
+    profile = preset_profile("a100")
+    cluster = Cluster(devices, 2, 10**10, preset_cluster("a100", 8).intra, preset_cluster("a100", 16).inter)
+    costs = EdgeCosts(graph, profile, cluster, devices, dtype_itemsize("float32"))
+    layouts = tuple(layout for layout in layouts_dividing(devices) if layout.ranks == devices)
+    for source, target in (("layer1_0_relu", "layer1_0_conv2"), ("avgpool", "flatten"), ("flatten", "fc"),
+                           ("layer2_0_bn2", "add_2")):
+        src, dst = graph.nodes[source], graph.nodes[target]
+        fits = tuple(layout for layout in layouts if _splits(src["output_shape"], layout))
+        matrix = costs.matrix(source, target, fits, fits)
+        for i, have in enumerate(fits):
+            for j, want in enumerate(fits):
+                expected = edge_s(src, dst, have, want, devices, profile, cluster, 4)
+                assert matrix[i, j] == pytest.approx(expected, rel=1e-12, abs=1e-15), (source, have, want)
+
+
+def _splits(shape: list[int], layout: Layout) -> bool:
+    if len(shape) == 4:
+        return layout.fits(tuple(shape))
+    return layout.h == layout.w == 1 and shape[0] >= layout.n and shape[1] >= layout.c
