@@ -183,10 +183,11 @@ def print_plan_summary(document: dict[str, Any], path: str, console: Console | N
     """``parplan plan``: per layer its layout and stage, the prediction, the search, and the baselines side by side."""
     console = console or Console(width=None if sys.stdout.isatty() else 200)
     console.print(_decision_table(document["decisions"], explain))
-    predicted, solver = document["predicted"], document.get("solver")
+    predicted, solver = document["predicted"], document["solver"]
     console.print(f"wrote {path}: {document['summary']}")
-    how = (f"solver {solver['name']} {solver['status']} in {solver['seconds']:.2f} s" if solver
-           else "a baseline was fastest")
+    how = f"solver {solver['name']} {solver['status']} in {solver['seconds']:.2f} s" if solver else "no exact solve"
+    if document["chosen_from"] != "search":
+        how += f"; the full estimate priced the baseline '{document['chosen_from']}' fastest, so it is the plan"
     console.print(f"predicted {predicted['iteration_s'] * 1e3:.2f} ms per iteration, "
                   f"{format_bytes(predicted['memory_bytes_max'])} per rank · {how} · {document['candidates']} "
                   f"candidates kept, {document['pruned']} pruned · search {document['search_s']:.1f} s")

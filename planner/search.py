@@ -69,6 +69,7 @@ class PlanResult:
     considered: tuple[Considered, ...]
     runner_ups: Mapping[str, RunnerUp]
     search_s: float
+    chosen_from: str  # "search", or the name of the baseline that the full estimate priced fastest
 
 
 def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cbc", time_limit_s: float | None = None,
@@ -81,7 +82,7 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
     """
     started = time.perf_counter()
     space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes)
-    found, explained = [], {}
+    found: list[tuple[Plan, Estimate, Mapping[str, RunnerUp]]] = []
     failure = None
     for table in (space.table, space.hidden_allreduce):  # allreduce counted in full / fully hidden
         try:
@@ -94,33 +95,35 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
         plan = _plan(graph, cluster, _stage_zero(space.layouts(solution.choice)), Pipeline(1, (cluster.devices,)),
                      None, info, model_spec)
         predicted = estimate(graph, plan, profile, optimizer=optimizer)
-        explained[plan.summary()] = runner_ups(table, solution.choice)
-        found.append((plan, predicted))
+        found.append((plan, predicted, runner_ups(table, solution.choice)))
     if max_stages > 1:
         def make(assignments: Mapping[str, LayerAssignment], pipeline: Pipeline, info: SolverInfo) -> Plan:
             return _plan(graph, cluster, assignments, pipeline, None, info, model_spec)
-        found += [(c.plan, c.estimate) for c in search_pipelines(graph, profile, cluster, make, max_stages, schedule,
-                                                                 max_staleness, optimizer, solver, time_limit_s)]
+        found += [(c.plan, c.estimate, c.runner_ups)
+                  for c in search_pipelines(graph, profile, cluster, make, max_stages, schedule, max_staleness,
+                                            optimizer, solver, time_limit_s)]
     baselines = _baselines(graph, profile, cluster, space, optimizer)
-    return _choose(graph, cluster, space, found, baselines, explained, failure, time.perf_counter() - started)
+    return _choose(cluster, space, found, baselines, failure, time.perf_counter() - started)
 
 
-def _choose(graph: Any, cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate]],
-            baselines: tuple[Baseline, ...], explained: Mapping[str, Mapping[str, RunnerUp]],
-            failure: InputError | None, elapsed_s: float) -> PlanResult:
-    pool = found + [(b.plan, b.estimate) for b in baselines]
+def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Mapping[str, RunnerUp]]],
+            baselines: tuple[Baseline, ...], failure: InputError | None, elapsed_s: float) -> PlanResult:
+    pool = [(plan, predicted) for plan, predicted, _ in found] + [(b.plan, b.estimate) for b in baselines]
     fitting = [(predicted.iteration_s, index) for index, (_, predicted) in enumerate(pool)
                if predicted.memory_bytes_max <= cluster.memory_bytes]
     if not fitting:
         raise failure or _nothing_fits(pool, cluster)
-    plan, predicted = pool[min(fitting)[1]]
+    index = min(fitting)[1]
+    plan, predicted = pool[index]
     prediction = Prediction(predicted.iteration_s, predicted.memory_bytes_max, dict(predicted.breakdown_s))
-    chosen = replace(plan, predicted=prediction)
+    solved = next((p.solver for p, _, _ in found if p.solver is not None), None)
+    chosen = replace(plan, predicted=prediction, solver=plan.solver or solved)
+    chosen_from = "search" if index < len(found) else baselines[index - len(found)].name
     considered = tuple(Considered(p.summary(), e.iteration_s, e.memory_bytes_max, e.memory_bytes_max <= cluster.memory_bytes)
-                       for p, e in found)
+                       for p, e, _ in found)
     candidates = sum(len(options) for options in space.candidates.values())
     return PlanResult(chosen, predicted, baselines, candidates, space.pruned, considered,
-                      explained.get(plan.summary(), {}), elapsed_s)
+                      found[index][2] if index < len(found) else {}, elapsed_s, chosen_from)
 
 
 def _nothing_fits(pool: list[tuple[Plan, Estimate]], cluster: Cluster) -> InputError:

@@ -33,6 +33,7 @@ from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
 from planner.cost_table import Solution
 from planner.exact import solve_exact
+from planner.explain import RunnerUp, runner_ups
 from planner.space import LayerCosts, build_space, decision_groups
 
 __all__ = ["PipelineCandidate", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
@@ -47,6 +48,7 @@ class PipelineCandidate:
     plan: Plan
     estimate: Estimate
     fits: bool
+    runner_ups: Mapping[str, RunnerUp]
 
 
 def stage_counts(devices: int, devices_per_node: int, max_stages: int) -> list[int]:
@@ -100,17 +102,19 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
         for name, micro in schedules:
             staleness = dsp_staleness(stages, max_staleness) if name == "stale" else (0,) * stages
             pipeline = Pipeline(stages, (cluster.devices // stages,) * stages, name, micro, staleness)
-            for assignments, info in _stage_layouts(graph, profile, cluster, stages, micro, optimizer, solver,
-                                                    time_limit_s):
+            for assignments, info, explained in _stage_layouts(graph, profile, cluster, stages, micro, optimizer,
+                                                               solver, time_limit_s):
                 plan = make_plan(assignments, pipeline, info)
                 predicted = estimate(graph, plan, profile, optimizer=optimizer)
-                found.append(PipelineCandidate(plan, predicted, predicted.memory_bytes_max <= cluster.memory_bytes))
+                found.append(PipelineCandidate(plan, predicted, predicted.memory_bytes_max <= cluster.memory_bytes,
+                                               explained))
     return found
 
 
 def _stage_layouts(graph: Any, profile: Profile, cluster: Cluster, stages: int, micro: int, optimizer: str,
-                   solver: str, time_limit_s: float | None) -> list[tuple[dict[str, LayerAssignment], SolverInfo]]:
-    """Per allreduce table (full, hidden), every layer's layout and stage and how the stages were solved.
+                   solver: str, time_limit_s: float | None
+                   ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp]]]:
+    """Per allreduce table (full, hidden): every layer's layout and stage, how the stages were solved, runner-ups.
 
     Empty when some stage fits nothing on its devices.
     """
@@ -126,18 +130,20 @@ def _stage_layouts(graph: Any, profile: Profile, cluster: Cluster, stages: int, 
     starts = balanced_cuts(floors, stages)
     results: list[dict[str, LayerAssignment]] = [{}, {}]
     solutions: list[list[Solution]] = [[], []]
+    explained: list[dict[str, RunnerUp]] = [{}, {}]
     for stage, (start, stop) in enumerate(zip(starts, [*starts[1:], len(heads)])):
         space = build_space(scaled, profile, stage_cluster, devices, optimizer, cluster.memory_bytes,
                             decisions=heads[start:stop], costs=costs)
-        for result, solved, table in zip(results, solutions, (space.table, space.hidden_allreduce)):
+        for result, solved, why, table in zip(results, solutions, explained, (space.table, space.hidden_allreduce)):
             try:
                 solution = solve_exact(table, solver, time_limit_s)
             except InputError:  # this stage fits nothing on its devices
                 return []
             solved.append(solution)
+            why.update(runner_ups(table, solution.choice))
             result.update({layer: LayerAssignment(layout, stage)
                            for layer, layout in space.layouts(solution.choice).items()})
-    return [(result, _solver_info(solved)) for result, solved in zip(results, solutions)]
+    return [(result, _solver_info(solved), why) for result, solved, why in zip(results, solutions, explained)]
 
 
 def _solver_info(solutions: list[Solution]) -> SolverInfo:

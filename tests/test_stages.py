@@ -53,6 +53,8 @@ def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: 
     assert any("2 stages sync" in s for s in summaries) and any("4 stages stale≤6" in s for s in summaries)
     assert result.estimate.iteration_s <= min(c.iteration_s for c in result.considered if c.fits) + 1e-12
     assert all(result.estimate.iteration_s <= b.estimate.iteration_s + 1e-12 for b in result.baselines)
+    assert result.chosen_from == "search" and result.runner_ups  # explained, pipeline or not
+    assert all(found.option is None or found.extra_s >= -1e-12 for found in result.runner_ups.values())
     plan = result.plan
     order = resnet18.compute_layers()
     stages = [plan.layers[name].stage for name in order]
