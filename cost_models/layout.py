@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import product
 from typing import Iterator
 
@@ -116,9 +117,14 @@ class Layout:
 
 def layouts_dividing(devices: int) -> list[Layout]:
     """Every Layout whose rank count divides ``devices`` (the rest hold copies), fewest ranks first."""
+    return list(_layouts_dividing(devices))
+
+
+@lru_cache(maxsize=64)
+def _layouts_dividing(devices: int) -> tuple[Layout, ...]:
     divisors = [d for d in range(1, devices + 1) if devices % d == 0]
     layouts = {Layout(n, c, h, w) for n, c, h, w in product(divisors, repeat=4) if devices % (n * c * h * w) == 0}
-    return sorted(layouts, key=lambda layout: (layout.ranks, layout.parts()))
+    return tuple(sorted(layouts, key=lambda layout: (layout.ranks, layout.parts())))
 
 
 def _as_4d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:

@@ -142,6 +142,8 @@ def _range_arrays(extent: int, parts: Any, index: np.ndarray) -> tuple[np.ndarra
 
 def _part_of_array(extent: int, parts: int, position: np.ndarray) -> np.ndarray:
     base, extra = divmod(extent, parts)
+    if extra == 0:  # equal parts
+        return position // base
     big = extra * (base + 1)
     return np.where(position < big, position // (base + 1), extra + (position - big) // max(base, 1))
 

@@ -17,29 +17,68 @@ computes many at once:
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import MovePattern, move_patterns, nested, redistribution_row_s, sendrecv_coefficients
+from cost_models.comm_cost import move_patterns, redistribution_row_s, sendrecv_coefficients
 from cost_models.estimate import edge_layouts
-from cost_models.layout import Layout
+from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.profile import Profile
 
-__all__ = ["EdgeCosts"]
+__all__ = ["EdgeCosts", "PatternTable"]
 
 _CASES = ((False, False), (False, True), (True, False), (True, True))  # (holds own part, spans nodes)
 
 
-class EdgeCosts:
-    """Edge cost matrices of one graph on ``devices`` ranks of ``cluster``, cached by tensor shape and layouts."""
+class PatternTable:
+    """Move patterns between the layouts whose rank count divides ``devices``, examined once per pair.
 
-    def __init__(self, graph: Any, profile: Profile, cluster: Cluster, devices: int, itemsize: int) -> None:
+    Dense tables indexed by layout, shared by every graph and batch size
+    planned on the same devices of the same cluster (patterns do not depend
+    on the tensor).
+    """
+
+    def __init__(self, cluster: Cluster, devices: int) -> None:
+        self.cluster, self.devices = cluster, devices
+        self.layouts = layouts_dividing(devices)
+        self.index = {layout: position for position, layout in enumerate(self.layouts)}
+        self.parts = np.array([layout.parts() for layout in self.layouts], dtype=np.int64)
+        count = len(self.layouts)
+        self.pattern_parts = np.full((count, count), -1, dtype=np.int64)  # -1: not examined yet
+        self.pattern_cases = np.zeros((len(_CASES), count, count), dtype=bool)
+
+    def examine(self, starts: np.ndarray, ends: np.ndarray, patterned: np.ndarray) -> None:
+        """Fill the tables for the nested pairs not examined yet, one start layout at a time."""
+        missing = patterned & (self.pattern_parts[starts][:, ends] < 0)
+        for row in np.nonzero(missing.any(axis=1))[0]:
+            start = starts[row]
+            targets = ends[missing[row]]
+            found = move_patterns(self.cluster, self.layouts[start], [self.layouts[end] for end in targets],
+                                  self.devices)
+            for end, pattern in zip(targets, found):
+                self.pattern_parts[start, end] = pattern.parts
+                for case, flags in enumerate(_CASES):
+                    self.pattern_cases[case, start, end] = flags in pattern.cases
+
+
+class EdgeCosts:
+    """Edge cost matrices of one graph on ``devices`` ranks of ``cluster``, cached by tensor shape and layouts.
+
+    With the patterns of a :class:`PatternTable`, a matrix is priced with
+    array arithmetic over all its pairs at once.
+    """
+
+    def __init__(self, graph: Any, profile: Profile, cluster: Cluster, devices: int, itemsize: int,
+                 patterns: PatternTable | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.itemsize = graph, profile, cluster, devices, itemsize
         self.coefficients = sendrecv_coefficients(profile, itemsize)
-        self.patterns: dict[tuple[Layout, Layout], MovePattern] = {}
+        self.table = patterns or PatternTable(cluster, devices)
+        if (self.table.cluster, self.table.devices) != (cluster, devices):
+            raise ValueError(f"a pattern table for {self.table.devices} devices cannot price moves on {devices}")
+        self.layouts, self.index, self.parts = self.table.layouts, self.table.index, self.table.parts
         self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
         self.shape_key = {name: json.dumps(data["output_shape"]) for name, data in graph.nodes(data=True)}
 
@@ -57,43 +96,39 @@ class EdgeCosts:
         if first is None:  # the model input is loaded in place
             return np.zeros((len(haves), len(layouts)))
         shape = first[0]
-        projected_haves = [edge_layouts(src, dst, have, layouts[0])[1] for have in haves]  # type: ignore[index]
-        projected_wants = [edge_layouts(src, dst, haves[0], layout)[2] for layout in layouts]  # type: ignore[index]
-        starts, ends = list(dict.fromkeys(projected_haves)), list(dict.fromkeys(projected_wants))
-        forward = np.array([self._row(shape, start, ends) for start in starts])
-        backward = np.array([self._row(shape, end, starts) for end in ends])
-        rows = np.array([starts.index(layout) for layout in projected_haves])
-        columns = np.array([ends.index(layout) for layout in projected_wants])
+        held = np.array([self.index[edge_layouts(src, dst, have, layouts[0])[1]] for have in haves])  # type: ignore[index]
+        wanted = np.array([self.index[edge_layouts(src, dst, haves[0], layout)[2]]  # type: ignore[index]
+                           for layout in layouts])
+        starts, rows = np.unique(held, return_inverse=True)
+        ends, columns = np.unique(wanted, return_inverse=True)
+        forward = self._moves_s(shape, starts, ends)
+        backward = self._moves_s(shape, ends, starts)
         seconds = forward[rows][:, columns] + backward[columns][:, rows].T
-        same = np.array([[have == want for want in projected_wants] for have in projected_haves])
-        return np.where(same, 0.0, seconds)
+        return np.where(held[:, None] == wanted[None, :], 0.0, seconds)
 
-    def _row(self, shape: tuple[int, ...], start: Layout, ends: Sequence[Layout]) -> np.ndarray:
-        """Seconds of the busiest rank moving a ``shape`` tensor from ``start`` to each of ``ends``."""
-        seconds = np.zeros(len(ends))
-        patterned = [index for index, end in enumerate(ends) if nested(start, end, shape)]
-        rest = [index for index in range(len(ends)) if index not in set(patterned)]
-        if patterned:
-            seconds[patterned] = self._patterned_s(shape, start, [ends[index] for index in patterned])
-        if rest:
-            seconds[rest] = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize, start,
-                                                 [ends[index] for index in rest], self.devices)
+    def _moves_s(self, shape: tuple[int, ...], starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Seconds of the busiest rank moving a ``shape`` tensor from each of ``starts`` to each of ``ends``."""
+        extents = np.array(shape, dtype=np.int64)
+        source, target = self.parts[starts][:, None, :], self.parts[ends][None, :, :]
+        divides = (extents % source == 0).all(axis=2) & (extents % target == 0).all(axis=2)
+        nests = ((source % target == 0) | (target % source == 0)).all(axis=2)
+        patterned = divides & nests
+        self.table.examine(starts, ends, patterned)
+        seconds = self._patterned_s(extents, starts, ends, source, target)
+        for row, column in zip(*np.nonzero(~patterned)):  # rank by rank: splits that do not nest or divide
+            seconds[row, column] = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize,
+                                                        self.layouts[starts[row]], [self.layouts[ends[column]]],
+                                                        self.devices)[0]
         return seconds
 
-    def _patterned_s(self, shape: tuple[int, ...], start: Layout, ends: list[Layout]) -> np.ndarray:
-        missing = [end for end in ends if (start, end) not in self.patterns]
-        if missing:
-            self.patterns.update(zip(((start, end) for end in missing),
-                                     move_patterns(self.cluster, start, missing, self.devices)))
-        patterns = [self.patterns[(start, end)] for end in ends]
-        extents = np.array(shape, dtype=np.int64)
-        end_parts = np.array([end.parts() for end in ends], dtype=np.int64)
-        wanted = (extents // end_parts).prod(axis=1).astype(np.float64)
-        own = (extents // np.maximum(end_parts, np.array(start.parts()))).prod(axis=1).astype(np.float64)
-        parts = np.array([pattern.parts for pattern in patterns], dtype=np.float64)
-        worst = np.zeros(len(ends))
-        for holds, spans in _CASES:
-            present = np.array([(holds, spans) in pattern.cases for pattern in patterns]) & (parts - holds > 0)
+    def _patterned_s(self, extents: np.ndarray, starts: np.ndarray, ends: np.ndarray, source: np.ndarray,
+                     target: np.ndarray) -> np.ndarray:
+        wanted = (extents // np.maximum(target, 1)).prod(axis=2).astype(np.float64)
+        own = (extents // np.maximum(source, target)).prod(axis=2).astype(np.float64)
+        parts = self.table.pattern_parts[starts][:, ends].astype(np.float64)
+        worst = np.zeros((len(starts), len(ends)))
+        for case, (holds, spans) in enumerate(_CASES):
+            present = self.table.pattern_cases[case][starts][:, ends] & (parts - holds > 0)
             alpha_s, beta_s = self.coefficients[spans]
             cost = alpha_s * (parts - holds) + beta_s * (wanted - own * holds)
             worst = np.where(present, np.maximum(worst, cost), worst)

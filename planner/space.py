@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import networkx as nx
@@ -44,6 +45,7 @@ import numpy as np
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
+from cost_models.estimate import edge_move
 from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import layer_cost
 from cost_models.layout import Layout, layouts_dividing
@@ -51,7 +53,7 @@ from cost_models.local_problem import local_problem
 from cost_models.memory import layer_memory
 from cost_models.profile import Profile
 from planner.cost_table import CostTable
-from planner.edge_costs import EdgeCosts
+from planner.edge_costs import EdgeCosts, PatternTable
 from planner.exact import solve_exact
 from planner.prune import surviving_options
 
@@ -178,14 +180,14 @@ class LayerCosts:
     """
 
     def __init__(self, graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
-                 saved_copies: int = 1) -> None:
+                 saved_copies: int = 1, patterns: PatternTable | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
         self.saved_copies = saved_copies
         self.rows_seen: dict[tuple[str, ...], list[_Row]] = {}
         self.dtype = graph.graph["dtype"]
         self.itemsize = dtype_itemsize(self.dtype)
         self.layer_seen: dict[tuple[str, Layout], tuple[float, float, int] | None] = {}
-        self.edges = EdgeCosts(graph, profile, cluster, devices, self.itemsize)
+        self.edges = EdgeCosts(graph, profile, cluster, devices, self.itemsize, patterns)
         self.signature = {name: json.dumps({k: v for k, v in data.items() if k != "module"}, sort_keys=True)
                           for name, data in graph.nodes(data=True)}
 
@@ -215,6 +217,8 @@ class LayerCosts:
 
     def edge(self, source: str, target: str, have: Layout, layout: Layout) -> float:
         """Redistribution seconds (forward and backward) on the edge ``source → target``."""
+        if edge_move(self.graph.nodes[source], self.graph.nodes[target], have, layout) is None:
+            return 0.0
         return float(self.edges.matrix(source, target, (have,), (layout,))[0, 0])
 
 
@@ -234,10 +238,16 @@ def _decision_rows(graph: Any, costs: LayerCosts, members: tuple[str, ...], devi
 
 def _layout_tiers(node: Mapping[str, Any], devices: int, per_node: int) -> list[list[Layout]]:
     """Layouts of the space (module docstring) that divide the output: on all devices first, then fewer ranks."""
+    return [list(tier) for tier in _tiers(json.dumps(node["output_shape"]), devices, per_node)]
+
+
+@lru_cache(maxsize=1024)
+def _tiers(shape_text: str, devices: int, per_node: int) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
+    shape = json.loads(shape_text)
     dividing = [layout for layout in layouts_dividing(devices)
-                if _divides(node["output_shape"], layout) and layout.c <= max(per_node, 1)
+                if _divides(shape, layout) and layout.c <= max(per_node, 1)
                 and (layout.h, layout.w) in _tilings(layout.spatial)]
-    return [[lay for lay in dividing if lay.ranks == devices], [lay for lay in dividing if lay.ranks < devices]]
+    return (tuple(lay for lay in dividing if lay.ranks == devices), tuple(lay for lay in dividing if lay.ranks < devices))
 
 
 def _tilings(tiles: int) -> set[tuple[int, int]]:
@@ -279,13 +289,18 @@ def _uniform_objectives(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str
     """
     fallback = {head: min(options, key=lambda row: (row[0].c * row[0].h * row[0].w > 1, -row[0].n, row[1]))
                 for head, options in rows.items()}
+    uniform = [row[0] for row in next(iter(rows.values()))]
+    placed = {head: {row[0]: row for row in options} for head, options in rows.items()}
+    per_layout = [{head: placed[head].get(layout, fallback[head]) for head in rows} for layout in uniform]
+    diagonal = {}  # per pair of decisions, the redistribution seconds under each uniform layout
+    for (a, b), links in edges.items():
+        haves, wants = tuple(c[a][0] for c in per_layout), tuple(c[b][0] for c in per_layout)
+        diagonal[(a, b)] = sum(np.diagonal(costs.edges.matrix(u, v, haves, wants)) for u, v in links)
     found = {}
-    for layout in (row[0] for row in next(iter(rows.values()))):
-        chosen = {head: next((row for row in options if row[0] == layout), fallback[head])
-                  for head, options in rows.items()}
+    for position, (layout, chosen) in enumerate(zip(uniform, per_layout)):
         if memory_limit_bytes is not None and sum(row[3] for row in chosen.values()) > memory_limit_bytes:
             continue
-        moved = sum(costs.edge(u, v, chosen[a][0], chosen[b][0]) for (a, b), links in edges.items() for u, v in links)
+        moved = float(sum(diagonal[(a, b)][position] for a, b in edges)) if edges else 0.0
         found[layout] = (sum(row[1] for row in chosen.values()) + moved, sum(row[2] for row in chosen.values()) + moved,
                          {head: row[0] for head, row in chosen.items()})
     return found
@@ -332,6 +347,8 @@ def _tables(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list
 
 
 def _divides(shape: Any, layout: Layout) -> bool:
+    if not shape or isinstance(shape[0], list):  # a tuple of tensors: kept whole
+        return layout.ranks == 1
     if len(shape) == 4:
         return layout.divides(tuple(shape))
     features = 1

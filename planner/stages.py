@@ -34,6 +34,7 @@ from cost_models.profile import Profile
 from planner.cost_table import Solution
 from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
+from planner.edge_costs import PatternTable
 from planner.space import LayerCosts, build_space, decision_groups
 
 __all__ = ["PipelineCandidate", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
@@ -94,6 +95,8 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
     found = []
     batch = graph.input_shape[0]
     for stages in stage_counts(cluster.devices, cluster.devices_per_node, max_stages):
+        stage_cluster = _stage_cluster(cluster, stages)
+        patterns = PatternTable(stage_cluster, stage_cluster.devices)  # shared by both schedules' searches
         schedules = []
         if schedule in ("sync", "auto"):
             schedules.append(("sync", micro_batches(batch, stages)))
@@ -103,7 +106,7 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
             staleness = dsp_staleness(stages, max_staleness) if name == "stale" else (0,) * stages
             pipeline = Pipeline(stages, (cluster.devices // stages,) * stages, name, micro, staleness)
             for assignments, info, explained in _stage_layouts(graph, profile, cluster, stages, micro, optimizer,
-                                                               solver, time_limit_s):
+                                                               solver, time_limit_s, patterns):
                 plan = make_plan(assignments, pipeline, info)
                 predicted = estimate(graph, plan, profile, optimizer=optimizer)
                 found.append(PipelineCandidate(plan, predicted, predicted.memory_bytes_max <= cluster.memory_bytes,
@@ -111,17 +114,22 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
     return found
 
 
+def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
+    devices = cluster.devices // stages
+    return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
+
+
 def _stage_layouts(graph: Any, profile: Profile, cluster: Cluster, stages: int, micro: int, optimizer: str,
-                   solver: str, time_limit_s: float | None
+                   solver: str, time_limit_s: float | None, patterns: PatternTable
                    ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp]]]:
     """Per allreduce table (full, hidden): every layer's layout and stage, how the stages were solved, runner-ups.
 
     Empty when some stage fits nothing on its devices.
     """
-    devices = cluster.devices // stages
-    stage_cluster = replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
+    stage_cluster = _stage_cluster(cluster, stages)
+    devices = stage_cluster.devices
     scaled = micro_batch_graph(graph, micro)
-    costs = LayerCosts(scaled, profile, stage_cluster, devices, optimizer, saved_copies=micro)
+    costs = LayerCosts(scaled, profile, stage_cluster, devices, optimizer, saved_copies=micro, patterns=patterns)
     groups = decision_groups(scaled)
     heads = list(groups)
     if len(heads) < stages:
