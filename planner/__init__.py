@@ -8,8 +8,10 @@ models lazily.
 from planner.brute_force import solve_brute_force
 from planner.chain import solve_chain
 from planner.cost_table import CostTable, Solution
+from planner.elimination import solve_elimination
+from planner.exact import solve_exact
 from planner.ilp import available_solvers, solve_ilp
 from planner.report import format_bytes, format_count
 
 __all__ = ["CostTable", "Solution", "available_solvers", "format_bytes", "format_count", "solve_brute_force",
-           "solve_chain", "solve_ilp"]
+           "solve_chain", "solve_elimination", "solve_exact", "solve_ilp"]
