@@ -46,7 +46,8 @@ def run_case(case: str, preset: str, max_stages: int) -> None:
           f"{sum(map(len, space.candidates.values()))} candidates kept of {space.considered} "
           f"({space.pruned} pruned); one stage: space {built - started:.2f} s + solve {solved - built:.3f} s "
           f"({solution.solver}, {solution.status}); whole search up to {max_stages} stages "
-          f"({len(result.considered)} plans priced) {result.search_s:.2f} s")
+          f"({len(result.considered)} plans priced, {result.skipped_configurations} configurations skipped by the "
+          f"bound) {result.search_s:.2f} s")
     print(f"    plan: {result.plan.summary()}, predicted {result.estimate.iteration_s * 1e3:.2f} ms; {baselines}",
           flush=True)
 

@@ -243,7 +243,8 @@ def _plan_document(graph: Any, result: Any) -> dict[str, Any]:
                      "memory_bytes": sum(layer.memory.resident_bytes for layer in found),
                      "runner_up": runner.option if runner else None, "runner_up_extra_s": runner.extra_s if runner else None})
     return {**result.plan.to_dict(), "summary": result.plan.summary(), "candidates": result.candidates,
-            "pruned": result.pruned, "search_s": result.search_s, "chosen_from": result.chosen_from, "decisions": rows,
+            "pruned": result.pruned, "search_s": result.search_s, "chosen_from": result.chosen_from,
+            "skipped_configurations": result.skipped_configurations, "decisions": rows,
             "considered": [{"plan": c.summary, "iteration_s": c.iteration_s, "memory_bytes_max": c.memory_bytes_max,
                             "fits": c.fits} for c in result.considered],
             "baselines": [{"name": b.name, "iteration_s": b.estimate.iteration_s,

@@ -191,9 +191,10 @@ def print_plan_summary(document: dict[str, Any], path: str, console: Console | N
     console.print(f"predicted {predicted['iteration_s'] * 1e3:.2f} ms per iteration, "
                   f"{format_bytes(predicted['memory_bytes_max'])} per rank · {how} · {document['candidates']} "
                   f"candidates kept, {document['pruned']} pruned · search {document['search_s']:.1f} s")
-    if len(document["considered"]) > 2:
+    if len(document["considered"]) > 2 or document["skipped_configurations"]:
         fitting = [c for c in document["considered"] if c["fits"]]
-        console.print(f"stage search priced {len(document['considered'])} plans ({len(fitting)} fit in memory)")
+        console.print(f"stage search priced {len(document['considered'])} plans ({len(fitting)} fit in memory); "
+                      f"{document['skipped_configurations']} stage/schedule configurations skipped by the lower bound")
     table = Table(title="against the plans a user would pick by hand")
     for header in ("plan", "iteration", "memory per rank", "parplan's speedup"):
         table.add_column(header)

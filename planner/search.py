@@ -70,6 +70,7 @@ class PlanResult:
     runner_ups: Mapping[str, RunnerUp]
     search_s: float
     chosen_from: str  # "search", or the name of the baseline that the full estimate priced fastest
+    skipped_configurations: int  # pipeline configurations whose lower bound could not beat the best plan
 
 
 def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cbc", time_limit_s: float | None = None,
@@ -96,18 +97,23 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
                      None, info, model_spec)
         predicted = estimate(graph, plan, profile, optimizer=optimizer)
         found.append((plan, predicted, runner_ups(table, solution.choice)))
+    baselines = _baselines(graph, profile, cluster, space, optimizer)
+    skipped = 0
     if max_stages > 1:
         def make(assignments: Mapping[str, LayerAssignment], pipeline: Pipeline, info: SolverInfo) -> Plan:
             return _plan(graph, cluster, assignments, pipeline, None, info, model_spec)
-        found += [(c.plan, c.estimate, c.runner_ups)
-                  for c in search_pipelines(graph, profile, cluster, make, max_stages, schedule, max_staleness,
-                                            optimizer, solver, time_limit_s)]
-    baselines = _baselines(graph, profile, cluster, space, optimizer)
-    return _choose(cluster, space, found, baselines, failure, time.perf_counter() - started)
+        priced = [predicted for _, predicted, _ in found] + [b.estimate for b in baselines]
+        incumbent = min((p.iteration_s for p in priced if p.memory_bytes_max <= cluster.memory_bytes), default=None)
+        searched = search_pipelines(graph, profile, cluster, make, max_stages, schedule, max_staleness, optimizer,
+                                    solver, time_limit_s, incumbent)
+        found += [(c.plan, c.estimate, c.runner_ups) for c in searched.candidates]
+        skipped = searched.skipped
+    return _choose(cluster, space, found, baselines, failure, skipped, time.perf_counter() - started)
 
 
 def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Mapping[str, RunnerUp]]],
-            baselines: tuple[Baseline, ...], failure: InputError | None, elapsed_s: float) -> PlanResult:
+            baselines: tuple[Baseline, ...], failure: InputError | None, skipped: int,
+            elapsed_s: float) -> PlanResult:
     pool = [(plan, predicted) for plan, predicted, _ in found] + [(b.plan, b.estimate) for b in baselines]
     fitting = [(predicted.iteration_s, index) for index, (_, predicted) in enumerate(pool)
                if predicted.memory_bytes_max <= cluster.memory_bytes]
@@ -123,7 +129,7 @@ def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Ma
                        for p, e, _ in found)
     candidates = sum(len(options) for options in space.candidates.values())
     return PlanResult(chosen, predicted, baselines, candidates, space.pruned, considered,
-                      found[index][2] if index < len(found) else {}, elapsed_s, chosen_from)
+                      found[index][2] if index < len(found) else {}, elapsed_s, chosen_from, skipped)
 
 
 def _nothing_fits(pool: list[tuple[Plan, Estimate]], cluster: Cluster) -> InputError:

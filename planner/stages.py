@@ -16,7 +16,9 @@ cheapest options on the stage's devices) — a balance heuristic, not an exact
 search over cuts. Inside each stage the layouts are solved exactly
 (``planner.space``, ``planner.exact``) with both allreduce tables; every
 resulting plan is priced by ``cost_models.estimate``, with the transfers
-between stages, and the caller keeps the fastest that fits in memory.
+between stages, and the caller keeps the fastest that fits in memory. A
+configuration whose lower bound cannot beat the fastest plan found so far is
+skipped (:func:`search_pipelines`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from planner.explain import RunnerUp, runner_ups
 from planner.edge_costs import PatternTable
 from planner.space import LayerCosts, build_space, decision_groups
 
-__all__ = ["PipelineCandidate", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
+__all__ = ["PipelineCandidate", "PipelineSearch", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
 
 PlanMaker = Callable[[Mapping[str, LayerAssignment], Pipeline, SolverInfo], Plan]
 
@@ -88,11 +90,59 @@ def balanced_cuts(floors: Sequence[float], stages: int) -> list[int]:
     return starts[::-1]
 
 
+@dataclass(frozen=True)
+class PipelineSearch:
+    """The pipeline plans priced, and how many configurations the bound skipped unsolved."""
+
+    candidates: tuple[PipelineCandidate, ...]
+    skipped: int
+
+
+@dataclass(frozen=True)
+class _Config:
+    """One stage count and schedule, with its per-stage cost cache and a lower bound on its iteration time."""
+
+    pipeline: Pipeline
+    graph: Any
+    costs: LayerCosts
+    groups: Mapping[str, tuple[str, ...]]
+    bound_s: float
+
+
 def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: PlanMaker, max_stages: int,
-                     schedule: str, max_staleness: int | None, optimizer: str = "sgd",
-                     solver: str = "cbc", time_limit_s: float | None = None) -> list[PipelineCandidate]:
-    """Every pipeline plan of the search (module docstring), priced; empty when no stage count applies."""
-    found = []
+                     schedule: str, max_staleness: int | None, optimizer: str = "sgd", solver: str = "cbc",
+                     time_limit_s: float | None = None, incumbent_s: float | None = None,
+                     prune: bool = True) -> PipelineSearch:
+    """The pipeline plans of the search (module docstring), priced.
+
+    Configurations are tried in the order of a lower bound on their iteration
+    time, and skipped once the bound reaches the fastest plan that fits found
+    so far (``incumbent_s`` to start with): every stage's forward and backward
+    take at least the sum of its decisions' cheapest options without the
+    allreduce, so a ``stale`` pipeline needs at least that sum over all
+    decisions divided by ``K``, and a ``sync`` one ``M/K`` times it (per
+    micro-batch). ``prune=False`` prices every configuration (to check that rule).
+    """
+    configs = sorted(_configs(graph, profile, cluster, max_stages, schedule, max_staleness, optimizer),
+                     key=lambda config: config.bound_s)
+    found, skipped, best = [], 0, incumbent_s
+    for config in configs:
+        if prune and best is not None and config.bound_s >= best:
+            skipped += 1
+            continue
+        for assignments, info, explained in _stage_layouts(config, profile, cluster, solver, time_limit_s):
+            plan = make_plan(assignments, config.pipeline, info)
+            predicted = estimate(graph, plan, profile, optimizer=optimizer)
+            fits = predicted.memory_bytes_max <= cluster.memory_bytes
+            found.append(PipelineCandidate(plan, predicted, fits, explained))
+            if fits and (best is None or predicted.iteration_s < best):
+                best = predicted.iteration_s
+    return PipelineSearch(tuple(found), skipped)
+
+
+def _configs(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, schedule: str,
+             max_staleness: int | None, optimizer: str) -> list[_Config]:
+    configs = []
     batch = graph.input_shape[0]
     for stages in stage_counts(cluster.devices, cluster.devices_per_node, max_stages):
         stage_cluster = _stage_cluster(cluster, stages)
@@ -104,14 +154,16 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
             schedules.append(("stale", 1))
         for name, micro in schedules:
             staleness = dsp_staleness(stages, max_staleness) if name == "stale" else (0,) * stages
-            pipeline = Pipeline(stages, (cluster.devices // stages,) * stages, name, micro, staleness)
-            for assignments, info, explained in _stage_layouts(graph, profile, cluster, stages, micro, optimizer,
-                                                               solver, time_limit_s, patterns):
-                plan = make_plan(assignments, pipeline, info)
-                predicted = estimate(graph, plan, profile, optimizer=optimizer)
-                found.append(PipelineCandidate(plan, predicted, predicted.memory_bytes_max <= cluster.memory_bytes,
-                                               explained))
-    return found
+            pipeline = Pipeline(stages, (stage_cluster.devices,) * stages, name, micro, staleness)
+            scaled = micro_batch_graph(graph, micro)
+            costs = LayerCosts(scaled, profile, stage_cluster, stage_cluster.devices, optimizer, saved_copies=micro,
+                               patterns=patterns)
+            groups = decision_groups(scaled)
+            if len(groups) < stages:
+                continue
+            floor_s = sum(min(row[2] for row in costs.rows(members)) for members in groups.values())
+            configs.append(_Config(pipeline, scaled, costs, groups, floor_s * micro / stages))
+    return configs
 
 
 def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
@@ -119,28 +171,20 @@ def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
     return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
 
 
-def _stage_layouts(graph: Any, profile: Profile, cluster: Cluster, stages: int, micro: int, optimizer: str,
-                   solver: str, time_limit_s: float | None, patterns: PatternTable
+def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, solver: str, time_limit_s: float | None
                    ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp]]]:
     """Per allreduce table (full, hidden): every layer's layout and stage, how the stages were solved, runner-ups.
 
     Empty when some stage fits nothing on its devices.
     """
-    stage_cluster = _stage_cluster(cluster, stages)
-    devices = stage_cluster.devices
-    scaled = micro_batch_graph(graph, micro)
-    costs = LayerCosts(scaled, profile, stage_cluster, devices, optimizer, saved_copies=micro, patterns=patterns)
-    groups = decision_groups(scaled)
-    heads = list(groups)
-    if len(heads) < stages:
-        return []
-    floors = [min(row[1] for row in costs.rows(groups[head])) for head in heads]
-    starts = balanced_cuts(floors, stages)
+    costs, heads = config.costs, list(config.groups)
+    floors = [min(row[1] for row in costs.rows(config.groups[head])) for head in heads]
+    starts = balanced_cuts(floors, config.pipeline.stages)
     results: list[dict[str, LayerAssignment]] = [{}, {}]
     solutions: list[list[Solution]] = [[], []]
     explained: list[dict[str, RunnerUp]] = [{}, {}]
     for stage, (start, stop) in enumerate(zip(starts, [*starts[1:], len(heads)])):
-        space = build_space(scaled, profile, stage_cluster, devices, optimizer, cluster.memory_bytes,
+        space = build_space(config.graph, profile, costs.cluster, costs.devices, costs.optimizer, cluster.memory_bytes,
                             decisions=heads[start:stop], costs=costs)
         for result, solved, why, table in zip(results, solutions, explained, (space.table, space.hidden_allreduce)):
             try:

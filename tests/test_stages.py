@@ -10,12 +10,12 @@ import pytest
 from calibrate.presets import preset_cluster, preset_profile
 from conftest import build_model
 from cost_models.graph import trace
-from cost_models.plan import load_plan
+from cost_models.plan import Plan, load_plan
 from planner.cli import main
 from planner.cost_table import CostTable
 from planner.explain import runner_ups
 from planner.search import plan_model
-from planner.stages import balanced_cuts, micro_batches, stage_counts
+from planner.stages import balanced_cuts, micro_batches, search_pipelines, stage_counts
 
 
 def test_balanced_cuts_minimise_the_largest_stage() -> None:
@@ -48,10 +48,13 @@ def resnet18():  # noqa: ANN201
 
 def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: ANN001
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 8)
-    result = plan_model(resnet18, profile, cluster, max_stages=4)
-    summaries = [c.summary for c in result.considered]
+    everything = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", None, prune=False)
+    assert everything.skipped == 0
+    summaries = [c.plan.summary() for c in everything.candidates]
     assert any("2 stages sync" in s for s in summaries) and any("4 stages stale≤6" in s for s in summaries)
-    assert result.estimate.iteration_s <= min(c.iteration_s for c in result.considered if c.fits) + 1e-12
+    result = plan_model(resnet18, profile, cluster, max_stages=4)
+    best = min(c.estimate.iteration_s for c in everything.candidates if c.fits)
+    assert result.estimate.iteration_s <= best + 1e-12  # the bound skipped nothing that would have won
     assert all(result.estimate.iteration_s <= b.estimate.iteration_s + 1e-12 for b in result.baselines)
     assert result.chosen_from == "search" and result.runner_ups  # explained, pipeline or not
     assert all(found.option is None or found.extra_s >= -1e-12 for found in result.runner_ups.values())
@@ -63,13 +66,32 @@ def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: 
         assert plan.pipeline.staleness == tuple(2 * (plan.pipeline.stages - 1 - k) for k in range(plan.pipeline.stages))
 
 
+def test_the_bound_only_skips_configurations_that_cannot_win(resnet18) -> None:  # noqa: ANN001
+    profile, cluster = preset_profile("h100"), preset_cluster("h100", 8)
+    everything = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", None, prune=False)
+    times = sorted(c.estimate.iteration_s for c in everything.candidates)
+    incumbent = times[len(times) // 2]
+    bounded = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", None,
+                               incumbent_s=incumbent)
+    assert bounded.skipped > 0 and len(bounded.candidates) < len(everything.candidates)
+    assert min(c.estimate.iteration_s for c in bounded.candidates) == pytest.approx(times[0], rel=1e-12)
+
+
+def _maker(graph, cluster):  # noqa: ANN001, ANN202
+    def make(assignments, pipeline, info):  # noqa: ANN001, ANN202
+        return Plan(graph.fingerprint, tuple(graph.input_shape), "float32", cluster, dict(assignments), pipeline,
+                    solver=info)
+    return make
+
+
 def test_max_staleness_bounds_and_zero_means_synchronous(resnet18) -> None:  # noqa: ANN001
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 8)
-    bounded = plan_model(resnet18, profile, cluster, max_stages=4, schedule="stale", max_staleness=2)
-    assert all("stale≤2" in c.summary for c in bounded.considered if "stages" in c.summary)
-    synchronous = plan_model(resnet18, profile, cluster, max_stages=4, max_staleness=0)
-    assert not any("stale" in c.summary for c in synchronous.considered)
-    assert not any(synchronous.plan.pipeline.staleness)
+    bounded = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "stale", 2)
+    assert bounded.candidates and all("stale≤2" in c.plan.summary() for c in bounded.candidates)
+    synchronous = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", 0)
+    assert synchronous.candidates and not any("stale" in c.plan.summary() for c in synchronous.candidates)
+    chosen = plan_model(resnet18, profile, cluster, max_stages=4, max_staleness=0)
+    assert not any(chosen.plan.pipeline.staleness)
 
 
 def test_plan_command_explains_and_records_the_pipeline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -87,3 +109,14 @@ def test_plan_command_explains_and_records_the_pipeline(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as exited:
         main([*args, "--max-staleness", "-1"])
     assert exited.value.code == 2 and "--max-staleness" in capsys.readouterr().err
+
+
+def test_more_devices_than_samples_get_split_in_space_and_beat_both_baselines() -> None:
+    graph = trace(build_model("resnet18"), (2, 3, 512, 512))
+    result = plan_model(graph, preset_profile("h100"), preset_cluster("h100", 16), max_stages=1)
+    layouts = [assignment.layout for assignment in result.plan.layers.values()]
+    assert any(layout.h * layout.w > 1 for layout in layouts)
+    assert result.plan.solver is not None and result.plan.solver.status == "Optimal"
+    sample, single = result.baselines
+    assert sample.name == "pure sample" and result.estimate.iteration_s < sample.estimate.iteration_s
+    assert result.estimate.iteration_s <= single.estimate.iteration_s
