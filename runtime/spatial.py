@@ -1,0 +1,115 @@
+"""Convolution and pooling on a tile of a height/width split, equal to the unsplit operation's tile.
+
+A :class:`TileGrid` says how the spatial dimensions are split (``h × w``
+tiles, row-major) and which global rank holds each tile. The functions take
+this rank's tile of the input — rows ``partition(H, h)[i]``, columns
+``partition(W, w)[j]`` — exchange halos with the neighbouring tiles
+(``runtime.halo_exchange``) and return this rank's tile of the output; their
+backward returns the tile's input gradient with the halo gradients added
+back. Weight and bias gradients are this tile's share: summing them over
+the tiles (and samples) gives the unsplit gradients.
+
+Global padding is applied by the exchange on border tiles (zeros for
+convolution and average pooling, ``-inf`` for max pooling), so the local
+operation runs without padding along split axes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from runtime.halo_exchange import AxisWindow, axis_window, exchange_halo
+
+__all__ = ["TileGrid", "avg_pool2d", "conv2d", "max_pool2d"]
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """An ``h × w`` split of the spatial dimensions; ``ranks[i * w + j]`` holds tile ``(i, j)``."""
+
+    h: int
+    w: int
+    ranks: tuple[int, ...]
+    tile: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        if len(self.ranks) != self.h * self.w:
+            raise ValueError(f"a {self.h}×{self.w} grid needs {self.h * self.w} ranks, got {len(self.ranks)}")
+        if not (0 <= self.tile[0] < self.h and 0 <= self.tile[1] < self.w):
+            raise ValueError(f"tile {self.tile} is outside the {self.h}×{self.w} grid")
+
+    @classmethod
+    def of_rank(cls, h: int, w: int, ranks: Sequence[int], rank: int) -> "TileGrid":
+        """The grid seen by ``rank`` (one of ``ranks``, row-major)."""
+        index = list(ranks).index(rank)
+        return cls(h, w, tuple(ranks), divmod(index, w))
+
+    def neighbours(self, axis: int) -> tuple[int | None, int | None]:
+        """Global ranks of the tiles before and after this one along ``axis`` (0: height, 1: width)."""
+        i, j = self.tile
+        if axis == 0:
+            return (self.ranks[(i - 1) * self.w + j] if i > 0 else None,
+                    self.ranks[(i + 1) * self.w + j] if i + 1 < self.h else None)
+        return (self.ranks[i * self.w + j - 1] if j > 0 else None,
+                self.ranks[i * self.w + j + 1] if j + 1 < self.w else None)
+
+
+def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
+           full_hw: tuple[int, int], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+           dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
+    """This tile of ``F.conv2d`` of the global input (spatial extent ``full_hw``)."""
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    kernel = tuple(weight.shape[2:])
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride, dilation, padding, 0.0)
+    return F.conv2d(local, weight, bias, stride, local_padding, dilation, groups)
+
+
+def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
+               stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
+               dilation: int | Sequence[int] = 1) -> torch.Tensor:
+    """This tile of ``F.max_pool2d`` of the global input (floor mode)."""
+    kernel = _pair(kernel_size)
+    stride_ = _pair(stride) if stride is not None else kernel
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, _pair(dilation), _pair(padding),
+                                       float("-inf"))
+    return F.max_pool2d(local, kernel, stride_, local_padding, _pair(dilation))
+
+
+def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
+               stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0) -> torch.Tensor:
+    """This tile of ``F.avg_pool2d`` of the global input (floor mode, padding counted in the average).
+
+    Raises:
+        ValueError: On a split axis with padding (the tile cannot tell padding from halo zeros when
+            ``count_include_pad=False``; with ``True``, the default, zeros are exact and allowed).
+    """
+    kernel = _pair(kernel_size)
+    stride_ = _pair(stride) if stride is not None else kernel
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), _pair(padding), 0.0)
+    return F.avg_pool2d(local, kernel, stride_, local_padding, count_include_pad=True)
+
+
+def _with_halos(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel: tuple[int, ...],
+                stride: tuple[int, int], dilation: tuple[int, int], padding: tuple[int, int],
+                fill: float) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The tile with its halos on every split axis, and the padding left for the local operation."""
+    local, local_padding = tile, list(padding)
+    for axis, parts in enumerate((grid.h, grid.w)):
+        if parts == 1:
+            continue
+        window: AxisWindow = axis_window(full_hw[axis], parts, grid.tile[axis], kernel[axis], stride[axis],
+                                         dilation[axis], padding[axis], grid.neighbours(axis))
+        local = exchange_halo(local, 2 + axis, window, fill)
+        local_padding[axis] = 0
+    return local, (local_padding[0], local_padding[1])
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    first, second = tuple(value)
+    return int(first), int(second)

@@ -1,0 +1,123 @@
+"""Tier 3: convolution and pooling on height/width tiles equal the unsplit operation (gloo, 2 and 4 ranks).
+
+Every rank computes the unsplit reference itself, runs its tile through
+``runtime.spatial`` and compares: its output tile, its input-gradient tile,
+and the weight and bias gradients summed over the tiles. Extents are chosen
+so that strided windows straddle tile borders (13 rows into 2 or 4 tiles).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distributed import run_ranks
+
+CASES = (  # (operation, kwargs)
+    ("conv", {"kernel": 3, "stride": 1, "padding": 1}),
+    ("conv", {"kernel": 3, "stride": 2, "padding": 1}),
+    ("conv", {"kernel": 5, "stride": 1, "padding": 4, "dilation": 2}),
+    ("conv", {"kernel": 1, "stride": 2, "padding": 0}),
+    ("conv", {"kernel": 7, "stride": 2, "padding": 3}),
+    ("conv", {"kernel": 3, "stride": 1, "padding": 1, "groups": 2}),
+    ("conv", {"kernel": 2, "stride": 3, "padding": 0}),
+    ("maxpool", {"kernel": 3, "stride": 2, "padding": 1}),
+    ("avgpool", {"kernel": 3, "stride": 1, "padding": 1}),
+    ("avgpool", {"kernel": 2, "stride": 2, "padding": 0}),
+)
+
+
+def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name: str) -> int:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from runtime.spatial import TileGrid, avg_pool2d, conv2d, max_pool2d
+
+    dtype = getattr(torch, dtype_name)
+    checked = refused = 0
+    for h, w in grids:
+        grid = TileGrid.of_rank(h, w, list(range(world_size)), rank)
+        for operation, kw in CASES:
+            generator = torch.Generator().manual_seed(1000 * h + 10 * w + checked)
+            x = torch.randn(2, 4, 13, 14, dtype=dtype, generator=generator, requires_grad=True)
+            weight = torch.randn(6, 4 // kw.get("groups", 1), kw["kernel"], kw["kernel"], dtype=dtype,
+                                 generator=generator, requires_grad=True)
+            bias = torch.randn(6, dtype=dtype, generator=generator, requires_grad=True)
+            conv_args = dict(stride=kw["stride"], padding=kw["padding"], dilation=kw.get("dilation", 1),
+                             groups=kw.get("groups", 1))
+            if operation == "conv":
+                reference = F.conv2d(x, weight, bias, **conv_args)
+            elif operation == "maxpool":
+                reference = F.max_pool2d(x, kw["kernel"], kw["stride"], kw["padding"])
+            else:
+                reference = F.avg_pool2d(x, kw["kernel"], kw["stride"], kw["padding"])
+            upstream = torch.randn(reference.shape, dtype=dtype, generator=generator)
+            reference.backward(upstream)
+
+            i, j = grid.tile
+            tile = _tile(x.detach(), h, w, i, j).requires_grad_(True)
+            local_weight = weight.detach().clone().requires_grad_(True)
+            local_bias = bias.detach().clone().requires_grad_(True)
+            try:
+                if operation == "conv":
+                    out = conv2d(tile, local_weight, local_bias, grid, (13, 14), **conv_args)
+                elif operation == "maxpool":
+                    out = max_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"])
+                else:
+                    out = avg_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"])
+            except ValueError:  # too fine for the window: the planner must refuse it too
+                assert not _planner_accepts(h, w, kw), f"runtime refused {operation} {kw} on {h}×{w}"
+                refused += 1
+                continue
+            assert _planner_accepts(h, w, kw), f"planner refuses {operation} {kw} on {h}×{w} but the runtime ran it"
+            context = f"{operation} {kw} on {h}×{w}, tile {grid.tile}"
+            torch.testing.assert_close(out, _tile(reference.detach(), h, w, i, j), msg=lambda m: f"{context}: {m}")
+            out.backward(_tile(upstream, h, w, i, j))
+            torch.testing.assert_close(tile.grad, _tile(x.grad, h, w, i, j), msg=lambda m: f"{context} dx: {m}")
+            if operation == "conv":
+                # a sum over every output position in another order: float32 needs a looser absolute tolerance
+                tolerance = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
+                for mine, full in ((local_weight.grad, weight.grad), (local_bias.grad, bias.grad)):
+                    dist.all_reduce(mine)
+                    torch.testing.assert_close(mine, full, **tolerance, msg=lambda m: f"{context} dW: {m}")
+            checked += 1
+    return checked, refused
+
+
+def _planner_accepts(h: int, w: int, kw: dict) -> bool:
+    from cost_models.errors import InputError
+    from cost_models.halo import axis_halos
+
+    try:
+        for extent, parts in ((13, h), (14, w)):
+            axis_halos(extent, parts, kw["kernel"], kw["stride"], kw.get("dilation", 1), kw["padding"])
+    except InputError:
+        return False
+    return True
+
+
+def _tile(tensor, h: int, w: int, i: int, j: int):  # noqa: ANN001, ANN202
+    import torch
+
+    return torch.tensor_split(torch.tensor_split(tensor, h, dim=2)[i], w, dim=3)[j].contiguous()
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_tiles_on_two_ranks(dtype: str) -> None:
+    results = run_ranks(_check_tiles, 2, args=([(2, 1), (1, 2)], dtype))
+    assert results == [(2 * len(CASES), 0)] * 2
+
+
+@pytest.mark.multirank
+def test_tiles_on_four_ranks_with_corners() -> None:
+    results = run_ranks(_check_tiles, 4, args=([(2, 2), (4, 1)], "float64"))
+    checked, refused = results[0]
+    assert results == [(checked, refused)] * 4 and checked + refused == 2 * len(CASES) and checked >= len(CASES) + 5
+
+
+def test_a_split_too_fine_for_the_window_is_refused() -> None:
+    from runtime.halo_exchange import axis_window
+
+    with pytest.raises(ValueError, match="too fine"):
+        axis_window(8, 4, 1, kernel=7, stride=1, dilation=1, padding=3, neighbours=(0, 2))
