@@ -119,8 +119,10 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
         compute, interrupted = measure_compute(measurements, compute_deadline, request.threads, device, progress)
     dist.barrier()
     comm_device = torch.device(device) if request.backend == "nccl" else torch.device("cpu")
+    # the planner's most used collectives first, so a short budget still fits them
+    order = sorted(COLLECTIVES, key=lambda name: (name not in ("allreduce", "sendrecv"), COLLECTIVES.index(name)))
     measured = measure_collectives(request.comm_sizes_bytes or COMM_SIZES_BYTES, default_group_sizes(job.world_size),
-                                   COLLECTIVES, started + request.budget_s - RESERVE_S, repeats=COMM_REPEATS,
+                                   order, started + request.budget_s - RESERVE_S, repeats=COMM_REPEATS,
                                    device=comm_device)
     if job.rank != 0:
         return None
