@@ -121,3 +121,57 @@ def test_a_split_too_fine_for_the_window_is_refused() -> None:
 
     with pytest.raises(ValueError, match="too fine"):
         axis_window(8, 4, 1, kernel=7, stride=1, dilation=1, padding=3, neighbours=(0, 2))
+
+
+def _check_batch_norm(rank: int, world_size: int, samples: int, dtype_name: str) -> int:
+    """``samples`` sample groups × (world_size / samples) spatial tiles; synchronised and per-sample-group."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from runtime.norm import batch_norm
+
+    dtype = getattr(torch, dtype_name)
+    tiles = world_size // samples
+    sample_index, tile_index = divmod(rank, tiles)
+    spatial_groups = [dist.new_group(list(range(s * tiles, (s + 1) * tiles))) for s in range(samples)]
+    checked = 0
+    for synchronised in (True, False):
+        generator = torch.Generator().manual_seed(7 + checked)
+        x = torch.randn(4, 3, 11, 6, dtype=dtype, generator=generator) * 3 + 1
+        weight = torch.randn(3, dtype=dtype, generator=generator)
+        bias = torch.randn(3, dtype=dtype, generator=generator)
+        upstream = torch.randn(x.shape, dtype=dtype, generator=generator)
+        parts = torch.tensor_split(torch.arange(4), samples)
+        mine = parts[sample_index]
+        # the reference: batch-norm over everything, or over this rank's sample group only
+        seen = torch.arange(4) if synchronised else mine
+        ref_x = x[seen].clone().requires_grad_(True)
+        ref_w, ref_b = weight.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+        ref_mean, ref_var = torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
+        reference = F.batch_norm(ref_x, ref_mean, ref_var, ref_w, ref_b, True, 0.1, 1e-5)
+        reference.backward(upstream[seen])
+
+        tile = torch.tensor_split(x[mine], tiles, dim=2)[tile_index].clone().requires_grad_(True)
+        w, b = weight.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+        run_mean, run_var = torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
+        group = None if synchronised else spatial_groups[sample_index]
+        out = batch_norm(tile, run_mean, run_var, w, b, True, 0.1, 1e-5, group)
+        rows = mine.tolist() if synchronised else list(range(len(mine)))  # this rank's samples in the reference
+        expected = torch.tensor_split(reference.detach()[rows], tiles, dim=2)[tile_index]
+        torch.testing.assert_close(out, expected)
+        out.backward(torch.tensor_split(upstream[mine], tiles, dim=2)[tile_index])
+        torch.testing.assert_close(tile.grad, torch.tensor_split(ref_x.grad[rows], tiles, dim=2)[tile_index])
+        for local, full in ((w.grad, ref_w.grad), (b.grad, ref_b.grad)):
+            dist.all_reduce(local, group=group)
+            torch.testing.assert_close(local, full)
+        torch.testing.assert_close(run_mean, ref_mean)
+        torch.testing.assert_close(run_var, ref_var)
+        checked += 1
+    return checked
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("world_size", "samples"), [(2, 1), (4, 2)])
+def test_batch_norm_statistics_over_the_spatial_and_sample_groups(world_size: int, samples: int) -> None:
+    assert run_ranks(_check_batch_norm, world_size, args=(samples, "float64")) == [2] * world_size
