@@ -17,14 +17,16 @@ operation runs without padding along split axes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 
 from runtime.halo_exchange import AxisWindow, axis_window, exchange_halo
 
-__all__ = ["TileGrid", "avg_pool2d", "conv2d", "max_pool2d"]
+__all__ = ["TileGrid", "avg_pool2d", "conv2d", "global_avg_pool2d", "max_pool2d"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,20 @@ def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
     stride_ = _pair(stride) if stride is not None else kernel
     local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), _pair(padding), 0.0)
     return F.avg_pool2d(local, kernel, stride_, local_padding, count_include_pad=True)
+
+
+def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, int], group: Any = None) -> torch.Tensor:
+    """``F.adaptive_avg_pool2d(x, 1)`` of the global input: tile sums added over the spatial ``group``.
+
+    The result ``(N, C, 1, 1)`` is whole on every rank of the group. Backward
+    adds the gradients of all those copies (``torch.distributed.nn`` allreduce),
+    so when every rank goes on to compute the same loss from its copy, each
+    rank must weigh its copy by ``1/len(group)`` to get the unsplit gradient.
+    """
+    summed = tile.sum(dim=(2, 3), keepdim=True)
+    if dist.is_available() and dist.is_initialized():
+        summed = dist_fn.all_reduce(summed, group=group if group is not None else dist.group.WORLD)
+    return summed / (full_hw[0] * full_hw[1])
 
 
 def _with_halos(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel: tuple[int, ...],

@@ -81,7 +81,28 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
                     dist.all_reduce(mine)
                     torch.testing.assert_close(mine, full, **tolerance, msg=lambda m: f"{context} dW: {m}")
             checked += 1
+        checked += _check_global_pool(grid, dtype)
     return checked, refused
+
+
+def _check_global_pool(grid, dtype) -> int:  # noqa: ANN001
+    import torch
+    import torch.nn.functional as F
+
+    from runtime.spatial import global_avg_pool2d
+
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 3, 13, 14, dtype=dtype, generator=generator, requires_grad=True)
+    reference = F.adaptive_avg_pool2d(x, 1)
+    upstream = torch.randn(reference.shape, dtype=dtype, generator=generator)
+    reference.backward(upstream)
+    i, j = grid.tile
+    tile = _tile(x.detach(), grid.h, grid.w, i, j).requires_grad_(True)
+    out = global_avg_pool2d(tile, (13, 14))
+    torch.testing.assert_close(out, reference.detach())
+    out.backward(upstream / (grid.h * grid.w))  # each rank's loss sees the whole pooled output: share it
+    torch.testing.assert_close(tile.grad, _tile(x.grad, grid.h, grid.w, i, j))
+    return 1
 
 
 def _planner_accepts(h: int, w: int, kw: dict) -> bool:
@@ -106,14 +127,14 @@ def _tile(tensor, h: int, w: int, i: int, j: int):  # noqa: ANN001, ANN202
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_tiles_on_two_ranks(dtype: str) -> None:
     results = run_ranks(_check_tiles, 2, args=([(2, 1), (1, 2)], dtype))
-    assert results == [(2 * len(CASES), 0)] * 2
+    assert results == [(2 * len(CASES) + 2, 0)] * 2
 
 
 @pytest.mark.multirank
 def test_tiles_on_four_ranks_with_corners() -> None:
     results = run_ranks(_check_tiles, 4, args=([(2, 2), (4, 1)], "float64"))
     checked, refused = results[0]
-    assert results == [(checked, refused)] * 4 and checked + refused == 2 * len(CASES) and checked >= len(CASES) + 5
+    assert results == [(checked, refused)] * 4 and checked + refused == 2 * len(CASES) + 2 and checked >= len(CASES) + 7
 
 
 def test_a_split_too_fine_for_the_window_is_refused() -> None:
