@@ -32,7 +32,8 @@ from cost_models.layout import Layout
 from cost_models.profile import Profile
 from cost_models.redistribution import rank_loads
 
-__all__ = ["MovePattern", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "pattern_s",
+__all__ = ["MovePattern", "PATTERN_CASES", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "nested_mask",
+           "pattern_s", "patterned_s",
            "redistribution_row_s", "redistribution_s", "sendrecv_coefficients"]
 
 
@@ -107,10 +108,19 @@ class MovePattern:
     cases: tuple[tuple[bool, bool], ...]
 
 
+PATTERN_CASES: tuple[tuple[bool, bool], ...] = ((False, False), (False, True), (True, False), (True, True))
+"""The ``(holds own part, spans nodes)`` pairs a :class:`MovePattern` may contain, in a fixed order."""
+
+
 def nested(source: Layout, target: Layout, shape: Sequence[int]) -> bool:
     """Whether :func:`move_patterns` applies: nesting splits that divide ``shape`` exactly."""
-    return all(extent % p == 0 and extent % q == 0 and (p % q == 0 or q % p == 0)
-               for extent, p, q in zip(shape, source.parts(), target.parts()))
+    return bool(nested_mask(np.array(shape), np.array(source.parts()), np.array(target.parts())))
+
+
+def nested_mask(extents: np.ndarray, source_parts: np.ndarray, target_parts: np.ndarray) -> np.ndarray:
+    """:func:`nested` for arrays of part counts (last axis ``n, c, h, w``), broadcast against each other."""
+    divides = (extents % source_parts == 0) & (extents % target_parts == 0)
+    return (divides & ((source_parts % target_parts == 0) | (target_parts % source_parts == 0))).all(axis=-1)
 
 
 def move_patterns(cluster: Cluster, source: Layout, targets: Sequence[Layout], devices: int) -> list[MovePattern]:
@@ -121,8 +131,8 @@ def move_patterns(cluster: Cluster, source: Layout, targets: Sequence[Layout], d
     holds = loads.elements < np.prod([e // q for e, q in zip(extents, np.array([t.parts() for t in targets]).T)],
                                      axis=0)[:, None]
     parts = (loads.peers + holds).max(axis=1)  # the same on every rank
-    present = {(h, v): np.any((holds == h) & (spans == v), axis=1) for h in (False, True) for v in (False, True)}
-    return [MovePattern(int(parts[index]), tuple(case for case in sorted(present) if present[case][index]))
+    present = {case: np.any((holds == case[0]) & (spans == case[1]), axis=1) for case in PATTERN_CASES}
+    return [MovePattern(int(parts[index]), tuple(case for case in PATTERN_CASES if present[case][index]))
             for index in range(len(targets))]
 
 
@@ -142,12 +152,21 @@ def pattern_s(coefficients: Mapping[bool, tuple[float, float]], pattern: MovePat
     Args:
         coefficients: :func:`sendrecv_coefficients` of the profile and element size.
     """
-    wanted = prod(extent // q for extent, q in zip(shape, target.parts()))
-    own = prod(extent // max(p, q) for extent, p, q in zip(shape, source.parts(), target.parts()))
-    worst = 0.0
-    for holds, spans in pattern.cases:
-        peers = pattern.parts - holds
-        if peers > 0:
-            alpha_s, beta_s = coefficients[spans]
-            worst = max(worst, alpha_s * peers + beta_s * (wanted - own * holds))
+    present = np.array([[case in pattern.cases] for case in PATTERN_CASES])
+    return float(patterned_s(coefficients, np.array([pattern.parts]), present, np.array(shape),
+                             np.array([source.parts()]), np.array([target.parts()]))[0])
+
+
+def patterned_s(coefficients: Mapping[bool, tuple[float, float]], parts: np.ndarray, present: np.ndarray,
+                extents: np.ndarray, source_parts: np.ndarray, target_parts: np.ndarray) -> np.ndarray:
+    """:func:`pattern_s` for arrays of moves: their patterns' ``parts`` and ``present`` cases (first axis in
+    :data:`PATTERN_CASES` order), and part counts (last axis ``n, c, h, w``) broadcast to the moves' shape."""
+    wanted = (extents // target_parts).prod(axis=-1).astype(np.float64)
+    own = (extents // np.maximum(source_parts, target_parts)).prod(axis=-1).astype(np.float64)
+    parts = parts.astype(np.float64)
+    worst = np.zeros(np.broadcast(wanted, own, parts).shape)
+    for case, (holds, spans) in enumerate(PATTERN_CASES):
+        alpha_s, beta_s = coefficients[spans]
+        cost = alpha_s * (parts - holds) + beta_s * (wanted - own * holds)
+        worst = np.where(present[case] & (parts - holds > 0), np.maximum(worst, cost), worst)
     return worst

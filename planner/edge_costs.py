@@ -22,7 +22,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import move_patterns, redistribution_row_s, sendrecv_coefficients
+from cost_models.comm_cost import (PATTERN_CASES, move_patterns, nested_mask, patterned_s, redistribution_row_s,
+                                  sendrecv_coefficients)
 from cost_models.estimate import edge_layouts
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS
@@ -30,7 +31,6 @@ from cost_models.profile import Profile
 
 __all__ = ["EdgeCosts", "PatternTable"]
 
-_CASES = ((False, False), (False, True), (True, False), (True, True))  # (holds own part, spans nodes)
 
 
 class PatternTable:
@@ -48,7 +48,7 @@ class PatternTable:
         self.parts = np.array([layout.parts() for layout in self.layouts], dtype=np.int64)
         count = len(self.layouts)
         self.pattern_parts = np.full((count, count), -1, dtype=np.int64)  # -1: not examined yet
-        self.pattern_cases = np.zeros((len(_CASES), count, count), dtype=bool)
+        self.pattern_cases = np.zeros((len(PATTERN_CASES), count, count), dtype=bool)
 
     def examine(self, starts: np.ndarray, ends: np.ndarray, patterned: np.ndarray) -> None:
         """Fill the tables for the nested pairs not examined yet, one start layout at a time."""
@@ -60,7 +60,7 @@ class PatternTable:
                                   self.devices)
             for end, pattern in zip(targets, found):
                 self.pattern_parts[start, end] = pattern.parts
-                for case, flags in enumerate(_CASES):
+                for case, flags in enumerate(PATTERN_CASES):
                     self.pattern_cases[case, start, end] = flags in pattern.cases
 
 
@@ -110,26 +110,13 @@ class EdgeCosts:
         """Seconds of the busiest rank moving a ``shape`` tensor from each of ``starts`` to each of ``ends``."""
         extents = np.array(shape, dtype=np.int64)
         source, target = self.parts[starts][:, None, :], self.parts[ends][None, :, :]
-        divides = (extents % source == 0).all(axis=2) & (extents % target == 0).all(axis=2)
-        nests = ((source % target == 0) | (target % source == 0)).all(axis=2)
-        patterned = divides & nests
+        patterned = nested_mask(extents, source, target)
         self.table.examine(starts, ends, patterned)
-        seconds = self._patterned_s(extents, starts, ends, source, target)
+        table = self.table
+        seconds = patterned_s(self.coefficients, table.pattern_parts[starts][:, ends],
+                              table.pattern_cases[:, starts][:, :, ends], extents, source, target)
         for row, column in zip(*np.nonzero(~patterned)):  # rank by rank: splits that do not nest or divide
             seconds[row, column] = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize,
                                                         self.layouts[starts[row]], [self.layouts[ends[column]]],
                                                         self.devices)[0]
         return seconds
-
-    def _patterned_s(self, extents: np.ndarray, starts: np.ndarray, ends: np.ndarray, source: np.ndarray,
-                     target: np.ndarray) -> np.ndarray:
-        wanted = (extents // np.maximum(target, 1)).prod(axis=2).astype(np.float64)
-        own = (extents // np.maximum(source, target)).prod(axis=2).astype(np.float64)
-        parts = self.table.pattern_parts[starts][:, ends].astype(np.float64)
-        worst = np.zeros((len(starts), len(ends)))
-        for case, (holds, spans) in enumerate(_CASES):
-            present = self.table.pattern_cases[case][starts][:, ends] & (parts - holds > 0)
-            alpha_s, beta_s = self.coefficients[spans]
-            cost = alpha_s * (parts - holds) + beta_s * (wanted - own * holds)
-            worst = np.where(present, np.maximum(worst, cost), worst)
-        return worst

@@ -1,7 +1,11 @@
-"""Executing a Plan on torch.distributed (built in later issues: apply_plan, halo exchange, pipelines).
+"""Executing a Plan on torch.distributed.
 
-Nothing is exported yet: this package holds no code until the runtime issue,
-so importing it gives an empty namespace rather than placeholders.
+Built so far, each module one building block equal to the unsplit operation:
+``halo_exchange`` (rows a tile's windows read from its neighbours),
+``spatial`` (convolution and pooling on height/width tiles), ``norm``
+(batch-norm statistics over a group), ``redistribute`` (moving a tensor
+between layouts) and ``channel`` (filter-split convolution and linear).
+``apply_plan`` and the launcher come next (runtime issue).
 """
 
 __all__: list[str] = []
