@@ -14,8 +14,10 @@ Assumptions (beyond those of the modules used):
       larger than a node.
     * Weights split by ``c`` (filters of convolution/linear, channels of
       batch-norm) are allreduced over the ``D/c`` ranks that hold the same slice.
-    * Batch-norm under a spatial split allreduces ``2·C`` statistics over the
-      ``h·w`` group forward and ``2·C`` sums backward.
+    * Batch-norm split by sample or space sums its statistics over the whole
+      batch, as the unsplit layer does (the runtime's default, synchronised
+      batch-norm): one allreduce of ``2·C`` float64 sums over the ``n·h·w``
+      ranks of its channels forward and one backward.
     * A filter (``c``) split of a convolution or linear layer needs the full
       input on every rank (an edge redistribution provides it) and sums the
       partial input gradients over the ``c`` group: one allreduce of the local
@@ -99,7 +101,12 @@ def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, s
     return forward_s, backward_s, sources.pop() if len(sources) == 1 else "mixed"
 
 
-def _spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], list[AxisHalo]] | None:
+def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], list[AxisHalo]] | None:
+    """Per-tile halos ``(rows, columns)`` of a convolution or pooling split by height/width; ``None`` if it has none.
+
+    Raises:
+        InputError: A tile would read beyond its adjacent tile.
+    """
     if layer["kind"] not in _HALO_KINDS or layout.spatial == 1:
         return None
     attrs, shape = layer["attrs"], layer["input_shapes"][0]
@@ -112,7 +119,7 @@ def _spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisH
 
 
 def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
-    halos = _spatial_halos(layer, layout)
+    halos = spatial_halos(layer, layout)
     if halos is None:
         return 0.0
     rows, cols = halos
@@ -129,7 +136,7 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
 
 
 def _interior_share(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem) -> float:
-    halos = _spatial_halos(layer, layout)
+    halos = spatial_halos(layer, layout)
     if halos is None:
         return 0.0
     out_h, out_w = problem.output_shape[2], problem.output_shape[3]
@@ -149,10 +156,11 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
-    if layer["kind"] != "batchnorm" or layout.spatial == 1:
+    if layer["kind"] != "batchnorm" or layout.n * layout.spatial == 1:
         return 0.0
-    stats_bytes = 2 * problem.output_shape[1] * 4
-    return 2 * allreduce_s(profile, cluster, list(range(layout.spatial)), stats_bytes)
+    stats_bytes = 2 * problem.output_shape[1] * 8  # Σx and Σx² per channel in float64 (runtime.norm)
+    group = [sample * layout.c * layout.spatial + tile for sample in range(layout.n) for tile in range(layout.spatial)]
+    return 2 * allreduce_s(profile, cluster, group, stats_bytes)
 
 
 def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,

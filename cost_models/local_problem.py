@@ -143,7 +143,18 @@ def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
         return False  # 'same'/'valid' padding strings: the runtime splits only explicit paddings
     if spatial and kind in ("adaptive_avgpool", "adaptive_maxpool") and list(output[2:]) != [1, 1]:
         return False
+    if spatial and not _tiles_exactly(kind, layer["attrs"]):
+        return False
     return layout.fits(tuple(output))
+
+
+def _tiles_exactly(kind: str, attrs: Mapping[str, Any]) -> bool:
+    """Whether the runtime splits this layer across tiles (``runtime.layers.refusal`` says why not)."""
+    if attrs.get("ceil_mode"):
+        return False  # pooling windows past the end: the last tile's count depends on the global extent
+    if kind == "upsample":
+        return attrs.get("mode", "nearest") in ("nearest", "bilinear") and not attrs.get("align_corners")
+    return True
 
 
 def _split_shape(shape: Sequence[int], layout: Layout) -> list[int]:

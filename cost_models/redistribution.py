@@ -28,7 +28,7 @@ import numpy as np
 from cost_models.halo import partition
 from cost_models.layout import Layout
 
-__all__ = ["Box", "RankLoads", "RankTransfer", "rank_box", "rank_loads", "redistribution"]
+__all__ = ["Box", "RankLoads", "RankTransfer", "coordinates", "part_range", "rank_box", "rank_loads", "redistribution"]
 
 Box = tuple[tuple[int, int], ...]
 
@@ -44,8 +44,8 @@ class RankTransfer:
 
 def rank_box(shape: Sequence[int], layout: Layout, rank: int) -> Box:
     """The index box ``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` rank ``rank`` holds."""
-    return tuple(_part_range(extent, parts, index)
-                 for extent, parts, index in zip(shape, layout.parts(), _coordinates(layout, rank)))
+    return tuple(part_range(extent, parts, index)
+                 for extent, parts, index in zip(shape, layout.parts(), coordinates(layout, rank)))
 
 
 def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices: int) -> list[RankTransfer]:
@@ -148,7 +148,8 @@ def _part_of_array(extent: int, parts: int, position: np.ndarray) -> np.ndarray:
     return np.where(position < big, position // (base + 1), extra + (position - big) // max(base, 1))
 
 
-def _coordinates(layout: Layout, rank: int) -> list[int]:
+def coordinates(layout: Layout, rank: int) -> list[int]:
+    """Grid coordinates ``[n, c, h, w]`` of ``rank`` under ``layout`` (row-major, ``rank mod layout.ranks``)."""
     coords, rest = [], rank % layout.ranks
     for parts in reversed(layout.parts()):
         rest, index = divmod(rest, parts)
@@ -164,7 +165,8 @@ def _rank_of(layout: Layout, coords: Sequence[int]) -> int:
     return rank
 
 
-def _part_range(extent: int, parts: int, index: int) -> tuple[int, int]:
+def part_range(extent: int, parts: int, index: int) -> tuple[int, int]:
+    """``[start, stop)`` of part ``index`` of a balanced ``parts``-way split of ``extent``."""
     base, extra = divmod(extent, parts)
     if base == 0:
         partition(extent, parts)  # raises: empty parts
@@ -183,7 +185,7 @@ def _overlapping_parts(extent: int, parts: int, lo: int, hi: int) -> list[tuple[
     found = []
     index = _part_of(extent, parts, lo)
     while index < parts:
-        start, stop = _part_range(extent, parts, index)
+        start, stop = part_range(extent, parts, index)
         if start >= hi:
             break
         found.append((index, min(stop, hi) - max(start, lo)))

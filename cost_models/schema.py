@@ -1,6 +1,6 @@
 """Versioned JSON documents checked against the JSON Schemas shipped in ``cost_models/schemas``.
 
-Every document parplan writes (plans, and later profiles and measurements)
+Every document parplan writes (plans, profiles and measurements)
 carries ``"format": "parplan.<kind>/<version>"``. Reading checks the format
 first — an unknown version is refused with both versions named — then the
 schema, reporting the first violation with its JSON path.

@@ -24,7 +24,7 @@ from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models.layer_kinds import classify
 
-__all__ = ["build_layer_graph"]
+__all__ = ["build_layer_graph", "symbolic_trace"]
 
 # node name -> list of (shape, itemsize) for each tensor it produced; None for non-tensor results.
 TensorMeta = list[tuple[tuple[int, ...], int]]
@@ -40,7 +40,7 @@ def build_layer_graph(
     modes = {module: module.training for module in model.modules()}
     model.train()
     try:
-        traced = _symbolic_trace(model, leaf_modules)
+        traced = symbolic_trace(model, leaf_modules)
         fake_mode = FakeTensorMode()
         with FakeCopyMode(fake_mode):
             fake_traced = copy.deepcopy(traced)
@@ -89,7 +89,8 @@ class _LocatingTracer(Tracer):
         return result
 
 
-def _symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...]) -> GraphModule:
+def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...]) -> GraphModule:
+    """``torch.fx`` trace of ``model`` whose node names are the layer names of :func:`build_layer_graph`."""
     tracer = _LocatingTracer(leaf_modules)
     try:
         graph = tracer.trace(model)

@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(commands, common)
     _add_estimate(commands, common)
     _add_plan(commands, common)
+    _add_run(commands, common)
     return parser
 
 
@@ -126,6 +127,54 @@ def _add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
                         help="model stage K running FACTOR times slower (a straggler); repeatable")
     parser.set_defaults(handler=_estimate)
+
+
+def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "run", parents=[common], help="train MODEL under a plan on R ranks and measure it",
+        description="Execute PLAN on --nproc local ranks (torchrun's machinery), or on the ranks mpirun/srun started; "
+                    "train --steps steps on synthetic data and write the measurement JSON.")
+    _add_model_arguments(parser)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/1 file made for this model and input")
+    which.add_argument("--layout", metavar="L[,L…]", help="run without a plan file: every layer takes the first of "
+                       "these layouts it can (e.g. h2,n1); n1 (whole) is always tried last")
+    parser.add_argument("--nproc", type=_positive_int, metavar="R",
+                        help="ranks to start (default: the plan's devices; under mpirun: its ranks)")
+    parser.add_argument("--steps", type=_non_negative_int, default=10, metavar="S", help="measured steps (default 10)")
+    parser.add_argument("--warmup", type=_non_negative_int, default=2, metavar="W",
+                        help="steps run before measuring (default 2)")
+    parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
+    parser.add_argument("--out", metavar="MEAS.json", help="write the measurement here (atomically)")
+    parser.add_argument("--profile", metavar="PROFILE",
+                        help="predict this machine's step time with a profile (default: the plan's own prediction)")
+    parser.add_argument("--verify", action="store_true",
+                        help="first compare one step with the unsplit model; exit 1 if the error exceeds --tolerance")
+    parser.add_argument("--tolerance", type=_positive_float, metavar="X",
+                        help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
+    parser.add_argument("--lr", type=_positive_float, default=0.01, help="SGD learning rate (default 0.01)")
+    parser.add_argument("--seed", type=_non_negative_int, default=0, help="weights and data seed (default 0)")
+    parser.add_argument("--local-batchnorm", action="store_true",
+                        help="batch-norm statistics per group of samples (data parallel style), not over the batch")
+    parser.add_argument("--data", metavar="module:function",
+                        help="data factory: function(input_box, target_box, step) -> (input, target) of this rank")
+    parser.add_argument("--threads", type=_positive_int, metavar="T",
+                        help="CPU threads per rank (default: cores / ranks)")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from planner.report import print_measurement
+    from runtime.command import run_command
+
+    def predict(graph: Any, plan: Any) -> Any:
+        from cost_models.estimate import estimate
+        from cost_models.plan import Prediction
+
+        result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype))
+        return Prediction(result.iteration_s, result.memory_bytes_max, dict(result.breakdown_s))
+
+    return run_command(args, predict if args.profile else None, print_measurement)
 
 
 def _slowdowns(items: list[str]) -> dict[int, float]:
@@ -296,7 +345,7 @@ def _positive_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
     return value
 
 

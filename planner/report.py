@@ -218,3 +218,26 @@ def _decision_table(rows: list[dict[str, Any]], explain: bool) -> Table:
             cells += [row.get("runner_up") or "—", "—" if extra is None else f"+{extra * 1e3:.3f} ms"]
         table.add_row(*cells)
     return table
+
+
+def print_measurement(document: dict[str, Any], console: Console | None = None) -> None:
+    """``parplan run``'s summary: the plan, the measured step times and losses, the prediction, the check."""
+    console = console or Console()
+    model = document["model"]
+    console.print(f"[bold]{model['spec']}[/bold] {_shape(model['input_shape'])} {model['dtype']} — "
+                  f"{document['plan']['summary']} on {document['nproc']} ranks ({document['backend']}, "
+                  f"{document['launcher']})")
+    table = Table("step", "seconds", "loss")
+    for index, (seconds, loss) in enumerate(zip(document["per_step_s"], document["loss"]), start=1):
+        table.add_row(str(index), f"{seconds:.4f}", f"{loss:.6f}")
+    if document["per_step_s"]:
+        console.print(table)
+        predicted = document["predicted_iteration_s"]
+        tail = f", predicted {predicted:.4f} s ({predicted / document['iteration_s']:.2f}× measured)" if predicted else ""
+        console.print(f"median step {document['iteration_s']:.4f} s{tail}; peak memory per rank "
+                      f"{format_bytes(document['memory_bytes_max'])}")
+    verified = document.get("verify")
+    if verified is not None:
+        verdict = "[green]passed[/green]" if verified["passed"] else "[red]FAILED[/red]"
+        console.print(f"verify {verdict}: output max rel err {verified['output_max_rel_err']:.2e}, gradient max rel "
+                      f"err {verified['grad_max_rel_err']:.2e} (tolerance {verified['tolerance']:.0e})")

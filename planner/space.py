@@ -52,6 +52,7 @@ from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import local_problem
 from cost_models.memory import layer_memory
 from cost_models.profile import Profile
+from cost_models.uniform import NO_COMPUTE_KINDS, fits_output
 from planner.cost_table import CostTable
 from planner.edge_costs import EdgeCosts, PatternTable
 from planner.exact import solve_exact
@@ -61,7 +62,6 @@ __all__ = ["FOLLOWER_KINDS", "LayerCosts", "Space", "build_space", "decision_gro
 
 FOLLOWER_KINDS = frozenset({"batchnorm", "activation", "dropout", "identity"})
 MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the first
-_NO_COMPUTE = frozenset({"flatten", "view", "getitem", "identity"})
 _RESTRICTED_PER_DECISION = 3  # cheapest options per decision in the restricted solve that sets the upper bound
 
 
@@ -200,7 +200,7 @@ class LayerCosts:
 
     def _layer(self, node: Mapping[str, Any], layout: Layout) -> tuple[float, float, int] | None:
         problem = local_problem(node, layout, self.itemsize, self.dtype)
-        if problem is None and not (node["kind"] in _NO_COMPUTE and _fits(node, layout)):
+        if problem is None and not (node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)):
             return None
         try:
             cost = layer_cost("", node, layout, self.devices, self.profile, self.cluster, self.itemsize, self.dtype)
@@ -355,10 +355,3 @@ def _divides(shape: Any, layout: Layout) -> bool:
     for extent in shape[1:]:
         features *= extent
     return layout.h == layout.w == 1 and shape[0] % layout.n == 0 and features % layout.c == 0
-
-
-def _fits(node: Mapping[str, Any], layout: Layout) -> bool:
-    shape = node["output_shape"]
-    if len(shape) == 4:
-        return layout.fits(tuple(shape))
-    return layout.h == layout.w == 1 and shape[0] >= layout.n and (len(shape) < 2 or shape[-1] >= layout.c)

@@ -1,11 +1,16 @@
-"""Executing a Plan on torch.distributed.
+"""Executing a Plan on torch.distributed: ``apply_plan`` and ``parplan run``.
 
-Built so far, each module one building block equal to the unsplit operation:
-``halo_exchange`` (rows a tile's windows read from its neighbours),
-``spatial`` (convolution and pooling on height/width tiles), ``norm``
-(batch-norm statistics over a group), ``redistribute`` (moving a tensor
-between layouts) and ``channel`` (filter-split convolution and linear).
-``apply_plan`` and the launcher come next (runtime issue).
+``apply`` interprets the user's traced model under the plan (``apply_plan``
+→ ``DistributedModel``), one layer kind at a time (``layers``), moving
+tensors between placements (``placement``, ``redistribute``), with the
+building blocks each equal to the unsplit operation: ``halo_exchange`` and
+``overlap`` (halos, with a tile's interior computed meanwhile), ``spatial``
+(convolution and pooling on tiles), ``resample`` (upsampling and transposed
+convolution on tiles), ``norm`` (batch-norm over a group), ``collectives``,
+``slicing`` (channel-split weights), ``gradsync`` (gradient sums over replica
+groups) and ``groups`` (process groups). ``data`` makes synthetic batches per
+box, ``train`` is one rank's training loop and ``--verify``, ``launch`` starts
+ranks with torchrun's machinery or under MPI, ``command`` is ``parplan run``.
 """
 
 __all__: list[str] = []

@@ -11,7 +11,10 @@ result, fed to the same operation with no padding on this axis, gives exactly
 the tile's output rows.
 
 Backward sends the gradient of each received halo back to the neighbour that
-owns those rows, which adds it to its own input gradient. A 2-D split runs
+owns those rows, which adds it to its own input gradient. The exchange is two
+autograd functions, :func:`start_halo` (post the non-blocking sends and
+receives) and :func:`finish_halo` (wait and join), so a caller can compute
+what needs no halo in between (``runtime.overlap``). A 2-D split runs
 one exchange per axis — rows first, then columns of the row-extended tile — so
 corners arrive with the second exchange, and backward undoes them in reverse.
 
@@ -30,7 +33,7 @@ import torch.distributed as dist
 
 from cost_models.halo import partition
 
-__all__ = ["AxisWindow", "axis_window", "exchange_halo"]
+__all__ = ["AxisWindow", "PendingHalo", "axis_window", "exchange_halo", "finish_halo", "start_halo", "window_of_reads"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,29 @@ def axis_window(extent: int, parts: int, tile: int, kernel: int, stride: int, di
         ValueError: The split is too fine for the window (a halo beyond the adjacent tile).
     """
     extent_out = (extent + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
-    owned, produced = partition(extent, parts), partition(extent_out, parts)
-    reads = [_read_range(o0, o1, kernel, stride, dilation, padding) for o0, o1 in produced]
+    reads = [_read_range(o0, o1, kernel, stride, dilation, padding) for o0, o1 in partition(extent_out, parts)]
+    return window_of_reads(extent, reads, tile, neighbours,
+                           f"a window of {kernel} (stride {stride}, dilation {dilation})")
+
+
+def window_of_reads(extent: int, reads: list[tuple[int, int]], tile: int,
+                    neighbours: tuple[int | None, int | None], what: str = "this operation") -> AxisWindow:
+    """The :class:`AxisWindow` of ``tile`` when tile ``t`` reads the input rows ``reads[t]`` (global indices).
+
+    Rows outside ``[0, extent)`` are global padding. Used directly by operations
+    that are not sliding windows (upsampling, transposed convolution).
+
+    Raises:
+        ValueError: A tile reads beyond its adjacent tiles (the split is too fine for ``what``).
+    """
+    parts = len(reads)
+    owned = partition(extent, parts)
     for index, (start, stop) in enumerate(reads):
         low = owned[index - 1][0] if index > 0 else 0
         high = owned[index + 1][1] if index + 1 < parts else extent
         if max(start, 0) < low or min(stop, extent) > high:
-            raise ValueError(f"a {parts}-way split of {extent} rows is too fine for a window of {kernel} (stride "
-                             f"{stride}, dilation {dilation}): tile {index} reads beyond its neighbours")
+            raise ValueError(f"a {parts}-way split of {extent} rows is too fine for {what}: tile {index} reads "
+                             f"beyond its neighbours")
     own_start, own_stop = owned[tile]
     sends_before = _overlap(reads[tile - 1], owned[tile]) if tile > 0 else (own_start, own_start)
     sends_after = _overlap(reads[tile + 1], owned[tile]) if tile + 1 < parts else (own_stop, own_stop)
@@ -82,46 +100,110 @@ def exchange_halo(tile: torch.Tensor, dim: int, window: AxisWindow, fill: float 
 
     Every tile of the axis must call this at the same point (it sends and receives).
     """
-    return _HaloExchange.apply(tile, dim, window, fill)
+    pending = start_halo(tile, dim, window)
+    return finish_halo(tile, pending, fill)
 
 
-class _HaloExchange(torch.autograd.Function):
+@dataclass
+class PendingHalo:
+    """A halo exchange in flight: the receive buffers (filled once :func:`finish_halo` waits) and the requests."""
+
+    dim: int
+    window: AxisWindow
+    before: torch.Tensor
+    after: torch.Tensor
+    requests: list[Any]
+    keep: list[torch.Tensor]  # the outgoing rows, alive until the sends complete
+
+
+def start_halo(tile: torch.Tensor, dim: int, window: AxisWindow) -> PendingHalo:
+    """Post this tile's halo sends and receives without waiting (compute what needs no halo meanwhile)."""
+    pending = PendingHalo(dim, window, tile, tile, [], [])
+    pending.before, pending.after = _HaloStart.apply(tile, pending)
+    return pending
+
+
+def finish_halo(tile: torch.Tensor, pending: PendingHalo, fill: float = 0.0) -> torch.Tensor:
+    """Wait for ``pending`` and return the tile extended by its halos and global padding (``fill``)."""
+    return _HaloFinish.apply(tile, pending.before, pending.after, pending, fill)
+
+
+def _received(w: AxisWindow) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Global row ranges received from the neighbour before and after (empty ranges at borders)."""
+    first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
+    before = (first, min(w.own_start, last)) if first < w.own_start else (first, first)
+    after = (max(w.own_stop, first), last) if last > w.own_stop else (last, last)
+    return before, after
+
+
+class _HaloStart(torch.autograd.Function):
+    """Forward: post the sends of this tile's rows and the receives of its halos. Backward: the adjoint."""
+
     @staticmethod
-    def forward(ctx: Any, tile: torch.Tensor, dim: int, window: AxisWindow, fill: float) -> torch.Tensor:
-        ctx.dim, ctx.window = dim, window
-        w = window
-        first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
-        received_before = (first, min(w.own_start, last)) if first < w.own_start else (first, first)
-        received_after = (max(w.own_stop, first), last) if last > w.own_stop else (last, last)
-        ctx.received = (received_before, received_after)
+    def forward(ctx: Any, tile: torch.Tensor, pending: PendingHalo) -> tuple[torch.Tensor, torch.Tensor]:
+        w, dim = pending.window, pending.dim
+        ctx.dim, ctx.window, ctx.shape = dim, w, tuple(tile.shape)
+        received_before, received_after = _received(w)
         outgoing = [(w.before, _rows(tile, dim, w.sends_before, w.own_start)),
                     (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
-        incoming = [(w.before, _empty_rows(tile, dim, received_before)), (w.after, _empty_rows(tile, dim, received_after))]
-        _swap(outgoing, incoming)
-        kept = _rows(tile, dim, (max(first, w.own_start), min(last, w.own_stop)), w.own_start)
-        pads = (_filled(tile, dim, max(0, -w.read_start), fill), _filled(tile, dim, max(0, w.read_stop - w.extent), fill))
-        return torch.cat([pads[0], incoming[0][1], kept, incoming[1][1], pads[1]], dim=dim)
+        incoming = [(w.before, _empty_rows(tile, dim, received_before)),
+                    (w.after, _empty_rows(tile, dim, received_after))]
+        pending.requests = _post(outgoing, incoming)
+        pending.keep = [rows for _, rows in outgoing]
+        return incoming[0][1], incoming[1][1]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad_before: torch.Tensor | None, grad_after: torch.Tensor | None) -> tuple[Any, None]:
         w, dim = ctx.window, ctx.dim
-        (before_start, before_stop), (after_start, after_stop) = ctx.received
-        offset = max(0, -w.read_start)  # global padding rows at the start of the local tensor
-        sizes = [offset, before_stop - before_start, 0, after_stop - after_start]
-        first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
-        sizes[2] = max(0, min(last, w.own_stop) - max(first, w.own_start))
-        parts = torch.split(grad, [*sizes, grad.shape[dim] - sum(sizes)], dim=dim)
-        shape = list(grad.shape)
-        shape[dim] = w.own_stop - w.own_start
-        result = grad.new_zeros(shape)
-        if sizes[2]:
-            result.narrow(dim, max(first, w.own_start) - w.own_start, sizes[2]).add_(parts[2])
-        outgoing = [(w.before, parts[1].contiguous()), (w.after, parts[3].contiguous())]
-        incoming = [(w.before, _empty_rows(result, dim, w.sends_before)), (w.after, _empty_rows(result, dim, w.sends_after))]
-        _swap(outgoing, incoming)
+        result = torch.zeros(ctx.shape, dtype=_dtype(grad_before, grad_after), device=_device(grad_before, grad_after))
+        received_before, received_after = _received(w)
+        outgoing = [(w.before, _grad_or_zeros(grad_before, result, dim, received_before)),
+                    (w.after, _grad_or_zeros(grad_after, result, dim, received_after))]
+        incoming = [(w.before, _empty_rows(result, dim, w.sends_before)),
+                    (w.after, _empty_rows(result, dim, w.sends_after))]
+        for request in _post(outgoing, incoming):
+            request.wait()
         for (start, stop), (_, rows) in zip((w.sends_before, w.sends_after), incoming):
             result.narrow(dim, start - w.own_start, stop - start).add_(rows)
-        return result, None, None, None
+        return result, None
+
+
+class _HaloFinish(torch.autograd.Function):
+    """Forward: wait, then join global padding, the halos and the rows of its own the tile's windows read."""
+
+    @staticmethod
+    def forward(ctx: Any, tile: torch.Tensor, before: torch.Tensor, after: torch.Tensor, pending: PendingHalo,
+                fill: float) -> torch.Tensor:
+        for request in pending.requests:
+            request.wait()
+        w, dim = pending.window, pending.dim
+        first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
+        kept = (max(first, w.own_start), min(last, w.own_stop))
+        pads = (max(0, -w.read_start), max(0, w.read_stop - w.extent))
+        ctx.dim, ctx.own_start, ctx.shape, ctx.kept = dim, w.own_start, tuple(tile.shape), kept
+        ctx.sizes = [pads[0], before.shape[dim], max(0, kept[1] - kept[0]), after.shape[dim], pads[1]]
+        return torch.cat([_filled(tile, dim, pads[0], fill), before, _rows(tile, dim, kept, w.own_start), after,
+                          _filled(tile, dim, pads[1], fill)], dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        _, grad_before, grad_kept, grad_after, _ = torch.split(grad, ctx.sizes, dim=ctx.dim)
+        grad_tile = grad.new_zeros(ctx.shape)
+        if ctx.sizes[2]:
+            grad_tile.narrow(ctx.dim, ctx.kept[0] - ctx.own_start, ctx.sizes[2]).add_(grad_kept)
+        return grad_tile, grad_before.contiguous(), grad_after.contiguous(), None, None
+
+
+def _grad_or_zeros(grad: torch.Tensor | None, like: torch.Tensor, dim: int, span: tuple[int, int]) -> torch.Tensor:
+    return grad.contiguous() if grad is not None else _empty_rows(like, dim, span).zero_()
+
+
+def _dtype(*grads: torch.Tensor | None) -> torch.dtype:
+    return next(g.dtype for g in grads if g is not None)
+
+
+def _device(*grads: torch.Tensor | None) -> torch.device:
+    return next(g.device for g in grads if g is not None)
 
 
 def _read_range(o0: int, o1: int, kernel: int, stride: int, dilation: int, padding: int) -> tuple[int, int]:
@@ -149,9 +231,8 @@ def _filled(like: torch.Tensor, dim: int, rows: int, fill: float) -> torch.Tenso
     return like.new_full(shape, fill)
 
 
-def _swap(outgoing: list[tuple[int | None, torch.Tensor]], incoming: list[tuple[int | None, torch.Tensor]]) -> None:
-    """Post every non-empty send and receive at once (non-blocking), then wait for all of them."""
+def _post(outgoing: list[tuple[int | None, torch.Tensor]], incoming: list[tuple[int | None, torch.Tensor]]) -> list[Any]:
+    """Post every non-empty send and receive (non-blocking); the caller waits for the returned requests."""
     requests = [dist.isend(rows, peer) for peer, rows in outgoing if peer is not None and rows.numel()]
     requests += [dist.irecv(rows, peer) for peer, rows in incoming if peer is not None and rows.numel()]
-    for request in requests:
-        request.wait()
+    return requests

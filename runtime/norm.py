@@ -1,14 +1,24 @@
 """Batch-norm over a tensor split by space (and, if asked, by sample): statistics summed over the group.
 
-Each rank holds a tile ``(N_local, C, H_tile, W_tile)``. The per-channel mean
-and variance of the unsplit layer are sums over every sample and position,
-so the tiles' partial sums are added over ``group`` — the ranks holding the
-other tiles of the same samples (and the other samples' ranks for
-synchronised batch-norm). The sums go through
-``torch.distributed.nn.functional.all_reduce``, whose backward adds the
-gradients over the same group, so autograd gives each tile exactly its part of
-the unsplit input gradient. The variance is computed in two passes (mean
-first, then the mean square deviation) to avoid cancellation in float32.
+Each rank holds a tile ``(N_local, C, H_tile, W_tile)`` (or ``(N_local, C)``, ``(N_local, C, L)``).
+The per-channel mean and variance of the unsplit layer are sums over every
+sample and position, so the tiles' sums of ``x`` and ``x²`` are added over
+``group`` — the ranks holding the other tiles of the same samples (and the
+other samples' ranks for synchronised batch-norm) — in one allreduce of
+``2·C`` float64 values; the count of values per channel is known from the
+shapes. Accumulating in float64 (as PyTorch's CPU batch-norm does) keeps the
+one-pass variance ``E[x²] − E[x]²`` accurate for float32 data.
+
+Backward uses batch-norm's closed form, as cuDNN's and PyTorch's own kernels
+do, with the two per-channel sums it needs (``Σ g`` and ``Σ g·x̂``) added over
+the same group in one more allreduce: ``dx = (γ/σ)·(g − mean(g) −
+x̂·mean(g·x̂))``. Differentiating the forward formula term by term instead is
+exact in real arithmetic but not in float32: ``Σ(x − μ)`` is not zero in
+rounding, and deep networks amplify that into percent-level gradient errors.
+The weight and bias gradients returned are this tile's shares (``Σ g·x̂``,
+``Σ g`` over the tile); summing them over the ranks gives the unsplit
+gradients.
+
 Running statistics follow ``torch.nn.BatchNorm2d`` (unbiased variance).
 """
 
@@ -18,40 +28,81 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
+import torch.nn.functional as F
 
 __all__ = ["batch_norm"]
 
 
 def batch_norm(tile: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                weight: torch.Tensor | None, bias: torch.Tensor | None, training: bool, momentum: float, eps: float,
-               group: Any = None) -> torch.Tensor:
+               group: Any = None, count: int | None = None) -> torch.Tensor:
     """This tile of ``F.batch_norm`` of the tensor the tiles of ``group`` make up together.
 
     In evaluation (``training=False``) the running statistics are used and no
-    communication happens. ``group`` is a process group (``None``: all ranks).
+    communication happens. ``group`` is a process group (``None``: all ranks);
+    ``count`` the number of values per channel over the group (summed over it when not given).
     """
-    shape = (1, -1, 1, 1)
     if not training:
-        mean, var = running_mean, running_var
-    else:
-        count = _summed(torch.tensor([tile.numel() / tile.shape[1]], dtype=tile.dtype, device=tile.device), group)
-        mean = _summed(tile.sum(dim=(0, 2, 3)), group) / count
-        var = _summed(((tile - mean.view(shape)) ** 2).sum(dim=(0, 2, 3)), group) / count
+        return F.batch_norm(tile, running_mean, running_var, weight, bias, False, 0.0, eps)
+    channels = tile.shape[1]
+    weight = weight if weight is not None else tile.new_ones(channels)
+    bias = bias if bias is not None else tile.new_zeros(channels)
+    if count is None:
+        count = int(_summed(torch.tensor([tile.numel() // channels], device=tile.device), group).item())
+    return _BatchNorm.apply(tile, weight, bias, running_mean, running_var, momentum, eps, group, count)
+
+
+class _BatchNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float, eps: float,
+                group: Any, count: int) -> torch.Tensor:
+        dims, wide = _reduced(tile), _accumulator(tile)
+        sums = _summed(torch.stack([tile.sum(dim=dims, dtype=wide), (tile * tile).sum(dim=dims, dtype=wide)]), group)
+        mean = sums[0] / count
+        var = (sums[1] / count - mean * mean).clamp(min=0)
+        inv_std = torch.rsqrt(var + eps).to(tile.dtype)
+        normalised = (tile - _channel(mean.to(tile.dtype), tile)) * _channel(inv_std, tile)
         if running_mean is not None and running_var is not None:
-            with torch.no_grad():
-                unbiased = var * count / (count - 1).clamp(min=1)
-                running_mean.mul_(1 - momentum).add_(momentum * mean)
-                running_var.mul_(1 - momentum).add_(momentum * unbiased)
-    out = (tile - mean.view(shape)) / torch.sqrt(var.view(shape) + eps)  # type: ignore[union-attr]
-    if weight is not None:
-        out = out * weight.view(shape)
-    if bias is not None:
-        out = out + bias.view(shape)
-    return out
+            unbiased = var * count / max(count - 1, 1)
+            running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))
+            running_var.mul_(1 - momentum).add_(momentum * unbiased.to(running_var.dtype))
+        ctx.save_for_backward(normalised, weight, inv_std)
+        ctx.group, ctx.count = group, count
+        return normalised * _channel(weight, tile) + _channel(bias, tile)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        normalised, weight, inv_std = ctx.saved_tensors
+        count = ctx.count
+        dims, wide = _reduced(grad), _accumulator(grad)
+        grad_bias = grad.sum(dim=dims, dtype=wide)
+        grad_weight = (grad * normalised).sum(dim=dims, dtype=wide)
+        sums = (_summed(torch.stack([grad_bias, grad_weight]), ctx.group) / count).to(grad.dtype)
+        grad_bias, grad_weight = grad_bias.to(grad.dtype), grad_weight.to(grad.dtype)
+        grad_input = (grad - _channel(sums[0], grad) - normalised * _channel(sums[1], grad)) \
+            * _channel(weight * inv_std, grad)
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+def _accumulator(like: torch.Tensor) -> torch.dtype:
+    """The dtype sums are accumulated in: float64 for floating types below it, as PyTorch's CPU kernels do."""
+    return torch.float64 if like.is_floating_point() and like.dtype != torch.float64 else like.dtype
+
+
+def _reduced(like: torch.Tensor) -> tuple[int, ...]:
+    """Every dimension but the channels (1): samples and positions."""
+    return (0, *range(2, like.dim()))
+
+
+def _channel(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-channel ``values`` shaped to broadcast over ``like``."""
+    return values.view(1, -1, *([1] * (like.dim() - 2)))
 
 
 def _summed(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     if not (dist.is_available() and dist.is_initialized()):
         return tensor  # one process: the tile is the whole tensor
-    return dist_fn.all_reduce(tensor, group=group if group is not None else dist.group.WORLD)
+    summed = tensor.contiguous().clone()
+    dist.all_reduce(summed, group=group)
+    return summed

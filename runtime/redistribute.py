@@ -1,38 +1,43 @@
-"""Moving a 4-D tensor from one layout to another across the ranks of a group, as an autograd function.
+"""Moving a 4-D tensor from one placement to another across the ranks of a group, as an autograd function.
 
-Placement is the cost model's (``cost_models.redistribution``): group member
-``q`` holds the box ``rank_box(shape, layout, q)``, members of a layout with
-fewer ranks than the group hold copies, and a member receives each element it
-lacks from the holder in its own replica block of the source layout. Every
-message is one contiguous sub-box, sent with non-blocking point-to-point
-operations (all posted, then waited), so it works on gloo, NCCL and MPI
-alike.
+Placements are :class:`runtime.placement.Placement` (a Layout is the
+placement of its own grid, ``cost_models.redistribution.rank_box``). Members
+whose source boxes are equal hold copies; a member receives each element it
+lacks from one holder of the source box that has it — the holder in its own
+replica block, as the cost model assumes (holder number ``⌊q·copies/G⌋`` for
+member ``q`` of ``G``). Every message is one contiguous sub-box, sent with
+non-blocking point-to-point operations (all posted, then waited), so it works
+on gloo, NCCL and MPI alike.
 
 Backward is the adjoint: each received block's gradient goes back to the
-rank that sent it and is added to that rank's input gradient. When the
-source layout has fewer ranks than the group (copies), the copies' gradients
-are not summed here: each copy gets the gradient of the elements it sent.
+rank that sent it and is added to that rank's input gradient. Copies'
+gradients are not summed here: each copy gets the gradient of the elements
+it sent (and kept), so the sum over the copies is the unsplit gradient.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
 from cost_models.layout import Layout
-from cost_models.redistribution import Box, rank_box
+from cost_models.redistribution import Box
+from runtime.placement import Placement, as_placement, box_extent
 
 __all__ = ["redistribute"]
 
+Moves = tuple[tuple[tuple[int, Box], ...], tuple[tuple[int, Box], ...]]
 
-def redistribute(local: torch.Tensor, shape: Sequence[int], source: Layout, target: Layout,
-                 ranks: Sequence[int]) -> torch.Tensor:
+
+def redistribute(local: torch.Tensor, shape: Sequence[int], source: Layout | Placement,
+                 target: Layout | Placement, ranks: Sequence[int]) -> torch.Tensor:
     """This rank's box of the tensor under ``target``, from its box ``local`` under ``source``.
 
     Args:
-        local: The box ``rank_box(shape, source, q)`` of this rank (member ``q`` of ``ranks``).
+        local: The box ``source.box(shape, q)`` of this rank (member ``q`` of ``ranks``).
         shape: The global 4-D shape.
         ranks: Global ranks of the group, in placement order; every member must call this.
 
@@ -40,22 +45,23 @@ def redistribute(local: torch.Tensor, shape: Sequence[int], source: Layout, targ
         ValueError: This rank is not in ``ranks``, a layout's rank count does not divide the group,
             or ``local`` has the wrong shape.
     """
-    return _Redistribute.apply(local, tuple(shape), source, target, tuple(ranks))
+    return _Redistribute.apply(local, tuple(shape), as_placement(source), as_placement(target), tuple(ranks))
 
 
 class _Redistribute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, shape: tuple[int, ...], source: Layout, target: Layout,
+    def forward(ctx: Any, local: torch.Tensor, shape: tuple[int, ...], source: Placement, target: Placement,
                 ranks: tuple[int, ...]) -> torch.Tensor:
         me = _member(ranks)
-        for layout in (source, target):
-            if len(ranks) % layout.ranks:
-                raise ValueError(f"layout {layout} ({layout.ranks} ranks) does not divide a group of {len(ranks)}")
-        held = rank_box(shape, source, me)
-        if tuple(local.shape) != _extent(held):
-            raise ValueError(f"rank {ranks[me]} holds {tuple(local.shape)} but {source} gives it {_extent(held)}")
-        ctx.moves = _moves(shape, source, target, ranks, me)
-        ctx.held, ctx.wanted = held, rank_box(shape, target, me)
+        for placement in (source, target):
+            if len(ranks) % placement.layout.ranks:
+                raise ValueError(f"layout {placement.layout} ({placement.layout.ranks} ranks) does not divide a group "
+                                 f"of {len(ranks)}")
+        held = source.box(shape, me)
+        if tuple(local.shape) != box_extent(held):
+            raise ValueError(f"rank {ranks[me]} holds {tuple(local.shape)} but {source} gives it {box_extent(held)}")
+        ctx.moves = moves(shape, source, target, ranks, me)
+        ctx.held, ctx.wanted = held, target.box(shape, me)
         return _exchange(local, held, ctx.wanted, ctx.moves)
 
     @staticmethod
@@ -64,39 +70,43 @@ class _Redistribute(torch.autograd.Function):
         return _exchange(grad.contiguous(), ctx.wanted, ctx.held, (receives, sends)), None, None, None, None
 
 
-def _moves(shape: tuple[int, ...], source: Layout, target: Layout, ranks: tuple[int, ...],
-           me: int) -> tuple[list[tuple[int, Box]], list[tuple[int, Box]]]:
-    """``(sends, receives)``: per peer (global rank) the box of the global index space that moves."""
-    block = me // source.ranks * source.ranks
-    held = rank_box(shape, source, me)
-    wanted = rank_box(shape, target, me)
-    sends, receives = [], []
-    for peer in range(len(ranks)):
-        if peer == me:
+@lru_cache(maxsize=4096)
+def moves(shape: tuple[int, ...], source: Placement, target: Placement, ranks: tuple[int, ...], me: int) -> Moves:
+    """``(sends, receives)`` of member ``me``: per peer (global rank) the box of the global index space that moves."""
+    size = len(ranks)
+    held_by = [source.box(shape, q) for q in range(size)]
+    holders: dict[Box, list[int]] = {}
+    for q, box in enumerate(held_by):
+        holders.setdefault(box, []).append(q)
+    wanted = target.box(shape, me)
+    receives = []
+    for box, owners in holders.items():
+        piece = _intersect(box, wanted)
+        if piece is not None and box != held_by[me]:
+            receives.append((ranks[owners[me * len(owners) // size]], piece))
+    sends = []
+    mine = holders[held_by[me]]
+    for peer in range(size):
+        if held_by[peer] == held_by[me] or mine[peer * len(mine) // size] != me:
             continue
-        if peer // source.ranks * source.ranks == block:  # I am the holder for peer's wanted elements
-            box = _intersect(held, rank_box(shape, target, peer))
-            if box is not None:
-                sends.append((ranks[peer], box))
-        if block <= peer < block + source.ranks:  # peer holds part of what I want
-            box = _intersect(rank_box(shape, source, peer), wanted)
-            if box is not None and _intersect(box, held) is None:
-                receives.append((ranks[peer], box))
-    return sends, receives
+        piece = _intersect(held_by[me], target.box(shape, peer))
+        if piece is not None:
+            sends.append((ranks[peer], piece))
+    return tuple(sends), tuple(receives)
 
 
-def _exchange(data: torch.Tensor, have: Box, want: Box, moves: tuple[list[tuple[int, Box]], list[tuple[int, Box]]]) -> torch.Tensor:
+def _exchange(data: torch.Tensor, have: Box, want: Box, pieces: Moves) -> torch.Tensor:
     """Send sub-boxes of ``data`` (which covers ``have``), receive into a result covering ``want``.
 
     The result starts at zero and pieces are added, so pieces that cover the
     same element (gradients of copies, backward) are summed.
     """
-    sends, receives = moves
-    result = data.new_zeros(_extent(want))
+    sends, receives = pieces
+    result = data.new_zeros(box_extent(want))
     own = _intersect(have, want)
     if own is not None:
         _view(result, want, own).add_(_view(data, have, own))
-    buffers = [(box, data.new_empty(_extent(box))) for _, box in receives]
+    buffers = [(box, data.new_empty(box_extent(box))) for _, box in receives]
     requests = [dist.isend(_view(data, have, box).contiguous(), peer) for peer, box in sends]
     requests += [dist.irecv(buffer, peer) for (peer, _), (_, buffer) in zip(receives, buffers)]
     for request in requests:
@@ -116,10 +126,6 @@ def _member(ranks: tuple[int, ...]) -> int:
 def _intersect(a: Box, b: Box) -> Box | None:
     box = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
     return box if all(lo < hi for lo, hi in box) else None
-
-
-def _extent(box: Box) -> tuple[int, ...]:
-    return tuple(hi - lo for lo, hi in box)
 
 
 def _view(tensor: torch.Tensor, origin: Box, box: Box) -> torch.Tensor:

@@ -21,10 +21,11 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
+from runtime.collectives import all_reduce_sum
 import torch.nn.functional as F
 
 from runtime.halo_exchange import AxisWindow, axis_window, exchange_halo
+from runtime.overlap import bands_are_uniform, conv2d_overlapped
 
 __all__ = ["TileGrid", "avg_pool2d", "conv2d", "global_avg_pool2d", "max_pool2d"]
 
@@ -62,10 +63,23 @@ class TileGrid:
 
 def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
            full_hw: tuple[int, int], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
-           dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
-    """This tile of ``F.conv2d`` of the global input (spatial extent ``full_hw``)."""
-    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+           dilation: int | Sequence[int] = 1, groups: int = 1, overlap: bool = True) -> torch.Tensor:
+    """This tile of ``F.conv2d`` of the global input (spatial extent ``full_hw``).
+
+    With ``overlap`` the tile's interior is convolved while the halos travel (``runtime.overlap``).
+    """
+    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
     kernel = tuple(weight.shape[2:])
+    if overlap and grid.h * grid.w > 1:
+        every = [[axis_window(full_hw[axis], parts, index, kernel[axis], stride[axis], dilation[axis], padding[axis],
+                              grid.neighbours(axis)) for index in range(parts)] if parts > 1 else None
+                 for axis, parts in enumerate((grid.h, grid.w))]
+        windows = [tiles[grid.tile[axis]] if tiles is not None else None for axis, tiles in enumerate(every)]
+        rows = [[w.own_stop - w.own_start for w in tiles] if tiles is not None else [full_hw[axis]]
+                for axis, tiles in enumerate(every)]
+        reach = (dilation[0] * (kernel[0] - 1), dilation[1] * (kernel[1] - 1))
+        uniform = bands_are_uniform(every, rows, stride, reach, padding)
+        return conv2d_overlapped(tile, weight, bias, windows, stride, padding, dilation, groups, uniform)
     local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride, dilation, padding, 0.0)
     return F.conv2d(local, weight, bias, stride, local_padding, dilation, groups)
 
@@ -74,11 +88,11 @@ def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
                stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
                dilation: int | Sequence[int] = 1) -> torch.Tensor:
     """This tile of ``F.max_pool2d`` of the global input (floor mode)."""
-    kernel = _pair(kernel_size)
-    stride_ = _pair(stride) if stride is not None else kernel
-    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, _pair(dilation), _pair(padding),
+    kernel = pair(kernel_size)
+    stride_ = pair(stride) if stride is not None else kernel
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, pair(dilation), pair(padding),
                                        float("-inf"))
-    return F.max_pool2d(local, kernel, stride_, local_padding, _pair(dilation))
+    return F.max_pool2d(local, kernel, stride_, local_padding, pair(dilation))
 
 
 def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
@@ -89,9 +103,9 @@ def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
         ValueError: On a split axis with padding (the tile cannot tell padding from halo zeros when
             ``count_include_pad=False``; with ``True``, the default, zeros are exact and allowed).
     """
-    kernel = _pair(kernel_size)
-    stride_ = _pair(stride) if stride is not None else kernel
-    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), _pair(padding), 0.0)
+    kernel = pair(kernel_size)
+    stride_ = pair(stride) if stride is not None else kernel
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), pair(padding), 0.0)
     return F.avg_pool2d(local, kernel, stride_, local_padding, count_include_pad=True)
 
 
@@ -99,13 +113,13 @@ def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, int], group: Any =
     """``F.adaptive_avg_pool2d(x, 1)`` of the global input: tile sums added over the spatial ``group``.
 
     The result ``(N, C, 1, 1)`` is whole on every rank of the group. Backward
-    adds the gradients of all those copies (``torch.distributed.nn`` allreduce),
+    adds the gradients of all those copies (``runtime.collectives.all_reduce_sum``),
     so when every rank goes on to compute the same loss from its copy, each
     rank must weigh its copy by ``1/len(group)`` to get the unsplit gradient.
     """
     summed = tile.sum(dim=(2, 3), keepdim=True)
     if dist.is_available() and dist.is_initialized():
-        summed = dist_fn.all_reduce(summed, group=group if group is not None else dist.group.WORLD)
+        summed = all_reduce_sum(summed, group)
     return summed / (full_hw[0] * full_hw[1])
 
 
@@ -124,7 +138,7 @@ def _with_halos(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ke
     return local, (local_padding[0], local_padding[1])
 
 
-def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+def pair(value: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(value, int):
         return value, value
     first, second = tuple(value)

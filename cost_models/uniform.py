@@ -1,0 +1,75 @@
+"""Plans written by rule rather than searched: one preferred layout list for every layer.
+
+Used to run a chosen split as it is (``parplan run --layout n2·h2``) and by
+the runtime's tests and benchmarks. Each layer takes the first layout of its
+preference list that it can take (:func:`layout_applies`: the rules of the
+planner's search space), so a rule such as ``[h4, h2, n1]`` splits every
+layer that is tall enough into four rows and keeps the rest whole (copies on
+every rank).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Callable, Mapping, Sequence
+
+from cost_models.cluster import Cluster
+from cost_models.errors import InputError
+from cost_models.layer_cost import spatial_halos
+from cost_models.layout import Layout
+from cost_models.local_problem import local_problem
+from cost_models.plan import LayerAssignment, Pipeline, Plan
+
+__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "layout_by_rule", "uniform_plan"]
+
+NO_COMPUTE_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
+"""Kinds with no local problem of their own: any layout their output fits is theirs."""
+
+Rule = Callable[[str, int], Sequence[Layout]]  # (layer name, position in execution order) -> preferences
+
+
+def layout_applies(node: Mapping[str, Any], layout: Layout) -> bool:
+    """Whether a layer can take ``layout`` at all: its kind supports the split and every tile is wider than its halo."""
+    if local_problem(node, layout, 4, "float32") is None:
+        return node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)
+    try:
+        spatial_halos(node, layout)
+    except InputError:
+        return False
+    return True
+
+
+def fits_output(node: Mapping[str, Any], layout: Layout) -> bool:
+    """Whether every part of the layer's output under ``layout`` holds at least one element."""
+    shape = node["output_shape"]
+    if len(shape) == 4:
+        return layout.fits(tuple(shape))
+    return layout.h == layout.w == 1 and shape[0] >= layout.n and (len(shape) < 2 or shape[-1] >= layout.c)
+
+
+def layout_by_rule(graph: Any, rule: Rule) -> dict[str, Layout]:
+    """Per layer the first layout of ``rule(name, position)`` it can take.
+
+    Raises:
+        InputError: A layer can take none of its preferences (named, with what was tried).
+    """
+    chosen = {}
+    for position, name in enumerate(graph.compute_layers()):
+        preferences = list(rule(name, position))
+        fitting = [layout for layout in preferences if layout_applies(graph.nodes[name], layout)]
+        if not fitting:
+            raise InputError(f"layer '{name}' ({graph.nodes[name]['kind']}, output "
+                             f"{tuple(graph.nodes[name]['output_shape'])}) can take none of "
+                             f"{[str(layout) for layout in preferences]}; add n1 as the last preference")
+        chosen[name] = fitting[0]
+    return chosen
+
+
+def uniform_plan(graph: Any, cluster: Cluster, preferences: Sequence[Layout] | Rule, model_spec: str = "") -> Plan:
+    """A one-stage plan on all of ``cluster``'s devices in which each layer takes its first applicable preference."""
+    rule: Rule = preferences if callable(preferences) else (lambda _name, _position: preferences)  # type: ignore[assignment]
+    layouts = layout_by_rule(graph, rule)
+    return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
+                {name: LayerAssignment(layout) for name, layout in layouts.items()},
+                Pipeline(1, (cluster.devices,)), model_spec=model_spec,
+                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))

@@ -1,0 +1,377 @@
+"""``apply_plan``: run the user's own model under a Plan on torch.distributed, equal to the unsplit model.
+
+The model is traced with torch.fx (the same tracer as ``parplan inspect``, so
+node names are the plan's layer names) and its fingerprint is checked against
+the plan's. :class:`DistributedModel` then interprets the traced graph on each
+rank: every tensor value is this rank's box of the unsplit tensor in a
+:class:`runtime.placement.Placement`; before a layer runs, each input is
+redistributed to the placement the layer reads (``runtime.layers``), and the
+layer computes its own box of the output under its Layout. Moved tensors are
+kept for the other readers of the same value in the same forward pass.
+
+What changes on the user's model (in place, as FSDP does): the weights of
+layers split by channel are replaced by this rank's slice of them (and
+batch-norm's running statistics by their slice). Every other parameter stays
+whole, and :class:`runtime.gradsync.GradientSync` sums each gradient over the
+ranks that hold it at the end of backward.
+
+Data helpers keep the training loop ordinary: :meth:`DistributedModel.input_box`
+says which part of the global batch this rank must load (large samples are
+never loaded whole), :meth:`~DistributedModel.shard` cuts it from a full batch,
+:meth:`~DistributedModel.gather` returns the whole output, and
+:meth:`~DistributedModel.loss` gives this rank's share of the unsplit
+(global-batch mean) loss — their sum over the ranks is the unsplit loss.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.fx import Node
+from torch.fx.node import map_aggregate
+
+from cost_models.errors import PlanError
+from cost_models.graph import trace
+from cost_models.layout import Layout
+from cost_models.plan import Plan, check_plan_for_graph
+from cost_models.redistribution import Box
+from cost_models.tracing import symbolic_trace
+from runtime.gradsync import GradientSync
+from runtime.groups import GroupCache, blocks
+from runtime.layers import HANDLERS, Site, input_placement, refusal
+from runtime.placement import Placement, box_extent
+from runtime.redistribute import redistribute
+from runtime.slicing import slice_parameters
+
+__all__ = ["DistributedModel", "apply_plan", "check_runnable"]
+
+
+class _Value:
+    """A tensor value of the forward pass: this rank's box, its placement and the unsplit shape."""
+
+    __slots__ = ("tensor", "placement", "shape", "moved")
+
+    def __init__(self, tensor: torch.Tensor, placement: Placement, shape: Sequence[int]) -> None:
+        self.tensor, self.placement, self.shape = tensor, placement, tuple(shape)
+        self.moved: dict[Placement, torch.Tensor] = {}
+
+
+def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = True,
+               leaf_modules: Sequence[str] = (), graph: Any = None) -> "DistributedModel":
+    """Prepare ``model`` to train under ``plan`` on ``ranks`` (default: every rank of the default group).
+
+    Collective: every rank of the default process group must call it (it creates process groups).
+
+    Args:
+        model: The user's model, identically initialised on every rank; modified in place (sliced weights).
+        plan: A single-stage plan made for this model at ``plan.input_shape``.
+        ranks: The global ranks the plan's devices map to, in order.
+        sync_batchnorm: Batch-norm statistics over the whole batch, as the unsplit model computes them;
+            ``False`` keeps them per group of samples (the statistics of data parallelism).
+        leaf_modules: Modules the plan's tracing kept opaque (``--leaf-module``).
+        graph: The model's ``LayerGraph`` at the plan's input shape and dtype, when the caller has traced it
+            already (its fingerprint is still checked against the plan's).
+
+    Raises:
+        PlanError: The plan was made for another model or input, has pipeline stages, needs another number of
+            ranks, or asks for a split this runtime cannot execute (each named).
+    """
+    graph = graph if graph is not None else trace(model, plan.input_shape, getattr(torch, plan.dtype), leaf_modules)
+    if graph.fingerprint != plan.fingerprint:
+        raise PlanError(f"the plan was made for model fingerprint {plan.fingerprint}, but this model at input "
+                        f"{list(plan.input_shape)} ({plan.dtype}) traces to {graph.fingerprint}; make a new plan")
+    check_plan_for_graph(plan, graph)
+    if plan.pipeline.stages != 1:
+        raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; this runtime executes single-stage "
+                        f"plans (pipeline execution is a separate runtime capability)")
+    world = tuple(ranks) if ranks is not None else tuple(range(_world_size()))
+    devices = plan.pipeline.devices_per_stage[0]
+    if len(world) != devices:
+        raise PlanError(f"the plan is for {devices} devices but {len(world)} ranks run it; start {devices} ranks "
+                        f"or make a plan for {len(world)} devices")
+    return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules))
+
+
+class DistributedModel(nn.Module):
+    """The user's model executing its plan on this rank (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, plan: Plan, graph: Any, ranks: tuple[int, ...], sync_batchnorm: bool,
+                 leaf_modules: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.plan, self.layer_graph, self.ranks = plan, graph, ranks
+        self.member = ranks.index(_rank()) if dist.is_initialized() else 0
+        self._nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
+        self.groups = GroupCache(tuple(range(_world_size())))
+        self.sites = _sites(self._nodes, model, plan, graph, self.member, ranks, self.groups, sync_batchnorm)
+        _refuse_unsupported(self.sites.values())
+        shared, self.slices = slice_parameters(self.sites.values(), self.member, model)
+        self.groups.build(self._all_groups())
+        self.gradients = GradientSync({tuple(ranks[q] for q in members): params
+                                       for members, params in shared.items()}, self.groups)
+        self.gradients.install()
+        self._output = next(node for node in self._nodes if node.op == "output")
+
+    # --- forward -------------------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> Any:
+        """This rank's box of the output, from its box of the input (:meth:`input_box`)."""
+        env: dict[str, Any] = {}
+        for node in self._nodes:
+            if node.op == "placeholder":
+                env[node.name] = _Value(x, self.input_placement, self.layer_graph.input_shape)
+            elif node.op == "get_attr":
+                env[node.name] = _attribute(self.model, str(node.target))
+            elif node.op == "output":
+                return _plain_args(node.args[0], env)
+            else:
+                env[node.name] = self._run(node, env)
+        raise RuntimeError("the traced graph has no output node")
+
+    def _run(self, node: Node, env: dict[str, Any]) -> Any:
+        site = self.sites.get(node.name)
+        if site is None:  # not a tensor layer (x.size(0), …): plain Python on local values
+            return _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
+        inputs = [n for n in node.all_input_nodes if n.name in self.layer_graph]
+        if site.kind == "adaptive_avgpool" and self._pools_tiles(site, env[inputs[0].name]):
+            return self._global_pool(site, env[inputs[0].name])
+
+        def fetch(index: int, placement: Placement) -> torch.Tensor:
+            return self._fetch(env[inputs[index].name], placement)
+
+        handler = HANDLERS.get(site.kind)
+        out = handler(site, fetch) if handler is not None else None
+        if out is None:
+            wanted = input_placement(site)
+            out = _call(node, self.model, *_resolve(node, lambda n: self._fetch(env[n.name], wanted)
+                                                     if isinstance(env[n.name], _Value) else env[n.name]))
+        return self._wrap(site, out)
+
+    def _wrap(self, site: Site, out: Any) -> Any:
+        shape = site.layer["output_shape"]
+        if not isinstance(out, torch.Tensor):
+            return out  # a tuple of tensors: kept whole (the plan gives such layers no split)
+        placement = Placement(site.layout)
+        expected = box_extent(placement.box(_shape4(shape), self.member))
+        if tuple(_to4d(out).shape) != expected:
+            raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}) made a local tensor of shape "
+                            f"{tuple(out.shape)} where its box is {expected}; this layer does not work on split "
+                            f"tensors — give it a layout that splits by sample only")
+        return _Value(out, placement, shape)
+
+    def _fetch(self, value: Any, placement: Placement) -> Any:
+        if not isinstance(value, _Value):
+            return value
+        if _same_boxes(_shape4(value.shape), value.placement, placement, len(self.ranks)):
+            return value.tensor
+        if placement not in value.moved:
+            moved = redistribute(_to4d(value.tensor), _shape4(value.shape), value.placement, placement, self.ranks)
+            box = placement.box(_shape4(value.shape), self.member)
+            value.moved[placement] = _from4d(moved, value.shape, box)
+        return value.moved[placement]
+
+    def _pools_tiles(self, site: Site, value: Any) -> bool:
+        out = site.layer["output_shape"]
+        return (isinstance(value, _Value) and len(out) == 4 and out[2:] == [1, 1]
+                and (value.placement.keeps("h") or value.placement.keeps("w")))
+
+    def _global_pool(self, site: Site, value: _Value) -> _Value:
+        from runtime.spatial import global_avg_pool2d
+
+        layout = value.placement.layout
+        tiles = Site(site.name, site.kind, layout, site.layer, None, self.member, self.ranks, self.groups, False)
+        pooled = global_avg_pool2d(value.tensor, (int(value.shape[2]), int(value.shape[3])),
+                                   self.groups.get(tiles.block("spatial")))
+        shape = site.layer["output_shape"]
+        held = _Value(pooled, Placement(layout, value.placement.whole + "hw"), shape)
+        return self._wrap(site, self._fetch(held, Placement(site.layout)))
+
+    # --- construction --------------------------------------------------------------------------------------
+
+    def _all_groups(self) -> Iterator[tuple[int, ...]]:
+        size = len(self.ranks)
+        for layout in sorted({site.layout for site in self.sites.values()}):
+            for kind in ("spatial", "samples", "slice"):
+                for members in blocks(layout, size, kind):
+                    yield tuple(self.ranks[q] for q in members)
+        yield self.ranks
+
+    # --- data helpers --------------------------------------------------------------------------------------
+
+    @property
+    def input_placement(self) -> Placement:
+        """The placement of the model's input: the one its first layer reads (loading it there is free)."""
+        placeholder = next(node for node in self._nodes if node.op == "placeholder")
+        first = next(user for user in self._nodes if placeholder in user.all_input_nodes)
+        return input_placement(self.sites[first.name])
+
+    @property
+    def output_placement(self) -> Placement:
+        """The placement of the output :meth:`forward` returns."""
+        return Placement(self.sites[self._output_name].layout)
+
+    @property
+    def _output_name(self) -> str:
+        return self.layer_graph.graph["outputs"][0]
+
+    def input_box(self) -> tuple[slice, ...]:
+        """The slices of the global ``(N, C, H, W)`` batch this rank must load."""
+        box = self.input_placement.box(self.layer_graph.input_shape, self.member)
+        return tuple(slice(start, stop) for start, stop in box)
+
+    def shard(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's box of a full global batch."""
+        return batch[self.input_box()].contiguous()
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """The whole output on every rank, from this rank's box of it (differentiable)."""
+        everything = Placement(Layout(), "nchw")
+        return self._fetch(_Value(local, self.output_placement, self._output_shape()), everything)
+
+    def _output_shape(self) -> tuple[int, ...]:
+        return tuple(self.layer_graph.nodes[self._output_name]["output_shape"])
+
+    def loss_placement(self) -> Placement:
+        """Where :meth:`loss` evaluates the loss: the output's placement with every channel (class) whole."""
+        return Placement(self.output_placement.layout, "c")
+
+    def target_box(self, target_shape: Sequence[int]) -> tuple[slice, ...]:
+        """The slices of a global target (``(N,)`` labels, ``(N, H, W)`` maps or the output's shape) this rank needs."""
+        box = self.loss_placement().box(_shape4(self._output_shape()), self.member)
+        n, c, h, w = (slice(start, stop) for start, stop in box)
+        return {1: (n,), 2: (n, c), 3: (n, h, w), 4: (n, c, h, w)}[len(target_shape)]
+
+    def loss(self, local_output: torch.Tensor, local_target: torch.Tensor,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """This rank's share of the unsplit loss; the shares summed over the ranks give the unsplit loss.
+
+        ``loss_fn`` (default ``F.cross_entropy``) must be a mean over the output's positions (samples, or
+        samples and pixels) of a per-position term — ``cross_entropy``, ``mse_loss``, ``l1_loss``, … with the
+        default ``reduction="mean"``. ``local_target`` is ``target[target_box(target.shape)]``.
+        """
+        loss_fn = loss_fn or nn.functional.cross_entropy
+        shape = self._output_shape()
+        placement = self.loss_placement()
+        output = self._fetch(_Value(local_output, self.output_placement, shape), placement)
+        copies = sum(placement.box(_shape4(shape), q) == placement.box(_shape4(shape), self.member)
+                     for q in range(len(self.ranks)))
+        total = 1
+        for extent in shape:
+            total *= extent
+        return loss_fn(output, local_target) * (output.numel() / total / copies)
+
+    @staticmethod
+    def global_value(share: torch.Tensor) -> float:
+        """The sum over all ranks of a scalar share (e.g. :meth:`loss`), as a float."""
+        summed = share.detach().clone().reshape(1)
+        if dist.is_initialized():
+            dist.all_reduce(summed)
+        return float(summed.item())
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients without summing them over ranks (see ``GradientSync.no_sync``)."""
+        with self.gradients.no_sync():
+            yield
+
+
+def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Sequence[str] = ()) -> None:
+    """Refuse, before any rank starts, a plan with a layer this runtime cannot execute under its layout.
+
+    Raises:
+        PlanError: Naming up to three such layers, their layouts and why.
+    """
+    nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
+    ranks = tuple(range(plan.pipeline.devices_per_stage[0]))
+    _refuse_unsupported(_sites(nodes, model, plan, graph, 0, ranks, GroupCache(ranks), True).values())
+
+
+def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: int, ranks: tuple[int, ...],
+           groups: GroupCache, sync_batchnorm: bool) -> dict[str, Site]:
+    sites = {}
+    for node in nodes:
+        if node.name in plan.layers:
+            module = model.get_submodule(str(node.target)) if node.op == "call_module" else None
+            sites[node.name] = Site(node.name, graph.nodes[node.name]["kind"], plan.layers[node.name].layout,
+                                    graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm)
+    return sites
+
+
+def _refuse_unsupported(sites: Any) -> None:
+    refused = [f"'{site.name}' ({site.kind}, {site.layout}): {why}" for site in sites if (why := refusal(site))]
+    if refused:
+        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
+                        f"; give those layers a layout it supports (e.g. split them by sample only)")
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _attribute(model: nn.Module, target: str) -> Any:
+    value: Any = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    return value.tensor if isinstance(value, _Value) else value
+
+
+def _plain_args(args: Any, env: dict[str, Any]) -> Any:
+    return map_aggregate(args, lambda a: _plain(env[a.name]) if isinstance(a, Node) else a)
+
+
+def _resolve(node: Node, value_of: Callable[[Node], Any]) -> tuple[Any, Any]:
+    args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
+    kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
+    return args, kwargs
+
+
+def _call(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:
+    if node.op == "call_module":
+        return model.get_submodule(str(node.target))(*args, **kwargs)
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)  # type: ignore[operator]
+    self_arg, *rest = args
+    return getattr(self_arg, str(node.target))(*rest, **kwargs)
+
+
+def _shape4(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    if len(shape) == 4:
+        return tuple(int(s) for s in shape)  # type: ignore[return-value]
+    if not shape:
+        return (1, 1, 1, 1)
+    features = 1
+    for extent in shape[1:]:
+        features *= int(extent)
+    return (int(shape[0]), features, 1, 1)
+
+
+def _to4d(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dim() == 4:
+        return tensor
+    return tensor.reshape(tensor.shape[0] if tensor.dim() else 1, -1, 1, 1)
+
+
+def _from4d(tensor: torch.Tensor, shape: Sequence[int], box: Box) -> torch.Tensor:
+    if len(shape) == 4:
+        return tensor
+    if len(shape) == 2:
+        return tensor.reshape(box_extent(box)[:2])
+    return tensor.reshape((box_extent(box)[0], *shape[1:]))
+
+
+@lru_cache(maxsize=4096)
+def _same_boxes(shape: tuple[int, ...], first: Placement, second: Placement, size: int) -> bool:
+    return all(first.box(shape, q) == second.box(shape, q) for q in range(size))

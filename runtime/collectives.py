@@ -1,0 +1,36 @@
+"""A differentiable sum over a process group (the adjoint of a sum whose result every member uses is a sum).
+
+``all_reduce_sum(x, group)`` returns on every member the sum of the members'
+``x``; backward returns to each member the sum of the members' gradients of
+that result. This is ``torch.distributed.nn.functional.all_reduce`` (now
+deprecated) for the one operation the runtime needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_reduce_sum"]
+
+
+def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """The sum of ``tensor`` over ``group`` (``None``: every rank), differentiable."""
+    return _AllReduceSum.apply(tensor, group)
+
+
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        summed = tensor.contiguous().clone()
+        dist.all_reduce(summed, group=group)
+        return summed
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        summed = grad.contiguous().clone()
+        dist.all_reduce(summed, group=ctx.group)
+        return summed, None

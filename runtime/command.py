@@ -1,0 +1,148 @@
+"""``parplan run``: check everything a user can get wrong before any rank starts, launch, report.
+
+Order of checks (each a one-line error and exit code 2): the input shape, the
+plan file (format, schema), the model (loads and traces), the plan against
+the model (fingerprint, layers, layouts the runtime executes), the rank count
+against the plan's devices, the backend against this machine. Then the ranks
+run (``runtime.launch``); rank 0's measurement is written atomically to
+``--out`` and printed (a table, or the document with ``--json``). ``--verify``
+failing its tolerance exits 1 after the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+from cost_models.errors import InputError
+
+__all__ = ["run_command"]
+
+Predict = Callable[[Any, Any], Any]  # (graph, plan) -> Prediction for this machine (``--profile``)
+
+
+def run_command(args: argparse.Namespace, predict: Predict | None, report: Callable[[dict[str, Any]], None]) -> int:
+    """The ``parplan run`` handler (``planner.cli`` passes the profile's prediction and the table printer)."""
+    import torch
+
+    from cost_models.graph import parse_input_shape, trace
+    from cost_models.model_spec import load_model
+    from runtime.launch import launch, started_by_mpi
+    from runtime.train import RunOptions
+
+    shape = parse_input_shape(args.input_shape)
+    plan = _read_plan(args) if args.plan else None
+    graph = trace(load_model(args.model), shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    mpi = started_by_mpi()
+    nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
+    if nproc is None and not mpi:
+        raise InputError("--layout needs --nproc R (how many ranks to start)")
+    plan = plan if plan is not None else _layout_plan(graph, args.layout, nproc or _mpi_size())
+    _check_plan(args, plan, graph, nproc)
+    backend = _backend(args.backend, nproc or _mpi_size(), mpi)
+    options = RunOptions(
+        model=args.model, input_shape=shape, dtype=args.dtype, plan=_predicted(plan, graph, predict).to_dict(),
+        steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
+        tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
+        sync_batchnorm=not args.local_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
+        threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or _mpi_size())), quiet=args.json)
+    document = launch(options, nproc, backend)
+    if document is None:  # an MPI rank other than 0: rank 0 reports
+        return 0
+    _report(args, document, report)
+    verified = document.get("verify")
+    return 1 if verified is not None and not verified["passed"] else 0
+
+
+def _read_plan(args: argparse.Namespace) -> Any:
+    from cost_models.plan import load_plan
+
+    return load_plan(args.plan)
+
+
+def _layout_plan(graph: Any, text: str, devices: int) -> Any:
+    from cost_models.cluster import Cluster, Link
+    from cost_models.layout import Layout
+    from cost_models.uniform import uniform_plan
+
+    layouts = [Layout.parse(part.strip()) for part in text.split(",") if part.strip()]
+    wrong = [str(layout) for layout in layouts if devices % layout.ranks]
+    if wrong:
+        raise InputError(f"--layout {', '.join(wrong)} does not divide {devices} ranks; use layouts of n·c·h·w "
+                         f"dividing {devices}")
+    link = Link(0.0, 1e9)  # a container for the device count: this plan is not priced
+    cluster = Cluster(devices=devices, devices_per_node=devices, memory_bytes=2**40, intra=link, inter=link,
+                      name="this machine")
+    return uniform_plan(graph, cluster, [*layouts, Layout()])
+
+
+def _check_plan(args: argparse.Namespace, plan: Any, graph: Any, nproc: int | None) -> None:
+    from cost_models.errors import PlanError
+    from cost_models.model_spec import load_model
+    from cost_models.plan import check_plan_for_graph
+    from runtime.apply import check_runnable
+
+    if plan.fingerprint != graph.fingerprint:
+        raise PlanError(f"plan {args.plan} was made for model fingerprint {plan.fingerprint}, but {args.model} at "
+                        f"{args.input_shape} ({args.dtype}) traces to {graph.fingerprint}; make a new plan")
+    check_plan_for_graph(plan, graph)
+    if plan.pipeline.stages != 1:
+        raise PlanError(f"plan {args.plan} has {plan.pipeline.stages} pipeline stages; parplan run executes "
+                        f"single-stage plans for now (make one with --max-stages 1)")
+    ranks = nproc or _mpi_size()
+    if ranks != plan.pipeline.devices_per_stage[0]:
+        raise InputError(f"the plan is for {plan.pipeline.devices_per_stage[0]} devices but {ranks} ranks would run "
+                         f"it; use --nproc {plan.pipeline.devices_per_stage[0]} or make a plan for {ranks} devices")
+    check_runnable(load_model(args.model), plan, graph, args.leaf_module)
+
+
+def _backend(requested: str | None, ranks: int, mpi: bool) -> str:
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = requested or ("nccl" if gpus >= 1 else "gloo")
+    if backend == "nccl" and gpus < 1:
+        raise InputError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
+    if backend == "nccl" and not mpi and gpus < ranks:  # under MPI the ranks may span hosts
+        raise InputError(f"--backend nccl with {ranks} local ranks needs {ranks} GPUs, this machine has {gpus}")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise InputError("this torch was built without the MPI backend; use --backend gloo or nccl "
+                         "(mpirun can still start the ranks)")
+    return backend
+
+
+def _predicted(plan: Any, graph: Any, predict: Predict | None) -> Any:
+    """The plan with its prediction replaced by ``predict``'s (this machine's profile), when there is one."""
+    if predict is None:
+        return plan
+    from dataclasses import replace
+
+    return replace(plan, predicted=predict(graph, plan))
+
+
+def _mpi_size() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_size())
+
+
+def _report(args: argparse.Namespace, document: dict[str, Any], report: Callable[[dict[str, Any]], None]) -> None:
+    from cost_models.schema import check_document
+
+    try:
+        check_document(document, "parplan.measurement/1", "measurement-1", "the measurement", InputError)
+    except InputError as err:  # our own output: a bug, not bad input
+        raise RuntimeError(f"the measurement does not match its schema: {err}") from err
+    if args.out:
+        from cost_models.jsonio import write_json_atomic
+
+        write_json_atomic(args.out, document)
+    if args.json:
+        json.dump(document, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        report(document)

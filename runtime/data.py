@@ -1,0 +1,53 @@
+"""Synthetic training data that each rank generates for its own box only, identical to the global batch's box.
+
+Every element is a hash of its global index and the step's seed
+(``frac(sin(i·12.9898 + seed·78.233)·43758.5453)``, the classic shader hash,
+in float64), so a rank makes exactly its part of the batch without ever
+holding the whole — large samples stay split from the start — and the unsplit
+model (``parplan run --verify``) sees the same numbers. Inputs are uniform
+with unit variance; labels are uniform over the classes, per sample for a
+``(N, K)`` output and per pixel for an ``(N, K, H, W)`` one.
+
+A user data factory (``parplan run --data module:function``) replaces this:
+``function(input_box, target_box, step)`` returns this rank's input and
+target, each box a tuple of slices (with explicit bounds) of the global
+tensor; ``--verify`` calls it with whole boxes for the unsplit model
+(``examples/pattern_data.py`` is an example).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+__all__ = ["synthetic_input", "synthetic_labels"]
+
+
+def synthetic_input(shape: Sequence[int], box: Sequence[slice], seed: int, dtype: torch.dtype,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    """The ``box`` of the global synthetic input of ``shape`` for ``seed`` (unit variance, zero mean)."""
+    uniform = _hash(_linear_index(shape, box), seed)
+    return ((uniform * 2 - 1) * 3**0.5).to(dtype=dtype, device=device)
+
+
+def synthetic_labels(shape: Sequence[int], box: Sequence[slice], classes: int, seed: int,
+                     device: torch.device | str = "cpu") -> torch.Tensor:
+    """The ``box`` of global integer labels in ``[0, classes)`` of ``shape`` (``(N,)`` or ``(N, H, W)``)."""
+    uniform = _hash(_linear_index(shape, box), seed + 7919)
+    return (uniform * classes).long().clamp(max=classes - 1).to(device)
+
+
+def _linear_index(shape: Sequence[int], box: Sequence[slice]) -> torch.Tensor:
+    """Row-major global index of every element of ``box`` (float64: exact below 2**53)."""
+    index = torch.zeros((), dtype=torch.float64)
+    for axis, (extent, part) in enumerate(zip(shape, box)):
+        start, stop, _ = part.indices(extent)
+        positions = torch.arange(start, stop, dtype=torch.float64)
+        index = index.unsqueeze(-1) * extent + positions.view(*([1] * axis), -1)
+    return index
+
+
+def _hash(index: torch.Tensor, seed: int) -> torch.Tensor:
+    value = torch.sin(index * 12.9898 + seed * 78.233) * 43758.5453
+    return value - torch.floor(value)

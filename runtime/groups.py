@@ -1,0 +1,71 @@
+"""The process groups a plan needs, created once and in the same order on every rank.
+
+Members of a stage are numbered ``0 … G−1`` (global ranks ``ranks[q]``). Under
+a Layout ``L`` member ``q`` has grid coordinates ``coordinates(L, q)`` and
+replica index ``q // L.ranks``. A group is a block of members that agree on
+some of these (:func:`blocks`):
+
+* ``"spatial"``: same replica, sample and channel part — the tiles of one
+  image (halo neighbours, spatial batch-norm, global pooling);
+* ``"samples"``: same replica and channel part — the ranks whose tiles make up
+  the whole batch (synchronised batch-norm);
+* ``"slice"``: same channel part — every rank holding the same slice of a
+  layer's weights (their gradients are summed over it).
+
+``torch.distributed.new_group`` must be entered by every rank of the default
+group for every group, in the same order, so :class:`GroupCache` creates all
+of them at once from the sorted set of blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import torch.distributed as dist
+
+from cost_models.layout import Layout
+from cost_models.redistribution import coordinates
+
+__all__ = ["GroupCache", "block_of", "blocks"]
+
+_KEYS = {"spatial": (True, True, True), "samples": (True, False, True), "slice": (False, False, True)}
+
+
+def blocks(layout: Layout, size: int, kind: str) -> list[tuple[int, ...]]:
+    """The partition of members ``0 … size−1`` into groups of ``kind`` (``spatial``, ``samples``, ``slice``)."""
+    replica, sample, channel = _KEYS[kind]
+    found: dict[tuple[int, ...], list[int]] = {}
+    for member in range(size):
+        n, c, _, _ = coordinates(layout, member)
+        key = (member // layout.ranks if replica else -1, n if sample else -1, c if channel else -1)
+        found.setdefault(key, []).append(member)
+    return [tuple(members) for members in found.values()]
+
+
+def block_of(layout: Layout, size: int, kind: str, member: int) -> tuple[int, ...]:
+    """The members of ``member``'s group of ``kind``."""
+    return next(block for block in blocks(layout, size, kind) if member in block)
+
+
+class GroupCache:
+    """Process groups by their tuple of global ranks; build every group first, on every rank."""
+
+    def __init__(self, world: Sequence[int]) -> None:
+        self.world = tuple(world)
+        self._groups: dict[tuple[int, ...], Any] = {}
+
+    def build(self, rank_tuples: Iterable[tuple[int, ...]]) -> None:
+        """Create the groups of ``rank_tuples`` not made yet (collective: every rank passes the same set)."""
+        for ranks in sorted(set(rank_tuples) - set(self._groups)):
+            if len(ranks) > 1 and ranks != self.world:
+                self._groups[ranks] = dist.new_group(list(ranks))
+
+    def get(self, ranks: tuple[int, ...]) -> Any:
+        """The group of ``ranks`` (``None`` for a single rank; the default group for the whole world)."""
+        if len(ranks) == 1:
+            return None
+        if ranks == self.world:
+            return dist.group.WORLD
+        if ranks not in self._groups:
+            raise KeyError(f"no process group for ranks {list(ranks)} was built; build() must list every group")
+        return self._groups[ranks]

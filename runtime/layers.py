@@ -1,0 +1,258 @@
+"""Each layer kind's distributed form: what it reads, how it computes its box of the output.
+
+A :class:`Site` is one layer of the plan as one rank sees it: its Layout, this
+rank's member number, the ranks of its stage and the process groups. For each
+kind, :func:`input_placement` says in which placement the layer reads its
+tensor inputs (the executor redistributes them when they are held otherwise)
+and :data:`HANDLERS` computes the layer's output box:
+
+* convolution, transposed convolution, pooling and upsampling split by height
+  or width exchange halos (``runtime.spatial``, ``runtime.resample``);
+* convolution, transposed convolution and linear layers split by ``c`` hold a
+  slice of the filters and read every input channel (``Placement(L, "c")``);
+  the adjoint of that redistribution sums the input gradients over the slices;
+* batch-norm sums its statistics over the tiles of the same channels
+  (``runtime.norm``) — over the whole batch too when synchronised;
+* a global average pool of a spatially split input sums the tiles' sums over
+  the tile group (``runtime.spatial.global_avg_pool2d``) instead of gathering;
+* every other supported kind runs the user's own module or function on the
+  local boxes, which is exact for element-wise layers and
+  for layers that do not mix the split dimensions (checked by :func:`refusal`);
+  a handler returns ``None`` to ask for that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cost_models.halo import partition
+from cost_models.layout import Layout
+from runtime import norm, resample, spatial
+from runtime.groups import GroupCache, block_of
+from runtime.placement import Placement
+
+__all__ = ["HANDLERS", "Site", "input_placement", "refusal"]
+
+DENSE = frozenset({"conv", "conv_transpose", "linear"})
+ANY_LAYOUT = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
+SPATIAL = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "upsample", "batchnorm", "cat", "softmax"})
+CHANNEL = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
+                     "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat"})
+
+
+@dataclass(frozen=True)
+class Site:
+    """One layer as one rank sees it."""
+
+    name: str
+    kind: str
+    layout: Layout
+    layer: Mapping[str, Any]  # the LayerGraph node: shapes, attrs
+    module: nn.Module | None
+    member: int
+    ranks: tuple[int, ...]
+    groups: GroupCache
+    sync_batchnorm: bool
+
+    def block(self, kind: str, layout: Layout | None = None) -> tuple[int, ...]:
+        """Global ranks of this rank's group of ``kind`` (``runtime.groups.blocks``) under ``layout``."""
+        return tuple(self.ranks[q] for q in block_of(layout or self.layout, len(self.ranks), kind, self.member))
+
+    def grid(self, layout: Layout | None = None) -> spatial.TileGrid:
+        """This rank's tile grid under ``layout`` (default: the layer's)."""
+        layout = layout or self.layout
+        return spatial.TileGrid.of_rank(layout.h, layout.w, self.block("spatial", layout), self.ranks[self.member])
+
+    def input_hw(self, index: int = 0) -> tuple[int, int]:
+        """Global height and width of tensor input ``index``."""
+        shape = self.layer["input_shapes"][index]
+        return int(shape[2]), int(shape[3])
+
+    @property
+    def spatial_split(self) -> bool:
+        return self.layout.h * self.layout.w > 1
+
+
+def input_placement(site: Site) -> Placement:
+    """The placement in which the layer reads its tensor inputs."""
+    if site.kind in DENSE and site.layout.c > 1:
+        return Placement(site.layout, "c")
+    return Placement(site.layout)
+
+
+def refusal(site: Site) -> str | None:
+    """Why this runtime cannot run the layer under its layout (``None`` when it can)."""
+    layout, kind, attrs = site.layout, site.kind, site.layer.get("attrs", {})
+    if kind in ANY_LAYOUT:
+        return None
+    if layout.c > 1 and kind not in CHANNEL:
+        return f"a {kind} layer cannot be split by channel"
+    if site.spatial_split and kind not in SPATIAL:
+        return f"a {kind} layer cannot be split by height or width"
+    if kind in ("conv", "conv_transpose", "linear", "batchnorm") and site.module is None and (
+            layout.c > 1 or (site.spatial_split and kind in ("conv", "conv_transpose"))):
+        return f"{kind} is a function call; only its module form (nn.Conv2d, …) can be split by channel or space"
+    if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(site.layer["output_shape"])):
+        return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
+    if site.spatial_split:
+        return _spatial_refusal(site)
+    if layout.c > 1:
+        return _channel_refusal(site)
+    return None
+
+
+def _spatial_refusal(site: Site) -> str | None:
+    attrs, module = site.layer.get("attrs", {}), site.module
+    if isinstance(attrs.get("padding"), str) or getattr(module, "padding_mode", "zeros") != "zeros":
+        return "only explicit zero padding can be split across tiles"
+    if attrs.get("ceil_mode") or getattr(module, "return_indices", False):
+        return "pooling with ceil_mode or return_indices cannot be split across tiles"
+    if site.kind == "avgpool" and module is not None and (
+            not module.count_include_pad and module.padding or module.divisor_override):
+        return "average pooling without count_include_pad (or with a divisor override) cannot be split across tiles"
+    if site.kind == "upsample":
+        return _upsample_refusal(site)
+    if site.kind == "softmax" and getattr(module, "dim", None) not in (1, -3):
+        return "softmax across tiles must be over the channels (nn.Softmax(dim=1))"
+    if site.kind == "conv_transpose" and site.layout.c > 1 and attrs.get("groups", 1) > 1:
+        return "a grouped transposed convolution cannot be split by channel"
+    return None
+
+
+def _channel_refusal(site: Site) -> str | None:
+    attrs, layout = site.layer.get("attrs", {}), site.layout
+    if site.kind == "conv" and attrs.get("groups", 1) > 1:
+        groups, filters = attrs["groups"], site.layer["output_shape"][1]
+        if groups % layout.c or filters % layout.c:
+            return f"{groups} groups and {filters} filters do not split evenly into {layout.c} channel parts"
+    if site.kind == "conv_transpose" and attrs.get("groups", 1) > 1:
+        return "a grouped transposed convolution cannot be split by channel"
+    if site.kind == "flatten" and site.layer["input_shapes"][0][1] % layout.c:
+        return f"{site.layer['input_shapes'][0][1]} channels do not split evenly into {layout.c} parts"
+    if site.kind == "softmax" and site.module is not None and getattr(site.module, "dim", None) in (1, -3):
+        return "softmax over the split channel dimension"
+    return None
+
+
+def _upsample_refusal(site: Site) -> str | None:
+    attrs = site.layer.get("attrs", {})
+    if attrs.get("mode", "nearest") not in ("nearest", "bilinear") or attrs.get("align_corners"):
+        return "upsampling across tiles supports nearest and bilinear (align_corners=False) only"
+    (_, _, h_in, w_in), (_, _, h_out, w_out) = site.layer["input_shapes"][0], site.layer["output_shape"]
+    if h_out % h_in or w_out % w_in:
+        return f"upsampling {h_in}×{w_in} to {h_out}×{w_out} is not an integer scale"
+    return None
+
+
+def _dim_split(layout: Layout, dim: int, rank: int) -> bool:
+    dim = dim % rank if rank else 0
+    parts = layout.parts() if rank == 4 else (layout.n, layout.c)
+    return dim < len(parts) and parts[dim] > 1
+
+
+Fetch = Callable[[int, Placement], torch.Tensor]  # tensor input number -> its local box in a placement
+
+
+def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    module = site.module
+    x = fetch(0, input_placement(site))
+    if module is None or (site.layout.c == 1 and not site.spatial_split):
+        return None
+    groups = module.groups
+    if site.layout.c > 1 and groups > 1:  # the slice's filters read only their groups' input channels
+        start, stop = partition(x.shape[1], site.layout.c)[_channel_index(site)]
+        x, groups = x[:, start:stop], groups // site.layout.c
+    if not site.spatial_split:
+        return F.conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation, groups)
+    return spatial.conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride, module.padding,
+                          module.dilation, groups)
+
+
+def _conv_transpose(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    module = site.module
+    x = fetch(0, input_placement(site))
+    if module is None or (site.layout.c == 1 and not site.spatial_split):
+        return None
+    if not site.spatial_split:
+        return F.conv_transpose2d(x, module.weight, module.bias, module.stride, module.padding, module.output_padding,
+                                  module.groups, module.dilation)
+    return resample.conv_transpose2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride,
+                                     module.padding, module.output_padding, module.dilation, module.groups)
+
+
+def _linear(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    x = fetch(0, input_placement(site))
+    if site.module is None or site.layout.c == 1:
+        return None
+    return F.linear(x, site.module.weight, site.module.bias)
+
+
+def _batchnorm(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    module = site.module
+    x = fetch(0, input_placement(site))
+    group = site.block("samples" if site.sync_batchnorm else "spatial")
+    batch_stats = module is not None and (module.training or module.running_mean is None)
+    if module is None or len(group) == 1 or not batch_stats:
+        return None
+    momentum = module.momentum
+    if module.training and module.num_batches_tracked is not None:
+        module.num_batches_tracked.add_(1)
+        momentum = momentum if momentum is not None else 1.0 / float(module.num_batches_tracked)
+    shape = site.layer["input_shapes"][0]
+    samples = shape[0] if site.sync_batchnorm else x.shape[0]  # the group holds every sample, or this rank's
+    count = samples * math.prod(shape[2:])  # and every position of them
+    return norm.batch_norm(x, module.running_mean if module.training else None,
+                           module.running_var if module.training else None, module.weight, module.bias, True,
+                           momentum or 0.0, module.eps, site.groups.get(group), count)
+
+
+def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    x = fetch(0, input_placement(site))
+    if not site.spatial_split:
+        return None
+    options = _pool_options(site)
+    if site.kind == "maxpool":
+        return spatial.max_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
+                                  options["padding"], options["dilation"])
+    return spatial.avg_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
+                              options["padding"])
+
+
+def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    x = fetch(0, input_placement(site))
+    if not site.spatial_split:
+        return None
+    (_, _, h_in, w_in), (_, _, h_out, w_out) = site.layer["input_shapes"][0], site.layer["output_shape"]
+    mode = site.layer.get("attrs", {}).get("mode", "nearest")
+    return resample.interpolate(x, site.grid(), (h_in, w_in), (h_out // h_in, w_out // w_in), mode)
+
+
+def _pool_options(site: Site) -> dict[str, Any]:
+    if site.module is not None:
+        module = site.module
+        return {"kernel_size": module.kernel_size, "stride": module.stride or module.kernel_size,
+                "padding": module.padding, "dilation": getattr(module, "dilation", 1)}
+    attrs = site.layer.get("attrs", {})
+    kernel = attrs["kernel_size"]
+    return {"kernel_size": kernel, "stride": attrs.get("stride") or kernel, "padding": attrs.get("padding", 0),
+            "dilation": attrs.get("dilation", 1)}
+
+
+def _channel_index(site: Site) -> int:
+    from cost_models.redistribution import coordinates
+
+    return coordinates(site.layout, site.member)[1]
+
+
+HANDLERS: dict[str, Callable[[Site, Fetch], torch.Tensor | None]] = {
+    "conv": _conv, "conv_transpose": _conv_transpose, "linear": _linear, "batchnorm": _batchnorm,
+    "maxpool": _pool, "avgpool": _pool, "upsample": _upsample,
+}
+"""Kinds with a distributed form. A handler returns ``None`` when the layer needs none here (unsplit in the
+way that matters): the executor then runs the user's module or function on the local boxes."""

@@ -1,0 +1,70 @@
+"""Which box of a tensor each member of a group holds: a Layout's grid, with some dimensions kept whole.
+
+A :class:`Placement` puts member ``q`` of a group at the grid coordinates of
+``q mod layout.ranks`` under its Layout (row-major over ``n, c, h, w``, as
+``cost_models.redistribution`` places ranks) and gives it the balanced part of
+each dimension at those coordinates — except along the dimensions named in
+``whole``, which it holds entirely. ``Placement(layout)`` is exactly
+``rank_box``'s placement. ``whole`` describes the tensors a layer reads or makes
+in full along a split dimension:
+
+* the input of a filter-split (``c > 1``) convolution or linear layer: every
+  input channel, at the sample and spatial coordinates of the layer's output
+  (``Placement(L, "c")``);
+* the output of a global pooling over spatial tiles: whole on each tile of the
+  group (``Placement(L, "hw")``).
+
+A dimension of extent 1 is held whole whatever the layout says (broadcast
+operands such as ``(N, C, 1, 1)`` scales, and pooled ``1×1`` maps).
+
+Members whose boxes are equal hold copies. The distinct boxes of a placement
+tile the tensor, which :mod:`runtime.redistribute` relies on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from cost_models.layout import DIMS, Layout
+from cost_models.redistribution import Box, coordinates, part_range
+
+__all__ = ["Placement", "as_placement", "box_extent"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Member ``q`` holds the box of ``layout``'s grid at ``q mod layout.ranks``, whole along ``whole``."""
+
+    layout: Layout
+    whole: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.whole) - set(DIMS)
+        if unknown:
+            raise ValueError(f"Placement.whole names dimensions {sorted(unknown)}; use letters of {''.join(DIMS)}")
+
+    def __str__(self) -> str:
+        return f"{self.layout}" + (f" ({self.whole} whole)" if self.whole else "")
+
+    def box(self, shape: Sequence[int], member: int) -> Box:
+        """The index box ``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` of a 4-D ``shape`` that ``member`` holds."""
+        coords = coordinates(self.layout, member)
+        return tuple(
+            (0, extent) if dim in self.whole or parts == 1 or extent == 1 else part_range(extent, parts, index)
+            for dim, extent, parts, index in zip(DIMS, shape, self.layout.parts(), coords)
+        )
+
+    def keeps(self, dim: str) -> bool:
+        """Whether ``dim`` is split (neither unsplit in the layout nor held whole)."""
+        return dim not in self.whole and getattr(self.layout, dim) > 1
+
+
+def as_placement(value: Layout | Placement) -> Placement:
+    """``value`` as a Placement (a Layout is its own grid, nothing whole)."""
+    return value if isinstance(value, Placement) else Placement(value)
+
+
+def box_extent(box: Box) -> tuple[int, ...]:
+    """The shape of the block ``box`` covers."""
+    return tuple(stop - start for start, stop in box)

@@ -1,0 +1,124 @@
+"""Upsampling and transposed convolution on height/width tiles, equal to the unsplit operation's tile.
+
+These operations make more output rows than they read, so a tile's output
+rows ``partition(O, parts)[t]`` need not be the image of its input rows
+``partition(I, parts)[t]`` when ``I`` does not divide evenly (13 rows in two
+tiles: 7 + 6 input rows, 13 + 13 output rows). Each tile therefore works out
+which input rows its output rows read, receives the ones its neighbours own
+(:func:`runtime.halo_exchange.window_of_reads`), runs the operation on that
+block without padding along the split axes, and crops (or pads with zeros)
+the result to exactly its output rows. The crop keeps only rows whose every
+contribution was present, so the result is exact; autograd's adjoints of the
+crop and of the exchange send the halo gradients back to their owners.
+
+Every tile builds the same sequence of autograd nodes (the zero padding is
+applied even when empty): backward exchanges run in the order autograd's
+engine reaches them, and ranks whose graphs differed in shape could reach
+them in different orders and wait on each other.
+
+Output row ``o`` reads, along one axis:
+    * nearest, integer scale ``s``: input row ``⌊o/s⌋``;
+    * bilinear (``align_corners=False``), integer scale ``s``: rows around
+      ``(o + ½)/s − ½``, at most one row beyond ``⌊o/s⌋`` on each side;
+    * transposed convolution (kernel ``k``, stride ``s``, dilation ``d``,
+      padding ``p``): rows ``i`` with ``i·s − p ≤ o ≤ i·s − p + d(k−1)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from cost_models.halo import partition
+from runtime.halo_exchange import exchange_halo, window_of_reads
+from runtime.spatial import TileGrid, pair
+
+__all__ = ["conv_transpose2d", "interpolate"]
+
+Reads = Callable[[int, int], tuple[int, int]]  # output rows [o0, o1) -> input rows [i0, i1) (may leave [0, I))
+
+
+def interpolate(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], scale: Sequence[int],
+                mode: str = "nearest") -> torch.Tensor:
+    """This tile of ``F.interpolate(x, scale_factor=scale, mode=mode)`` of the global input (integer scales).
+
+    Raises:
+        ValueError: A mode other than ``nearest`` or ``bilinear`` (``align_corners=False``) on a split axis.
+    """
+    scale_hw = pair(tuple(scale))  # type: ignore[arg-type]
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"upsampling mode {mode!r} is not supported on spatial tiles; use nearest or bilinear")
+    margin = 1 if mode == "bilinear" else 0
+
+    def reads(axis: int) -> Reads:
+        s = scale_hw[axis]
+        return lambda o0, o1: (o0 // s - margin, (o1 - 1) // s + 1 + margin)
+
+    outputs = tuple(extent * s for extent, s in zip(full_hw, scale_hw))
+    local, starts = _gather_reads(tile, grid, full_hw, outputs, (reads(0), reads(1)))
+    result = F.interpolate(local, scale_factor=scale_hw, mode=mode, align_corners=False if mode == "bilinear" else None)
+    origins = tuple(start * s for start, s in zip(starts, scale_hw))
+    return _crop(result, grid, outputs, origins)
+
+
+def conv_transpose2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
+                     full_hw: tuple[int, int], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                     output_padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+                     groups: int = 1) -> torch.Tensor:
+    """This tile of ``F.conv_transpose2d`` of the global input (spatial extent ``full_hw``)."""
+    stride_, padding_, dilation_ = pair(stride), pair(padding), pair(dilation)
+    output_padding_ = pair(output_padding)
+    kernel = tuple(weight.shape[2:])
+    outputs = tuple((extent - 1) * s - 2 * p + d * (k - 1) + op + 1 for extent, s, p, d, k, op
+                    in zip(full_hw, stride_, padding_, dilation_, kernel, output_padding_))
+
+    def reads(axis: int) -> Reads:
+        s, p, reach = stride_[axis], padding_[axis], dilation_[axis] * (kernel[axis] - 1)
+        return lambda o0, o1: (-(-(o0 + p - reach) // s), (o1 - 1 + p) // s + 1)
+
+    local, starts = _gather_reads(tile, grid, full_hw, outputs, (reads(0), reads(1)))
+    split = (grid.h > 1, grid.w > 1)
+    local_padding = tuple(0 if split[a] else padding_[a] for a in range(2))
+    local_output_padding = tuple(0 if split[a] else output_padding_[a] for a in range(2))
+    result = F.conv_transpose2d(local, weight, None, stride_, local_padding, local_output_padding, groups, dilation_)
+    origins = tuple(start * s - p for start, s, p in zip(starts, stride_, padding_))
+    result = _crop(result, grid, outputs, origins)
+    return result if bias is None else result + bias.view(1, -1, 1, 1)
+
+
+def _gather_reads(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], outputs: tuple[int, ...],
+                  reads: tuple[Reads, Reads]) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The tile extended by the rows its outputs read (clipped to the tensor), and the first row held per axis."""
+    local, starts = tile, [0, 0]
+    for axis, parts in enumerate((grid.h, grid.w)):
+        if parts == 1:
+            continue
+        ranges = [_clip(reads[axis](o0, o1), full_hw[axis]) for o0, o1 in partition(outputs[axis], parts)]
+        window = window_of_reads(full_hw[axis], ranges, grid.tile[axis], grid.neighbours(axis), "this upsampling")
+        local = exchange_halo(local, 2 + axis, window)
+        starts[axis] = window.read_start
+    return local, (starts[0], starts[1])
+
+
+def _crop(result: torch.Tensor, grid: TileGrid, outputs: tuple[int, ...], origins: tuple[int, ...]) -> torch.Tensor:
+    """Rows ``partition(outputs, parts)[tile]`` of ``result``, whose first row is global row ``origins``."""
+    for axis, parts in enumerate((grid.h, grid.w)):
+        if parts == 1:
+            continue
+        o0, o1 = partition(outputs[axis], parts)[grid.tile[axis]]
+        dim, origin = 2 + axis, origins[axis]
+        before, after = max(0, origin - o0), max(0, o1 - (origin + result.shape[dim]))
+        pads = [0, 0, 0, 0]  # rows no input reaches (a stride wider than the kernel, output padding)
+        pads[2 * (1 - axis)], pads[2 * (1 - axis) + 1] = before, after
+        result = F.pad(result, pads)  # on every tile, even when zero: every rank's autograd graph has one shape
+        result = result.narrow(dim, o0 - origin + before, o1 - o0)
+    return result
+
+
+def _clip(rows: tuple[int, int], extent: int) -> tuple[int, int]:
+    start, stop = max(rows[0], 0), min(rows[1], extent)
+    if start >= stop:
+        raise ValueError("a tile of this upsampling reads no input rows; use fewer tiles")
+    return start, stop

@@ -1,0 +1,91 @@
+"""Cutting the weights of channel-split layers to this rank's slice, and the replica group of every parameter.
+
+A layer split ``c`` ways keeps on each rank the filters (output channels) of
+its channel part ``partition(C_out, c)[k]``: the weight's first dimension
+(the second for a transposed convolution) and the bias; batch-norm keeps the
+same slice of its weight, bias and running statistics. The parameter is
+replaced in the module by a new one holding the slice, so an optimizer built
+afterwards sees only local data. Every other parameter stays whole.
+
+The replica group of a slice is the ranks with the same channel part
+(``runtime.groups``, kind ``"slice"``); of a whole parameter, every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from cost_models.errors import PlanError
+from cost_models.halo import partition
+from cost_models.redistribution import coordinates
+from runtime.groups import block_of
+from runtime.layers import Site
+
+__all__ = ["ParameterSlice", "slice_parameters"]
+
+_SLICED_DIM = {"conv": 0, "linear": 0, "conv_transpose": 1, "batchnorm": 0}
+
+
+@dataclass(frozen=True)
+class ParameterSlice:
+    """Which part of the unsplit parameter ``name`` this rank holds: ``[start, stop)`` along ``dim``."""
+
+    name: str
+    dim: int
+    start: int
+    stop: int
+
+
+def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module) -> tuple[
+        dict[tuple[int, ...], list[nn.Parameter]], list[ParameterSlice]]:
+    """Slice the weights of channel-split layers in place; return the parameters by replica group and the slices.
+
+    Raises:
+        PlanError: A parameter shared by several layers would be sliced differently by them.
+    """
+    groups: dict[tuple[int, ...], list[nn.Parameter]] = {}
+    owner: dict[int, tuple[int, ...]] = {}
+    slices: list[ParameterSlice] = []
+    size = 0
+    for site in sites:
+        size = len(site.ranks)
+        if site.module is None or site.layout.c == 1 or site.kind not in _SLICED_DIM:
+            continue
+        members = block_of(site.layout, size, "slice", member)
+        index = coordinates(site.layout, member)[1]
+        for piece, param in _cut(site, index):
+            if owner.setdefault(id(param), members) != members:
+                raise PlanError(f"parameter {piece.name} is shared by layers split differently; give them one layout")
+            groups.setdefault(members, []).append(param)
+            slices.append(piece)
+    everyone = tuple(range(size))
+    for param in model.parameters():
+        if id(param) not in owner:
+            owner[id(param)] = everyone
+            groups.setdefault(everyone, []).append(param)
+    return groups, slices
+
+
+def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter]]:
+    module, dim = site.module, _SLICED_DIM[site.kind]
+    assert module is not None
+    cut = []
+    for key in ("weight", "bias", "running_mean", "running_var"):
+        tensor = getattr(module, key, None)
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        along = dim if key == "weight" else 0
+        start, stop = partition(tensor.shape[along], site.layout.c)[index]
+        piece = tensor.detach().narrow(along, start, stop - start).clone()
+        prefix = str(site.layer.get("module", site.name))
+        if isinstance(tensor, nn.Parameter):
+            param = nn.Parameter(piece, requires_grad=tensor.requires_grad)
+            setattr(module, key, param)
+            cut.append((ParameterSlice(f"{prefix}.{key}", along, start, stop), param))
+        else:
+            module.register_buffer(key, piece)
+    return cut

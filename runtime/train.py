@@ -1,0 +1,247 @@
+"""What every rank of ``parplan run`` does: build the model, apply the plan, verify, train, measure.
+
+:func:`worker` runs inside an initialised default process group (torchrun's
+machinery or MPI set it up, ``runtime.launch``) and returns, on rank 0, the
+measurement document (``parplan.measurement/1``); other ranks return
+``None``. One step is forward, :meth:`DistributedModel.loss`, backward (with
+the gradient sums over replica groups) and an SGD update; its time is the
+slowest rank's wall time, taken after a barrier-free step by an allreduce of
+the per-rank times (so the measurement adds one tiny collective per step).
+
+``verify`` runs one step of the split model and of the unsplit model on the
+same synthetic batch and seed (dropout off in both: its masks are drawn per
+rank) and reports the largest error of the output and of every parameter
+gradient relative to that tensor's largest magnitude, over all ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime.data import synthetic_input, synthetic_labels
+
+__all__ = ["RunOptions", "worker"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a rank needs, picklable (sent to spawned ranks)."""
+
+    model: str
+    input_shape: tuple[int, int, int, int]
+    dtype: str
+    plan: dict[str, Any]  # the parplan.plan/1 document
+    steps: int
+    warmup: int
+    lr: float = 0.01
+    seed: int = 0
+    verify: bool = False
+    tolerance: float = 1e-3
+    sync_batchnorm: bool = True
+    leaf_modules: tuple[str, ...] = ()
+    data: str = ""
+    threads: int = 0
+    quiet: bool = False
+    launcher: str = "torchrun"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def worker(options: RunOptions) -> dict[str, Any] | None:
+    """Run on every rank; returns the measurement document on rank 0."""
+    from cost_models.plan import Plan
+
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    device = _device()
+    plan = Plan.from_dict(options.plan)
+    dtype = getattr(torch, options.dtype)
+    verified = _verify(options, plan, dtype, device) if options.verify else None
+    _, split = _build(options, plan, dtype, device)
+    optimizer = torch.optim.SGD(split.parameters(), lr=options.lr)
+    batch = _data_source(options, split, dtype, device)
+    per_step, losses = [], []
+    for step in range(options.warmup + options.steps):
+        seconds, loss = _step(split, optimizer, batch(step), device)
+        if step >= options.warmup:
+            per_step.append(seconds)
+            losses.append(loss)
+            _progress(options, step - options.warmup, seconds, loss, plan)
+    memory = _peak_memory_bytes(device)
+    if dist.get_rank() != 0:
+        return None
+    return _document(options, plan, per_step, losses, memory, verified)
+
+
+def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, Any]:
+    from cost_models.model_spec import load_model
+    from runtime.apply import apply_plan
+
+    torch.manual_seed(options.seed)  # the same initial weights on every rank
+    model = load_model(options.model).to(device=device, dtype=dtype).train()
+    return model, apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules)
+
+
+def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
+                 whole: bool = False) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """Step → this rank's (input, labels); with ``whole``, the whole batch (the unsplit model's, for --verify)."""
+    output_shape = split.layer_graph.nodes[split.layer_graph.graph["outputs"][0]]["output_shape"]
+    label_shape = (output_shape[0], *output_shape[2:])
+    input_box, label_box = split.input_box(), split.target_box(label_shape)
+    if whole:
+        input_box, label_box = _everything(options.input_shape), _everything(label_shape)
+    if options.data:
+        from cost_models.model_spec import resolve_factory
+
+        factory = resolve_factory(options.data)
+        return lambda step: tuple(t.to(device) for t in factory(input_box, label_box, step))  # type: ignore[return-value]
+
+    def synthetic(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seed = options.seed * 1000 + step
+        return (synthetic_input(options.input_shape, input_box, seed, dtype, device),
+                synthetic_labels(label_shape, label_box, output_shape[1], seed, device))
+
+    return synthetic
+
+
+def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
+          device: torch.device) -> tuple[float, float]:
+    x, target = batch
+    _synchronise(device)
+    started = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    share = split.loss(split(x), target)
+    share.backward()
+    optimizer.step()
+    _synchronise(device)
+    elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item()), split.global_value(share)
+
+
+def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    _, split = _build(options, plan, dtype, device)
+    reference = _without_dropout(_fresh(options, dtype, device))
+    _without_dropout(split)
+    x, target = _data_source(options, split, dtype, device)(0)
+    output = split(x)
+    split.loss(output, target).backward()
+    full_x, labels = _data_source(options, split, dtype, device, whole=True)(0)
+    expected = reference(full_x)
+    nn.functional.cross_entropy(expected, labels).backward()
+    box = tuple(slice(a, b) for a, b in split.output_placement.box(_shape4(expected.shape), split.member))
+    output_error = _relative_error(output, expected.detach()[box[:expected.dim()]])
+    grad_error, worst = _gradient_errors(split, reference)
+    errors = torch.tensor([output_error, grad_error], dtype=torch.float64, device=device)
+    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    return {"output_max_rel_err": float(errors[0]), "grad_max_rel_err": float(errors[1]),
+            "tolerance": options.tolerance, "worst_parameter_on_rank0": worst,
+            "passed": bool(errors.max() <= options.tolerance)}
+
+
+def _gradient_errors(split: Any, reference: nn.Module) -> tuple[float, str]:
+    sliced = {piece.name: piece for piece in split.slices}
+    expected = dict(reference.named_parameters())
+    worst, worst_name = 0.0, ""
+    for name, param in split.model.named_parameters():
+        full = expected[name].grad
+        if full is None or param.grad is None:
+            continue
+        if name in sliced:
+            piece = sliced[name]
+            full = full.narrow(piece.dim, piece.start, piece.stop - piece.start)
+        error = _relative_error(param.grad, full)
+        if error > worst:
+            worst, worst_name = error, name
+    return worst, worst_name
+
+
+def _relative_error(value: torch.Tensor, expected: torch.Tensor) -> float:
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    difference = float((value.detach().double() - expected.detach().double()).abs().max()) if value.numel() else 0.0
+    return difference / scale if scale > 0 else difference
+
+
+def _fresh(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    from cost_models.model_spec import load_model
+
+    torch.manual_seed(options.seed)
+    return load_model(options.model).to(device=device, dtype=dtype).train()
+
+
+def _without_dropout(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.eval()
+    return model
+
+
+def _everything(shape: Any) -> tuple[slice, ...]:
+    return tuple(slice(0, int(extent)) for extent in shape)
+
+
+def _shape4(shape: Any) -> tuple[int, ...]:
+    return tuple(shape) if len(shape) == 4 else (shape[0], shape[1], 1, 1)
+
+
+def _progress(options: RunOptions, step: int, seconds: float, loss: float, plan: Any) -> None:
+    if options.quiet or dist.get_rank() != 0:
+        return
+    predicted = f", predicted {plan.predicted.iteration_s * 1e3:.2f} ms" if plan.predicted else ""
+    print(f"step {step + 1}/{options.steps}: {seconds * 1e3:.2f} ms, loss {loss:.6f}{predicted}", file=sys.stderr,
+          flush=True)
+
+
+def _document(options: RunOptions, plan: Any, per_step: list[float], losses: list[float], memory: int,
+              verified: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "format": "parplan.measurement/1",
+        "model": {"spec": options.model, "input_shape": list(options.input_shape), "dtype": options.dtype,
+                  "fingerprint": plan.fingerprint},
+        "plan": {"summary": plan.summary(), "devices": plan.cluster.devices},
+        "nproc": dist.get_world_size(), "backend": dist.get_backend(), "launcher": options.launcher,
+        "steps": options.steps, "warmup": options.warmup,
+        "iteration_s": statistics.median(per_step) if per_step else None,
+        "per_step_s": per_step, "loss": losses,
+        "predicted_iteration_s": plan.predicted.iteration_s if plan.predicted else None,
+        "memory_bytes_max": memory,
+        "verify": verified,
+        "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
+                    "torch": torch.__version__, "threads_per_rank": torch.get_num_threads(),
+                    "device": torch.cuda.get_device_name() if torch.cuda.is_available() and dist.get_backend() == "nccl"
+                    else "cpu"},
+    }
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _synchronise(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    """Largest over ranks: CUDA's peak allocation, or the process's peak resident size on CPU."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    value = torch.tensor([peak], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())

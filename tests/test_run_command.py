@@ -1,0 +1,108 @@
+"""``parplan run``: a planner's plan executed on 2 local ranks, the same under ``mpirun -n 4``, and bad input.
+
+The launched runs are real: ranks started by torchrun's machinery or by
+Open MPI, training on synthetic data, with ``--verify`` comparing the first
+step with the unsplit model (the measurement's ``verify`` block).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+UNET = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,40,24"]
+pytestmark = pytest.mark.multirank
+
+
+def _parplan(*args: str, launcher: list[str] | None = None, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [*(launcher or []), str(Path(sys.executable).parent / "parplan"), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_planned_plan_runs_on_two_ranks_and_equals_the_unsplit_model(repo: Path, tmp_path: Path) -> None:
+    plan, out = tmp_path / "plan.json", tmp_path / "meas.json"
+    made = _parplan("plan", *UNET, "--profile", "h100", "--devices", "2", "--max-stages", "1", "--out", str(plan),
+                    "--json", cwd=repo)
+    assert made.returncode == 0, made.stderr
+    run = _parplan("run", *UNET, "--plan", str(plan), "--steps", "2", "--warmup", "1", "--verify", "--json",
+                   "--out", str(out), cwd=repo)
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    assert document == json.loads(out.read_text())
+    assert document["format"] == "parplan.measurement/1" and document["launcher"] == "torchrun"
+    assert document["nproc"] == 2 and len(document["per_step_s"]) == len(document["loss"]) == 2
+    assert document["iteration_s"] > 0 and document["predicted_iteration_s"] == json.loads(plan.read_text())[
+        "predicted"]["iteration_s"]
+    assert document["verify"]["passed"] and document["verify"]["grad_max_rel_err"] < 1e-3
+
+
+@pytest.mark.skipif(shutil.which("mpirun", path=str(Path(sys.executable).parent)) is None
+                    and shutil.which("mpirun") is None, reason="no mpirun (make test installs openmpi)")
+def test_the_same_run_under_mpirun_with_four_ranks(repo: Path) -> None:
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+    launcher = [str(mpirun), "-n", "4", "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    run = _parplan("run", *UNET, "--layout", "n2·h2", "--steps", "2", "--warmup", "0", "--verify", "--json",
+                   launcher=launcher, cwd=repo)
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)  # only rank 0 prints
+    assert document["launcher"] == "mpi" and document["nproc"] == 4 and document["backend"] == "gloo"
+    assert document["plan"]["summary"].startswith("n2·h2")
+    assert document["verify"]["passed"]
+
+
+def test_a_data_factory_feeds_both_the_split_and_the_unsplit_model(repo: Path) -> None:
+    run = _parplan("run", *UNET, "--layout", "h2", "--nproc", "2", "--steps", "1", "--warmup", "0", "--verify",
+                   "--data", "examples/pattern_data.py:batch", "--json", cwd=repo)
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    assert document["verify"]["passed"] and document["loss"][0] > 0
+
+
+def test_verify_beyond_its_tolerance_exits_one(repo: Path) -> None:
+    run = _parplan("run", *UNET, "--layout", "w2", "--nproc", "2", "--steps", "0", "--verify", "--tolerance",
+                   "1e-14", "--json", cwd=repo)
+    assert run.returncode == 1, run.stderr
+    assert not json.loads(run.stdout)["verify"]["passed"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--layout", "h2"], "--layout needs --nproc R"),
+    (["--layout", "h3", "--nproc", "2"], "--layout h3 does not divide 2 ranks"),
+    (["--layout", "n2", "--nproc", "2", "--backend", "nccl"], "needs CUDA GPUs"),
+    (["--layout", "n2", "--nproc", "2", "--backend", "mpi"], "without the MPI backend"),
+])
+def test_bad_run_arguments_are_one_line_and_exit_two(capsys: pytest.CaptureFixture[str], repo: Path,
+                                                     extra: list[str], message: str) -> None:
+    os.chdir(repo)
+    if "nccl" in extra:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    code = main(["run", *UNET, *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_plan_for_other_devices_or_another_model_is_refused(capsys: pytest.CaptureFixture[str], repo: Path,
+                                                              tmp_path: Path) -> None:
+    os.chdir(repo)
+    plan = tmp_path / "plan.json"
+    assert main(["plan", *UNET, "--profile", "h100", "--devices", "2", "--max-stages", "1", "--out", str(plan),
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", *UNET, "--plan", str(plan), "--nproc", "3"]) == 2
+    assert "the plan is for 2 devices but 3 ranks would run it" in capsys.readouterr().err
+    other = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,48,24"]
+    assert main(["run", *other, "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "was made for model fingerprint" in err and "traces to" in err

@@ -1,0 +1,44 @@
+"""Tier 3: ``apply_plan`` on real models equals the unsplit model, for every kind of split (gloo, 2 and 4 ranks).
+
+For torchvision resnet18, densenet121, mobilenet_v2 and the example UNet,
+each plan family of the runtime issue — pure sample, pure height, pure width,
+height×width, sample×spatial (4 ranks), channel, and a per-layer mix whose
+edges redistribute — runs one training step in float64 and float32 and is
+compared with the unsplit model: output, loss, every parameter gradient and
+the batch-norm running statistics (``runtime_check``). Layers a layout does
+not fit take the next preference of the family (ending with whole copies).
+
+Input sizes are chosen so that strided windows straddle tile borders: 58 rows
+become 29, 15, 8, 4 (odd extents split into uneven tiles), and the UNet's
+7-row level splits 4 + 3 while its upsampled 14 rows split 7 + 7.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distributed import run_ranks
+from runtime_check import RULES, compare_plans
+
+pytestmark = pytest.mark.multirank
+
+SHAPES = {
+    "resnet18": (4, 3, 58, 54),
+    "densenet121": (4, 3, 42, 38),  # batch 4: training batch-norm on densenet's 1×1 maps needs a few samples
+    "mobilenet_v2": (4, 3, 54, 50),
+    "unet": (4, 3, 56, 40),  # three poolings by 2 must divide the UNet's input
+}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("model_name", list(SHAPES))
+def test_every_split_equals_the_unsplit_model(model_name: str, world_size: int) -> None:
+    dtypes = ("float64", "float32")
+    results = run_ranks(compare_plans, world_size, args=(model_name, SHAPES[model_name], RULES, dtypes),
+                        timeout_s=600)
+    families = {rule for rule in RULES if world_size == 4 or rule != "sample×spatial"}
+    assert set(results[0]) == {f"{rule}/{dtype}" for rule in families for dtype in dtypes}
+    assert all(result == results[0] for result in results)
+    plans = results[0]
+    assert f"h{world_size} (" in plans["height/float64"] and f"w{world_size} (" in plans["width/float64"]
+    assert f"c{world_size} (" in plans["channel/float64"] and f"n{world_size} (" in plans["sample/float64"]

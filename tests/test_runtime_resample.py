@@ -1,0 +1,82 @@
+"""Tier 3: upsampling and transposed convolution on height/width tiles equal the unsplit operation (gloo).
+
+Extents of 13 and 7 rows split into 2 or 4 tiles are uneven, so a tile's
+output rows are not the image of its input rows and halos cross the borders.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distributed import run_ranks
+
+CASES = (  # (operation, kwargs)
+    ("nearest", {"scale": 2}),
+    ("bilinear", {"scale": 2}),
+    ("nearest", {"scale": 3}),
+    ("transpose", {"kernel": 2, "stride": 2, "padding": 0}),
+    ("transpose", {"kernel": 3, "stride": 2, "padding": 1, "output_padding": 1}),
+    ("transpose", {"kernel": 3, "stride": 1, "padding": 1}),
+    ("transpose", {"kernel": 1, "stride": 2, "padding": 0}),
+)
+
+
+def _check(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name: str) -> int:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from runtime.resample import conv_transpose2d, interpolate
+    from runtime.spatial import TileGrid
+
+    dtype = getattr(torch, dtype_name)
+    checked = 0
+    for h, w in grids:
+        grid = TileGrid.of_rank(h, w, list(range(world_size)), rank)
+        for index, (operation, kw) in enumerate(CASES):
+            generator = torch.Generator().manual_seed(100 * h + 10 * w + index)
+            x = torch.randn(2, 4, 13, 7, dtype=dtype, generator=generator, requires_grad=True)
+            weight = torch.randn(4, 3, kw.get("kernel", 1), kw.get("kernel", 1), dtype=dtype, generator=generator,
+                                 requires_grad=True)
+            bias = torch.randn(3, dtype=dtype, generator=generator, requires_grad=True)
+            conv = {key: kw.get(key, 0) for key in ("stride", "padding", "output_padding")}
+            if operation == "transpose":
+                reference = F.conv_transpose2d(x, weight, bias, **conv)
+            else:
+                reference = F.interpolate(x, scale_factor=kw["scale"], mode=operation,
+                                          align_corners=False if operation == "bilinear" else None)
+            upstream = torch.randn(reference.shape, dtype=dtype, generator=generator)
+            reference.backward(upstream)
+            i, j = grid.tile
+            tile = _tile(x.detach(), h, w, i, j).requires_grad_(True)
+            local_weight, local_bias = (t.detach().clone().requires_grad_(True) for t in (weight, bias))
+            if operation == "transpose":
+                out = conv_transpose2d(tile, local_weight, local_bias, grid, (13, 7), **conv)
+            else:
+                out = interpolate(tile, grid, (13, 7), (kw["scale"], kw["scale"]), operation)
+            context = f"{operation} {kw} on {h}×{w}, tile {grid.tile}"
+            torch.testing.assert_close(out, _tile(reference.detach(), h, w, i, j), msg=lambda m: f"{context}: {m}")
+            out.backward(_tile(upstream, h, w, i, j))
+            torch.testing.assert_close(tile.grad, _tile(x.grad, h, w, i, j), msg=lambda m: f"{context} dx: {m}")
+            if operation == "transpose":
+                for mine, full in ((local_weight.grad, weight.grad), (local_bias.grad, bias.grad)):
+                    dist.all_reduce(mine)
+                    torch.testing.assert_close(mine, full, msg=lambda m: f"{context} dW: {m}")
+            checked += 1
+    return checked
+
+
+def _tile(tensor, h: int, w: int, i: int, j: int):  # noqa: ANN001, ANN202
+    import torch
+
+    return torch.tensor_split(torch.tensor_split(tensor, h, dim=2)[i], w, dim=3)[j].contiguous()
+
+
+@pytest.mark.multirank
+def test_resampling_on_two_ranks() -> None:
+    assert run_ranks(_check, 2, args=([(2, 1), (1, 2)], "float64")) == [2 * len(CASES)] * 2
+
+
+@pytest.mark.multirank
+def test_resampling_on_four_ranks_with_corners() -> None:
+    assert run_ranks(_check, 4, args=([(2, 2), (4, 1)], "float64")) == [2 * len(CASES)] * 4
