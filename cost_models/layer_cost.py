@@ -14,10 +14,12 @@ Assumptions (beyond those of the modules used):
       larger than a node.
     * Weights split by ``c`` (filters of convolution/linear, channels of
       batch-norm) are allreduced over the ``D/c`` ranks that hold the same slice.
-    * Batch-norm split by sample or space sums its statistics over the whole
-      batch, as the unsplit layer does (the runtime's default, synchronised
-      batch-norm): one allreduce of ``2·C`` float64 sums over the ``n·h·w``
-      ranks of its channels forward and one backward.
+    * Batch-norm split by space sums its statistics over the ``h·w`` tiles of
+      its samples (the runtime's default; statistics per group of samples, as
+      data parallelism computes them): one allreduce of ``2·C`` float64 sums
+      forward and one backward. Synchronised batch-norm (over the whole batch,
+      ``parplan run --sync-batchnorm``) is not priced: it adds the same two
+      allreduces over the ``n·h·w`` ranks.
     * A filter (``c``) split of a convolution or linear layer needs the full
       input on every rank (an edge redistribution provides it) and sums the
       partial input gradients over the ``c`` group: one allreduce of the local
@@ -156,11 +158,10 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
-    if layer["kind"] != "batchnorm" or layout.n * layout.spatial == 1:
+    if layer["kind"] != "batchnorm" or layout.spatial == 1:
         return 0.0
     stats_bytes = 2 * problem.output_shape[1] * 8  # Σx and Σx² per channel in float64 (runtime.norm)
-    group = [sample * layout.c * layout.spatial + tile for sample in range(layout.n) for tile in range(layout.spatial)]
-    return 2 * allreduce_s(profile, cluster, group, stats_bytes)
+    return 2 * allreduce_s(profile, cluster, list(range(layout.spatial)), stats_bytes)
 
 
 def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,

@@ -154,8 +154,9 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
     parser.add_argument("--lr", type=_positive_float, default=0.01, help="SGD learning rate (default 0.01)")
     parser.add_argument("--seed", type=_non_negative_int, default=0, help="weights and data seed (default 0)")
-    parser.add_argument("--local-batchnorm", action="store_true",
-                        help="batch-norm statistics per group of samples (data parallel style), not over the batch")
+    parser.add_argument("--sync-batchnorm", action="store_true",
+                        help="batch-norm statistics over the whole batch, as the unsplit model (default: per group "
+                             "of samples, as data parallelism; not priced by the cost model)")
     parser.add_argument("--data", metavar="module:function",
                         help="data factory: function(input_box, target_box, step) -> (input, target) of this rank")
     parser.add_argument("--threads", type=_positive_int, metavar="T",

@@ -61,7 +61,7 @@ class _Value:
         self.moved: dict[Placement, torch.Tensor] = {}
 
 
-def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = True,
+def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
                leaf_modules: Sequence[str] = (), graph: Any = None) -> "DistributedModel":
     """Prepare ``model`` to train under ``plan`` on ``ranks`` (default: every rank of the default group).
 
@@ -71,8 +71,10 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
         model: The user's model, identically initialised on every rank; modified in place (sliced weights).
         plan: A single-stage plan made for this model at ``plan.input_shape``.
         ranks: The global ranks the plan's devices map to, in order.
-        sync_batchnorm: Batch-norm statistics over the whole batch, as the unsplit model computes them;
-            ``False`` keeps them per group of samples (the statistics of data parallelism).
+        sync_batchnorm: Batch-norm statistics over the whole batch, as the unsplit model computes them
+            (needed for a sample split to equal the unsplit model exactly). By default they are summed over
+            the tiles of each group of samples only — the statistics of data parallelism, and what the cost
+            model prices.
         leaf_modules: Modules the plan's tracing kept opaque (``--leaf-module``).
         graph: The model's ``LayerGraph`` at the plan's input shape and dtype, when the caller has traced it
             already (its fingerprint is still checked against the plan's).

@@ -47,7 +47,7 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
         model=args.model, input_shape=shape, dtype=args.dtype, plan=_predicted(plan, graph, predict).to_dict(),
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
-        sync_batchnorm=not args.local_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
+        sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
         threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or _mpi_size())), quiet=args.json)
     document = launch(options, nproc, backend)
     if document is None:  # an MPI rank other than 0: rank 0 reports

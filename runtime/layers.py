@@ -11,8 +11,8 @@ and :data:`HANDLERS` computes the layer's output box:
 * convolution, transposed convolution and linear layers split by ``c`` hold a
   slice of the filters and read every input channel (``Placement(L, "c")``);
   the adjoint of that redistribution sums the input gradients over the slices;
-* batch-norm sums its statistics over the tiles of the same channels
-  (``runtime.norm``) — over the whole batch too when synchronised;
+* batch-norm sums its statistics over the tiles of the same samples and
+  channels (``runtime.norm``) — over the whole batch when synchronised;
 * a global average pool of a spatially split input sums the tiles' sums over
   the tile group (``runtime.spatial.global_avg_pool2d``) instead of gathering;
 * every other supported kind runs the user's own module or function on the

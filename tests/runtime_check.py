@@ -2,7 +2,8 @@
 
 :func:`compare_plans` builds the unsplit reference once per dtype on every
 rank, then for each named rule makes a plan (``cost_models.uniform``), applies it
-to an identically initialised copy, runs one forward and backward on this
+to an identically initialised copy (batch-norm synchronised over the whole
+batch, as the unsplit model computes it), runs one forward and backward on this
 rank's box of the same batch, and checks with ``torch.testing.assert_close``:
 the output box, the global loss, every parameter gradient (this rank's slice
 of it for channel-split weights) and batch-norm's running statistics.
@@ -92,7 +93,7 @@ def compare_plans(rank: int, world_size: int, model_name: str, shape: tuple[int,
             if rule not in rules_here:
                 continue
             plan = uniform_plan(graph, cluster, rules_here[rule])
-            model = apply_plan(copy.deepcopy(base), plan, graph=graph)
+            model = apply_plan(copy.deepcopy(base), plan, graph=graph, sync_batchnorm=True)
             context = f"{model_name} {rule} ({plan.summary()}) {dtype_name} on rank {rank}"
             _check_one(model, x, target, expected_loss, yardsticks, context, dict(reference.named_buffers()))
             checked[f"{rule}/{dtype_name}"] = plan.summary()

