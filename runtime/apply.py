@@ -48,7 +48,7 @@ from runtime.placement import Placement, box_extent
 from runtime.redistribute import redistribute
 from runtime.slicing import slice_parameters
 
-__all__ = ["DistributedModel", "apply_plan", "check_runnable"]
+__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable"]
 
 
 class _Value:
@@ -84,18 +84,8 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
             ranks, or asks for a split this runtime cannot execute (each named).
     """
     graph = graph if graph is not None else trace(model, plan.input_shape, getattr(torch, plan.dtype), leaf_modules)
-    if graph.fingerprint != plan.fingerprint:
-        raise PlanError(f"the plan was made for model fingerprint {plan.fingerprint}, but this model at input "
-                        f"{list(plan.input_shape)} ({plan.dtype}) traces to {graph.fingerprint}; make a new plan")
-    check_plan_for_graph(plan, graph)
-    if plan.pipeline.stages != 1:
-        raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; this runtime executes single-stage "
-                        f"plans (pipeline execution is a separate runtime capability)")
     world = tuple(ranks) if ranks is not None else tuple(range(_world_size()))
-    devices = plan.pipeline.devices_per_stage[0]
-    if len(world) != devices:
-        raise PlanError(f"the plan is for {devices} devices but {len(world)} ranks run it; start {devices} ranks "
-                        f"or make a plan for {len(world)} devices")
+    check_plan(plan, graph, len(world))
     return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules))
 
 
@@ -280,6 +270,26 @@ class DistributedModel(nn.Module):
         """Accumulate gradients without summing them over ranks (see ``GradientSync.no_sync``)."""
         with self.gradients.no_sync():
             yield
+
+
+def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> None:
+    """Refuse a plan made for another model or input, with pipeline stages, or for another number of ranks.
+
+    Raises:
+        PlanError: Naming both fingerprints, or both counts, and what to do.
+    """
+    if graph.fingerprint != plan.fingerprint:
+        raise PlanError(f"{where} was made for model fingerprint {plan.fingerprint}, but this model at input "
+                        f"{list(graph.input_shape)} ({graph.graph['dtype']}) traces to {graph.fingerprint}; "
+                        f"make a new plan")
+    check_plan_for_graph(plan, graph)
+    if plan.pipeline.stages != 1:
+        raise PlanError(f"{where} has {plan.pipeline.stages} pipeline stages; this runtime executes single-stage "
+                        f"plans for now (make one with parplan plan --max-stages 1)")
+    devices = plan.pipeline.devices_per_stage[0]
+    if ranks != devices:
+        raise PlanError(f"{where} is for {devices} devices but {ranks} ranks would run it; start {devices} ranks "
+                        f"(--nproc {devices}) or make a plan for {ranks} devices")
 
 
 def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Sequence[str] = ()) -> None:

@@ -80,22 +80,10 @@ def _layout_plan(graph: Any, text: str, devices: int) -> Any:
 
 
 def _check_plan(args: argparse.Namespace, plan: Any, graph: Any, nproc: int | None) -> None:
-    from cost_models.errors import PlanError
     from cost_models.model_spec import load_model
-    from cost_models.plan import check_plan_for_graph
-    from runtime.apply import check_runnable
+    from runtime.apply import check_plan, check_runnable
 
-    if plan.fingerprint != graph.fingerprint:
-        raise PlanError(f"plan {args.plan} was made for model fingerprint {plan.fingerprint}, but {args.model} at "
-                        f"{args.input_shape} ({args.dtype}) traces to {graph.fingerprint}; make a new plan")
-    check_plan_for_graph(plan, graph)
-    if plan.pipeline.stages != 1:
-        raise PlanError(f"plan {args.plan} has {plan.pipeline.stages} pipeline stages; parplan run executes "
-                        f"single-stage plans for now (make one with --max-stages 1)")
-    ranks = nproc or _mpi_size()
-    if ranks != plan.pipeline.devices_per_stage[0]:
-        raise InputError(f"the plan is for {plan.pipeline.devices_per_stage[0]} devices but {ranks} ranks would run "
-                         f"it; use --nproc {plan.pipeline.devices_per_stage[0]} or make a plan for {ranks} devices")
+    check_plan(plan, graph, nproc or _mpi_size(), f"plan {args.plan}" if args.plan else "the --layout plan")
     check_runnable(load_model(args.model), plan, graph, args.leaf_module)
 
 

@@ -101,7 +101,7 @@ def test_a_plan_for_other_devices_or_another_model_is_refused(capsys: pytest.Cap
                  "--json"]) == 0
     capsys.readouterr()
     assert main(["run", *UNET, "--plan", str(plan), "--nproc", "3"]) == 2
-    assert "the plan is for 2 devices but 3 ranks would run it" in capsys.readouterr().err
+    assert "is for 2 devices but 3 ranks would run it" in capsys.readouterr().err
     other = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,48,24"]
     assert main(["run", *other, "--plan", str(plan)]) == 2
     err = capsys.readouterr().err
