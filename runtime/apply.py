@@ -26,7 +26,7 @@ never loaded whole), :meth:`~DistributedModel.shard` cuts it from a full batch,
 from __future__ import annotations
 
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -107,7 +107,6 @@ class DistributedModel(nn.Module):
         self.gradients = GradientSync({tuple(ranks[q] for q in members): params
                                        for members, params in shared.items()}, self.groups)
         self.gradients.install()
-        self._output = next(node for node in self._nodes if node.op == "output")
 
     # --- forward -------------------------------------------------------------------------------------------
 
@@ -195,7 +194,7 @@ class DistributedModel(nn.Module):
 
     # --- data helpers --------------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def input_placement(self) -> Placement:
         """The placement of the model's input: the one its first layer reads (loading it there is free)."""
         placeholder = next(node for node in self._nodes if node.op == "placeholder")
@@ -250,8 +249,7 @@ class DistributedModel(nn.Module):
         shape = self._output_shape()
         placement = self.loss_placement()
         output = self._fetch(_Value(local_output, self.output_placement, shape), placement)
-        copies = sum(placement.box(_shape4(shape), q) == placement.box(_shape4(shape), self.member)
-                     for q in range(len(self.ranks)))
+        copies = _copies(_shape4(shape), placement, len(self.ranks), self.member)
         total = 1
         for extent in shape:
             total *= extent
@@ -382,6 +380,13 @@ def _from4d(tensor: torch.Tensor, shape: Sequence[int], box: Box) -> torch.Tenso
     if len(shape) == 2:
         return tensor.reshape(box_extent(box)[:2])
     return tensor.reshape((box_extent(box)[0], *shape[1:]))
+
+
+@lru_cache(maxsize=256)
+def _copies(shape: tuple[int, ...], placement: Placement, size: int, member: int) -> int:
+    """How many members hold the same box as ``member`` (itself included)."""
+    mine = placement.box(shape, member)
+    return sum(placement.box(shape, q) == mine for q in range(size))
 
 
 @lru_cache(maxsize=4096)
