@@ -11,6 +11,7 @@ every rank).
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from cost_models.cluster import Cluster
@@ -20,7 +21,7 @@ from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
 from cost_models.plan import LayerAssignment, Pipeline, Plan
 
-__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "layout_by_rule", "uniform_plan"]
+__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "layout_by_rule", "staged", "uniform_plan"]
 
 NO_COMPUTE_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
 """Kinds with no local problem of their own: any layout their output fits is theirs."""
@@ -73,3 +74,37 @@ def uniform_plan(graph: Any, cluster: Cluster, preferences: Sequence[Layout] | R
                 {name: LayerAssignment(layout) for name, layout in layouts.items()},
                 Pipeline(1, (cluster.devices,)), model_spec=model_spec,
                 created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def staged(plan: Plan, graph: Any, starts: Sequence[str], schedule: str = "sync", micro_batches: int = 1,
+           staleness: Sequence[int] | None = None) -> Plan:
+    """``plan`` (one stage of ``G`` devices) cut into pipeline stages of ``G`` devices each.
+
+    Args:
+        starts: The first layer of each stage after the first, in the model's order.
+        schedule: ``"sync"`` (with ``micro_batches``) or ``"stale"`` (whole batches).
+        staleness: Per stage, for ``stale`` (default DSP's ``2(K−1−k)``).
+
+    Raises:
+        InputError: An unknown layer in ``starts``, or starts out of order.
+    """
+    from cost_models.pipeline_cost import dsp_staleness
+
+    order = graph.compute_layers()
+    missing = [name for name in starts if name not in order]
+    if missing:
+        raise InputError(f"stage starts {missing} are not layers of the model; name layers as parplan inspect does")
+    positions = [order.index(name) for name in starts]
+    if positions != sorted(set(positions)) or (positions and positions[0] == 0):
+        raise InputError(f"stage starts {list(starts)} must be distinct layers after the first, in the model's order")
+    stages = len(starts) + 1
+    stage_of = {name: sum(position >= p for p in positions) for position, name in enumerate(order)}
+    devices = plan.pipeline.devices_per_stage[0]
+    if schedule == "stale":
+        micro_batches, lags = 1, tuple(staleness) if staleness is not None else dsp_staleness(stages)
+    else:
+        lags = (0,) * stages
+    return Plan(plan.fingerprint, plan.input_shape, plan.dtype, replace(plan.cluster, devices=devices * stages),
+                {name: LayerAssignment(a.layout, stage_of[name]) for name, a in plan.layers.items()},
+                Pipeline(stages, (devices,) * stages, schedule, micro_batches, lags), model_spec=plan.model_spec,
+                created=plan.created)

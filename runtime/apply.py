@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -48,7 +48,7 @@ from runtime.placement import Placement, box_extent
 from runtime.redistribute import redistribute
 from runtime.slicing import slice_parameters
 
-__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable"]
+__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "local_shape"]
 
 
 class _Value:
@@ -86,6 +86,9 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
     graph = graph if graph is not None else trace(model, plan.input_shape, getattr(torch, plan.dtype), leaf_modules)
     world = tuple(ranks) if ranks is not None else tuple(range(_world_size()))
     check_plan(plan, graph, len(world))
+    if plan.pipeline.stages != 1:
+        raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; run it with "
+                        f"runtime.pipeline.apply_pipeline (parplan run does), or make one with --max-stages 1")
     return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules))
 
 
@@ -93,17 +96,28 @@ class DistributedModel(nn.Module):
     """The user's model executing its plan on this rank (see the module docstring)."""
 
     def __init__(self, model: nn.Module, plan: Plan, graph: Any, ranks: tuple[int, ...], sync_batchnorm: bool,
-                 leaf_modules: tuple[str, ...]) -> None:
+                 leaf_modules: tuple[str, ...], stage_nodes: Collection[str] | None = None,
+                 groups: GroupCache | None = None) -> None:
+        """Without ``stage_nodes``, the whole model; with them, one pipeline stage (``runtime.pipeline``).
+
+        ``groups``, when given, already holds every process group this model needs (a pipeline builds
+        the groups of all its stages on every rank); otherwise they are built here, collectively.
+        """
         super().__init__()
         self.model = model
         self.plan, self.layer_graph, self.ranks = plan, graph, ranks
         self.member = ranks.index(_rank()) if dist.is_initialized() else 0
-        self._nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
-        self.groups = GroupCache(tuple(range(_world_size())))
+        nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
+        self._nodes = nodes if stage_nodes is None else [node for node in nodes if node.name in stage_nodes]
+        self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())))
         self.sites = _sites(self._nodes, model, plan, graph, self.member, ranks, self.groups, sync_batchnorm)
         _refuse_unsupported(self.sites.values())
-        shared, self.slices = slice_parameters(self.sites.values(), self.member, model)
-        self.groups.build(self._all_groups())
+        owned = (lambda: _parameters_of(self._nodes, model)) if stage_nodes is not None else model.parameters
+        shared, self.slices = slice_parameters(self.sites.values(), self.member, model, owned)
+        self.own_parameters: list[nn.Parameter] = list(owned())
+        """The parameters this rank trains (the whole model's, or its stage's)."""
+        if groups is None:
+            self.groups.build(self.group_ranks())
         self.gradients = GradientSync({tuple(ranks[q] for q in members): params
                                        for members, params in shared.items()}, self.groups)
         self.gradients.install()
@@ -112,17 +126,28 @@ class DistributedModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Any:
         """This rank's box of the output, from its box of the input (:meth:`input_box`)."""
-        env: dict[str, Any] = {}
+        return self.run_nodes({}, x)["(output)"]
+
+    def run_nodes(self, env: dict[str, Any], x: torch.Tensor | None = None) -> dict[str, Any]:
+        """Run this model's nodes on ``env`` (values by node name, :meth:`value` for received ones); returns it.
+
+        The model input ``x`` (this rank's box) is needed when the nodes include the placeholder; the
+        output node's value is stored under ``"(output)"``.
+        """
         for node in self._nodes:
             if node.op == "placeholder":
                 env[node.name] = _Value(x, self.input_placement, self.layer_graph.input_shape)
             elif node.op == "get_attr":
                 env[node.name] = _attribute(self.model, str(node.target))
             elif node.op == "output":
-                return _plain_args(node.args[0], env)
+                env["(output)"] = _plain_args(node.args[0], env)
             else:
                 env[node.name] = self._run(node, env)
-        raise RuntimeError("the traced graph has no output node")
+        return env
+
+    def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Any:
+        """Wrap this rank's box ``tensor`` of the value ``name`` (under ``placement``) for :meth:`run_nodes`."""
+        return _Value(tensor, placement, self.layer_graph.nodes[name]["output_shape"])
 
     def _run(self, node: Node, env: dict[str, Any]) -> Any:
         site = self.sites.get(node.name)
@@ -184,13 +209,9 @@ class DistributedModel(nn.Module):
 
     # --- construction --------------------------------------------------------------------------------------
 
-    def _all_groups(self) -> Iterator[tuple[int, ...]]:
-        size = len(self.ranks)
-        for layout in sorted({site.layout for site in self.sites.values()}):
-            for kind in ("spatial", "samples", "slice"):
-                for members in blocks(layout, size, kind):
-                    yield tuple(self.ranks[q] for q in members)
-        yield self.ranks
+    def group_ranks(self) -> Iterator[tuple[int, ...]]:
+        """The global ranks of every process group this model uses."""
+        return group_ranks((site.layout for site in self.sites.values()), self.ranks)
 
     # --- data helpers --------------------------------------------------------------------------------------
 
@@ -270,8 +291,17 @@ class DistributedModel(nn.Module):
             yield
 
 
+def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """The global ranks of every group that layers of ``layouts`` on ``ranks`` use (``runtime.groups``)."""
+    for layout in sorted(set(layouts)):
+        for kind in ("spatial", "samples", "slice"):
+            for members in blocks(layout, len(ranks), kind):
+                yield tuple(ranks[q] for q in members)
+    yield ranks
+
+
 def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> None:
-    """Refuse a plan made for another model or input, with pipeline stages, or for another number of ranks.
+    """Refuse a plan made for another model or input, or for another number of ranks (all its stages' devices).
 
     Raises:
         PlanError: Naming both fingerprints, or both counts, and what to do.
@@ -281,10 +311,7 @@ def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> N
                         f"{list(graph.input_shape)} ({graph.graph['dtype']}) traces to {graph.fingerprint}; "
                         f"make a new plan")
     check_plan_for_graph(plan, graph)
-    if plan.pipeline.stages != 1:
-        raise PlanError(f"{where} has {plan.pipeline.stages} pipeline stages; this runtime executes single-stage "
-                        f"plans for now (make one with parplan plan --max-stages 1)")
-    devices = plan.pipeline.devices_per_stage[0]
+    devices = sum(plan.pipeline.devices_per_stage)
     if ranks != devices:
         raise PlanError(f"{where} is for {devices} devices but {ranks} ranks would run it; start {devices} ranks "
                         f"(--nproc {devices}) or make a plan for {ranks} devices")
@@ -310,6 +337,17 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: 
             sites[node.name] = Site(node.name, graph.nodes[node.name]["kind"], plan.layers[node.name].layout,
                                     graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm)
     return sites
+
+
+def _parameters_of(nodes: list[Node], model: nn.Module) -> list[nn.Parameter]:
+    """The parameters the ``nodes`` use (their modules' and attributes'), each once."""
+    found: dict[int, nn.Parameter] = {}
+    for node in nodes:
+        if node.op == "call_module":
+            found.update((id(p), p) for p in model.get_submodule(str(node.target)).parameters())
+        elif node.op == "get_attr" and isinstance(value := _attribute(model, str(node.target)), nn.Parameter):
+            found[id(value)] = value
+    return list(found.values())
 
 
 def _refuse_unsupported(sites: Any) -> None:
@@ -355,6 +393,16 @@ def _call(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:
         return node.target(*args, **kwargs)  # type: ignore[operator]
     self_arg, *rest = args
     return getattr(self_arg, str(node.target))(*rest, **kwargs)
+
+
+def local_shape(shape: Sequence[int], placement: Placement, member: int) -> tuple[int, ...]:
+    """The shape of member ``member``'s box of a value of global ``shape`` under ``placement``."""
+    extent = box_extent(placement.box(_shape4(shape), member))
+    if len(shape) == 4:
+        return extent
+    if len(shape) == 2:
+        return extent[:2]
+    return (extent[0], *(int(s) for s in shape[1:]))
 
 
 def _shape4(shape: Sequence[int]) -> tuple[int, int, int, int]:

@@ -14,7 +14,7 @@ The replica group of a slice is the ranks with the same channel part
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -40,9 +40,13 @@ class ParameterSlice:
     stop: int
 
 
-def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module) -> tuple[
+def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module,
+                     params: Callable[[], Iterable[nn.Parameter]] | None = None) -> tuple[
         dict[tuple[int, ...], list[nn.Parameter]], list[ParameterSlice]]:
     """Slice the weights of channel-split layers in place; return the parameters by replica group and the slices.
+
+    ``params()`` lists, after slicing, the parameters the caller trains (default: all of ``model``'s); the
+    others are left alone.
 
     Raises:
         PlanError: A parameter shared by several layers would be sliced differently by them.
@@ -63,7 +67,7 @@ def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module) -> tu
             groups.setdefault(members, []).append(param)
             slices.append(piece)
     everyone = tuple(range(size))
-    for param in model.parameters():
+    for param in model.parameters() if params is None else params():
         if id(param) not in owner:
             owner[id(param)] = everyone
             groups.setdefault(everyone, []).append(param)

@@ -1,0 +1,345 @@
+"""``apply_pipeline``: one pipeline stage of a Plan on this rank, running a schedule's events.
+
+Stage ``k`` of ``K`` runs on global ranks ``k·G … k·G+G−1`` (every stage gets
+the same ``G`` devices, as the planner makes them) and executes its part of
+the traced model (``runtime.stage_cut``) as a :class:`runtime.apply.DistributedModel`
+— itself split by sample, space or channel over its ``G`` ranks. Member ``q``
+of a stage sends its box of each value crossing a cut to member ``q`` of
+every later stage reading it, under the producer's placement; the reader
+redistributes it inside its own stage as any other input. Gradients of the
+crossings go back the same way. Sends are non-blocking, receives wait.
+
+Events (``runtime.schedules``):
+
+* ``F b`` receives the inputs of batch (micro-batch) ``b``, runs the stage,
+  sends its outputs; on the last stage it also evaluates the loss share. The
+  ``sync`` schedule keeps the autograd graph; the ``stale`` one runs without
+  it and stashes only the stage's inputs (and the RNG state, so that dropout
+  draws the same masks again).
+* ``B b`` receives (and sums) the gradients of the outputs of ``b``; under
+  ``stale`` it first recomputes the forward from the stashed input with the
+  current weights (batch-norm's running statistics are put back afterwards:
+  the forward already counted them); then backward, and the input gradients
+  go to the producers. Under ``sync`` every backward but the last of an
+  iteration accumulates without summing over the stage's replicas.
+* ``U`` steps the optimizer over this stage's parameters and clears them.
+
+With ``M`` micro-batches each loss share is scaled by ``1/M``: one ``sync``
+iteration equals the unsplit model accumulating the gradients of the same
+``M`` micro-batches (batch-norm statistics are per micro-batch, as in GPipe;
+with ``M = 1`` that is plain unsplit training).
+
+The other stages' parameters are released on this rank (emptied), so a rank
+holds only its stage's weights. Timing: each event's wall time, how long it
+waited on receives, and — for ``slowdown`` > 1 (a simulated straggler) — an
+added sleep of ``slowdown − 1`` times its own compute.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cost_models.errors import PlanError
+from cost_models.graph import trace
+from cost_models.plan import Plan
+from cost_models.tracing import symbolic_trace
+from runtime.apply import DistributedModel, check_plan, group_ranks, local_shape
+from runtime.groups import GroupCache
+from runtime.layers import Site, input_placement
+from runtime.placement import Placement
+from runtime.schedules import Event
+from runtime.stage_cut import StageCut, cut_stages
+
+__all__ = ["EventRecord", "PipelineStage", "apply_pipeline", "check_pipeline"]
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, leaf_modules: Sequence[str] = (),
+                   graph: Any = None, loss_fn: Loss | None = None, slowdown: float = 1.0) -> "PipelineStage":
+    """This rank's stage of ``plan`` on ``model`` (collective: every rank of the default group calls it).
+
+    Args:
+        model: The user's model, identically initialised on every rank; modified in place.
+        plan: A plan with pipeline stages, made for this model at ``plan.input_shape``.
+        sync_batchnorm: Batch-norm statistics over the whole micro-batch (see ``apply_plan``).
+        leaf_modules: Modules the plan's tracing kept opaque.
+        graph: The model's ``LayerGraph`` at the plan's input shape, when already traced.
+        loss_fn: Mean-reduced loss of the output (default ``cross_entropy``).
+        slowdown: Run this rank's events this many times slower (a straggler, ``--slow-stage``).
+
+    Raises:
+        PlanError: The plan does not match the model, the ranks or what the pipeline runtime executes.
+    """
+    graph = graph if graph is not None else trace(model, plan.input_shape, getattr(torch, plan.dtype), leaf_modules)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    check_plan(plan, graph, world)
+    check_pipeline(plan)
+    micro = plan.pipeline.micro_batches
+    shape = (plan.input_shape[0] // micro, *plan.input_shape[1:])
+    micro_graph = graph if micro == 1 else trace(model, shape, getattr(torch, plan.dtype), leaf_modules)
+    return PipelineStage(model, plan, micro_graph, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown)
+
+
+def check_pipeline(plan: Plan) -> None:
+    """Refuse pipelines this runtime cannot execute: unequal stages, uneven micro-batches, growing staleness."""
+    pipeline = plan.pipeline
+    if len(set(pipeline.devices_per_stage)) != 1:
+        raise PlanError(f"the pipeline's stages have {list(pipeline.devices_per_stage)} devices; this runtime needs "
+                        f"the same number on every stage (as parplan plan makes them)")
+    if plan.input_shape[0] % pipeline.micro_batches:
+        raise PlanError(f"{pipeline.micro_batches} micro-batches do not divide the batch of {plan.input_shape[0]}; "
+                        f"choose a divisor")
+    if pipeline.schedule == "stale" and any(a < b for a, b in zip(pipeline.staleness, pipeline.staleness[1:])):
+        raise PlanError(f"staleness {list(pipeline.staleness)} grows from a stage to a later one; the stale schedule "
+                        f"needs it non-increasing (DSP's is 2(K−1−k))")
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One executed event: when it started and ended (``perf_counter`` seconds) and how long it waited."""
+
+    event: Event
+    start_s: float
+    end_s: float
+    wait_s: float
+
+
+@dataclass
+class _Stash:
+    """What a batch in flight keeps: inputs (leaves), outputs to backward, the RNG state, the target."""
+
+    batch: int
+    inputs: dict[str, torch.Tensor]
+    x: torch.Tensor | None
+    target: torch.Tensor | None
+    rng: torch.Tensor
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    loss: torch.Tensor | None = None
+
+
+class PipelineStage:
+    """This rank's stage: its part of the model and the events of a schedule (module docstring)."""
+
+    def __init__(self, model: nn.Module, plan: Plan, graph: Any, sync_batchnorm: bool, leaf_modules: tuple[str, ...],
+                 loss_fn: Loss | None, slowdown: float) -> None:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.plan, self.stages = plan, plan.pipeline.stages
+        self.size = plan.pipeline.devices_per_stage[0]
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.index, self.member = divmod(rank, self.size)
+        nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
+        cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages)
+        self.cut: StageCut = cuts[self.index]
+        groups = GroupCache(tuple(range(world)))
+        groups.build(r for k, cut in enumerate(cuts) for r in group_ranks(
+            (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
+        self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
+                                      frozenset(self.cut.nodes), groups)
+        self.placements = _crossing_placements(nodes, cuts, model, plan, graph)
+        self.loss_fn = loss_fn or nn.functional.cross_entropy
+        self.slowdown = slowdown
+        self.loss_scale = 1.0 / plan.pipeline.micro_batches
+        self.stale = plan.pipeline.schedule == "stale"
+        self.losses: dict[int, torch.Tensor] = {}
+        """The last stage's loss share of each batch forwarded (unscaled by micro-batches)."""
+        self.keep_outputs = False
+        self.outputs: dict[int, torch.Tensor] = {}
+        """With ``keep_outputs``, the last stage's output box of each batch forwarded."""
+        self._stash: dict[int, _Stash] = {}
+        self._sending: list[tuple[Any, torch.Tensor]] = []
+        self._waited = 0.0
+        _release_others(model, self.model.own_parameters)
+
+    # --- public ----------------------------------------------------------------------------------------------
+
+    @property
+    def first(self) -> bool:
+        """Whether this stage reads the model's input."""
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        """Whether this stage computes the output and the loss."""
+        return self.index == self.stages - 1
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters this rank trains (its stage's; channel-split ones sliced)."""
+        return self.model.own_parameters
+
+    def run(self, events: Sequence[Event], optimizer: torch.optim.Optimizer,
+            data: Callable[[int], tuple[torch.Tensor | None, torch.Tensor | None]],
+            last_backward: int | None = None) -> list[EventRecord]:
+        """Execute ``events``; ``data(b)`` gives this rank's input box and target box of batch ``b``.
+
+        ``last_backward``: under ``sync``, the batch whose backward ends the accumulation (sums gradients
+        over the stage's replicas); every backward syncs when it is ``None``.
+        """
+        records = []
+        for event in events:
+            self._reap_sends()
+            start, waited = time.perf_counter(), self._waited
+            if event.kind == "F":
+                x, target = data(event.batch)
+                self.forward(event.batch, x, target)
+            elif event.kind == "B":
+                self.backward(event.batch, sync=last_backward is None or event.batch == last_backward)
+            else:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            end = time.perf_counter()
+            end = self._straggle(event, start, end, self._waited - waited)
+            records.append(EventRecord(event, start, end, self._waited - waited))
+        self.finish_sends()
+        return records
+
+    def forward(self, batch: int, x: torch.Tensor | None = None, target: torch.Tensor | None = None) -> None:
+        """Receive ``batch``'s inputs, run this stage on them, send its outputs (the ``F`` event)."""
+        received = {c.name: self._receive(c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
+        stash = _Stash(batch, received, x, target, torch.get_rng_state())
+        with torch.set_grad_enabled(not self.stale):
+            self._compute(stash)
+        for crossing in self.cut.sends:
+            for consumer in crossing.consumers:
+                self._send(stash.outputs[crossing.name].detach(), consumer, 2 * crossing.tag)
+        if self.last:
+            self.losses[batch] = stash.loss.detach() / self.loss_scale  # type: ignore[union-attr]
+        if self.stale:
+            stash.outputs, stash.loss = {}, None
+        self._stash[batch] = stash
+
+    def backward(self, batch: int, sync: bool = True) -> None:
+        """Receive the gradients of ``batch``'s outputs, backward (after recomputing, if stale), send input gradients."""
+        stash = self._stash.pop(batch)
+        grads = {c.name: sum(self._receive(c.name, consumer, 2 * c.tag + 1) for consumer in c.consumers)
+                 for c in self.cut.sends}
+        saved = self._recompute(stash) if self.stale else []
+        tensors = [stash.outputs[name] for name in grads] + ([stash.loss] if self.last else [])
+        gradients = [grads[name] for name in grads] + ([None] if self.last else [])
+        pairs = [(t, g) for t, g in zip(tensors, gradients) if t is not None and t.requires_grad]
+        if pairs:
+            with self.model.no_sync() if not sync else _nothing():
+                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        self._restore(saved)
+        for crossing in self.cut.receives:
+            leaf = stash.inputs[crossing.name]
+            self._send(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf), crossing.producer,
+                       2 * crossing.tag + 1)
+
+    def finish_sends(self) -> None:
+        """Wait until every posted send has completed."""
+        for work, _ in self._sending:
+            work.wait()
+        self._sending = []
+
+    def input_box(self) -> tuple[slice, ...]:
+        """The first stage's slices of a (micro-)batch it loads."""
+        return self.model.input_box()
+
+    def target_box(self, target_shape: Sequence[int]) -> tuple[slice, ...]:
+        """The last stage's slices of a (micro-)batch's target."""
+        return self.model.target_box(target_shape)
+
+    # --- computing -------------------------------------------------------------------------------------------
+
+    def _compute(self, stash: _Stash) -> None:
+        env = {name: self.model.value(name, leaf, self.placements[name]) for name, leaf in stash.inputs.items()}
+        env = self.model.run_nodes(env, stash.x if self.first else None)
+        stash.outputs = {c.name: _tensor(env[c.name]) for c in self.cut.sends}
+        if self.last and self.keep_outputs:
+            self.outputs[stash.batch] = env["(output)"].detach()
+        if self.last:
+            stash.loss = self.model.loss(env["(output)"], stash.target, self.loss_fn) * self.loss_scale
+
+    def _recompute(self, stash: _Stash) -> list[torch.Tensor]:
+        """Run the forward of ``stash`` again, with the RNG as it was; returns the buffers as they were before."""
+        buffers = [buffer.detach().clone() for buffer in self.model.model.buffers()]
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(stash.rng)
+            self._compute(stash)
+        return buffers
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        """Put the buffers back (after backward: batch-norm may have saved its statistics for it)."""
+        with torch.no_grad():
+            for buffer, value in zip(self.model.model.buffers(), saved):
+                buffer.copy_(value)
+
+    # --- communication ---------------------------------------------------------------------------------------
+
+    def _peer(self, stage: int) -> int:
+        return stage * self.size + self.member
+
+    def _stage_ranks(self, stage: int) -> tuple[int, ...]:
+        return tuple(range(stage * self.size, (stage + 1) * self.size))
+
+    def _send(self, tensor: torch.Tensor, stage: int, tag: int) -> None:
+        tensor = tensor.detach().contiguous()
+        self._sending.append((dist.isend(tensor, self._peer(stage), tag=tag), tensor))
+
+    def _receive(self, name: str, stage: int, tag: int) -> torch.Tensor:
+        shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self.placements[name], self.member)
+        buffer = torch.empty(shape, dtype=getattr(torch, self.plan.dtype), device=self._device())
+        started = time.perf_counter()
+        dist.irecv(buffer, self._peer(stage), tag=tag).wait()
+        self._waited += time.perf_counter() - started
+        return buffer.requires_grad_(tag % 2 == 0 and buffer.is_floating_point())
+
+    def _reap_sends(self) -> None:
+        self._sending = [(work, tensor) for work, tensor in self._sending if not work.is_completed()]
+
+    def _device(self) -> torch.device:
+        return next((p.device for p in self.model.model.parameters()), torch.device("cpu"))
+
+    def _straggle(self, event: Event, start_s: float, end_s: float, waited_s: float) -> float:
+        if self.slowdown <= 1.0 or event.kind == "U":
+            return end_s
+        time.sleep((self.slowdown - 1.0) * max(0.0, end_s - start_s - waited_s))
+        return time.perf_counter()
+
+
+def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], model: nn.Module, plan: Plan,
+                         graph: Any) -> dict[str, Placement]:
+    """Each crossing's placement on the wire: its producer's (the input's: the one its first reader reads)."""
+    placements = {}
+    for crossing in (c for cut in cuts for c in cut.sends):
+        if crossing.name in plan.layers:
+            placements[crossing.name] = Placement(plan.layers[crossing.name].layout)
+            continue
+        placeholder = next(node for node in nodes if node.name == crossing.name)
+        first = next(node for node in nodes if placeholder in node.all_input_nodes)
+        module = model.get_submodule(str(first.target)) if first.op == "call_module" else None
+        site = Site(first.name, graph.nodes[first.name]["kind"], plan.layers[first.name].layout,
+                    graph.nodes[first.name], module, 0, tuple(range(plan.pipeline.devices_per_stage[0])), None, False)
+        placements[crossing.name] = input_placement(site)
+    return placements
+
+
+def _release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
+    """Empty the parameters of the other stages on this rank (they are trained elsewhere)."""
+    mine = {id(param) for param in own}
+    for param in model.parameters():
+        if id(param) not in mine:
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+            param.requires_grad_(False)
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    tensor = getattr(value, "tensor", value)
+    if not isinstance(tensor, torch.Tensor):
+        raise PlanError(f"a value crossing a pipeline cut is a {type(tensor).__name__}, not a tensor; move the cut")
+    return tensor
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: Any) -> None:
+        return None

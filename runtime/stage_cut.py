@@ -1,0 +1,96 @@
+"""Cutting the traced model into the plan's pipeline stages: which nodes each stage runs, what crosses a cut.
+
+A layer runs on the stage the plan gives it. Stages must be contiguous in
+the traced (topological) order: a layer may not sit on an earlier stage than
+a layer before it. The model's input belongs to stage 0 and the output node
+to the last stage. Nodes that are not layers (``x.size(0)``, attribute reads)
+run on the stage of their first user. A value crossing a cut — an
+activation, a skip connection over any number of stages, the model input read
+by a later stage — is sent by its producer straight to every later stage that
+reads it; its gradient comes back the same way. Only tensors the plan places
+(layers and the input) may cross.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from torch.fx import Node
+
+from cost_models.errors import PlanError
+
+__all__ = ["Crossing", "StageCut", "cut_stages"]
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """A value that leaves stage ``producer`` for the later ``consumers``; ``tag`` numbers it on the wire."""
+
+    name: str
+    producer: int
+    consumers: tuple[int, ...]
+    tag: int
+
+
+@dataclass(frozen=True)
+class StageCut:
+    """The nodes stage ``index`` runs (in order), the crossings it receives and those it sends."""
+
+    index: int
+    nodes: tuple[str, ...]
+    receives: tuple[Crossing, ...]
+    sends: tuple[Crossing, ...]
+
+
+def cut_stages(nodes: Sequence[Node], stage_of_layer: Mapping[str, int], stages: int) -> tuple[StageCut, ...]:
+    """The stages' cuts of the traced ``nodes`` (module docstring).
+
+    Args:
+        nodes: The traced graph's nodes in order.
+        stage_of_layer: The plan's stage of each layer (node name).
+        stages: How many stages the plan has.
+
+    Raises:
+        PlanError: Stages out of order, or a value that is not a placed tensor crossing a cut (named).
+    """
+    stage = _node_stages(nodes, stage_of_layer, stages)
+    crossings = _crossings(nodes, stage, stage_of_layer)
+    return tuple(StageCut(k, tuple(n.name for n in nodes if stage[n.name] == k),
+                          tuple(c for c in crossings if k in c.consumers),
+                          tuple(c for c in crossings if c.producer == k))
+                 for k in range(stages))
+
+
+def _node_stages(nodes: Sequence[Node], stage_of_layer: Mapping[str, int], stages: int) -> dict[str, int]:
+    stage: dict[str, int] = {}
+    for node in reversed(nodes):  # users first: a non-layer node takes its first user's stage
+        if node.op == "placeholder":
+            stage[node.name] = 0
+        elif node.op == "output":
+            stage[node.name] = stages - 1
+        elif node.name in stage_of_layer:
+            stage[node.name] = stage_of_layer[node.name]
+        else:
+            stage[node.name] = min((stage[user.name] for user in node.users), default=stages - 1)
+    latest, latest_name = 0, ""
+    for node in nodes:
+        if node.name in stage_of_layer:
+            if stage[node.name] < latest:
+                raise PlanError(f"layer '{node.name}' is on stage {stage[node.name]} but comes after '{latest_name}' "
+                                f"on stage {latest}; stages must be contiguous in the model's order")
+            latest, latest_name = stage[node.name], node.name
+    return stage
+
+
+def _crossings(nodes: Sequence[Node], stage: Mapping[str, int], placed: Mapping[str, int]) -> list[Crossing]:
+    crossings = []
+    for node in nodes:
+        later = sorted({stage[user.name] for user in node.users if stage[user.name] > stage[node.name]})
+        if not later:
+            continue
+        if node.op != "placeholder" and node.name not in placed:
+            raise PlanError(f"'{node.name}' ({node.op} {node.target}) is computed on stage {stage[node.name]} and read "
+                            f"on stage {later[0]}, but only layers' tensors can cross a cut; move the cut")
+        crossings.append(Crossing(node.name, stage[node.name], tuple(later), len(crossings)))
+    return crossings

@@ -1,0 +1,253 @@
+"""Pipeline stages on CPU ranks (gloo) against the unsplit model: sync schedules, stale ones, cuts, events.
+
+Each case cuts a real model (resnet18 or the example UNet) into stages with
+``cost_models.uniform.staged`` and trains it a few steps with ``runtime.pipeline``
+next to an unsplit copy on every rank. The unsplit reference of a ``sync``
+iteration with ``M`` micro-batches accumulates the gradients of the same ``M``
+micro-batches (loss / M each) and then steps: that is GPipe's definition,
+and with batch-norm it differs from one pass over the whole batch only
+through the per-micro-batch statistics. float64 throughout, so that
+``assert_close``'s default tolerance holds.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import pytest
+
+from distributed import run_ranks
+from runtime_check import _prepared
+
+pytestmark = pytest.mark.multirank
+
+RESNET = ("resnet18", (4, 3, 40, 36))
+UNET = ("unet", (4, 3, 32, 24))
+
+
+def _plan(model: Any, shape: tuple[int, ...], size: int, layouts: Sequence[str], starts: Sequence[str],
+          schedule: str, micro: int, staleness: Sequence[int] | None = None) -> tuple[Any, Any]:
+    import torch
+
+    from cost_models.cluster import Cluster, Link
+    from cost_models.graph import trace
+    from cost_models.layout import Layout
+    from cost_models.uniform import staged, uniform_plan
+
+    graph = trace(model, shape, torch.float64)
+    link = Link(1e-6, 1e9)
+    cluster = Cluster(devices=size, devices_per_node=size, memory_bytes=2**34, intra=link, inter=link)
+    plan = uniform_plan(graph, cluster, [*(Layout.parse(text) for text in layouts), Layout()])
+    return staged(plan, graph, starts, schedule, micro, staleness), graph
+
+
+def _micro(x: Any, target: Any, micro: int, batch: int) -> tuple[Any, Any]:
+    size = x.shape[0] // micro
+    return x[batch * size:(batch + 1) * size], target[batch * size:(batch + 1) * size]
+
+
+def _data(stage: Any, x: Any, target: Any, micro: int) -> Any:
+    def load(batch: int) -> tuple[Any, Any]:
+        xm, tm = _micro(x, target, micro, batch)
+        return (xm[stage.input_box()] if stage.first else None,
+                tm[stage.target_box(tuple(tm.shape))] if stage.last else None)
+    return load
+
+
+def _setup(model_name: str, shape: tuple[int, ...], seed: int = 7) -> tuple[Any, Any, Any]:
+    import torch
+
+    from conftest import build_model
+
+    torch.set_default_dtype(torch.float64)
+    base = _prepared(build_model(model_name).double())
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, dtype=torch.float64, generator=generator)
+    with torch.no_grad():
+        out = copy.deepcopy(base)(x)
+    target = torch.randint(0, out.shape[1], (out.shape[0], *out.shape[2:]), generator=generator)
+    return base, x, target
+
+
+def _reference_step(reference: Any, optimizer: Any, x: Any, target: Any, micro: int) -> tuple[list[Any], list[Any]]:
+    import torch
+
+    outputs, grads = [], []
+    for batch in range(micro):
+        xm, tm = _micro(x, target, micro, batch)
+        out = reference(xm)
+        (torch.nn.functional.cross_entropy(out, tm) / micro).backward()
+        outputs.append(out.detach())
+    grads = {name: p.grad.clone() for name, p in reference.named_parameters()}
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return outputs, grads
+
+
+def _own(stage: Any) -> dict[str, tuple[Any, Any]]:
+    """This rank's trained parameters by name, with how to cut the unsplit one to compare."""
+    sliced = {piece.name: piece for piece in stage.model.slices}
+    mine = {id(p) for p in stage.parameters()}
+    return {name: (param, sliced.get(name)) for name, param in stage.model.model.named_parameters() if id(param) in mine}
+
+
+def _cut(full: Any, piece: Any) -> Any:
+    return full if piece is None else full.narrow(piece.dim, piece.start, piece.stop - piece.start)
+
+
+def _sync_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], layouts: Sequence[str],
+               starts: Sequence[str], micro: int, order: str, steps: int) -> dict[str, Any]:
+    import torch
+
+    from runtime.pipeline import apply_pipeline
+    from runtime.schedules import gpipe, one_f_one_b
+
+    base, x, target = _setup(model_name, shape)
+    stages = len(starts) + 1
+    plan, graph = _plan(base, shape, world // stages, layouts, starts, "sync", micro)
+    reference = copy.deepcopy(base)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    stage = apply_pipeline(copy.deepcopy(base), plan, sync_batchnorm=True, graph=graph)
+    stage.keep_outputs = True
+    optimizer = torch.optim.SGD(stage.parameters(), lr=0.1)
+    events = gpipe(micro) if order == "gpipe" else one_f_one_b(stages, stage.index, micro)
+    where = f"{model_name} stage {stage.index} rank {rank} ({plan.summary()}, {order})"
+    for step in range(steps):
+        expected_out, expected_grads = _reference_step(reference, ref_optimizer, x, target, micro)
+        stage.run(events[:-1], optimizer, _data(stage, x, target, micro), last_backward=micro - 1)
+        for batch in range(micro) if stage.last else ():
+            box = tuple(slice(a, b) for a, b in stage.model.output_placement.box(
+                tuple(expected_out[batch].shape) + (1, 1) * (expected_out[batch].dim() == 2), stage.member))
+            torch.testing.assert_close(stage.outputs[batch], expected_out[batch][box[:expected_out[batch].dim()]],
+                                       msg=lambda m: f"{where} step {step} output {batch}: {m}")
+        for name, (param, piece) in _own(stage).items():
+            torch.testing.assert_close(param.grad, _cut(expected_grads[name], piece),
+                                       msg=lambda m: f"{where} step {step} grad of {name}: {m}")
+        stage.run(events[-1:], optimizer, _data(stage, x, target, micro))
+    expected_params = dict(reference.named_parameters())
+    for name, (param, piece) in _own(stage).items():
+        torch.testing.assert_close(param.detach(), _cut(expected_params[name].detach(), piece),
+                                   msg=lambda m: f"{where} weight {name} after {steps} steps: {m}")
+    return {"stage": stage.index, "parameters": len(_own(stage)), "receives": [c.name for c in stage.cut.receives]}
+
+
+RESNET_CUTS = {2: ["layer2_0_conv1"], 4: ["layer1_0_bn1", "layer2_1_conv1", "layer4_0_conv1"]}
+UNET_CUTS = {2: ["downs_1_0"], 4: ["downs_0_0", "downs_2_0", "ups_0_conv_0"]}
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_sync_resnet18_equals_unsplit(stages: int) -> None:
+    """1F1B with 2 micro-batches, two steps: outputs, gradients and weights as the unsplit model's."""
+    results = run_ranks(_sync_case, stages, (*RESNET, [], RESNET_CUTS[stages], 2, "1f1b", 2), timeout_s=300)
+    assert sorted(r["stage"] for r in results) == list(range(stages))
+    assert sum(r["parameters"] for r in results) == 62  # every parameter of resnet18 trained on one stage
+    if stages == 4:
+        assert results[1]["receives"] == ["maxpool", "layer1_0_conv1"]  # the residual crosses the cut
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_sync_unet_equals_unsplit(stages: int) -> None:
+    """GPipe order with 2 micro-batches: the skip connections cross every cut after them."""
+    results = run_ranks(_sync_case, stages, (*UNET, [], UNET_CUTS[stages], 2, "gpipe", 2), timeout_s=300)
+    assert any(len(r["receives"]) > 1 for r in results[1:])
+
+
+@pytest.mark.parametrize(("model", "layouts"), [(RESNET, ["h2"]), (UNET, ["w2"])])
+def test_sync_stages_split_inside(model: tuple[str, tuple[int, ...]], layouts: list[str]) -> None:
+    """Two stages of two ranks each, every stage split by space (and samples) inside: crossings move tiles."""
+    cuts = RESNET_CUTS[2] if model == RESNET else UNET_CUTS[2]
+    results = run_ranks(_sync_case, 4, (*model, layouts, cuts, 2, "1f1b", 1), timeout_s=300)
+    assert [r["stage"] for r in results] == [0, 0, 1, 1]
+
+
+def _stale_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], starts: Sequence[str],
+                steps: int) -> dict[str, Any]:
+    """The same steps under sync (M = 1) and under stale with staleness forced to 0: the same weights."""
+    import torch
+
+    from runtime.pipeline import apply_pipeline
+    from runtime.schedules import dsp, one_f_one_b
+
+    base, x, target = _setup(model_name, shape)
+    data = [_setup(model_name, shape, seed)[1:] for seed in range(steps)]
+    stages = len(starts) + 1
+    weights = {}
+    for schedule in ("sync", "stale"):
+        plan, graph = _plan(base, shape, 1, [], starts, schedule, 1, (0,) * stages)
+        stage = apply_pipeline(copy.deepcopy(base), plan, graph=graph)
+        optimizer = torch.optim.SGD(stage.parameters(), lr=0.1, momentum=0.9)
+
+        def load(batch: int, stage: Any = stage) -> tuple[Any, Any]:
+            return _data(stage, *data[batch], 1)(0)
+
+        if schedule == "sync":
+            for step in range(steps):
+                stage.run(one_f_one_b(stages, stage.index, 1), optimizer, lambda _b, s=step: load(s))
+        else:
+            stage.run(dsp(steps, 0), optimizer, load)
+        weights[schedule] = {name: param.detach().clone() for name, (param, _) in _own(stage).items()}
+        buffers = {name: b.clone() for name, b in stage.model.model.named_buffers()}
+        weights[schedule + "/buffers"] = buffers
+    for name, value in weights["sync"].items():
+        torch.testing.assert_close(weights["stale"][name], value, rtol=0, atol=0,
+                                   msg=lambda m: f"stage {rank} {name} after {steps} steps: {m}")
+    for name, value in weights["sync/buffers"].items():
+        torch.testing.assert_close(weights["stale/buffers"][name], value, rtol=0, atol=0,
+                                   msg=lambda m: f"stage {rank} buffer {name}: {m}")
+    return len(weights["sync"])
+
+
+def test_stale_with_staleness_zero_equals_sync() -> None:
+    """Recomputing from the stashed input with unchanged weights gives sync's weights exactly."""
+    counts = run_ranks(_stale_case, 3, (*RESNET, ["layer1_1_conv1", "layer3_0_conv1"], 3), timeout_s=300)
+    assert sum(counts) == 62
+
+
+K3_TIMELINE = {  # DSP on 3 stages, 6 batches: one forward per tick, then the backward that has arrived
+    0: "F0 F1 F2 F3 F4 B0 U F5 B1 U B2 U B3 U B4 U B5 U",
+    1: "F0 F1 F2 B0 U F3 B1 U F4 B2 U F5 B3 U B4 U B5 U",
+    2: "F0 B0 U F1 B1 U F2 B2 U F3 B3 U F4 B4 U F5 B5 U",
+}
+
+
+def test_dsp_timeline_by_hand() -> None:
+    """The schedule generator's K = 3 lists, and their staleness 4, 2, 0 once the pipeline is full."""
+    from runtime.schedules import dsp, staleness_of
+
+    for stage, expected in K3_TIMELINE.items():
+        events = dsp(6, 2 * (2 - stage))
+        assert " ".join(map(str, events)) == expected
+        assert max(staleness_of(events).values()) == 2 * (2 - stage)
+
+
+def _timeline_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], starts: Sequence[str],
+                   batches: int) -> dict[str, Any]:
+    import torch
+
+    from runtime.pipeline import apply_pipeline
+    from runtime.schedules import dsp, staleness_of
+
+    base, x, target = _setup(model_name, shape)
+    plan, graph = _plan(base, shape, 1, [], starts, "stale", 1)
+    stage = apply_pipeline(copy.deepcopy(base), plan, graph=graph)
+    optimizer = torch.optim.SGD(stage.parameters(), lr=0.01)
+    load = _data(stage, x, target, 1)
+    records = stage.run(dsp(batches, plan.pipeline.staleness[stage.index]), optimizer, lambda _batch: load(0))
+    return {"events": " ".join(str(r.event) for r in records),
+            "times": {str(r.event): (r.start_s, r.end_s) for r in records if r.event.kind != "U"},
+            "staleness": max(staleness_of([r.event for r in records]).values()),
+            "losses": [float(stage.losses[b]) for b in sorted(stage.losses)]}
+
+
+def test_stale_runtime_follows_the_dsp_timeline() -> None:
+    """Three ranks run DSP: each executes the hand-written order, and the batches flow causally between them."""
+    results = run_ranks(_timeline_case, 3, (*RESNET, ["layer1_1_conv1", "layer3_0_conv1"], 6), timeout_s=300)
+    assert [r["events"] for r in results] == [K3_TIMELINE[k] for k in range(3)]
+    assert [r["staleness"] for r in results] == [4, 2, 0]
+    for k in range(2):
+        for b in range(6):
+            early, late = results[k]["times"], results[k + 1]["times"]
+            assert late[f"F{b}"][1] > early[f"F{b}"][0]  # stage k+1's forward needs stage k's output
+            assert early[f"B{b}"][1] > late[f"B{b}"][0]  # stage k's backward needs stage k+1's gradient
+    assert len(results[2]["losses"]) == 6 and all(loss == loss for loss in results[2]["losses"])
