@@ -21,7 +21,7 @@ from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
 from cost_models.plan import LayerAssignment, Pipeline, Plan
 
-__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "layout_by_rule", "staged", "uniform_plan"]
+__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "balanced_starts", "layout_by_rule", "staged", "uniform_plan"]
 
 NO_COMPUTE_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
 """Kinds with no local problem of their own: any layout their output fits is theirs."""
@@ -108,3 +108,24 @@ def staged(plan: Plan, graph: Any, starts: Sequence[str], schedule: str = "sync"
                 {name: LayerAssignment(a.layout, stage_of[name]) for name, a in plan.layers.items()},
                 Pipeline(stages, (devices,) * stages, schedule, micro_batches, lags), model_spec=plan.model_spec,
                 created=plan.created)
+
+
+def balanced_starts(graph: Any, stages: int) -> list[str]:
+    """The first layer of stages ``1 … K−1`` cutting the model into ``K`` parts of about equal forward+backward FLOPs.
+
+    Raises:
+        InputError: Fewer layers than stages.
+    """
+    order = graph.compute_layers()
+    if not 1 <= stages <= len(order):
+        raise InputError(f"cannot cut {len(order)} layers into {stages} stages; use 1 to {len(order)} stages")
+    work = [float(graph.nodes[name].get("flops_fwd", 0)) + float(graph.nodes[name].get("flops_bwd", 0))
+            for name in order]
+    total, done, starts = sum(work) or 1.0, 0.0, []
+    for position, flops in enumerate(work):
+        if len(starts) < stages - 1 and position > 0 and done >= total * (len(starts) + 1) / stages:
+            starts.append(position)
+        done += flops
+    while len(starts) < stages - 1:  # too little work left to split evenly: the last layers one per stage
+        starts.append(max(starts[-1] + 1 if starts else 1, len(order) - (stages - 1 - len(starts))))
+    return [order[position] for position in starts]

@@ -161,6 +161,20 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="data factory: function(input_box, target_box, step) -> (input, target) of this rank")
     parser.add_argument("--threads", type=_positive_int, metavar="T",
                         help="CPU threads per rank (default: cores / ranks)")
+    pipeline = parser.add_argument_group("pipelines")
+    pipeline.add_argument("--stages", type=_positive_int, default=1, metavar="K",
+                          help="with --layout: cut the model into K stages of equal compute, R/K ranks each")
+    pipeline.add_argument("--schedule", choices=("sync", "stale"), default="sync",
+                          help="with --layout --stages: sync (GPipe/1F1B micro-batches) or stale (DSP); default sync")
+    pipeline.add_argument("--micro-batches", type=_positive_int, metavar="M",
+                          help="with --layout --stages and sync: micro-batches (default: the divisor of the batch "
+                               "nearest below 4K)")
+    pipeline.add_argument("--order", choices=("1f1b", "gpipe"), default="1f1b",
+                          help="order of a sync pipeline's micro-batches (default 1f1b)")
+    pipeline.add_argument("--staleness", type=_non_negative_int, metavar="S",
+                          help="cap every stage's staleness of a stale pipeline at S (0: sequential, as sync M=1)")
+    pipeline.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
+                          help="run stage K FACTOR times slower (a simulated straggler); repeatable")
     parser.set_defaults(handler=_run)
 
 
@@ -172,9 +186,10 @@ def _run(args: argparse.Namespace) -> int:
         from cost_models.estimate import estimate
         from cost_models.plan import Prediction
 
-        result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype))
+        result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages)
         return Prediction(result.iteration_s, result.memory_bytes_max, dict(result.breakdown_s))
 
+    args.slow_stages = _slowdowns(args.slow_stage)
     return run_command(args, predict if args.profile else None, print_measurement)
 
 

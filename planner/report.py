@@ -236,8 +236,21 @@ def print_measurement(document: dict[str, Any], console: Console | None = None) 
         tail = f", predicted {predicted:.4f} s ({predicted / document['iteration_s']:.2f}× measured)" if predicted else ""
         console.print(f"median step {document['iteration_s']:.4f} s{tail}; peak memory per rank "
                       f"{format_bytes(document['memory_bytes_max'])}")
+    if document.get("pipeline"):
+        _print_stages(document["pipeline"], console)
     verified = document.get("verify")
     if verified is not None:
         verdict = "[green]passed[/green]" if verified["passed"] else "[red]FAILED[/red]"
         console.print(f"verify {verdict}: output max rel err {verified['output_max_rel_err']:.2e}, gradient max rel "
                       f"err {verified['grad_max_rel_err']:.2e} (tolerance {verified['tolerance']:.0e})")
+
+
+def _print_stages(pipeline: dict[str, Any], console: Console) -> None:
+    """Per stage of a pipeline run: busy and waiting time, busy fraction, staleness achieved/planned, slowdown."""
+    table = Table("stage", "busy s", "waiting s", "busy", "staleness (planned)", "slowdown",
+                  title=f"{pipeline['stages']} stages, {pipeline['schedule']} ({pipeline['order']}, "
+                        f"M={pipeline['micro_batches']}), {pipeline['wall_s']:.3f} s in all")
+    for row in pipeline["per_stage"]:
+        table.add_row(str(row["stage"]), f"{row['busy_s']:.3f}", f"{row['wait_s']:.3f}", f"{row['busy_fraction']:.0%}",
+                      f"{row['staleness_achieved']} ({row['staleness_planned']})", f"{row.get('slowdown') or 1.0:g}×")
+    console.print(table)

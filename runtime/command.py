@@ -40,15 +40,18 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
     if nproc is None and not mpi:
         raise InputError("--layout needs --nproc R (how many ranks to start)")
-    plan = plan if plan is not None else _layout_plan(graph, args.layout, nproc or _mpi_size())
+    plan = plan if plan is not None else _layout_plan(graph, args, nproc or _mpi_size())
     _check_plan(args, plan, graph, nproc)
+    _check_pipeline_flags(args, plan)
     backend = _backend(args.backend, nproc or _mpi_size(), mpi)
     options = RunOptions(
         model=args.model, input_shape=shape, dtype=args.dtype, plan=_predicted(plan, graph, predict).to_dict(),
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
-        threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or _mpi_size())), quiet=args.json)
+        threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or _mpi_size())), quiet=args.json,
+        extra={"order": args.order, "staleness": args.staleness,
+               "slow_stages": {str(k): v for k, v in args.slow_stages.items()}})
     document = launch(options, nproc, backend)
     if document is None:  # an MPI rank other than 0: rank 0 reports
         return 0
@@ -63,7 +66,22 @@ def _read_plan(args: argparse.Namespace) -> Any:
     return load_plan(args.plan)
 
 
-def _layout_plan(graph: Any, text: str, devices: int) -> Any:
+def _layout_plan(graph: Any, args: argparse.Namespace, ranks: int) -> Any:
+    """The plan of ``--layout`` (cut into ``--stages`` of equal compute when more than one)."""
+    from cost_models.uniform import balanced_starts, staged
+
+    stages = args.stages
+    if ranks % stages:
+        raise InputError(f"--stages {stages} does not divide {ranks} ranks; give every stage the same number of ranks")
+    plan = _uniform(graph, args.layout, ranks // stages)
+    if stages == 1:
+        return plan
+    batch = graph.input_shape[0]
+    micro = args.micro_batches or max(m for m in range(1, min(batch, 4 * stages) + 1) if batch % m == 0)
+    return staged(plan, graph, balanced_starts(graph, stages), args.schedule, micro)
+
+
+def _uniform(graph: Any, text: str, devices: int) -> Any:
     from cost_models.cluster import Cluster, Link
     from cost_models.layout import Layout
     from cost_models.uniform import uniform_plan
@@ -85,6 +103,24 @@ def _check_plan(args: argparse.Namespace, plan: Any, graph: Any, nproc: int | No
 
     check_plan(plan, graph, nproc or _mpi_size(), f"plan {args.plan}" if args.plan else "the --layout plan")
     check_runnable(load_model(args.model), plan, graph, args.leaf_module)
+
+
+def _check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
+    """Refuse pipeline flags the plan cannot take, and pipelines the runtime cannot run (``check_pipeline``)."""
+    from runtime.pipeline import check_pipeline
+
+    stages = plan.pipeline.stages
+    if args.plan and (args.stages != 1 or args.schedule != "sync" or args.micro_batches):
+        raise InputError("--stages, --schedule and --micro-batches shape a --layout plan; a plan file has its own "
+                         "pipeline (make another with parplan plan)")
+    wrong = [k for k in args.slow_stages if k >= stages]
+    if wrong:
+        raise InputError(f"--slow-stage names stage {wrong[0]} but the plan has {stages} stage(s) 0…{stages - 1}")
+    if args.staleness is not None and plan.pipeline.schedule != "stale":
+        raise InputError("--staleness caps a stale pipeline's staleness; this plan's schedule is "
+                         f"{plan.pipeline.schedule} with {stages} stage(s)")
+    if stages > 1:
+        check_pipeline(plan)
 
 
 def _backend(requested: str | None, ranks: int, mpi: bool) -> str:

@@ -147,8 +147,8 @@ class PipelineStage:
         self.slowdown = slowdown
         self.loss_scale = 1.0 / plan.pipeline.micro_batches
         self.stale = plan.pipeline.schedule == "stale"
-        self.losses: dict[int, torch.Tensor] = {}
-        """The last stage's loss share of each batch forwarded (unscaled by micro-batches)."""
+        self.losses: list[torch.Tensor] = []
+        """The last stage's loss share of each batch forwarded, in order (not scaled by ``1/M``)."""
         self.keep_outputs = False
         self.outputs: dict[int, torch.Tensor] = {}
         """With ``keep_outputs``, the last stage's output box of each batch forwarded."""
@@ -209,7 +209,7 @@ class PipelineStage:
             for consumer in crossing.consumers:
                 self._send(stash.outputs[crossing.name].detach(), consumer, 2 * crossing.tag)
         if self.last:
-            self.losses[batch] = stash.loss.detach() / self.loss_scale  # type: ignore[union-attr]
+            self.losses.append(stash.loss.detach() / self.loss_scale)  # type: ignore[union-attr]
         if self.stale:
             stash.outputs, stash.loss = {}, None
         self._stash[batch] = stash

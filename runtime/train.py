@@ -66,6 +66,10 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
         torch.set_num_threads(options.threads)
     device = _device()
     plan = Plan.from_dict(options.plan)
+    if plan.pipeline.stages > 1:
+        from runtime.pipeline_train import pipeline_worker
+
+        return pipeline_worker(options, plan, device)
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
     _, split = _build(options, plan, dtype, device)

@@ -79,6 +79,11 @@ def test_verify_beyond_its_tolerance_exits_one(repo: Path) -> None:
     (["--layout", "h3", "--nproc", "2"], "--layout h3 does not divide 2 ranks"),
     (["--layout", "n2", "--nproc", "2", "--backend", "nccl"], "needs CUDA GPUs"),
     (["--layout", "n2", "--nproc", "2", "--backend", "mpi"], "without the MPI backend"),
+    (["--layout", "n1", "--nproc", "2", "--stages", "3"], "--stages 3 does not divide 2 ranks"),
+    (["--layout", "n1", "--nproc", "2", "--staleness", "1"], "--staleness caps a stale pipeline's staleness"),
+    (["--layout", "n1", "--nproc", "2", "--stages", "2", "--slow-stage", "2:2"], "names stage 2 but the plan has 2"),
+    (["--layout", "n1", "--nproc", "2", "--stages", "2", "--slow-stage", "x"], "is not K:FACTOR"),
+    (["--layout", "n1", "--nproc", "2", "--stages", "2", "--micro-batches", "3"], "3 micro-batches do not divide"),
 ])
 def test_bad_run_arguments_are_one_line_and_exit_two(capsys: pytest.CaptureFixture[str], repo: Path,
                                                      extra: list[str], message: str) -> None:
@@ -106,3 +111,40 @@ def test_a_plan_for_other_devices_or_another_model_is_refused(capsys: pytest.Cap
     assert main(["run", *other, "--plan", str(plan)]) == 2
     err = capsys.readouterr().err
     assert "was made for model fingerprint" in err and "traces to" in err
+
+
+def test_a_stale_pipeline_runs_with_a_straggler_and_reports_its_stages(repo: Path) -> None:
+    run = _parplan("run", *UNET, "--layout", "n1", "--nproc", "2", "--stages", "2", "--schedule", "stale",
+                   "--steps", "4", "--warmup", "0", "--verify", "--slow-stage", "1:1.5", "--json", cwd=repo)
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    pipeline = document["pipeline"]
+    assert pipeline["schedule"] == "stale" and pipeline["order"] == "dsp" and pipeline["stages"] == 2
+    assert [(s["staleness_achieved"], s["staleness_planned"]) for s in pipeline["per_stage"]] == [(2, 2), (0, 0)]
+    assert [s["slowdown"] for s in pipeline["per_stage"]] == [1.0, 1.5]
+    assert all(0 < s["busy_s"] <= pipeline["wall_s"] for s in pipeline["per_stage"])
+    assert len(document["per_step_s"]) == len(document["loss"]) == 4 and document["verify"]["passed"]
+
+
+def test_a_sync_pipeline_plan_file_runs_in_gpipe_order_and_is_predicted(repo: Path, tmp_path: Path) -> None:
+    import torch
+
+    from cost_models.graph import trace
+    from cost_models.jsonio import write_json_atomic
+    from cost_models.model_spec import load_model
+    from calibrate.presets import preset_cluster
+    from cost_models.uniform import staged, uniform_plan
+    from cost_models.layout import Layout
+
+    os.chdir(repo)
+    graph = trace(load_model(UNET[1]), (4, 3, 40, 24), torch.float32)
+    plan = staged(uniform_plan(graph, preset_cluster("h100", 1), [Layout()]), graph, ["downs_1_0"], "sync", 2)
+    path = tmp_path / "pipeline.json"
+    write_json_atomic(path, plan.to_dict())
+    run = _parplan("run", *UNET, "--plan", str(path), "--order", "gpipe", "--profile", "h100", "--steps", "2",
+                   "--warmup", "1", "--verify", "--json", cwd=repo)
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    assert document["pipeline"]["order"] == "gpipe" and document["pipeline"]["micro_batches"] == 2
+    assert document["plan"]["summary"].endswith("2 stages sync M=2") and document["predicted_iteration_s"] > 0
+    assert document["verify"]["passed"] and document["verify"]["grad_max_rel_err"] < 1e-4

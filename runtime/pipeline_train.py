@@ -1,0 +1,265 @@
+"""What every rank of ``parplan run`` does for a plan with pipeline stages: build its stage, verify, train, measure.
+
+A *step* is one iteration of the plan's schedule:
+
+* ``sync``: the ``M`` micro-batches of one global batch in GPipe (fill/drain)
+  or 1F1B order (``order``), then one update on every stage. A step's time is
+  the slowest rank's wall time (an allreduce of the per-rank times after it,
+  as for single-stage plans).
+* ``stale``: one batch; the ranks run DSP over all ``steps`` batches without
+  any barrier. A step's time is the interval between two consecutive updates
+  of the last stage (the pipeline's throughput, fill included in the first);
+  ``wall_s`` is the whole run's.
+
+Per stage the document reports busy time (events' wall time minus the time
+they waited on receives; a ``--slow-stage`` sleep counts as busy), waiting
+time, the staleness it achieved (updates between a batch's forward and its
+backward, the largest over the batches) and the staleness planned.
+
+``verify`` runs one iteration without its update (for ``stale``: one batch
+with staleness 0, which is what the stage cut must get right; staleness is
+the schedule's intended difference) next to the unsplit model accumulating
+the same micro-batches, and reports the worst relative error of the last
+stage's outputs and of every parameter gradient, over all ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime.schedules import Event, dsp, gpipe, one_f_one_b, staleness_of
+
+__all__ = ["pipeline_worker"]
+
+Loader = Callable[[int], tuple[torch.Tensor | None, torch.Tensor | None]]
+
+
+def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, Any] | None:
+    """Run on every rank; returns the measurement's fields (``runtime.train``) on rank 0."""
+    from runtime import train
+
+    plan = _capped(plan, options.extra.get("staleness"))
+    dtype = getattr(torch, options.dtype)
+    verified = _verify(options, plan, dtype, device) if options.verify else None
+    stage = _build(options, plan, dtype, device)
+    optimizer = torch.optim.SGD(stage.parameters(), lr=options.lr)
+    if options.warmup:
+        _train(options, plan, stage, optimizer, range(options.warmup), dtype, device)
+    per_step, records, wall_s = _train(options, plan, stage, optimizer,
+                                       range(options.warmup, options.warmup + options.steps), dtype, device)
+    losses = _losses(stage, range(options.warmup, options.warmup + options.steps), plan.pipeline.micro_batches, device)
+    stages = _stage_report(stage, plan, records, wall_s, device, options.extra.get("slow_stages", {}))
+    memory = train._peak_memory_bytes(device)
+    if dist.get_rank() != 0:
+        return None
+    document = train._document(options, plan, per_step, losses, memory, verified)
+    document["pipeline"] = {"schedule": plan.pipeline.schedule, "stages": plan.pipeline.stages,
+                            "micro_batches": plan.pipeline.micro_batches, "order": _order(options, plan),
+                            "wall_s": wall_s, "per_stage": stages}
+    return document
+
+
+def _capped(plan: Any, bound: int | None) -> Any:
+    """The plan with every stage's staleness at most ``bound`` (``--staleness``)."""
+    if bound is None or plan.pipeline.schedule != "stale":
+        return plan
+    staleness = tuple(min(s, bound) for s in plan.pipeline.staleness)
+    return replace(plan, pipeline=replace(plan.pipeline, staleness=staleness))
+
+
+def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sync_batchnorm: bool | None = None) -> Any:
+    from cost_models.model_spec import load_model
+    from runtime.pipeline import apply_pipeline
+
+    torch.manual_seed(options.seed)
+    model = load_model(options.model).to(device=device, dtype=dtype).train()
+    slowdown = float(options.extra.get("slow_stages", {}).get(str(dist.get_rank() // plan.pipeline.devices_per_stage[0]), 1.0))
+    return apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
+                          options.leaf_modules, slowdown=slowdown)
+
+
+def _order(options: Any, plan: Any) -> str:
+    return "dsp" if plan.pipeline.schedule == "stale" else options.extra.get("order", "1f1b")
+
+
+def _events(options: Any, plan: Any, stage: Any, batches: int = 1) -> tuple[Event, ...]:
+    micro = plan.pipeline.micro_batches
+    if plan.pipeline.schedule == "stale":
+        return dsp(batches, plan.pipeline.staleness[stage.index])
+    return gpipe(micro) if _order(options, plan) == "gpipe" else one_f_one_b(plan.pipeline.stages, stage.index, micro)
+
+
+def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, steps: range, dtype: torch.dtype,
+           device: torch.device) -> tuple[list[float], list[Any], float]:
+    """Run ``steps``; returns per-step seconds, this rank's event records and the wall time (slowest rank)."""
+    from runtime.train import _synchronise
+
+    dist.barrier()
+    started = time.perf_counter()
+    if plan.pipeline.schedule == "stale":
+        records = stage.run(_events(options, plan, stage, len(steps)), optimizer,
+                            lambda batch: _load(options, stage, steps[batch], 0, dtype, device))
+        per_step = _update_intervals(stage, records, started, device)
+    else:
+        records, per_step = [], []
+        for step in steps:
+            begun = time.perf_counter()
+            records += stage.run(_events(options, plan, stage), optimizer,
+                                 lambda micro, s=step: _load(options, stage, s, micro, dtype, device),
+                                 last_backward=plan.pipeline.micro_batches - 1)
+            _synchronise(device)
+            per_step.append(_slowest(time.perf_counter() - begun, device))
+    return per_step, records, _slowest(time.perf_counter() - started, device)
+
+
+def _load(options: Any, stage: Any, step: int, micro: int, dtype: torch.dtype, device: torch.device
+          ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """This rank's input box (first stage) and target box (last stage) of micro-batch ``micro`` of ``step``."""
+    from runtime.data import synthetic_input, synthetic_labels
+
+    if not (stage.first or stage.last):
+        return None, None
+    graph = stage.model.layer_graph
+    output_shape = graph.nodes[graph.graph["outputs"][0]]["output_shape"]
+    size = graph.input_shape[0]
+    label_shape = (options.input_shape[0], *output_shape[2:])
+    x_box = _shifted(stage.input_box(), micro * size) if stage.first else None
+    t_box = _shifted(stage.target_box((size, *output_shape[2:])), micro * size) if stage.last else None
+    if options.data:
+        from cost_models.model_spec import resolve_factory
+
+        factory = resolve_factory(options.data)
+        x, target = factory(x_box or _empty(4), t_box or _empty(len(label_shape)), step)
+        return (x.to(device) if x_box else None), (target.to(device) if t_box else None)
+    seed = options.seed * 1000 + step
+    return (synthetic_input(options.input_shape, x_box, seed, dtype, device) if x_box else None,
+            synthetic_labels(label_shape, t_box, output_shape[1], seed, device) if t_box else None)
+
+
+def _shifted(box: tuple[slice, ...], offset: int) -> tuple[slice, ...]:
+    return (slice(box[0].start + offset, box[0].stop + offset), *box[1:])
+
+
+def _empty(dims: int) -> tuple[slice, ...]:
+    return tuple(slice(0, 1) for _ in range(dims))
+
+
+def _update_intervals(stage: Any, records: list[Any], started: float, device: torch.device) -> list[float]:
+    """Seconds between consecutive updates of the last stage's first rank, sent to every rank."""
+    times = [record.end_s for record in records if record.event.kind == "U"]
+    intervals = [b - a for a, b in zip([started, *times], times)]
+    values = torch.tensor(intervals if stage.last and stage.member == 0 else [0.0] * len(intervals),
+                          dtype=torch.float64, device=device)
+    dist.all_reduce(values)
+    return [float(v) for v in values]
+
+
+def _slowest(seconds: float, device: torch.device) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def _losses(stage: Any, steps: range, micro: int, device: torch.device) -> list[float]:
+    """The unsplit loss of each step: the last stage's shares summed over its ranks and micro-batches."""
+    values = torch.zeros(len(steps), dtype=torch.float64, device=device)
+    if stage.last:
+        shares = [float(loss) for loss in stage.losses[-len(steps) * micro:]]
+        for index in range(len(steps)):
+            values[index] = sum(shares[index * micro:(index + 1) * micro]) / micro
+    dist.all_reduce(values)
+    return [float(v) for v in values]
+
+
+def _stage_report(stage: Any, plan: Any, records: list[Any], wall_s: float, device: torch.device,
+                  slowdowns: dict[str, float]) -> list[dict[str, Any]]:
+    """Per stage: busy and waiting seconds (its slowest rank), busy fraction, staleness achieved and planned."""
+    busy = sum(r.end_s - r.start_s - r.wait_s for r in records if r.event.kind != "U") + sum(
+        r.end_s - r.start_s for r in records if r.event.kind == "U")
+    waited = sum(r.wait_s for r in records)
+    achieved = max(staleness_of([r.event for r in records]).values(), default=0)
+    table = torch.zeros(plan.pipeline.stages, 3, dtype=torch.float64, device=device)
+    table[stage.index] = torch.tensor([busy, waited, achieved], dtype=torch.float64)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return [{"stage": k, "busy_s": float(row[0]), "wait_s": float(row[1]),
+             "busy_fraction": float(row[0]) / wall_s if wall_s > 0 else 0.0,
+             "staleness_achieved": int(row[2]), "staleness_planned": int(plan.pipeline.staleness[k]),
+             "slowdown": float(slowdowns.get(str(k), 1.0))}
+            for k, row in enumerate(table)]
+
+
+def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
+    from runtime.train import _fresh, _relative_error, _without_dropout
+
+    if plan.pipeline.schedule == "stale":
+        plan = _capped(plan, 0)
+    stage = _build(options, plan, dtype, device, sync_batchnorm=True)
+    _without_dropout(stage.model.model)
+    stage.keep_outputs = True
+    events = _events(options, plan, stage)
+    micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
+    stage.run([e for e in events if e.kind != "U"], torch.optim.SGD(stage.parameters(), lr=0.0),
+              lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1)
+    reference = _without_dropout(_fresh(options, dtype, device))
+    output_error = 0.0
+    for b in range(micro):
+        x, target = _whole(options, stage, b, dtype, device)
+        out = reference(x)
+        (nn.functional.cross_entropy(out, target) / micro).backward()
+        if stage.last:
+            box = stage.model.output_placement.box(tuple(out.shape) + (1, 1) * (out.dim() == 2), stage.member)
+            local = out.detach()[tuple(slice(a, z) for a, z in box)[:out.dim()]]
+            output_error = max(output_error, _relative_error(stage.outputs[b], local))
+    grad_error, worst = _gradient_errors(stage, reference)
+    errors = torch.tensor([output_error, grad_error], dtype=torch.float64, device=device)
+    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    return {"output_max_rel_err": float(errors[0]), "grad_max_rel_err": float(errors[1]),
+            "tolerance": options.tolerance, "worst_parameter_on_rank0": worst,
+            "passed": bool(errors.max() <= options.tolerance)}
+
+
+def _whole(options: Any, stage: Any, micro: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The whole micro-batch ``micro`` of step 0 and its labels (the unsplit model's)."""
+    from runtime.data import synthetic_input, synthetic_labels
+
+    graph = stage.model.layer_graph
+    size, output_shape = graph.input_shape[0], graph.nodes[graph.graph["outputs"][0]]["output_shape"]
+    x_box = (slice(micro * size, (micro + 1) * size), *(slice(0, e) for e in options.input_shape[1:]))
+    t_box = (x_box[0], *(slice(0, e) for e in output_shape[2:]))
+    label_shape = (options.input_shape[0], *output_shape[2:])
+    if options.data:
+        from cost_models.model_spec import resolve_factory
+
+        x, target = resolve_factory(options.data)(x_box, t_box, 0)
+        return x.to(device), target.to(device)
+    seed = options.seed * 1000
+    return (synthetic_input(options.input_shape, x_box, seed, dtype, device),
+            synthetic_labels(label_shape, t_box, output_shape[1], seed, device))
+
+
+def _gradient_errors(stage: Any, reference: nn.Module) -> tuple[float, str]:
+    from runtime.train import _relative_error
+
+    sliced = {piece.name: piece for piece in stage.model.slices}
+    mine = {id(param) for param in stage.parameters()}
+    expected = dict(reference.named_parameters())
+    worst, worst_name = 0.0, ""
+    for name, param in stage.model.model.named_parameters():
+        full = expected[name].grad
+        if id(param) not in mine or full is None or param.grad is None:
+            continue
+        if name in sliced:
+            piece = sliced[name]
+            full = full.narrow(piece.dim, piece.start, piece.stop - piece.start)
+        error = _relative_error(param.grad, full)
+        if error > worst:
+            worst, worst_name = error, name
+    return worst, worst_name

@@ -1,0 +1,85 @@
+"""Tier 2: cutting traced models into stages, plans cut by rule, and the pipelines the runtime refuses."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import build_model
+from cost_models.cluster import Cluster, Link
+from cost_models.errors import InputError, PlanError
+from cost_models.graph import trace
+from cost_models.layout import Layout
+from cost_models.tracing import symbolic_trace
+from cost_models.uniform import balanced_starts, staged, uniform_plan
+from runtime.pipeline import check_pipeline
+from runtime.stage_cut import cut_stages
+
+SHAPE = (4, 3, 40, 36)
+
+
+@pytest.fixture(scope="module")
+def resnet() -> tuple[torch.nn.Module, list[torch.fx.Node], object]:
+    model = build_model("resnet18")
+    return model, list(symbolic_trace(model, ()).graph.nodes), trace(model, SHAPE, torch.float32)
+
+
+def _stages(nodes: list[torch.fx.Node], starts: list[str]) -> dict[str, int]:
+    names = [n.name for n in nodes if n.op not in ("placeholder", "output")]
+    positions = [names.index(start) for start in starts]
+    return {name: sum(i >= p for p in positions) for i, name in enumerate(names)}
+
+
+def test_a_cut_inside_a_residual_block_sends_the_skip_connection(resnet: tuple) -> None:
+    _, nodes, _ = resnet
+    first, second = cut_stages(nodes, _stages(nodes, ["layer1_0_bn1"]), 2)
+    assert first.nodes[0] == "x" and first.nodes[-1] == "layer1_0_conv1" and second.nodes[-1] == "output"
+    assert [c.name for c in second.receives] == ["maxpool", "layer1_0_conv1"]  # the block's input goes to its add
+    assert first.sends == second.receives and all(c.consumers == (1,) for c in first.sends)
+
+
+def test_a_skip_connection_over_two_cuts_goes_straight_to_its_reader(resnet: tuple) -> None:
+    _, nodes, _ = resnet
+    cuts = cut_stages(nodes, _stages(nodes, ["layer1_0_conv2", "layer1_0_bn2"]), 3)
+    skip = next(c for c in cuts[0].sends if c.name == "maxpool")
+    assert skip.consumers == (2,) and skip in cuts[2].receives and skip not in cuts[1].receives
+
+
+def test_stages_out_of_order_are_refused_with_the_layer_named(resnet: tuple) -> None:
+    _, nodes, _ = resnet
+    stage_of = _stages(nodes, ["layer2_0_conv1"])
+    stage_of["layer3_0_conv1"] = 0
+    with pytest.raises(PlanError, match="layer 'layer3_0_conv1' is on stage 0 but comes after"):
+        cut_stages(nodes, stage_of, 2)
+
+
+def test_balanced_starts_split_the_work_and_staged_plans_follow_them(resnet: tuple) -> None:
+    _, _, graph = resnet
+    starts = balanced_starts(graph, 4)
+    order = graph.compute_layers()
+    assert len(starts) == 3 and [order.index(s) for s in starts] == sorted(order.index(s) for s in starts)
+    link = Link(1e-6, 1e9)
+    plan = uniform_plan(graph, Cluster(2, 2, 2**34, link, link), [Layout(h=2), Layout()])
+    cut = staged(plan, graph, starts, "stale")
+    assert cut.pipeline.stages == 4 and cut.pipeline.staleness == (6, 4, 2, 0) and cut.cluster.devices == 8
+    assert [cut.layers[name].stage for name in starts] == [1, 2, 3]
+    with pytest.raises(InputError, match="must be distinct layers after the first"):
+        staged(plan, graph, [starts[1], starts[0]])
+    with pytest.raises(InputError, match="are not layers of the model"):
+        staged(plan, graph, ["nowhere"])
+
+
+def test_pipelines_the_runtime_cannot_run_are_refused(resnet: tuple) -> None:
+    _, _, graph = resnet
+    link = Link(1e-6, 1e9)
+    plan = staged(uniform_plan(graph, Cluster(1, 1, 2**34, link, link), [Layout()]), graph, ["layer3_0_conv1"],
+                  "stale", staleness=(0, 1))
+    with pytest.raises(PlanError, match=r"staleness \[0, 1\] grows"):
+        check_pipeline(plan)
+    with pytest.raises(PlanError, match="3 micro-batches do not divide the batch of 4"):
+        check_pipeline(replace(plan, pipeline=replace(plan.pipeline, schedule="sync", micro_batches=3, staleness=(0, 0))))
+    with pytest.raises(PlanError, match=r"stages have \[1, 2\] devices"):
+        check_pipeline(replace(plan, cluster=replace(plan.cluster, devices=3),
+                               pipeline=replace(plan.pipeline, devices_per_stage=(1, 2))))
