@@ -11,6 +11,13 @@ convolution on tiles), ``norm`` (batch-norm over a group), ``collectives``,
 groups) and ``groups`` (process groups). ``data`` makes synthetic batches per
 box, ``train`` is one rank's training loop and ``--verify``, ``launch`` starts
 ranks with torchrun's machinery or under MPI, ``command`` is ``parplan run``.
+
+Pipelines: ``stage_cut`` cuts the traced model into the plan's stages (what
+crosses each cut), ``schedules`` lists each stage's events (GPipe, 1F1B,
+DSP), ``pipeline`` runs one stage of a plan on this rank (``apply_pipeline``
+→ ``PipelineStage``: sends, receives, stashes, recomputes) and
+``pipeline_train`` is a pipeline rank's training loop, measurement and
+``--verify``.
 """
 
 __all__: list[str] = []

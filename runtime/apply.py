@@ -48,7 +48,8 @@ from runtime.placement import Placement, box_extent
 from runtime.redistribute import redistribute
 from runtime.slicing import slice_parameters
 
-__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "local_shape"]
+__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "local_shape",
+           "parameters_of"]
 
 
 class _Value:
@@ -112,7 +113,7 @@ class DistributedModel(nn.Module):
         self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())))
         self.sites = _sites(self._nodes, model, plan, graph, self.member, ranks, self.groups, sync_batchnorm)
         _refuse_unsupported(self.sites.values())
-        owned = (lambda: _parameters_of(self._nodes, model)) if stage_nodes is not None else model.parameters
+        owned = (lambda: parameters_of(self._nodes, model)) if stage_nodes is not None else model.parameters
         shared, self.slices = slice_parameters(self.sites.values(), self.member, model, owned)
         self.own_parameters: list[nn.Parameter] = list(owned())
         """The parameters this rank trains (the whole model's, or its stage's)."""
@@ -339,7 +340,7 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: 
     return sites
 
 
-def _parameters_of(nodes: list[Node], model: nn.Module) -> list[nn.Parameter]:
+def parameters_of(nodes: list[Node], model: nn.Module) -> list[nn.Parameter]:
     """The parameters the ``nodes`` use (their modules' and attributes'), each once."""
     found: dict[int, nn.Parameter] = {}
     for node in nodes:

@@ -38,6 +38,7 @@ added sleep of ``slowdown − 1`` times its own compute.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -49,7 +50,7 @@ from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
-from runtime.apply import DistributedModel, check_plan, group_ranks, local_shape
+from runtime.apply import DistributedModel, check_plan, group_ranks, local_shape, parameters_of
 from runtime.groups import GroupCache
 from runtime.layers import Site, input_placement
 from runtime.placement import Placement
@@ -137,6 +138,7 @@ class PipelineStage:
         nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages)
         self.cut: StageCut = cuts[self.index]
+        _refuse_shared_parameters(model, nodes, cuts)
         groups = GroupCache(tuple(range(world)))
         groups.build(r for k, cut in enumerate(cuts) for r in group_ranks(
             (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
@@ -224,7 +226,7 @@ class PipelineStage:
         gradients = [grads[name] for name in grads] + ([None] if self.last else [])
         pairs = [(t, g) for t, g in zip(tensors, gradients) if t is not None and t.requires_grad]
         if pairs:
-            with self.model.no_sync() if not sync else _nothing():
+            with self.model.no_sync() if not sync else nullcontext():
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         self._restore(saved)
         for crossing in self.cut.receives:
@@ -321,6 +323,18 @@ def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], model: nn.M
     return placements
 
 
+def _refuse_shared_parameters(model: nn.Module, nodes: list[Any], cuts: Sequence[StageCut]) -> None:
+    """A parameter used on two stages would be trained twice; refuse the cut, naming it."""
+    owner: dict[int, int] = {}
+    for cut in cuts:
+        members = set(cut.nodes)
+        for param in parameters_of([node for node in nodes if node.name in members], model):
+            if owner.setdefault(id(param), cut.index) != cut.index:
+                name = next(n for n, p in model.named_parameters() if p is param)
+                raise PlanError(f"parameter {name} is used on stages {owner[id(param)]} and {cut.index}; put the "
+                                f"layers sharing it on one stage")
+
+
 def _release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
     """Empty the parameters of the other stages on this rank (they are trained elsewhere)."""
     mine = {id(param) for param in own}
@@ -335,11 +349,3 @@ def _tensor(value: Any) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise PlanError(f"a value crossing a pipeline cut is a {type(tensor).__name__}, not a tensor; move the cut")
     return tensor
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: Any) -> None:
-        return None

@@ -83,3 +83,26 @@ def test_pipelines_the_runtime_cannot_run_are_refused(resnet: tuple) -> None:
     with pytest.raises(PlanError, match=r"stages have \[1, 2\] devices"):
         check_pipeline(replace(plan, cluster=replace(plan.cluster, devices=3),
                                pipeline=replace(plan.pipeline, devices_per_stage=(1, 2))))
+
+
+class _Twice(torch.nn.Module):
+    """One convolution applied twice: its weight would live on two stages if they were cut apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(self.relu(self.conv(x)))
+
+
+def test_a_parameter_used_on_two_stages_is_refused() -> None:
+    from runtime.pipeline import _refuse_shared_parameters
+
+    model = _Twice()
+    nodes = list(symbolic_trace(model, ()).graph.nodes)
+    cuts = cut_stages(nodes, {"conv": 0, "relu": 0, "conv_1": 1}, 2)
+    with pytest.raises(PlanError, match="parameter conv.weight is used on stages 0 and 1"):
+        _refuse_shared_parameters(model, nodes, cuts)
+    _refuse_shared_parameters(model, nodes, cut_stages(nodes, {"conv": 0, "relu": 0, "conv_1": 0}, 2))
