@@ -22,7 +22,28 @@ from runtime_check import _prepared
 
 pytestmark = pytest.mark.multirank
 
-RESNET = ("resnet18", (4, 3, 40, 36))
+def _cases(rank: int, world: int, cases: dict[str, tuple[str, tuple[Any, ...]]]) -> dict[str, Any]:
+    """Run several cases in one set of ranks (spawning costs more than a case); a failed case gives its traceback."""
+    import traceback
+
+    found: dict[str, Any] = {}
+    for name, (function, args) in cases.items():
+        try:
+            found[name] = globals()[function](rank, world, *args)
+        except Exception:  # reported by the test of this case, the others still run
+            found[name] = "FAILED\n" + traceback.format_exc()
+    return found
+
+
+def _result(results: list[dict[str, Any]], case: str) -> list[Any]:
+    """Each rank's result of ``case``, failing the test with the first traceback."""
+    for rank, result in enumerate(results):
+        value = result[case]
+        assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}, {case}: {value}"
+    return [result[case] for result in results]
+
+
+RESNET = ("resnet18", (4, 3, 32, 32))  # 2-sample micro-batches keep batch-norm defined at 1×1
 UNET = ("unet", (4, 3, 32, 24))
 
 
@@ -136,10 +157,27 @@ RESNET_CUTS = {2: ["layer2_0_conv1"], 4: ["layer1_0_bn1", "layer2_1_conv1", "lay
 UNET_CUTS = {2: ["downs_1_0"], 4: ["downs_0_0", "downs_2_0", "ups_0_conv_0"]}
 
 
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict[str, Any]]:
+    return run_ranks(_cases, 2, ({
+        "resnet18/2": ("_sync_case", (*RESNET, [], RESNET_CUTS[2], 2, "1f1b", 2)),
+        "unet/2": ("_sync_case", (*UNET, [], UNET_CUTS[2], 2, "gpipe", 2)),
+    },), timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> list[dict[str, Any]]:
+    return run_ranks(_cases, 4, ({
+        "resnet18/4": ("_sync_case", (*RESNET, [], RESNET_CUTS[4], 2, "1f1b", 2)),
+        "unet/4": ("_sync_case", (*UNET, [], UNET_CUTS[4], 2, "gpipe", 2)),
+        "resnet18/2x2": ("_sync_case", (*RESNET, ["h2"], RESNET_CUTS[2], 2, "1f1b", 1)),
+    },), timeout_s=400)
+
+
 @pytest.mark.parametrize("stages", [2, 4])
-def test_sync_resnet18_equals_unsplit(stages: int) -> None:
+def test_sync_resnet18_equals_unsplit(stages: int, two_ranks: Any, four_ranks: Any) -> None:
     """1F1B with 2 micro-batches, two steps: outputs, gradients and weights as the unsplit model's."""
-    results = run_ranks(_sync_case, stages, (*RESNET, [], RESNET_CUTS[stages], 2, "1f1b", 2), timeout_s=300)
+    results = _result(two_ranks if stages == 2 else four_ranks, f"resnet18/{stages}")
     assert sorted(r["stage"] for r in results) == list(range(stages))
     assert sum(r["parameters"] for r in results) == 62  # every parameter of resnet18 trained on one stage
     if stages == 4:
@@ -147,19 +185,16 @@ def test_sync_resnet18_equals_unsplit(stages: int) -> None:
 
 
 @pytest.mark.parametrize("stages", [2, 4])
-def test_sync_unet_equals_unsplit(stages: int) -> None:
+def test_sync_unet_equals_unsplit(stages: int, two_ranks: Any, four_ranks: Any) -> None:
     """GPipe order with 2 micro-batches: the skip connections cross every cut after them."""
-    results = run_ranks(_sync_case, stages, (*UNET, [], UNET_CUTS[stages], 2, "gpipe", 2), timeout_s=300)
+    results = _result(two_ranks if stages == 2 else four_ranks, f"unet/{stages}")
     assert any(len(r["receives"]) > 1 for r in results[1:])
 
 
-@pytest.mark.parametrize(("model", "layouts"), [(RESNET, ["h2"]), (UNET, ["w2"])])
-def test_sync_stages_split_inside(model: tuple[str, tuple[int, ...]], layouts: list[str]) -> None:
-    """Two stages of two ranks each, every stage split by space (and samples) inside: crossings move tiles."""
-    cuts = RESNET_CUTS[2] if model == RESNET else UNET_CUTS[2]
-    results = run_ranks(_sync_case, 4, (*model, layouts, cuts, 2, "1f1b", 1), timeout_s=300)
+def test_sync_stages_split_inside(four_ranks: Any) -> None:
+    """Two stages of two ranks each, split into rows inside: crossings move tiles, each stage redistributes."""
+    results = _result(four_ranks, "resnet18/2x2")
     assert [r["stage"] for r in results] == [0, 0, 1, 1]
-
 
 def _stale_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], starts: Sequence[str],
                 steps: int) -> dict[str, Any]:
@@ -198,9 +233,16 @@ def _stale_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], 
     return len(weights["sync"])
 
 
-def test_stale_with_staleness_zero_equals_sync() -> None:
+@pytest.fixture(scope="module")
+def three_ranks() -> list[dict[str, Any]]:
+    cuts = ["layer1_1_conv1", "layer3_0_conv1"]
+    return run_ranks(_cases, 3, ({"stale0": ("_stale_case", (*RESNET, cuts, 3)),
+                                  "timeline": ("_timeline_case", (*RESNET, cuts, 6))},), timeout_s=300)
+
+
+def test_stale_with_staleness_zero_equals_sync(three_ranks: Any) -> None:
     """Recomputing from the stashed input with unchanged weights gives sync's weights exactly."""
-    counts = run_ranks(_stale_case, 3, (*RESNET, ["layer1_1_conv1", "layer3_0_conv1"], 3), timeout_s=300)
+    counts = _result(three_ranks, "stale0")
     assert sum(counts) == 62
 
 
@@ -240,9 +282,9 @@ def _timeline_case(rank: int, world: int, model_name: str, shape: tuple[int, ...
             "losses": [float(loss) for loss in stage.losses]}
 
 
-def test_stale_runtime_follows_the_dsp_timeline() -> None:
+def test_stale_runtime_follows_the_dsp_timeline(three_ranks: Any) -> None:
     """Three ranks run DSP: each executes the hand-written order, and the batches flow causally between them."""
-    results = run_ranks(_timeline_case, 3, (*RESNET, ["layer1_1_conv1", "layer3_0_conv1"], 6), timeout_s=300)
+    results = _result(three_ranks, "timeline")
     assert [r["events"] for r in results] == [K3_TIMELINE[k] for k in range(3)]
     assert [r["staleness"] for r in results] == [4, 2, 0]
     for k in range(2):
