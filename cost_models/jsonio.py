@@ -16,7 +16,7 @@ from typing import Any
 
 from cost_models.errors import InputError
 
-__all__ = ["read_json", "write_json_atomic"]
+__all__ = ["read_json", "write_bytes_atomic", "write_json_atomic"]
 
 
 def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
@@ -32,18 +32,27 @@ def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
     Raises:
         InputError: The directory does not exist or is not writable.
     """
+    text = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file in the same directory, fsync, rename).
+
+    Raises:
+        InputError: The directory does not exist or is not writable.
+    """
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise InputError(f"cannot write {target}: directory {directory} does not exist; create it first")
-    text = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     except OSError as err:
         raise InputError(f"cannot write {target}: {err.strerror}; choose a writable location") from err
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)

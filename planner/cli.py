@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_estimate(commands, common)
     _add_plan(commands, common)
     _add_run(commands, common)
+    from planner.whatif_cli import add_whatif
+
+    add_whatif(commands, common)
     return parser
 
 

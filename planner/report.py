@@ -6,6 +6,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -254,3 +255,25 @@ def _print_stages(pipeline: dict[str, Any], console: Console) -> None:
         table.add_row(str(row["stage"]), f"{row['busy_s']:.3f}", f"{row['wait_s']:.3f}", f"{row['busy_fraction']:.0%}",
                       f"{row['staleness_achieved']} ({row['staleness_planned']})", f"{row.get('slowdown') or 1.0:g}×")
     console.print(table)
+
+
+def print_whatif(document: dict[str, Any], console: Console | None = None) -> None:
+    """``parplan whatif``'s table: per device count the best plan's time, throughput, speedups and memory."""
+    console = console or Console()
+    shape = "×".join(str(s) for s in document["input_shape"])
+    table = Table("devices", "batch", "iter ms", "samples/s", "speedup", "eff.", "vs sample", "mem/device", "plan",
+                  title=f"{document['model']} {shape} {document['dtype']} — {document['scaling']} scaling on "
+                        f"{document['device']}, {document['devices_per_node']} per node", box=box.SIMPLE_HEAD)
+    for row in document["rows"]:
+        if not row["feasible"]:
+            table.add_row(str(row["devices"]), str(row["batch"]), "[red]—[/red]", "", "", "", "", "",
+                          f"[red]infeasible:[/red] {row['reason']}")
+            continue
+        versus = f"{row['speedup_vs_sample']:.2f}×" if row["speedup_vs_sample"] else "no fit"
+        table.add_row(str(row["devices"]), str(row["batch"]), f"{row['iteration_s'] * 1e3:.3g}",
+                      f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}×", f"{row['efficiency']:.0%}", versus,
+                      format_bytes(row["memory_bytes"]), row["plan"])
+    console.print(table)
+    console.print("speedup and efficiency: throughput against the first size; vs sample: pure sample parallelism's "
+                  "time over the plan's at the same size")
+

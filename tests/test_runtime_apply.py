@@ -3,7 +3,8 @@
 For torchvision resnet18, densenet121, mobilenet_v2 and the example UNet,
 each plan family of the runtime issue — pure sample, pure height, pure width,
 height×width, sample×spatial (4 ranks), channel, and a per-layer mix whose
-edges redistribute — runs one training step in float64 and float32 and is
+edges redistribute — runs one training step in float64 (and, on 4 ranks,
+in float32: its accuracy yardstick does not depend on the rank count) and is
 compared with the unsplit model: output, loss, every parameter gradient and
 the batch-norm running statistics (``runtime_check``). Layers a layout does
 not fit take the next preference of the family (ending with whole copies).
@@ -33,7 +34,7 @@ SHAPES = {
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("model_name", list(SHAPES))
 def test_every_split_equals_the_unsplit_model(model_name: str, world_size: int) -> None:
-    dtypes = ("float64", "float32")
+    dtypes = ("float64", "float32") if world_size == 4 else ("float64",)  # float32's yardstick: once per model
     results = run_ranks(compare_plans, world_size, args=(model_name, SHAPES[model_name], RULES, dtypes),
                         timeout_s=600)
     families = {rule for rule in RULES if world_size == 4 or rule != "sample×spatial"}

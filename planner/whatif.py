@@ -1,0 +1,159 @@
+"""What-if analysis: the best plan, and its baselines, at each cluster size of a sweep.
+
+For every device count ``D`` the planner runs as ``parplan plan`` would
+(``planner.search.plan_model``: the exact one-stage optimum, pipelines up to
+``max_stages``, and the two baselines), on a cluster derived from the base
+one — ``D`` devices grouped as the base cluster's nodes, links and memory
+optionally scaled (:func:`scaled_profile`). Sizes run in parallel processes.
+
+* Strong scaling (default): the global batch stays the input shape's.
+* Weak scaling: the input shape's batch is per device; at ``D`` devices the
+  global batch is ``D`` times it (the model is traced again per size).
+
+Each :class:`WhatIfRow` holds the best plan's predicted iteration time,
+samples per second, memory per device and one-line plan, the best one-stage
+plan's time (sample × spatial × channel, no pipeline) and pure sample
+parallelism's (its data-parallel width is the largest divisor of ``D`` not
+above the batch, so past the batch size its time stops improving). Speedup
+and efficiency compare throughput (samples per second) with the 1-device
+row: for strong scaling that is the ratio of iteration times. A size where
+nothing fits, or that cannot be split, is a row with ``feasible=False`` and
+the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Sequence
+
+from cost_models.cluster import Cluster
+from cost_models.errors import InputError, PlanError
+from cost_models.profile import CommFit, Profile
+
+__all__ = ["WhatIfRow", "scaled_profile", "sweep", "with_speedups"]
+
+GraphFor = Callable[[int], Any]  # global batch -> LayerGraph
+
+
+@dataclass(frozen=True)
+class WhatIfRow:
+    """One cluster size of a sweep (see the module docstring); times in seconds, ``None`` where infeasible."""
+
+    devices: int
+    batch: int
+    feasible: bool
+    reason: str = ""
+    iteration_s: float | None = None
+    samples_per_s: float | None = None
+    memory_bytes: int | None = None
+    plan: str = ""
+    stages: int = 1
+    one_stage_s: float | None = None
+    pure_sample_s: float | None = None
+    pure_sample_samples_per_s: float | None = None
+    sample_parallel: int = 1
+    speedup: float | None = None
+    efficiency: float | None = None
+    speedup_vs_sample: float | None = None
+    search_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON and CSV rows)."""
+        return asdict(self)
+
+
+def scaled_profile(profile: Profile, intra_bw: float = 1.0, inter_bw: float = 1.0,
+                   memory_bytes: int | None = None) -> Profile:
+    """``profile`` with its links' bandwidth multiplied per level and, optionally, another device memory.
+
+    Latencies are kept; a profile without an inter-node fit first gets the intra-node one for it (the
+    fallback ``Profile.comm_time_s`` applies).
+
+    Raises:
+        InputError: A factor that is not positive.
+    """
+    for name, factor in (("intra-node", intra_bw), ("inter-node", inter_bw)):
+        if not factor > 0:
+            raise InputError(f"the {name} bandwidth factor must be > 0, got {factor}")
+    fits = {(fit.collective, fit.level): fit for fit in profile.comm_fits}
+    for (collective, level), fit in list(fits.items()):
+        if level == "intra" and (collective, "inter") not in fits:
+            fits[(collective, "inter")] = replace(fit, level="inter")
+    factors = {"intra": intra_bw, "inter": inter_bw}
+    scaled = tuple(replace(fit, beta_s_per_byte=fit.beta_s_per_byte / factors[fit.level]) for fit in fits.values())
+    device = replace(profile.device, memory_bytes=memory_bytes) if memory_bytes else profile.device
+    return replace(profile, comm_fits=scaled, device=device)
+
+
+def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cluster], devices: Sequence[int],
+          batch: int, weak: bool = False, max_stages: int = 4, solver: str = "cbc", jobs: int | None = None,
+          model_spec: str = "") -> list[WhatIfRow]:
+    """One row per device count, with speedups against the smallest count (module docstring).
+
+    Args:
+        graph_for: The model traced at a global batch.
+        cluster_for: The cluster of ``D`` devices.
+        batch: The input shape's batch: global (strong scaling) or per device (``weak``).
+        jobs: Processes to plan in (default: the machine's cores, at most the sizes).
+    """
+    sizes = sorted(set(devices))
+    work = [(graph_for(batch * d if weak else batch), profile, cluster_for(d), max_stages, solver, model_spec)
+            for d in sizes]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    if jobs == 1:
+        rows = [_row(*item) for item in work]
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            rows = list(pool.map(_row_star, _largest_first(work)))
+        rows.sort(key=lambda row: row.devices)
+    return with_speedups(rows)
+
+
+def with_speedups(rows: Sequence[WhatIfRow]) -> list[WhatIfRow]:
+    """The rows with speedup and efficiency against the smallest feasible count, and against pure sample."""
+    base = next((row for row in sorted(rows, key=lambda r: r.devices) if row.feasible), None)
+    found = []
+    for row in rows:
+        if not row.feasible or base is None:
+            found.append(row)
+            continue
+        speedup = row.samples_per_s / base.samples_per_s * base.devices  # type: ignore[operator]
+        versus = row.pure_sample_s / row.iteration_s if row.pure_sample_s else None  # type: ignore[operator]
+        found.append(replace(row, speedup=speedup, efficiency=speedup / row.devices, speedup_vs_sample=versus))
+    return found
+
+
+def _largest_first(work: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Longest jobs first (larger clusters take longer), so that the pool ends together."""
+    return sorted(work, key=lambda item: -item[2].devices)
+
+
+def _row_star(item: tuple[Any, ...]) -> WhatIfRow:
+    return _row(*item)
+
+
+def _row(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, solver: str, model_spec: str) -> WhatIfRow:
+    """Plan one size; a size with no feasible plan becomes a row saying why."""
+    from planner.search import plan_model
+
+    batch = int(graph.input_shape[0])
+    try:
+        result = plan_model(graph, profile, cluster, solver=solver, model_spec=model_spec,
+                            max_stages=max_stages if cluster.devices > 1 else 1)
+    except (InputError, PlanError) as err:
+        return WhatIfRow(cluster.devices, batch, False, reason=str(err).split(";")[0])
+    predicted = result.estimate
+    sample = next((b for b in result.baselines if b.name == "pure sample"), None)
+    sample_fits = sample is not None and sample.estimate.memory_bytes_max <= cluster.memory_bytes
+    one_stage = [c.iteration_s for c in result.considered if c.fits and c.summary.endswith("1 stage")]
+    one_stage += [b.estimate.iteration_s for b in result.baselines if b.estimate.memory_bytes_max <= cluster.memory_bytes]
+    return WhatIfRow(
+        devices=cluster.devices, batch=batch, feasible=True, iteration_s=predicted.iteration_s,
+        samples_per_s=batch / predicted.iteration_s, memory_bytes=predicted.memory_bytes_max,
+        plan=result.plan.summary(), stages=result.plan.pipeline.stages, one_stage_s=min(one_stage, default=None),
+        pure_sample_s=sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
+        pure_sample_samples_per_s=batch / sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
+        sample_parallel=max(d for d in range(1, cluster.devices + 1) if cluster.devices % d == 0 and d <= batch),
+        search_s=result.search_s)
