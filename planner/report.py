@@ -274,6 +274,9 @@ def print_whatif(document: dict[str, Any], console: Console | None = None) -> No
                       f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}×", f"{row['efficiency']:.0%}", versus,
                       format_bytes(row["memory_bytes"]), row["plan"])
     console.print(table)
-    console.print("speedup and efficiency: throughput against the first size; vs sample: pure sample parallelism's "
-                  "time over the plan's at the same size")
+    one = document["one_device"]
+    fits = "" if one["fits"] else f" (it would need {format_bytes(one['memory_bytes'])}, more than one device has)"
+    console.print(f"speedup and efficiency: throughput against one device running the unsplit model, predicted "
+                  f"{one['iteration_s'] * 1e3:.3g} ms per batch of {one['batch']}{fits}; vs sample: pure sample "
+                  f"parallelism's time over the plan's at the same size")
 

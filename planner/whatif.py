@@ -15,10 +15,12 @@ samples per second, memory per device and one-line plan, the best one-stage
 plan's time (sample × spatial × channel, no pipeline) and pure sample
 parallelism's (its data-parallel width is the largest divisor of ``D`` not
 above the batch, so past the batch size its time stops improving). Speedup
-and efficiency compare throughput (samples per second) with the 1-device
-row: for strong scaling that is the ratio of iteration times. A size where
-nothing fits, or that cannot be split, is a row with ``feasible=False`` and
-the reason.
+and efficiency compare throughput (samples per second) with one device
+running the whole model unsplit at the input shape's batch — predicted even
+when it would not fit in one device's memory (:func:`one_device`), so that
+every size has the same reference; for strong scaling that is the ratio of
+iteration times. A size where nothing fits, or that cannot be split, is a row
+with ``feasible=False`` and the reason.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
 from cost_models.profile import CommFit, Profile
 
-__all__ = ["WhatIfRow", "scaled_profile", "sweep", "with_speedups"]
+__all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_speedups"]
 
 GraphFor = Callable[[int], Any]  # global batch -> LayerGraph
 
@@ -64,6 +66,33 @@ class WhatIfRow:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class OneDevice:
+    """The reference: the whole model unsplit on one device, and whether it fits there."""
+
+    batch: int
+    iteration_s: float
+    memory_bytes: int
+    fits: bool
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput of the reference."""
+        return self.batch / self.iteration_s
+
+
+def one_device(graph: Any, profile: Profile, cluster: Cluster) -> OneDevice:
+    """Predict the unsplit model on one device of ``cluster`` (memory is reported, not enforced)."""
+    from cost_models.estimate import estimate
+    from cost_models.layout import Layout
+    from cost_models.uniform import uniform_plan
+
+    single = replace(cluster, devices=1, devices_per_node=1)
+    predicted = estimate(graph, uniform_plan(graph, single, [Layout()]), profile)
+    return OneDevice(int(graph.input_shape[0]), predicted.iteration_s, predicted.memory_bytes_max,
+                     predicted.memory_bytes_max <= cluster.memory_bytes)
+
+
 def scaled_profile(profile: Profile, intra_bw: float = 1.0, inter_bw: float = 1.0,
                    memory_bytes: int | None = None) -> Profile:
     """``profile`` with its links' bandwidth multiplied per level and, optionally, another device memory.
@@ -89,8 +118,8 @@ def scaled_profile(profile: Profile, intra_bw: float = 1.0, inter_bw: float = 1.
 
 def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cluster], devices: Sequence[int],
           batch: int, weak: bool = False, max_stages: int = 4, solver: str = "cbc", jobs: int | None = None,
-          model_spec: str = "") -> list[WhatIfRow]:
-    """One row per device count, with speedups against the smallest count (module docstring).
+          model_spec: str = "") -> tuple[list[WhatIfRow], OneDevice]:
+    """One row per device count, with speedups against one device (module docstring), and that reference.
 
     Args:
         graph_for: The model traced at a global batch.
@@ -108,18 +137,18 @@ def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cl
         with ProcessPoolExecutor(jobs) as pool:
             rows = list(pool.map(_row_star, _largest_first(work)))
         rows.sort(key=lambda row: row.devices)
-    return with_speedups(rows)
+    reference = one_device(graph_for(batch), profile, cluster_for(1))
+    return with_speedups(rows, reference), reference
 
 
-def with_speedups(rows: Sequence[WhatIfRow]) -> list[WhatIfRow]:
-    """The rows with speedup and efficiency against the smallest feasible count, and against pure sample."""
-    base = next((row for row in sorted(rows, key=lambda r: r.devices) if row.feasible), None)
+def with_speedups(rows: Sequence[WhatIfRow], reference: OneDevice) -> list[WhatIfRow]:
+    """The rows with speedup and efficiency against ``reference``'s throughput, and against pure sample."""
     found = []
     for row in rows:
-        if not row.feasible or base is None:
+        if not row.feasible:
             found.append(row)
             continue
-        speedup = row.samples_per_s / base.samples_per_s * base.devices  # type: ignore[operator]
+        speedup = row.samples_per_s / reference.samples_per_s  # type: ignore[operator]
         versus = row.pure_sample_s / row.iteration_s if row.pure_sample_s else None  # type: ignore[operator]
         found.append(replace(row, speedup=speedup, efficiency=speedup / row.devices, speedup_vs_sample=versus))
     return found

@@ -81,11 +81,11 @@ def whatif_command(args: argparse.Namespace) -> int:
     if args.csv:
         _write_csv(args.csv, document["rows"])
     if args.plot:
-        from planner.whatif import WhatIfRow
+        from planner.whatif import OneDevice, WhatIfRow
         from planner.whatif_plot import plot_sweep
 
         rows = [WhatIfRow(**row) for row in document["rows"]]
-        plot_sweep(rows, args.plot, _title(document), weak=args.weak_scaling)
+        plot_sweep(rows, args.plot, _title(document), OneDevice(**document["one_device"]), weak=args.weak_scaling)
     if args.json:
         from planner.cli import _print_json
 
@@ -121,7 +121,7 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
     Raises:
         InputError: Bad shape, profile, factors or model (one line each).
     """
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     import torch
 
@@ -145,13 +145,14 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
         cluster = _cluster_for(profile, scaled, count, devices_per_node)
         return replace(cluster, memory_bytes=memory) if memory else cluster
 
-    rows = sweep(graph_for, scaled, cluster_for, devices, shape[0], weak_scaling, max_stages, solver, jobs, model)
+    rows, reference = sweep(graph_for, scaled, cluster_for, devices, shape[0], weak_scaling, max_stages, solver, jobs,
+                            model)
     return {"format": FORMAT, "model": model, "input_shape": list(shape), "dtype": dtype, "profile": profile,
             "device": scaled.device.name, "scaling": "weak" if weak_scaling else "strong",
             "devices_per_node": cluster_for(max(devices)).devices_per_node,
             "scale_inter_bw": scale_inter_bw, "scale_intra_bw": scale_intra_bw,
             "memory_bytes": scaled.device.memory_bytes, "max_stages": max_stages,
-            "rows": [row.to_dict() for row in rows]}
+            "one_device": asdict(reference), "rows": [row.to_dict() for row in rows]}
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

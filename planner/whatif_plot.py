@@ -5,8 +5,8 @@ one-stage plan (sample × spatial × channel) and the best plan with pipeline
 stages allowed. Both axes of the time panel are logarithmic, the device axis
 of the efficiency panel too. A dotted vertical line marks the batch size,
 where pure sample parallelism runs out of samples (strong scaling only).
-Efficiency is throughput per device relative to the best plan's at the first
-feasible size, for every family.
+Efficiency is throughput per device relative to one device running the
+unsplit model (``planner.whatif.one_device``), for every family.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import io
 from typing import Sequence
 
 from cost_models.jsonio import write_bytes_atomic
-from planner.whatif import WhatIfRow
+from planner.whatif import OneDevice, WhatIfRow
 
 __all__ = ["FAMILIES", "plot_sweep"]
 
@@ -23,7 +23,7 @@ FAMILIES = (("pure sample", "pure_sample_s"), ("best one stage (sample×spatial�
             ("best with pipeline stages", "iteration_s"))
 
 
-def plot_sweep(rows: Sequence[WhatIfRow], path: str, title: str, weak: bool = False) -> None:
+def plot_sweep(rows: Sequence[WhatIfRow], path: str, title: str, reference: OneDevice, weak: bool = False) -> None:
     """Draw the sweep's two panels and write them to ``path`` (PNG, SVG or PDF by suffix), atomically."""
     import matplotlib
 
@@ -39,15 +39,15 @@ def plot_sweep(rows: Sequence[WhatIfRow], path: str, title: str, weak: bool = Fa
             continue
         devices = [d for d, _, _ in points]
         times.plot(devices, [t * 1e3 for _, t, _ in points], marker="o", label=label)
-        reference = base.samples_per_s / base.devices  # type: ignore[operator]
-        efficiency.plot(devices, [b / t / d / reference for d, t, b in points], marker="o", label=label)
+        efficiency.plot(devices, [b / t / d / reference.samples_per_s for d, t, b in points], marker="o", label=label)
     if base is not None and not weak:
         for axis in (times, efficiency):
             axis.axvline(base.batch, color="grey", linestyle=":", label=f"batch size ({base.batch})")
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     times.set(xscale="log", yscale="log", xlabel="devices", ylabel="predicted iteration (ms)")
-    efficiency.set(xscale="log", xlabel="devices", ylabel="parallel efficiency", ylim=(0, 1.1))
+    efficiency.set(xscale="log", xlabel="devices", ylim=(0, 1.1),
+                   ylabel="parallel efficiency (vs 1 device" + ("" if reference.fits else ", which would not fit") + ")")
     counts = sorted({row.devices for row in rows})
     for axis in (times, efficiency):
         axis.grid(True, which="both", alpha=0.3)

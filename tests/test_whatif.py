@@ -54,6 +54,7 @@ def test_strong_scaling_invariants(strong: dict) -> None:
     rows = strong["rows"]
     assert [row["devices"] for row in rows] == [1, 2, 4, 8, 16, 32] and all(row["feasible"] for row in rows)
     first = rows[0]
+    assert strong["one_device"]["fits"] and strong["one_device"]["iteration_s"] == pytest.approx(first["iteration_s"])
     assert first["speedup"] == pytest.approx(1.0) and first["efficiency"] == pytest.approx(1.0)
     assert first["speedup_vs_sample"] == pytest.approx(1.0) and first["plan"].endswith("1 stage")
     for row in rows:
@@ -77,7 +78,7 @@ def test_whatif_command_writes_table_csv_plot_and_json(tmp_path: Path, capsys: p
     assert document["format"] == "parplan.whatif/1" and document["scaling"] == "weak"
     assert document["memory_bytes"] == 40 * 2**30 and document["scale_inter_bw"] == 2.0
     assert [row["batch"] for row in document["rows"]] == [8, 32, 128]  # weak: the batch grows with the devices
-    assert document["rows"][0]["speedup"] == pytest.approx(1.0)
+    assert document["rows"][0]["speedup"] == pytest.approx(1.0) and document["one_device"]["batch"] == 8
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
     with table.open() as handle:
         rows = list(csv.DictReader(handle))
@@ -102,3 +103,14 @@ def test_bad_whatif_input_is_one_line_and_exit_two(extra: list[str], message: st
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_sizes_where_nothing_fits_are_rows_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """A 1 GiB device cannot hold resnet18 at 8×3×512×512: the small sizes say so; the reference still exists."""
+    code = main(["whatif", "--model", "torchvision:resnet18", "--input-shape", "8,3,512,512", "--profile", "h100",
+                 "--devices", "1,64", "--memory-gb", "1", "--max-stages", "1", "--jobs", "1", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and not document["one_device"]["fits"]
+    first, last = document["rows"]
+    assert not first["feasible"] and "no plan fits" in first["reason"] and first["iteration_s"] is None
+    assert last["feasible"] and last["efficiency"] <= 1.0 + 1e-9
