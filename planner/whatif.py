@@ -20,7 +20,9 @@ running the whole model unsplit at the input shape's batch — predicted even
 when it would not fit in one device's memory (:func:`one_device`), so that
 every size has the same reference; for strong scaling that is the ratio of
 iteration times. A size where nothing fits, or that cannot be split, is a row
-with ``feasible=False`` and the reason.
+with ``feasible=False`` and the reason. Sizes that cannot fit even if the
+model were split perfectly (every tensor held once, in ``D`` equal parts:
+one device's memory over ``D``) are not searched at all.
 """
 
 from __future__ import annotations
@@ -168,6 +170,12 @@ def _row(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, solver
     from planner.search import plan_model
 
     batch = int(graph.input_shape[0])
+    whole = one_device(graph, profile, cluster)
+    if whole.memory_bytes / cluster.devices > cluster.memory_bytes:  # no split can beat a perfect one
+        return WhatIfRow(cluster.devices, batch, False, reason=(
+            f"does not fit: even split perfectly the model needs {whole.memory_bytes / cluster.devices / 2**30:.2f} "
+            f"GiB per device ({whole.memory_bytes / 2**30:.2f} GiB on one), the devices have "
+            f"{cluster.memory_bytes / 2**30:.2f} GiB"))
     try:
         result = plan_model(graph, profile, cluster, solver=solver, model_spec=model_spec,
                             max_stages=max_stages if cluster.devices > 1 else 1)

@@ -112,5 +112,28 @@ def test_sizes_where_nothing_fits_are_rows_with_the_reason(capsys: pytest.Captur
     document = json.loads(capsys.readouterr().out)
     assert code == 0 and not document["one_device"]["fits"]
     first, last = document["rows"]
-    assert not first["feasible"] and "no plan fits" in first["reason"] and first["iteration_s"] is None
+    assert not first["feasible"] and "even split perfectly" in first["reason"] and first["iteration_s"] is None
     assert last["feasible"] and last["efficiency"] <= 1.0 + 1e-9
+
+
+def test_the_perfect_split_bound_only_skips_sizes_the_planner_cannot_fit() -> None:
+    """Sizes the memory bound skips unsearched: the planner, asked anyway, finds nothing that fits either."""
+    from dataclasses import replace
+
+    import torch
+
+    from calibrate.presets import preset_cluster
+    from cost_models.graph import trace
+    from cost_models.model_spec import load_model
+    from planner.search import plan_model
+    from planner.whatif import _row, one_device
+
+    graph = trace(load_model("torchvision:resnet18"), (8, 3, 512, 512), torch.float32)
+    profile = preset_profile("h100", "float32")
+    memory = int(0.7 * 2**30)
+    for devices in (1, 2):
+        cluster = replace(preset_cluster("h100", devices), memory_bytes=memory)
+        assert one_device(graph, profile, cluster).memory_bytes / devices > memory  # the bound skips it
+        assert "even split perfectly" in _row(graph, profile, cluster, 2, "cbc", "").reason
+        with pytest.raises(InputError, match="no plan fits"):
+            plan_model(graph, profile, cluster, max_stages=2)
