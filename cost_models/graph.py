@@ -159,7 +159,7 @@ def trace(model: Any, input_shape: Sequence[int], dtype: Any = None, leaf_module
     Args:
         model: An ``nn.Module``; traced in training mode (its modes are restored).
         input_shape: Global input shape ``(N, C, H, W)``.
-        dtype: Element type of the input and activations (default ``torch.float32``).
+        dtype: Element type of the input and activations, a ``torch.dtype`` or its name (default ``float32``).
         leaf_modules: Qualified names or class names of modules to keep opaque
             (not traced into), for modules torch.fx cannot trace.
 

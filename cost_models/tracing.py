@@ -31,12 +31,12 @@ TensorMeta = list[tuple[tuple[int, ...], int]]
 
 
 def build_layer_graph(
-    model: nn.Module, input_shape: tuple[int, ...], dtype: torch.dtype | None, leaf_modules: tuple[str, ...]
+    model: nn.Module, input_shape: tuple[int, ...], dtype: torch.dtype | str | None, leaf_modules: tuple[str, ...]
 ) -> LayerGraph:
     """Trace ``model`` and assemble its :class:`LayerGraph` (see ``graph.trace``)."""
     if not isinstance(model, nn.Module):
         raise InputError(f"expected a torch.nn.Module to trace, got {type(model).__name__}")
-    dtype = dtype or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
     modes = {module: module.training for module in model.modules()}
     model.train()
     try:

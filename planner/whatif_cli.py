@@ -123,8 +123,6 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
     """
     from dataclasses import asdict, replace
 
-    import torch
-
     from cost_models.graph import parse_input_shape, trace
     from cost_models.model_spec import load_model
     from planner.cli import _cluster_for, load_profile_argument
@@ -138,7 +136,7 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
 
     def graph_for(batch: int) -> Any:
         if batch not in graphs:
-            graphs[batch] = trace(network, (batch, *shape[1:]), getattr(torch, dtype), leaf_modules=list(leaf_modules))
+            graphs[batch] = trace(network, (batch, *shape[1:]), dtype, leaf_modules=list(leaf_modules))
         return graphs[batch]
 
     def cluster_for(count: int) -> Any:
