@@ -144,6 +144,7 @@ class PipelineStage:
             (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
         self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
                                       frozenset(self.cut.nodes), groups)
+        self._buffers = _buffers_of(self.cut.nodes, nodes, model)
         self.placements = _crossing_placements(nodes, cuts, model, plan, graph)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.slowdown = slowdown
@@ -261,7 +262,7 @@ class PipelineStage:
 
     def _recompute(self, stash: _Stash) -> list[torch.Tensor]:
         """Run the forward of ``stash`` again, with the RNG as it was; returns the buffers as they were before."""
-        buffers = [buffer.detach().clone() for buffer in self.model.model.buffers()]
+        buffers = [buffer.detach().clone() for buffer in self._buffers]
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(stash.rng)
             self._compute(stash)
@@ -270,7 +271,7 @@ class PipelineStage:
     def _restore(self, saved: list[torch.Tensor]) -> None:
         """Put the buffers back (after backward: batch-norm may have saved its statistics for it)."""
         with torch.no_grad():
-            for buffer, value in zip(self.model.model.buffers(), saved):
+            for buffer, value in zip(self._buffers, saved):
                 buffer.copy_(value)
 
     # --- communication ---------------------------------------------------------------------------------------
@@ -333,6 +334,15 @@ def _refuse_shared_parameters(model: nn.Module, nodes: list[Any], cuts: Sequence
                 name = next(n for n, p in model.named_parameters() if p is param)
                 raise PlanError(f"parameter {name} is used on stages {owner[id(param)]} and {cut.index}; put the "
                                 f"layers sharing it on one stage")
+
+
+def _buffers_of(names: Sequence[str], nodes: list[Any], model: nn.Module) -> list[torch.Tensor]:
+    """The buffers (batch-norm statistics, …) of the modules this stage's nodes call, each once."""
+    members, found = set(names), {}
+    for node in nodes:
+        if node.name in members and node.op == "call_module":
+            found.update((id(b), b) for b in model.get_submodule(str(node.target)).buffers())
+    return list(found.values())
 
 
 def _release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:

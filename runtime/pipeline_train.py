@@ -197,7 +197,7 @@ def _stage_report(stage: Any, plan: Any, records: list[Any], wall_s: float, devi
 
 def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
-    from runtime.train import _fresh, _relative_error, _without_dropout
+    from runtime.train import _fresh, _gradient_errors, _relative_error, _without_dropout
 
     if plan.pipeline.schedule == "stale":
         plan = _capped(plan, 0)
@@ -218,7 +218,7 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
             box = stage.model.output_placement.box(tuple(out.shape) + (1, 1) * (out.dim() == 2), stage.member)
             local = out.detach()[tuple(slice(a, z) for a, z in box)[:out.dim()]]
             output_error = max(output_error, _relative_error(stage.outputs[b], local))
-    grad_error, worst = _gradient_errors(stage, reference)
+    grad_error, worst = _gradient_errors(stage.model, reference)
     errors = torch.tensor([output_error, grad_error], dtype=torch.float64, device=device)
     dist.all_reduce(errors, op=dist.ReduceOp.MAX)
     return {"output_max_rel_err": float(errors[0]), "grad_max_rel_err": float(errors[1]),
@@ -243,23 +243,3 @@ def _whole(options: Any, stage: Any, micro: int, dtype: torch.dtype, device: tor
     seed = options.seed * 1000
     return (synthetic_input(options.input_shape, x_box, seed, dtype, device),
             synthetic_labels(label_shape, t_box, output_shape[1], seed, device))
-
-
-def _gradient_errors(stage: Any, reference: nn.Module) -> tuple[float, str]:
-    from runtime.train import _relative_error
-
-    sliced = {piece.name: piece for piece in stage.model.slices}
-    mine = {id(param) for param in stage.parameters()}
-    expected = dict(reference.named_parameters())
-    worst, worst_name = 0.0, ""
-    for name, param in stage.model.model.named_parameters():
-        full = expected[name].grad
-        if id(param) not in mine or full is None or param.grad is None:
-            continue
-        if name in sliced:
-            piece = sliced[name]
-            full = full.narrow(piece.dim, piece.start, piece.stop - piece.start)
-        error = _relative_error(param.grad, full)
-        if error > worst:
-            worst, worst_name = error, name
-    return worst, worst_name
