@@ -279,7 +279,8 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
     forward, backward = [s.forward_s for s in stages], [s.backward_s for s in stages]
     transfer = [s.transfer_s for s in stages[:-1]]
     if plan.pipeline.schedule == "stale" and len(stages) > 1:
-        iteration = stale_iteration_s(forward, backward, transfer, [s.allreduce_s for s in stages])
+        iteration = stale_iteration_s(forward, backward, transfer, [s.allreduce_s for s in stages],
+                                      plan.pipeline.staleness)
     else:
         iteration = sync_iteration_s(forward, backward, transfer, micro, [s.allreduce_exposed_s for s in stages])
     breakdown = {

@@ -18,7 +18,12 @@ their gradients backward, the same size).
   at the pace of its busiest server: ``max_k(2F_k + B_k + A_k)`` where ``A_k``
   is the part of the stage's gradient allreduce not hidden behind its backward,
   or ``max_k T_k`` if a link is slower (links are full duplex: activations
-  and gradients cross at once).
+  and gradients cross at once) — unless a staleness window binds. Stage ``k``
+  runs batch ``t``'s forward in the tick where stage ``m > k`` backwards batch
+  ``t − s_m``, whose gradient reaches stage ``k`` ``s_k − s_m`` ticks later;
+  that round trip ``C_km = Σ_{k≤j≤m} (2F_j + B_j + A_j) + 2·Σ_{k≤j<m} T_j``
+  spans ``s_k − s_m + 1`` ticks, so a batch takes at least
+  ``max_{k≤m} C_km / (s_k − s_m + 1)`` (``m = k`` is the busiest stage).
 
 ``tests/test_pipeline_cost.py`` checks both against a discrete-event simulation
 of the same schedules.
@@ -45,12 +50,18 @@ def sync_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], tr
 
 
 def stale_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
-                      allreduce_s: Sequence[float] = ()) -> float:
-    """Steady-state seconds per batch of the DSP schedule (see the module docstring)."""
+                      allreduce_s: Sequence[float] = (), staleness: Sequence[int] | None = None) -> float:
+    """Steady-state seconds per batch of the DSP schedule (see the module docstring).
+
+    ``staleness``: per stage (default DSP's ``2(K−1−k)``).
+    """
     _check(forward_s, backward_s, transfer_s, 1)
     reduce = list(allreduce_s) or [0.0] * len(forward_s)
     stages = [2 * f + b + max(0.0, a - b) for f, b, a in zip(forward_s, backward_s, reduce)]
-    return max(stages + list(transfer_s))
+    lags = list(staleness) if staleness is not None else list(dsp_staleness(len(forward_s)))
+    windows = [(sum(stages[k:m + 1]) + 2 * sum(transfer_s[k:m])) / max(1, lags[k] - lags[m] + 1)
+               for k in range(len(stages)) for m in range(k, len(stages))]
+    return max(list(transfer_s) + windows)
 
 
 def dsp_staleness(stages: int, bound: int | None = None) -> tuple[int, ...]:
