@@ -21,8 +21,10 @@ when it would not fit in one device's memory (:func:`one_device`), so that
 every size has the same reference; for strong scaling that is the ratio of
 iteration times. A size where nothing fits, or that cannot be split, is a row
 with ``feasible=False`` and the reason. Sizes that cannot fit even if the
-model were split perfectly (every tensor held once, in ``D`` equal parts:
-one device's memory over ``D``) are not searched at all.
+model were split perfectly (every resident tensor — weights, gradients,
+optimizer state, saved activations — held once, in ``D`` equal parts) are not
+searched at all. Transient workspace is left out of that bound: micro-batches
+shrink it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class OneDevice:
     iteration_s: float
     memory_bytes: int
     fits: bool
+    resident_bytes: int
+    """Weights, gradients, optimizer state and saved activations: what no split can hold less of in all."""
 
     @property
     def samples_per_s(self) -> float:
@@ -91,8 +95,9 @@ def one_device(graph: Any, profile: Profile, cluster: Cluster) -> OneDevice:
 
     single = replace(cluster, devices=1, devices_per_node=1)
     predicted = estimate(graph, uniform_plan(graph, single, [Layout()]), profile)
+    resident = predicted.memory_bytes_max - predicted.memory_bytes.get("transient_and_stash", 0)
     return OneDevice(int(graph.input_shape[0]), predicted.iteration_s, predicted.memory_bytes_max,
-                     predicted.memory_bytes_max <= cluster.memory_bytes)
+                     predicted.memory_bytes_max <= cluster.memory_bytes, resident)
 
 
 def scaled_profile(profile: Profile, intra_bw: float = 1.0, inter_bw: float = 1.0,
@@ -171,10 +176,10 @@ def _row(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, solver
 
     batch = int(graph.input_shape[0])
     whole = one_device(graph, profile, cluster)
-    if whole.memory_bytes / cluster.devices > cluster.memory_bytes:  # no split can beat a perfect one
+    if whole.resident_bytes / cluster.devices > cluster.memory_bytes:  # no split can beat a perfect one
         return WhatIfRow(cluster.devices, batch, False, reason=(
-            f"does not fit: even split perfectly the model needs {whole.memory_bytes / cluster.devices / 2**30:.2f} "
-            f"GiB per device ({whole.memory_bytes / 2**30:.2f} GiB on one), the devices have "
+            f"does not fit: even split perfectly the model needs {whole.resident_bytes / cluster.devices / 2**30:.2f} "
+            f"GiB per device ({whole.resident_bytes / 2**30:.2f} GiB resident on one), the devices have "
             f"{cluster.memory_bytes / 2**30:.2f} GiB"))
     try:
         result = plan_model(graph, profile, cluster, solver=solver, model_spec=model_spec,

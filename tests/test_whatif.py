@@ -130,10 +130,10 @@ def test_the_perfect_split_bound_only_skips_sizes_the_planner_cannot_fit() -> No
 
     graph = trace(load_model("torchvision:resnet18"), (8, 3, 512, 512), torch.float32)
     profile = preset_profile("h100", "float32")
-    memory = int(0.7 * 2**30)
+    memory = int(0.5 * 2**30)
     for devices in (1, 2):
         cluster = replace(preset_cluster("h100", devices), memory_bytes=memory)
-        assert one_device(graph, profile, cluster).memory_bytes / devices > memory  # the bound skips it
+        assert one_device(graph, profile, cluster).resident_bytes / devices > memory  # the bound skips it
         assert "even split perfectly" in _row(graph, profile, cluster, 2, "cbc", "").reason
         with pytest.raises(InputError, match="no plan fits"):
             plan_model(graph, profile, cluster, max_stages=2)
