@@ -27,6 +27,19 @@ Assumptions:
       wider than a node starts on a node boundary. Tensors crossing a cut
       (skip connections included) are sent across every boundary between
       their producer's and consumer's stages, each rank sending its local part.
+    * ``shared_cores`` (ranks on one host sharing its cores: how many can
+      compute at once, cores / threads per rank): the iteration takes at
+      least the work all ranks need, ``Σ_k G_k · busy_k``, divided by it —
+      ``busy_k`` is stage ``k``'s forward and backward seconds per iteration
+      (its forward twice when stale: recomputation), its allreduce and its
+      transfers (on CPUs communication is the cores' work too). One-stage
+      plans on twice as many ranks as cores run at half speed; pipeline stages
+      that wait give their cores to the others. ``Estimate.contention`` says how much the
+      bound stretched the iteration.
+    * A refined profile (``cost_models.corrections``) adds its per-event
+      seconds to each stage's forward and backward of a micro-batch, its
+      per-step seconds once to the iteration, and exposes its fraction of the
+      allreduce time the timeline hides.
 """
 
 from __future__ import annotations
@@ -84,6 +97,7 @@ class Estimate:
     memory_bytes: Mapping[str, int]
     layers: tuple[LayerEstimate, ...]
     stages: tuple[StageEstimate, ...]
+    contention: float = 1.0  # how much ranks sharing cores stretched the iteration (``shared_cores``)
 
     def sources(self) -> dict[str, int]:
         """How many layers' compute came from measured entries, the fit, both, or needed none."""
@@ -106,11 +120,14 @@ class _Context:
 
 
 def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None = None, optimizer: str = "sgd",
-             overlap: bool = True, slowdown: Mapping[int, float] | None = None) -> Estimate:
+             overlap: bool = True, slowdown: Mapping[int, float] | None = None,
+             shared_cores: float | None = None) -> Estimate:
     """Predict one training iteration of ``plan`` for the traced ``graph``.
 
     Args:
         slowdown: Optional straggler factors by stage index (``{1: 2.0}``: stage 1 runs at half speed).
+        shared_cores: When all ranks share one host's cores: how many ranks can compute at once
+            (cores / threads per rank); ``None``: every rank has its own device.
 
     Raises:
         PlanError: The plan does not fit the graph or a layout cannot split its layer.
@@ -128,7 +145,8 @@ def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None =
                    for name in graph.compute_layers())
     stages = tuple(_stage_estimate(context, layers, stage, cluster, micro, (slowdown or {}).get(stage, 1.0))
                    for stage in range(plan.pipeline.stages))
-    return _combine(layers, stages, plan, micro)
+    step_s = profile.corrections.step_overhead_s if profile.corrections else 0.0
+    return _combine(layers, stages, plan, micro, step_s, shared_cores)
 
 
 def _micro_batch_nodes(graph: Any, micro: int) -> Mapping[str, Mapping[str, Any]]:
@@ -221,10 +239,13 @@ def _stage_estimate(context: _Context, layers: tuple[LayerEstimate, ...], stage:
                     micro: int, slowdown: float) -> StageEstimate:
     own = [layer for layer in layers if layer.stage == stage]
     shared = [layer.cost.halo_exposed_s / 2 + layer.cost.norm_s / 2 + layer.redistribution_s / 2 for layer in own]
-    forward = slowdown * sum(layer.cost.forward_s + extra for layer, extra in zip(own, shared))
-    backward = slowdown * sum(layer.cost.backward_s + layer.cost.channel_reduce_s + extra
-                              for layer, extra in zip(own, shared))
+    event_s = context.profile.corrections.event_overhead_s if context.profile.corrections else 0.0
+    forward = slowdown * (event_s + sum(layer.cost.forward_s + extra for layer, extra in zip(own, shared)))
+    backward = slowdown * (event_s + sum(layer.cost.backward_s + layer.cost.channel_reduce_s + extra
+                                         for layer, extra in zip(own, shared)))
     allreduce, exposed = _allreduce_timeline(own, context.overlap)
+    if context.profile.corrections is not None:  # measured runs hid less of it than the timeline says
+        exposed += context.profile.corrections.allreduce_exposed_fraction * (allreduce - exposed)
     memory = sum(layer.memory.weights + layer.memory.gradients + layer.memory.optimizer + micro * layer.memory.saved
                  for layer in own)
     memory += max((layer.memory.transient for layer in own), default=0)
@@ -275,7 +296,8 @@ def _transfer_s(context: _Context, stage: int, cluster: Cluster) -> float:
     return context.profile.comm_time_s("sendrecv", level, 2, nbytes)
 
 
-def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...], plan: Plan, micro: int) -> Estimate:
+def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...], plan: Plan, micro: int,
+             step_s: float, shared_cores: float | None) -> Estimate:
     forward, backward = [s.forward_s for s in stages], [s.backward_s for s in stages]
     transfer = [s.transfer_s for s in stages[:-1]]
     if plan.pipeline.schedule == "stale" and len(stages) > 1:
@@ -283,6 +305,8 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
                                       plan.pipeline.staleness)
     else:
         iteration = sync_iteration_s(forward, backward, transfer, micro, [s.allreduce_exposed_s for s in stages])
+    contention = _contention(stages, plan, micro, iteration, shared_cores)
+    iteration = iteration * contention + step_s
     breakdown = {
         "compute_fwd": micro * sum(layer.cost.forward_s for layer in layers),
         "compute_bwd": micro * sum(layer.cost.backward_s for layer in layers),
@@ -294,10 +318,24 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
         "transfer": micro * 2 * sum(transfer),
         "allreduce": sum(s.allreduce_s for s in stages),
         "allreduce_exposed": max((s.allreduce_exposed_s for s in stages), default=0.0),
+        **({"step_overhead": step_s} if step_s else {}),
     }
     worst = max(range(len(stages)), key=lambda k: stages[k].memory_bytes)
     own = [layer for layer in layers if layer.stage == worst]
     memory = {term: sum(getattr(layer.memory, term) for layer in own) for term in ("weights", "gradients", "optimizer")}
     memory["saved"] = micro * sum(layer.memory.saved for layer in own)
     memory["transient_and_stash"] = stages[worst].memory_bytes - sum(memory.values())
-    return Estimate(iteration, breakdown, stages[worst].memory_bytes, memory, layers, stages)
+    return Estimate(iteration, breakdown, stages[worst].memory_bytes, memory, layers, stages, contention)
+
+
+def _contention(stages: tuple[StageEstimate, ...], plan: Plan, micro: int, iteration_s: float,
+                shared_cores: float | None) -> float:
+    """How much ranks sharing ``shared_cores`` stretch ``iteration_s`` (at least 1; module docstring)."""
+    if shared_cores is None or iteration_s <= 0:
+        return 1.0
+    stale = plan.pipeline.schedule == "stale" and len(stages) > 1
+    passes = 1 if stale else micro
+    busy = [(2 * s.forward_s + s.backward_s if stale else micro * (s.forward_s + s.backward_s))
+            + s.allreduce_s + 2 * passes * s.transfer_s for s in stages]
+    demand_s = sum(devices * seconds for devices, seconds in zip(plan.pipeline.devices_per_stage, busy))
+    return max(1.0, demand_s / shared_cores / iteration_s)

@@ -24,6 +24,9 @@ Assumptions (beyond those of the modules used):
       input on every rank (an edge redistribution provides it) and sums the
       partial input gradients over the ``c`` group: one allreduce of the local
       input gradient.
+    * A profile refined by ``parplan validate --refine`` scales every term but
+      the weight-gradient allreduce by its layer factor
+      (``cost_models.corrections``).
 """
 
 from __future__ import annotations
@@ -80,11 +83,12 @@ def layer_cost(name: str, layer: Mapping[str, Any], layout: Layout, devices: int
     halo_s = _halo_s(layer, layout, problem, profile, cluster)
     interior = _interior_share(layer, layout, problem) if overlap else 0.0
     exposed = max(0.0, halo_s / 2 - interior * forward_s) + max(0.0, halo_s / 2 - interior * backward_s)
+    scale = 1.0 if profile.corrections is None else profile.corrections.scale(layer["kind"], layout)
     return LayerCost(
-        forward_s, backward_s, halo_s, exposed,
+        scale * forward_s, scale * backward_s, scale * halo_s, scale * exposed,
         _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
-        _norm_s(layer, layout, problem, profile, cluster),
-        _channel_reduce_s(layer, layout, problem, profile, cluster), source,
+        scale * _norm_s(layer, layout, problem, profile, cluster),
+        scale * _channel_reduce_s(layer, layout, problem, profile, cluster), source,
     )
 
 

@@ -14,7 +14,9 @@ A Profile holds, for one kind of device and its links:
 * ``device``: name, memory, and datasheet peaks when known;
 * ``meta``: where and how it was measured (host, torch version, backend,
   dtype, threads, date, seconds) or, for presets, the datasheets used;
-* fit errors measured on held-out samples (:class:`FitError`).
+* fit errors measured on held-out samples (:class:`FitError`);
+* optionally ``corrections`` fitted to whole measured runs by
+  ``parplan validate --refine`` (:mod:`cost_models.corrections`).
 
 Stored as ``parplan.profile/1`` JSON, schema ``schemas/profile-1.schema.json``.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from cost_models.collectives import comm_terms
+from cost_models.corrections import Corrections
 from cost_models.errors import InputError
 from cost_models.jsonio import read_json, write_json_atomic
 from cost_models.schema import check_document
@@ -155,6 +158,7 @@ class Profile:
     comm_fits: tuple[CommFit, ...] = ()
     compute_error: FitError = FitError(None, None, 0)
     comm_error: FitError = FitError(None, None, 0)
+    corrections: Corrections | None = None
     _index: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -225,6 +229,7 @@ class Profile:
             "comm": {"samples": [_fields(s) for s in self.comm_samples],
                      "fits": [_fields(f) for f in self.comm_fits]},
             "fit": {"compute": _fields(self.compute_error), "comm": _fields(self.comm_error)},
+            **({} if self.corrections is None else {"corrections": self.corrections.to_dict()}),
         }
 
     @classmethod
@@ -241,6 +246,7 @@ class Profile:
             comm_fits=tuple(CommFit(**{**f, "error": FitError(**f["error"])}) for f in comm["fits"]),
             compute_error=FitError(**fit["compute"]),
             comm_error=FitError(**fit["comm"]),
+            corrections=Corrections.from_dict(document["corrections"]) if "corrections" in document else None,
         )
 
 

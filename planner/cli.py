@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     from planner.whatif_cli import add_whatif
 
     add_whatif(commands, common)
+    from planner.validate_cli import add_validate
+
+    add_validate(commands, common)
     return parser
 
 
@@ -164,6 +167,8 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="data factory: function(input_box, target_box, step) -> (input, target) of this rank")
     parser.add_argument("--threads", type=_positive_int, metavar="T",
                         help="CPU threads per rank (default: cores / ranks)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="after the timed steps, profile 3 more and report each layer's forward/backward seconds")
     pipeline = parser.add_argument_group("pipelines")
     pipeline.add_argument("--stages", type=_positive_int, default=1, metavar="K",
                           help="with --layout: cut the model into K stages of equal compute, R/K ranks each")
@@ -189,11 +194,24 @@ def _run(args: argparse.Namespace) -> int:
         from cost_models.estimate import estimate
         from cost_models.plan import Prediction
 
-        result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages)
+        result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages,
+                          shared_cores=_run_shared_cores(args, plan.cluster.devices))
         return Prediction(result.iteration_s, result.memory_bytes_max, dict(result.breakdown_s))
 
     args.slow_stages = _slowdowns(args.slow_stage)
     return run_command(args, predict if args.profile else None, print_measurement)
+
+
+def _run_shared_cores(args: argparse.Namespace, devices: int) -> float | None:
+    """How many of the local ranks can compute at once on this host's cores (``None``: all, or under MPI)."""
+    from planner.validate import shared_cores
+    from runtime.launch import started_by_mpi
+
+    if started_by_mpi():
+        return None
+    ranks = args.nproc or devices
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return shared_cores(ranks, args.threads or max(1, (os.cpu_count() or 1) // ranks), cores)
 
 
 def _slowdowns(items: list[str]) -> dict[int, float]:

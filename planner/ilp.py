@@ -12,6 +12,8 @@ Given a :class:`~planner.cost_table.CostTable` with layers ``L``, options
                 Σ_{j∈S_v} y_{e,i,j} = x_{u,i}            ∀ e=(u,v), i ∈ S_u   (edge rows agree with u)
                 Σ_{i∈S_u} y_{e,i,j} = x_{v,j}            ∀ e=(u,v), j ∈ S_v   (edge columns agree with v)
                 Σ_l Σ_{i∈S_l} m_{l,i} · x_{l,i} ≤ M                           (memory per rank, if M is set)
+                Σ_l x_{l,s_l} ≤ |L| − d                 ∀ s ∈ X              (differ from each excluded plan s
+                                                                              in at least d layers, if X is given)
                 x_{l,i} ∈ {0, 1},  y_{e,i,j} ∈ [0, 1]
 
 The edge variables are the marginal (local-polytope) linearisation of
@@ -23,20 +25,23 @@ chains solve at the root. Constraint families and the functions that add them:
 one option per layer                   :func:`_add_choice_rows`
 edge rows / columns agree with layers  :func:`_add_edge_marginals`
 memory per rank                        :func:`_add_memory_limit`
+distance from excluded plans           :func:`_add_exclusions`
 objective                              :func:`_objective`
 =====================================  ===========================
 
 Solvers: CBC (shipped with PuLP) by default, HiGHS when ``highspy`` is
 installed and asked for; both with a relative gap of 0 (proven optimal), and
 the objective in microseconds so their absolute tolerances are negligible. A time limit returns the best integral plan found,
-with status ``"TimeLimit"`` and the gap when the solver reports one.
+with status ``"TimeLimit"`` and the gap when the solver reports one. Solving
+again with each optimum excluded (no-good cuts) lists the k best distinct
+plans in order (``parplan validate``).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import pulp
 
@@ -55,8 +60,13 @@ def available_solvers() -> list[str]:
     return names
 
 
-def solve_ilp(table: CostTable, solver: str = "cbc", time_limit_s: float | None = None) -> Solution:
+def solve_ilp(table: CostTable, solver: str = "cbc", time_limit_s: float | None = None,
+              exclude: Sequence[Mapping[str, int]] = (), min_difference: int = 1) -> Solution:
     """The optimal (or, under a time limit, best found) option per layer.
+
+    Args:
+        exclude: Choices (option index per layer) the solution must differ from, each in at least
+            ``min_difference`` layers.
 
     Raises:
         ValueError: Unknown or unavailable solver, or no feasible plan (memory).
@@ -71,6 +81,7 @@ def solve_ilp(table: CostTable, solver: str = "cbc", time_limit_s: float | None 
     _add_choice_rows(problem, table, x)
     _add_edge_marginals(problem, table, x, y)
     _add_memory_limit(problem, table, x)
+    _add_exclusions(problem, table, x, exclude, min_difference)
     started = time.perf_counter()
     with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC runner, which is still the one shipped
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -106,6 +117,13 @@ def _add_memory_limit(problem: Any, table: CostTable, x: dict[Any, Any]) -> None
         return
     used = pulp.lpSum(table.memory_bytes[layer][i] * x[(layer, i)] for layer, i in x if layer in table.memory_bytes)
     problem += used <= table.memory_limit_bytes, "memory_per_rank"
+
+
+def _add_exclusions(problem: Any, table: CostTable, x: dict[Any, Any], exclude: Sequence[Mapping[str, int]],
+                    min_difference: int) -> None:
+    for index, choice in enumerate(exclude):
+        same = pulp.lpSum(x[(layer, choice[layer])] for layer in table.layers)
+        problem += same <= len(table.layers) - min_difference, f"exclude_{index}"
 
 
 def _solver(name: str, time_limit_s: float | None) -> Any:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 __all__ = [
     "calibration_progress", "format_bytes", "format_count", "print_calibration_summary", "print_estimate",
-    "print_layer_table", "print_plan_summary", "print_profile",
+    "print_layer_table", "print_plan_summary", "print_profile", "print_validation",
 ]
 
 
@@ -280,3 +280,50 @@ def print_whatif(document: dict[str, Any], console: Console | None = None) -> No
                   f"{one['iteration_s'] * 1e3:.3g} ms per batch of {one['batch']}{fits}; vs sample: pure sample "
                   f"parallelism's time over the plan's at the same size")
 
+
+
+def print_validation(document: dict[str, Any], console: Console | None = None) -> None:
+    """``parplan validate``'s tables: per plan predicted against measured, the accuracy, per layer key, refinement."""
+    console = console or Console()
+    shape = "×".join(str(s) for s in document["model"]["input_shape"])
+    table = Table("plan", "layouts", "predicted ms", "measured ms", "IQR ms", "error",
+                  title=f"{document['model']['spec']} {shape} on {document['nproc']} ranks ({document['backend']}), "
+                        f"median of {document['steps']} steps", box=box.SIMPLE_HEAD)
+    for row in document["plans"]:
+        best = " [green](fastest)[/green]" if row["name"] == document["best_measured"] else ""
+        table.add_row(row["name"] + best, row["summary"], f"{row['predicted_s'] * 1e3:.2f}",
+                      f"{row['measured_s'] * 1e3:.2f}", f"{row['measured_iqr_s'] * 1e3:.2f}",
+                      f"{row['signed_err']:+.1%}")
+    console.print(table)
+    if document["shared_cores"] is not None:
+        console.print(f"predictions for {document['nproc']} ranks sharing this host's cores: at most "
+                      f"{document['shared_cores']:g} compute at once")
+    console.print(f"prediction: {_accuracy_text(document)}")
+    for reason in document["left_out"]:
+        console.print(f"[yellow]left out[/yellow] {reason}")
+    if document.get("per_layer"):
+        layers = Table("layer kind · split", "layers", "predicted ms", "measured ms", "measured/predicted",
+                       title="per layer, summed over all runs (forward + backward of one batch, redistribution into "
+                             "the layer included)", box=box.SIMPLE_HEAD)
+        for row in document["per_layer"]:
+            ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}×"
+            layers.add_row(row["key"], str(row["layers"]), f"{row['predicted_s'] * 1e3:.2f}",
+                           f"{row['measured_s'] * 1e3:.2f}", ratio)
+        console.print(layers)
+    if document.get("refine"):
+        refine = document["refine"]
+        corrections = refine["corrections"]
+        console.print(f"refined profile written to {refine['profile']}: step overhead "
+                      f"{corrections['step_overhead_s'] * 1e3:.2f} ms, per pipeline event "
+                      f"{corrections['event_overhead_s'] * 1e3:.2f} ms, allreduce exposed "
+                      f"{corrections['allreduce_exposed_fraction']:.0%} of what overlap hides, common factor "
+                      f"{corrections['fitted_on']['common_factor']:.2f}, {len(corrections['layer_scale'])} layer factors")
+        console.print(f"before: {_accuracy_text(refine['before'])}")
+        console.print(f"after ({refine['method']}, each run predicted by a fit without it; first choice "
+                      f"{refine['first_choice_after']}): {_accuracy_text(refine['after'])}")
+
+
+def _accuracy_text(figures: dict[str, Any]) -> str:
+    tau = "n/a" if figures["kendall_tau"] is None else f"{figures['kendall_tau']:.2f}"
+    return (f"median error {figures['median_rel_err']:.1%}, p90 {figures['p90_rel_err']:.1%}, Kendall τ {tau}, "
+            f"regret of the first choice {figures['regret']:.1%} (n={figures['n']})")

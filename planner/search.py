@@ -35,7 +35,7 @@ from planner.explain import RunnerUp, runner_ups
 from planner.space import Space, build_space
 from planner.stages import search_pipelines
 
-__all__ = ["Baseline", "Considered", "PlanResult", "plan_model"]
+__all__ = ["Baseline", "Considered", "PlanResult", "assigned_plan", "one_stage_plan", "plan_model", "priced"]
 
 
 @dataclass(frozen=True)
@@ -176,5 +176,27 @@ def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, opt
 
 def _baseline(name: str, graph: Any, profile: Profile, cluster: Cluster, layouts: Mapping[str, Layout],
               optimizer: str) -> Baseline:
-    plan = _plan(graph, cluster, _stage_zero(layouts), Pipeline(1, (cluster.devices,)), None, None, "")
-    return Baseline(name, plan, estimate(graph, plan, profile, optimizer=optimizer))
+    return priced(name, one_stage_plan(graph, cluster, layouts), profile, graph, optimizer)
+
+
+def assigned_plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
+                  solver: SolverInfo | None, model_spec: str = "") -> Plan:
+    """A plan of the given per-layer assignments and pipeline, without a prediction."""
+    return _plan(graph, cluster, assignments, pipeline, None, solver, model_spec)
+
+
+def one_stage_plan(graph: Any, cluster: Cluster, layouts: Mapping[str, Layout], model_spec: str = "",
+                   solver: SolverInfo | None = None) -> Plan:
+    """The plan placing each layer in its layout of ``layouts`` on all of ``cluster``'s devices, one stage."""
+    return _plan(graph, cluster, _stage_zero(layouts), Pipeline(1, (cluster.devices,)), None, solver, model_spec)
+
+
+def priced(name: str, plan: Plan, profile: Profile, graph: Any, optimizer: str = "sgd",
+           shared_cores: float | None = None) -> Baseline:
+    """``plan`` under ``name`` with its full estimate (and the prediction recorded in the plan).
+
+    ``shared_cores``: the ranks share one host's cores (``cost_models.estimate``).
+    """
+    predicted = estimate(graph, plan, profile, optimizer=optimizer, shared_cores=shared_cores)
+    prediction = Prediction(predicted.iteration_s, predicted.memory_bytes_max, dict(predicted.breakdown_s))
+    return Baseline(name, replace(plan, predicted=prediction), predicted)

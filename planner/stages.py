@@ -10,8 +10,9 @@ and each allowed schedule:
 * ``stale`` (DSP): whole batches, staleness ``2(K−1−k)`` for stage ``k``,
   capped by ``max_staleness``; skipped when ``max_staleness`` is 0.
 
-Cuts are contiguous in the decisions' topological order, chosen by dynamic
-programming to minimise the largest stage's floor (the sum of its decisions'
+Cuts are contiguous in the decisions' topological order and in the model's
+traced order (what the runtime cuts), chosen by dynamic programming to
+minimise the largest stage's floor (the sum of its decisions'
 cheapest options on the stage's devices) — a balance heuristic, not an exact
 search over cuts. Inside each stage the layouts are solved exactly
 (``planner.space``, ``planner.exact``) with both allreduce tables; every
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import ceil
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
@@ -69,8 +70,15 @@ def micro_batches(batch: int, stages: int) -> int:
     return max(m for m in range(1, min(batch, 4 * stages) + 1) if batch % m == 0)
 
 
-def balanced_cuts(floors: Sequence[float], stages: int) -> list[int]:
-    """Start index of each of ``stages`` contiguous segments of ``floors`` minimising the largest segment sum."""
+def balanced_cuts(floors: Sequence[float], stages: int, allowed: Collection[int] | None = None) -> list[int]:
+    """Start index of each of ``stages`` contiguous segments of ``floors`` minimising the largest segment sum.
+
+    Args:
+        allowed: Indices where a segment other than the first may start (default: any).
+
+    Raises:
+        InputError: Fewer decisions than stages, or no cut at the allowed indices.
+    """
     count = len(floors)
     if not 1 <= stages <= count:
         raise InputError(f"cannot cut {count} decisions into {stages} stages; use at most {count} stages")
@@ -81,8 +89,12 @@ def balanced_cuts(floors: Sequence[float], stages: int) -> list[int]:
     for segments in range(1, stages + 1):
         for end in range(segments, count - (stages - segments) + 1):
             options = [(max(best[(segments - 1, start)][0], prefix[end] - prefix[start]), start)
-                       for start in range(segments - 1, end) if (segments - 1, start) in best]
-            best[(segments, end)] = min(options)
+                       for start in range(segments - 1, end) if (segments - 1, start) in best
+                       and (start == 0 or allowed is None or start in allowed)]
+            if options:
+                best[(segments, end)] = min(options)
+    if (stages, count) not in best:
+        raise InputError(f"no cut of {count} decisions into {stages} stages at the allowed points")
     starts, end = [], count
     for segments in range(stages, 0, -1):
         end = best[(segments, end)][1]
@@ -179,7 +191,10 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, solver: 
     """
     costs, heads = config.costs, list(config.groups)
     floors = [min(row[1] for row in costs.rows(config.groups[head])) for head in heads]
-    starts = balanced_cuts(floors, config.pipeline.stages)
+    try:
+        starts = balanced_cuts(floors, config.pipeline.stages, _model_order_cuts(config))
+    except InputError:  # no cut keeps every stage contiguous in the model's order
+        return []
     results: list[dict[str, LayerAssignment]] = [{}, {}]
     solutions: list[list[Solution]] = [[], []]
     explained: list[dict[str, RunnerUp]] = [{}, {}]
@@ -196,6 +211,26 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, solver: 
             result.update({layer: LayerAssignment(layout, stage)
                            for layer, layout in space.layouts(solution.choice).items()})
     return [(result, _solver_info(solved), why) for result, solved, why in zip(results, solutions, explained)]
+
+
+def _model_order_cuts(config: _Config) -> set[int]:
+    """Decision indices where a stage may start: every layer before precedes every layer after in the model's order.
+
+    The runtime cuts the traced program, whose order can differ from the decisions' topological order (a
+    residual block's shortcut convolution is traced after the block's main branch).
+    """
+    position = {layer: index for index, layer in enumerate(config.graph.compute_layers())}
+    spans = [[position[layer] for layer in members] for members in config.groups.values()]
+    before, after = [], []
+    largest, smallest = -1, len(position)
+    for span in spans:
+        largest = max(largest, *span)
+        before.append(largest)
+    for span in reversed(spans):
+        smallest = min(smallest, *span)
+        after.append(smallest)
+    after.reverse()
+    return {i for i in range(1, len(spans)) if before[i - 1] < after[i]}
 
 
 def _solver_info(solutions: list[Solution]) -> SolverInfo:

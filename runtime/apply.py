@@ -43,6 +43,7 @@ from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
+from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, input_placement, refusal
 from runtime.placement import Placement, box_extent
 from runtime.redistribute import redistribute
@@ -122,6 +123,8 @@ class DistributedModel(nn.Module):
         self.gradients = GradientSync({tuple(ranks[q] for q in members): params
                                        for members, params in shared.items()}, self.groups)
         self.gradients.install()
+        self.layer_ranges = False
+        """When set, each layer runs inside a profiler range ``parplan.layer:NAME`` (``runtime.layer_times``)."""
 
     # --- forward -------------------------------------------------------------------------------------------
 
@@ -142,6 +145,9 @@ class DistributedModel(nn.Module):
                 env[node.name] = _attribute(self.model, str(node.target))
             elif node.op == "output":
                 env["(output)"] = _plain_args(node.args[0], env)
+            elif self.layer_ranges and node.name in self.plan.layers:
+                with torch.profiler.record_function(f"{LAYER_RANGE}{node.name}"):
+                    env[node.name] = self._run(node, env)
             else:
                 env[node.name] = self._run(node, env)
         return env
@@ -322,11 +328,16 @@ def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Seque
     """Refuse, before any rank starts, a plan with a layer this runtime cannot execute under its layout.
 
     Raises:
-        PlanError: Naming up to three such layers, their layouts and why.
+        PlanError: Naming up to three such layers, their layouts and why; or pipeline stages that are
+            not contiguous in the traced program.
     """
     nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
     ranks = tuple(range(plan.pipeline.devices_per_stage[0]))
     _refuse_unsupported(_sites(nodes, model, plan, graph, 0, ranks, GroupCache(ranks), True).values())
+    if plan.pipeline.stages > 1:  # stages must be contiguous in the traced program (named if not)
+        from runtime.stage_cut import cut_stages
+
+        cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages)
 
 
 def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: int, ranks: tuple[int, ...],

@@ -43,14 +43,14 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     plan = plan if plan is not None else _layout_plan(graph, args, nproc or _mpi_size())
     _check_plan(args, plan, graph, nproc)
     _check_pipeline_flags(args, plan)
-    backend = _backend(args.backend, nproc or _mpi_size(), mpi)
+    backend = backend_for(args.backend, nproc or _mpi_size(), mpi)
     options = RunOptions(
         model=args.model, input_shape=shape, dtype=args.dtype, plan=_predicted(plan, graph, predict).to_dict(),
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
         threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or _mpi_size())), quiet=args.json,
-        extra={"order": args.order, "staleness": args.staleness,
+        extra={"order": args.order, "staleness": args.staleness, "per_layer": getattr(args, "per_layer", False),
                "slow_stages": {str(k): v for k, v in args.slow_stages.items()}})
     document = launch(options, nproc, backend)
     if document is None:  # an MPI rank other than 0: rank 0 reports
@@ -123,7 +123,8 @@ def _check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
         check_pipeline(plan)
 
 
-def _backend(requested: str | None, ranks: int, mpi: bool) -> str:
+
+def backend_for(requested: str | None, ranks: int, mpi: bool) -> str:
     import torch
     import torch.distributed as dist
 

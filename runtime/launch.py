@@ -25,7 +25,7 @@ import torch.distributed as dist
 from cost_models.errors import InputError
 from runtime.train import RunOptions, worker
 
-__all__ = ["MPI_ENVIRONMENT", "launch", "started_by_mpi"]
+__all__ = ["MPI_ENVIRONMENT", "launch", "launch_many", "started_by_mpi"]
 
 MPI_ENVIRONMENT = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 """Variables set by Open MPI, MPICH/Intel MPI (PMI), PMIx launchers (srun) and MVAPICH in every rank."""
@@ -38,13 +38,22 @@ def started_by_mpi() -> bool:
 
 def launch(options: RunOptions, nproc: int | None, backend: str) -> dict[str, Any] | None:
     """Run ``worker`` on every rank; returns rank 0's measurement here (``None`` on other MPI ranks)."""
+    documents = launch_many([options], nproc, backend)
+    return None if documents is None else documents[0]
+
+
+def launch_many(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, Any]] | None:
+    """Run ``worker`` for each of ``runs`` in turn on the same ranks (one start-up for all; ``parplan validate``).
+
+    Returns rank 0's measurements in order here (``None`` on other MPI ranks).
+    """
     if started_by_mpi():
-        return _under_mpi(options, nproc, backend)
+        return _under_mpi(runs, nproc, backend)
     assert nproc is not None
-    return _elastic(options, nproc, backend)
+    return _elastic(runs, nproc, backend)
 
 
-def _elastic(options: RunOptions, nproc: int, backend: str) -> dict[str, Any]:
+def _elastic(runs: list[RunOptions], nproc: int, backend: str) -> list[dict[str, Any]]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -52,21 +61,27 @@ def _elastic(options: RunOptions, nproc: int, backend: str) -> dict[str, Any]:
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
                           start_method="spawn")
     try:
-        results = elastic_launch(config, _elastic_entry)(options, backend)
+        results = elastic_launch(config, _elastic_entry)(runs, backend)
     except ChildFailedError as err:
         raise RuntimeError(_failure_line(err)) from err
     return results[0]
 
 
-def _elastic_entry(options: RunOptions, backend: str) -> dict[str, Any] | None:
+def _elastic_entry(runs: list[RunOptions], backend: str) -> list[dict[str, Any]] | None:
     dist.init_process_group(backend)
     try:
-        return worker(options)
+        return _each(runs)
     finally:
         dist.destroy_process_group()
 
 
-def _under_mpi(options: RunOptions, nproc: int | None, backend: str) -> dict[str, Any] | None:
+def _each(runs: list[RunOptions]) -> list[dict[str, Any]] | None:
+    """Every run's measurement on rank 0 (``None`` elsewhere)."""
+    documents = [worker(options) for options in runs]
+    return None if dist.get_rank() != 0 else [d for d in documents if d is not None]
+
+
+def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, Any]] | None:
     try:
         from mpi4py import MPI
     except ImportError:
@@ -79,7 +94,7 @@ def _under_mpi(options: RunOptions, nproc: int | None, backend: str) -> dict[str
     address = comm.bcast(_rendezvous_address(len(set(hosts)) == 1) if rank == 0 else None, root=0)
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=size)
     try:
-        return worker(RunOptions(**{**options.__dict__, "launcher": "mpi"}))
+        return _each([RunOptions(**{**options.__dict__, "launcher": "mpi"}) for options in runs])
     finally:
         dist.destroy_process_group()
 

@@ -16,6 +16,10 @@ they waited on receives; a ``--slow-stage`` sleep counts as busy), waiting
 time, the staleness it achieved (updates between a batch's forward and its
 backward, the largest over the batches) and the staleness planned.
 
+With ``extra["per_layer"]`` each layer's forward and backward seconds per
+batch follow (``runtime.layer_times``; a stale stage's forward counts its
+recomputation too).
+
 ``verify`` runs one iteration without its update (for ``stale``: one batch
 with staleness 0, which is what the stage cut must get right; staleness is
 the schedule's intended difference) next to the unsplit model accumulating
@@ -56,6 +60,7 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
                                        range(options.warmup, options.warmup + options.steps), dtype, device)
     losses = _losses(stage, range(options.warmup, options.warmup + options.steps), plan.pipeline.micro_batches, device)
     stages = _stage_report(stage, plan, records, wall_s, device, options.extra.get("slow_stages", {}))
+    layers = _layer_times(options, plan, stage, optimizer, dtype, device) if options.extra.get("per_layer") else None
     memory = train._peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
@@ -63,7 +68,22 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     document["pipeline"] = {"schedule": plan.pipeline.schedule, "stages": plan.pipeline.stages,
                             "micro_batches": plan.pipeline.micro_batches, "order": _order(options, plan),
                             "wall_s": wall_s, "per_stage": stages}
+    if layers is not None:
+        document["layers"] = layers
     return document
+
+
+def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
+                 device: torch.device) -> list[dict[str, Any]]:
+    """Per layer seconds of one more batch at a time (a sync iteration; a stale batch with its fill and drain)."""
+    from runtime.layer_times import profiled_layer_times
+    from runtime.train import PER_LAYER_STEPS
+
+    def one_batch(step: int) -> None:
+        _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device)
+
+    first = options.warmup + options.steps
+    return profiled_layer_times(stage.model, one_batch, range(first, first + PER_LAYER_STEPS), device)
 
 
 def _capped(plan: Any, bound: int | None) -> Any:

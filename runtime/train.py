@@ -32,7 +32,10 @@ from torch import nn
 
 from runtime.data import synthetic_input, synthetic_labels
 
-__all__ = ["RunOptions", "worker"]
+__all__ = ["PER_LAYER_STEPS", "RunOptions", "worker"]
+
+PER_LAYER_STEPS = 3
+"""Profiled steps after the timed ones when per-layer times are asked for (``extra["per_layer"]``)."""
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,26 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
             per_step.append(seconds)
             losses.append(loss)
             _progress(options, step - options.warmup, seconds, loss, plan)
+    layers = _layer_times(options, split, optimizer, batch, device) if options.extra.get("per_layer") else None
     memory = _peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
-    return _document(options, plan, per_step, losses, memory, verified)
+    document = _document(options, plan, per_step, losses, memory, verified)
+    if layers is not None:
+        document["layers"] = layers
+    return document
+
+
+def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer,
+                 batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> list[dict[str, Any]]:
+    """Per layer forward/backward seconds over ``PER_LAYER_STEPS`` further steps under the profiler."""
+    from runtime.layer_times import profiled_layer_times
+
+    def one_step(step: int) -> None:
+        _step(split, optimizer, batch(step), device)
+
+    first = options.warmup + options.steps
+    return profiled_layer_times(split, one_step, range(first, first + PER_LAYER_STEPS), device)
 
 
 def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, Any]:

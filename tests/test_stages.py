@@ -120,3 +120,38 @@ def test_more_devices_than_samples_get_split_in_space_and_beat_both_baselines() 
     sample, single = result.baselines
     assert sample.name == "pure sample" and result.estimate.iteration_s < sample.estimate.iteration_s
     assert result.estimate.iteration_s <= single.estimate.iteration_s
+
+
+def test_balanced_cuts_start_stages_only_where_allowed() -> None:
+    assert balanced_cuts([1.0, 1.0, 1.0, 1.0], 2, allowed={1, 3}) in ([0, 1], [0, 3])
+    with pytest.raises(Exception, match="allowed"):
+        balanced_cuts([1.0, 1.0, 1.0], 3, allowed={1})
+
+
+def test_stages_start_only_where_the_traced_program_can_be_cut() -> None:
+    # A residual block's shortcut convolution is traced after its main branch, but the decisions'
+    # topological order puts it first: a cut between them would not be contiguous for the runtime.
+    from types import SimpleNamespace
+
+    from cost_models.tracing import symbolic_trace
+    from planner.space import decision_groups
+    from planner.stages import _model_order_cuts
+    from runtime.stage_cut import cut_stages
+
+    model = build_model("resnet18")
+    graph = trace(model, (8, 3, 64, 64))
+    groups = decision_groups(graph)
+    allowed = _model_order_cuts(SimpleNamespace(graph=graph, groups=groups))
+    heads = list(groups)
+    assert 0 < len(allowed) < len(heads) - 1
+    shortcut = heads.index("layer2_0_downsample_0")
+    assert shortcut + 1 not in allowed  # right after the shortcut, the block's main branch is still to come
+    nodes = list(symbolic_trace(model, ()).graph.nodes)
+    for cut in range(1, len(heads)):
+        stages = {layer: int(index >= cut) for index, head in enumerate(heads) for layer in groups[head]}
+        try:
+            cut_stages(nodes, stages, 2)
+            runs = True
+        except Exception:
+            runs = False
+        assert runs == (cut in allowed), heads[cut]

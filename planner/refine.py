@@ -1,0 +1,198 @@
+"""``parplan validate --refine``: fit a profile's corrections to measured runs, and test them on runs left out.
+
+The fit (:func:`fit_corrections`) has two steps, each a closed form:
+
+1. **Layer factors** (from per-layer measurements, ``--per-layer``): for each
+   layer key (kind and split, ``cost_models.corrections.layer_key``) the
+   ratio of the measured seconds to the predicted ones, summed over every
+   layer of that key in every run (per batch: a sync pipeline's ``M``
+   micro-batches, a stale one's forward twice, :func:`local_s`) — measured is the layer's forward
+   plus backward less the predicted redistribution into it (the cost model
+   prices that on the edge, the profiler sees it inside the layer), predicted
+   is its compute, exposed halo, norm statistics and channel reduction. The
+   ratios are shrunk towards their parent's (key → its split's pooled key
+   ``*·spatial`` … → ``*``, all layers): ``(Σ measured + λ·parent) /
+   (Σ predicted + λ)`` with λ a fifth of a run's predicted layer
+   seconds, so a key seen on a few small layers stays near its parent.
+2. **Whole-run terms**, by bounded linear least squares on relative residuals
+   (``scipy.optimize.lsq_linear``) over the runs, each weighted by
+   ``1/(σ² + 0.05²)`` with ``σ`` its measurement's relative standard error
+   (a noisy run counts less; none counts more than a 5% model error allows): a common factor ``a`` on all
+   layer factors, seconds per iteration (``step_overhead_s``), seconds per
+   pipeline event (``event_overhead_s``, fitted only when a pipeline is among
+   the runs) and the share of the modelled-hidden allreduce that is exposed
+   (``allreduce_exposed_fraction``, in [0, 1], fitted only when a run hides
+   some). The estimate is linear in the last three and nearly so in ``a``;
+   the derivatives are taken by finite differences of the full estimate and
+   the step is repeated once from the first solution (Gauss–Newton).
+
+:func:`held_out_predictions` refits without each run in turn and predicts it
+(leave-one-out): the error after refining is measured only on runs the
+correction never saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from cost_models.corrections import POOLED, Corrections, layer_key, split_class
+from cost_models.estimate import estimate
+from cost_models.plan import Plan
+from cost_models.profile import Profile
+
+__all__ = ["Observation", "fit_corrections", "held_out_predictions", "local_s"]
+
+_FACTOR_BOUNDS = (1e-3, 1e3)  # wider than any machine's own profile needs: a preset on a CPU is ~300×
+_MODEL_ERROR = 0.05  # relative error the model keeps however precise a measurement (weights of the whole-run fit)
+_SHRINK = 0.2  # prior weight of a parent factor, in runs' predicted layer seconds (module docstring)
+_STEP_S = 1e-3  # finite-difference step of the per-event seconds
+_SCALE_STEP = 0.1  # … and of the common factor
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured run: its plan, median seconds per iteration and, optionally, seconds per layer."""
+
+    name: str
+    plan: Plan
+    measured_s: float
+    layers_s: Mapping[str, float] | None = None
+    shared_cores: float | None = None  # the run's ranks shared this many cores (``cost_models.estimate``)
+    noise: float = 0.0  # relative standard error of ``measured_s``
+
+    def estimate(self, graph: Any, profile: Profile, optimizer: str) -> Any:
+        """The full estimate of this run's plan under ``profile``, on the run's shared cores."""
+        return estimate(graph, self.plan, profile, optimizer=optimizer, shared_cores=self.shared_cores)
+
+
+def local_s(layer: Any, plan: Plan | None = None, redistribution: bool = False) -> float:
+    """A layer estimate's own seconds per measured batch of ``plan``: the part layer factors scale.
+
+    A sync pipeline runs the layer on each of its micro-batches; a stale one runs its forward twice
+    (once without autograd, once to recompute before backward). With ``redistribution``, the
+    redistribution into the layer (which the profiler sees inside it) is added.
+    """
+    cost = layer.cost
+    forward_times, backward_times = _passes(plan)
+    shared = cost.halo_exposed_s / 2 + cost.norm_s / 2 + (layer.redistribution_s / 2 if redistribution else 0.0)
+    return (forward_times * (cost.forward_s + shared)
+            + backward_times * (cost.backward_s + cost.channel_reduce_s + shared))
+
+
+def _passes(plan: Plan | None) -> tuple[int, int]:
+    """How many forward and backward passes of a layer one measured batch of ``plan`` makes."""
+    if plan is None or plan.pipeline.stages == 1:
+        return 1, 1
+    if plan.pipeline.schedule == "stale":
+        return 2, 1
+    return plan.pipeline.micro_batches, plan.pipeline.micro_batches
+
+
+def fit_corrections(graph: Any, profile: Profile, runs: Sequence[Observation], optimizer: str = "sgd") -> Corrections:
+    """Corrections for ``profile`` (its own are ignored) that fit ``runs`` (module docstring)."""
+    base = replace(profile, corrections=None)
+    factors = _layer_factors(graph, base, runs, optimizer)
+    free = (any(run.plan.pipeline.stages > 1 for run in runs),
+            any(_hidden_allreduce_s(graph, base, run, optimizer) > 0 for run in runs))
+    terms = _Terms(1.0, 0.0, 0.0, 0.0)
+    for _ in range(2):
+        terms = _whole_run_terms(graph, base, runs, factors, terms, free, optimizer)
+    layer_scale = {key: min(max(value * terms.scale, _FACTOR_BOUNDS[0]), _FACTOR_BOUNDS[1])
+                   for key, value in factors.items()}
+    return Corrections(layer_scale, terms.step_s, terms.event_s, terms.exposed,
+                       {"runs": [run.name for run in runs], "common_factor": terms.scale,
+                        "per_layer_runs": sum(run.layers_s is not None for run in runs)})
+
+
+def held_out_predictions(graph: Any, profile: Profile, runs: Sequence[Observation],
+                         optimizer: str = "sgd") -> list[float]:
+    """For each run, its predicted seconds under corrections fitted to all the other runs."""
+    predicted = []
+    for index, run in enumerate(runs):
+        others = [other for position, other in enumerate(runs) if position != index]
+        corrections = fit_corrections(graph, profile, others, optimizer)
+        predicted.append(run.estimate(graph, replace(profile, corrections=corrections), optimizer).iteration_s)
+    return predicted
+
+
+def _layer_factors(graph: Any, base: Profile, runs: Sequence[Observation], optimizer: str) -> dict[str, float]:
+    sums: dict[str, list[float]] = {}
+    parents: dict[str, str] = {}
+    for run in runs:
+        if run.layers_s is None:
+            continue
+        predicted_run = run.estimate(graph, base, optimizer)
+        stretch = predicted_run.contention  # a layer's wall time stretches with the iteration on shared cores
+        for layer in predicted_run.layers:
+            predicted = stretch * local_s(layer, run.plan)
+            if layer.name not in run.layers_s or predicted <= 0:
+                continue
+            moved = stretch * local_s(layer, run.plan, redistribution=True) - predicted
+            measured = max(0.0, run.layers_s[layer.name] - moved)
+            split = split_class(layer.layout)
+            key, pooled = layer_key(layer.kind, layer.layout), f"{POOLED}·{split}" if split else POOLED
+            parents[key], parents[pooled] = pooled, POOLED
+            for name in {key, pooled, POOLED}:
+                entry = sums.setdefault(name, [0.0, 0.0])
+                entry[0] += measured
+                entry[1] += predicted
+    if POOLED not in sums or sums[POOLED][0] <= 0:
+        return {}
+    strength = _SHRINK * sums[POOLED][1] / sum(r.layers_s is not None for r in runs)
+    factors = {POOLED: sums[POOLED][0] / sums[POOLED][1]}
+    for name in sorted(sums, key=lambda key: (key.startswith(POOLED) is False, key)):  # parents first
+        if name != POOLED:
+            parent = factors[parents[name]]
+            factors[name] = (sums[name][0] + strength * parent) / (sums[name][1] + strength)
+    return factors
+
+
+@dataclass(frozen=True)
+class _Terms:
+    scale: float
+    step_s: float
+    event_s: float
+    exposed: float
+
+
+def _hidden_allreduce_s(graph: Any, base: Profile, run: Observation, optimizer: str) -> float:
+    stages = run.estimate(graph, base, optimizer).stages
+    return sum(stage.allreduce_s - stage.allreduce_exposed_s for stage in stages)
+
+
+def _whole_run_terms(graph: Any, base: Profile, runs: Sequence[Observation], factors: Mapping[str, float],
+                     start: _Terms, free: tuple[bool, bool], optimizer: str) -> _Terms:
+    """One Gauss–Newton step for the whole-run terms from ``start`` (``free``: events, allreduce fitted)."""
+    events, allreduce = free
+
+    def predict(run: Observation, scale: float, event_s: float, exposed: float) -> float:
+        scaled = {key: value * scale for key, value in factors.items()} | ({} if factors else {POOLED: scale})
+        corrections = Corrections(scaled, 0.0, event_s, exposed)
+        return float(run.estimate(graph, replace(base, corrections=corrections), optimizer).iteration_s)
+
+    scaled = not factors  # measured layer factors already say how fast each layer runs
+    rows, targets = [], []
+    for run in runs:
+        at = predict(run, start.scale, start.event_s, start.exposed)
+        row = [(predict(run, start.scale + _SCALE_STEP, start.event_s, start.exposed) - at) / _SCALE_STEP] * scaled
+        row.append(1.0)
+        if events:
+            row.append((predict(run, start.scale, start.event_s + _STEP_S, start.exposed) - at) / _STEP_S)
+        if allreduce:
+            row.append(predict(run, start.scale, start.event_s, 1.0) - predict(run, start.scale, start.event_s, 0.0))
+        weight = 1.0 / (run.measured_s * (run.noise ** 2 + _MODEL_ERROR ** 2) ** 0.5)
+        rows.append([value * weight for value in row])
+        targets.append((run.measured_s - at) * weight)
+    # unknowns: Δscale, the step (absolute: ``at`` has none), Δevent, Δexposed
+    low = [_FACTOR_BOUNDS[0] - start.scale] * scaled + [0.0] + [-start.event_s] * events + [-start.exposed] * allreduce
+    high = [_FACTOR_BOUNDS[1] - start.scale] * scaled + [np.inf] + [np.inf] * events + [1.0 - start.exposed] * allreduce
+    solution = list(lsq_linear(np.array(rows), np.array(targets), bounds=(low, high)).x)
+    scale = start.scale + solution.pop(0) if scaled else 1.0
+    step_s = solution.pop(0)
+    event_s = start.event_s + solution.pop(0) if events else 0.0
+    exposed = start.exposed + solution.pop(0) if allreduce else 0.0
+    return _Terms(scale, step_s, event_s, exposed)

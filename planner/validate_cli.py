@@ -1,0 +1,274 @@
+"""``parplan validate``: run the planner's top plans and the baselines, compare each with its prediction.
+
+Order: the input shape, the profile and the model are checked (bad input
+exits 2 before any rank starts); the candidates are chosen
+(``planner.candidates``: top K distinct plans, then pure sample, pure spatial
+and a pipeline), each checked against what the runtime executes (refused ones
+are named and left out); one launch of ``--nproc`` ranks runs them all in
+turn, in ``--rounds`` interleaved rounds (``runtime.launch.launch_many``:
+``--warmup`` steps, then the round's share of ``--steps`` timed steps; in
+the last round with ``--per-layer`` or ``--refine`` three profiled steps
+more); the report compares predicted and measured medians
+(``planner.validate``). Predictions are for this host: when the ranks want
+more threads than it has cores, the iteration takes at least the compute of
+all ranks over the cores (``cost_models.estimate``, ``shared_cores``). ``--refine P.json`` fits corrections to the runs
+(``planner.refine``), writes the refined profile atomically and reports the
+error before and after on runs left out of each fit.
+
+The document (``--json``, ``--out``) is ``parplan.validation/1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from cost_models.errors import InputError
+
+__all__ = ["FORMAT", "add_validate"]
+
+FORMAT = "parplan.validation/1"
+
+
+def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``parplan validate`` on the subcommand parsers."""
+    from planner.cli import _add_model_arguments, _positive_float, _positive_int, _non_negative_int
+
+    parser = commands.add_parser("validate", parents=[common], help="run the top plans and compare with predictions",
+                                 description=__doc__.split("\n\n")[0])
+    _add_model_arguments(parser)
+    parser.add_argument("--profile", required=True, metavar="PROFILE",
+                        help="profile of this machine (parplan calibrate), whose predictions are validated")
+    parser.add_argument("--nproc", type=_positive_int, required=True, metavar="R", help="ranks to run every plan on")
+    parser.add_argument("--plans", type=_positive_int, default=6, metavar="K",
+                        help="the planner's top K distinct plans (default 6); the baselines come on top")
+    parser.add_argument("--steps", type=_positive_int, default=10, help="timed steps per plan (default 10)")
+    parser.add_argument("--warmup", type=_non_negative_int, default=2,
+                        help="untimed steps before each round of a plan (default 2)")
+    parser.add_argument("--rounds", type=_positive_int, default=2,
+                        help="run the plans in this many interleaved rounds (the order reversed every other round), "
+                             "the steps shared among them, so drift of the machine hits every plan alike "
+                             "(default 2)")
+    parser.add_argument("--min-gap", type=_positive_float, default=0.03, metavar="X",
+                        help="least relative difference of predicted times between top plans (default 0.03)")
+    parser.add_argument("--max-stages", type=_positive_int, default=4, help="most pipeline stages (default 4)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="also time every layer (profiler) and compare per layer kind and split")
+    parser.add_argument("--refine", metavar="P.json",
+                        help="fit corrections to the runs and write the refined profile here")
+    parser.add_argument("--out", metavar="REPORT.json", help="write the report here (atomically)")
+    parser.add_argument("--threads", type=_positive_int, metavar="T", help="CPU threads per rank (default: cores/ranks)")
+    parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
+    parser.add_argument("--solver", choices=("cbc", "highs"), default="cbc", help="ILP solver (default cbc)")
+    parser.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd",
+                        help="optimizer whose state the memory model counts (default sgd)")
+    parser.add_argument("--seed", type=_non_negative_int, default=0, help="weights and data seed (default 0)")
+    parser.set_defaults(handler=_validate)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from planner.cli import load_profile_argument
+    from planner.report import print_validation
+
+    if args.refine and os.path.isdir(args.refine):
+        raise InputError(f"--refine {args.refine} is a directory; give the refined profile's file name")
+    profile = load_profile_argument(args.profile, args.dtype)
+    graph, model = _traced(args)
+    args.shared_cores = _shared_cores(args)
+    candidates, left_out = _candidates(args, graph, model, profile)
+    if not args.json:
+        print(f"running {len(candidates)} plans on {args.nproc} ranks: {args.steps} timed steps each in "
+              f"{min(args.rounds, args.steps)} interleaved round(s), {args.warmup} warm-up steps per round",
+              file=sys.stderr, flush=True)
+    documents = _measure(args, candidates, tuple(graph.input_shape))
+    if documents is None:  # an MPI rank other than 0
+        return 0
+    report = _report(args, graph, profile, candidates, documents, left_out)
+    if args.out:
+        from cost_models.jsonio import write_json_atomic
+
+        write_json_atomic(args.out, report)
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print_validation(report)
+    return 0
+
+
+def _threads(args: argparse.Namespace) -> int:
+    return int(args.threads or max(1, (os.cpu_count() or 1) // args.nproc))
+
+
+def _shared_cores(args: argparse.Namespace) -> float | None:
+    """How many ranks can compute at once on this host (``None``: all; under MPI ranks may span hosts)."""
+    from planner.validate import shared_cores
+    from runtime.launch import started_by_mpi
+
+    if started_by_mpi():
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return shared_cores(args.nproc, _threads(args), cores)
+
+
+def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
+    from cost_models.graph import parse_input_shape, trace
+    from cost_models.model_spec import load_model
+
+    shape = parse_input_shape(args.input_shape)
+    model = load_model(args.model)
+    return trace(model, shape, args.dtype, leaf_modules=args.leaf_module), model
+
+
+def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
+    from planner.candidates import validation_candidates
+    from planner.cli import _cluster_for
+    from runtime.apply import check_plan, check_runnable
+    from runtime.pipeline import check_pipeline
+
+    def refusal(plan: Any) -> str | None:
+        try:
+            check_plan(plan, graph, args.nproc)
+            check_runnable(model, plan, graph, args.leaf_module)
+            if plan.pipeline.stages > 1:
+                check_pipeline(plan)
+        except InputError as err:
+            return str(err)
+        return None
+
+    cluster = _cluster_for(args.profile, profile, args.nproc, None)
+    return validation_candidates(graph, profile, cluster, args.plans, args.optimizer, args.model, args.solver,
+                                 args.max_stages, min_gap=args.min_gap, refusal=refusal,
+                                 shared_cores=args.shared_cores)
+
+
+def _measure(args: argparse.Namespace, candidates: list[Any],
+             shape: tuple[int, ...]) -> list[dict[str, Any]] | None:
+    """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
+    from runtime.command import backend_for
+    from runtime.launch import launch_many, started_by_mpi
+    from runtime.train import RunOptions
+
+    mpi = started_by_mpi()
+    threads = _threads(args)
+    per_layer = bool(args.per_layer or args.refine)
+    rounds = min(args.rounds, args.steps)
+    order = [(r, i) for r in range(rounds)
+             for i in (range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates))))]
+    runs = [RunOptions(model=args.model, input_shape=shape,  # type: ignore[arg-type]
+                       dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
+                       warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,
+                       quiet=True, extra={"order": "1f1b", "staleness": None, "slow_stages": {},
+                                          "per_layer": per_layer and r == rounds - 1})
+            for r, i in order]
+    documents = launch_many(runs, None if mpi else args.nproc, backend_for(args.backend, args.nproc, mpi))
+    if documents is None:
+        return None
+    return [_merged([d for (_, i), d in zip(order, documents) if i == index]) for index in range(len(candidates))]
+
+
+def _share(steps: int, rounds: int, index: int) -> int:
+    """Round ``index``'s share of ``steps`` (the first rounds take the remainder)."""
+    return steps // rounds + (1 if index < steps % rounds else 0)
+
+
+def _merged(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """One measurement of a plan from its rounds: all timed steps, their median, the last round's extras."""
+    import statistics
+
+    merged = dict(documents[-1])
+    merged["per_step_s"] = [s for d in documents for s in d["per_step_s"]]
+    merged["loss"] = [v for d in documents for v in d["loss"]]
+    merged["steps"] = len(merged["per_step_s"])
+    merged["iteration_s"] = statistics.median(merged["per_step_s"])
+    merged["memory_bytes_max"] = max(d["memory_bytes_max"] for d in documents)
+    return merged
+
+
+def _report(args: argparse.Namespace, graph: Any, profile: Any, candidates: list[Any],
+            documents: list[dict[str, Any]], left_out: list[str]) -> dict[str, Any]:
+    from planner.refine import Observation
+    from planner.validate import accuracy
+
+    runs = [Observation(c.name, c.plan, d["iteration_s"], _layers_s(d), args.shared_cores, _noise(d))
+            for c, d in zip(candidates, documents)]
+    predicted = [c.estimate.iteration_s for c in candidates]
+    measured = [run.measured_s for run in runs]
+    report: dict[str, Any] = {
+        "format": FORMAT, "model": {"spec": args.model, "input_shape": list(graph.input_shape), "dtype": args.dtype},
+        "profile": args.profile, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
+        "rounds": min(args.rounds, args.steps), "shared_cores": args.shared_cores,
+        "machine": documents[0]["machine"], "backend": documents[0]["backend"],
+        "plans": [_plan_row(c, d) for c, d in zip(candidates, documents)],
+        **accuracy(predicted, measured).to_dict(),
+        "best_measured": candidates[min(range(len(runs)), key=lambda i: measured[i])].name,
+        "left_out": left_out,
+    }
+    if args.per_layer or args.refine:
+        report["per_layer"] = _per_key(graph, profile, runs)
+    if args.refine:
+        report["refine"] = _refine(args, graph, profile, runs, predicted)
+    return report
+
+
+def _noise(document: dict[str, Any]) -> float:
+    """Relative standard error of the median step: ``1.253·σ/√n`` with ``σ`` from the interquartile range."""
+    steps = sorted(document["per_step_s"])
+    spread = steps[(3 * len(steps)) // 4] - steps[len(steps) // 4]
+    return 1.253 * spread / 1.349 / len(steps) ** 0.5 / document["iteration_s"]
+
+
+def _layers_s(document: dict[str, Any]) -> dict[str, float] | None:
+    layers = document.get("layers")
+    return None if layers is None else {row["name"]: row["forward_s"] + row["backward_s"] for row in layers}
+
+
+def _plan_row(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
+    predicted, measured = candidate.estimate.iteration_s, document["iteration_s"]
+    steps = sorted(document["per_step_s"])
+    return {"name": candidate.name, "role": candidate.role, "summary": candidate.plan.summary(),
+            "predicted_s": predicted, "measured_s": measured, "rel_err": abs(predicted - measured) / measured,
+            "signed_err": (predicted - measured) / measured,
+            "measured_iqr_s": steps[(3 * len(steps)) // 4] - steps[len(steps) // 4],
+            "memory_bytes_max": document["memory_bytes_max"], "plan": candidate.plan.to_dict(),
+            **({"layers": document["layers"]} if "layers" in document else {})}
+
+
+def _per_key(graph: Any, profile: Any, runs: list[Any]) -> list[dict[str, Any]]:
+    """Per layer key (kind and split) over all runs: predicted and measured seconds per batch, their ratio."""
+    from cost_models.corrections import layer_key
+    from cost_models.estimate import estimate
+    from planner.refine import local_s
+
+    sums: dict[str, list[float]] = {}
+    for run in runs:
+        if run.layers_s is None:
+            continue
+        predicted = run.estimate(graph, profile, "sgd")
+        for layer in predicted.layers:
+            if layer.name in run.layers_s:
+                entry = sums.setdefault(layer_key(layer.kind, layer.layout), [0, 0.0, 0.0])
+                entry[0] += 1
+                entry[1] += predicted.contention * local_s(layer, run.plan, redistribution=True)
+                entry[2] += run.layers_s[layer.name]
+    return [{"key": key, "layers": int(n), "predicted_s": p, "measured_s": m, "ratio": m / p if p else None}
+            for key, (n, p, m) in sorted(sums.items(), key=lambda item: -item[1][2])]
+
+
+def _refine(args: argparse.Namespace, graph: Any, profile: Any, runs: list[Any], predicted: list[float]) -> dict[str, Any]:
+    from cost_models.profile import save_profile
+    from planner.refine import fit_corrections, held_out_predictions
+    from planner.validate import accuracy
+
+    measured = [run.measured_s for run in runs]
+    corrections = fit_corrections(graph, profile, runs)
+    save_profile(replace(profile, corrections=corrections), args.refine)
+    after = held_out_predictions(graph, profile, runs)
+    first_after = min(range(len(after)), key=lambda i: after[i])  # the plan the refined model ranks first
+    return {"profile": args.refine, "corrections": corrections.to_dict(), "method": "leave-one-out",
+            "before": accuracy(predicted, measured).to_dict(), "after": accuracy(after, measured, first_after).to_dict(),
+            "held_out_predicted_s": after, "first_choice_after": runs[first_after].name}
