@@ -209,7 +209,7 @@ def _report(args: argparse.Namespace, graph: Any, profile: Any, candidates: list
         "left_out": left_out,
     }
     if args.per_layer or args.refine:
-        report["per_layer"] = _per_key(graph, profile, runs)
+        report["per_layer"] = _per_key(graph, profile, runs, args.optimizer)
     if args.refine:
         report["refine"] = _refine(args, graph, profile, runs, predicted)
     return report
@@ -238,17 +238,16 @@ def _plan_row(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
             **({"layers": document["layers"]} if "layers" in document else {})}
 
 
-def _per_key(graph: Any, profile: Any, runs: list[Any]) -> list[dict[str, Any]]:
+def _per_key(graph: Any, profile: Any, runs: list[Any], optimizer: str) -> list[dict[str, Any]]:
     """Per layer key (kind and split) over all runs: predicted and measured seconds per batch, their ratio."""
     from cost_models.corrections import layer_key
-    from cost_models.estimate import estimate
     from planner.refine import local_s
 
     sums: dict[str, list[float]] = {}
     for run in runs:
         if run.layers_s is None:
             continue
-        predicted = run.estimate(graph, profile, "sgd")
+        predicted = run.estimate(graph, profile, optimizer)
         for layer in predicted.layers:
             if layer.name in run.layers_s:
                 entry = sums.setdefault(layer_key(layer.kind, layer.layout), [0, 0.0, 0.0])
@@ -265,9 +264,9 @@ def _refine(args: argparse.Namespace, graph: Any, profile: Any, runs: list[Any],
     from planner.validate import accuracy
 
     measured = [run.measured_s for run in runs]
-    corrections = fit_corrections(graph, profile, runs)
+    corrections = fit_corrections(graph, profile, runs, args.optimizer)
     save_profile(replace(profile, corrections=corrections), args.refine)
-    after = held_out_predictions(graph, profile, runs)
+    after = held_out_predictions(graph, profile, runs, args.optimizer)
     first_after = min(range(len(after)), key=lambda i: after[i])  # the plan the refined model ranks first
     return {"profile": args.refine, "corrections": corrections.to_dict(), "method": "leave-one-out",
             "before": accuracy(predicted, measured).to_dict(), "after": accuracy(after, measured, first_after).to_dict(),

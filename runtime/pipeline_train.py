@@ -29,7 +29,6 @@ stage's outputs and of every parameter gradient, over all ranks.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import replace
 from typing import Any, Callable
