@@ -12,11 +12,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+import sys
+from typing import Any, Callable
 
 from cost_models.errors import InputError
 
-__all__ = ["read_json", "write_bytes_atomic", "write_json_atomic"]
+__all__ = ["emit_document", "read_json", "write_bytes_atomic", "write_json_atomic"]
 
 
 def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
@@ -34,6 +35,17 @@ def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
     """
     text = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def emit_document(document: Any, out: str | None, as_json: bool, show: Callable[[Any], None]) -> None:
+    """A command's result: written atomically to ``out`` when given, then printed as JSON or shown by ``show``."""
+    if out:
+        write_json_atomic(out, document)
+    if as_json:
+        json.dump(document, sys.stdout, indent=1, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        show(document)
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -195,23 +195,25 @@ def _run(args: argparse.Namespace) -> int:
         from cost_models.plan import Prediction
 
         result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages,
-                          shared_cores=_run_shared_cores(args, plan.cluster.devices))
+                          shared_cores=host_shared_cores(args.nproc or plan.cluster.devices, args.threads))
         return Prediction(result.iteration_s, result.memory_bytes_max, dict(result.breakdown_s))
 
     args.slow_stages = _slowdowns(args.slow_stage)
     return run_command(args, predict if args.profile else None, print_measurement)
 
 
-def _run_shared_cores(args: argparse.Namespace, devices: int) -> float | None:
-    """How many of the local ranks can compute at once on this host's cores (``None``: all, or under MPI)."""
+def host_shared_cores(ranks: int, threads: int | None) -> float | None:
+    """How many of ``ranks`` local ranks (``threads`` each, default cores / ranks) can compute at once here.
+
+    ``None`` when all can, and under MPI, whose ranks may span hosts (``planner.validate.shared_cores``).
+    """
     from planner.validate import shared_cores
     from runtime.launch import started_by_mpi
 
     if started_by_mpi():
         return None
-    ranks = args.nproc or devices
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return shared_cores(ranks, args.threads or max(1, (os.cpu_count() or 1) // ranks), cores)
+    return shared_cores(ranks, threads or max(1, (os.cpu_count() or 1) // ranks), cores)
 
 
 def _slowdowns(items: list[str]) -> dict[int, float]:

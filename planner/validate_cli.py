@@ -21,7 +21,6 @@ The document (``--json``, ``--out``) is ``parplan.validation/1``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import replace
@@ -71,14 +70,14 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from planner.cli import load_profile_argument
+    from planner.cli import host_shared_cores, load_profile_argument
     from planner.report import print_validation
 
     if args.refine and os.path.isdir(args.refine):
         raise InputError(f"--refine {args.refine} is a directory; give the refined profile's file name")
     profile = load_profile_argument(args.profile, args.dtype)
     graph, model = _traced(args)
-    args.shared_cores = _shared_cores(args)
+    args.shared_cores = host_shared_cores(args.nproc, _threads(args))
     candidates, left_out = _candidates(args, graph, model, profile)
     if not args.json:
         print(f"running {len(candidates)} plans on {args.nproc} ranks: {args.steps} timed steps each in "
@@ -87,32 +86,15 @@ def _validate(args: argparse.Namespace) -> int:
     documents = _measure(args, candidates, tuple(graph.input_shape))
     if documents is None:  # an MPI rank other than 0
         return 0
-    report = _report(args, graph, profile, candidates, documents, left_out)
-    if args.out:
-        from cost_models.jsonio import write_json_atomic
+    from cost_models.jsonio import emit_document
 
-        write_json_atomic(args.out, report)
-    if args.json:
-        json.dump(report, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print_validation(report)
+    emit_document(_report(args, graph, profile, candidates, documents, left_out), args.out, args.json,
+                  print_validation)
     return 0
 
 
 def _threads(args: argparse.Namespace) -> int:
     return int(args.threads or max(1, (os.cpu_count() or 1) // args.nproc))
-
-
-def _shared_cores(args: argparse.Namespace) -> float | None:
-    """How many ranks can compute at once on this host (``None``: all; under MPI ranks may span hosts)."""
-    from planner.validate import shared_cores
-    from runtime.launch import started_by_mpi
-
-    if started_by_mpi():
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return shared_cores(args.nproc, _threads(args), cores)
 
 
 def _traced(args: argparse.Namespace) -> tuple[Any, Any]:

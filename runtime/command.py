@@ -12,9 +12,7 @@ failing its tolerance exits 1 after the report.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from typing import Any, Callable
 
 from cost_models.errors import InputError
@@ -162,12 +160,6 @@ def _report(args: argparse.Namespace, document: dict[str, Any], report: Callable
         check_document(document, "parplan.measurement/1", "measurement-1", "the measurement", InputError)
     except InputError as err:  # our own output: a bug, not bad input
         raise RuntimeError(f"the measurement does not match its schema: {err}") from err
-    if args.out:
-        from cost_models.jsonio import write_json_atomic
+    from cost_models.jsonio import emit_document
 
-        write_json_atomic(args.out, document)
-    if args.json:
-        json.dump(document, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        report(document)
+    emit_document(document, args.out, args.json, report)
