@@ -48,6 +48,22 @@ def emit_document(document: Any, out: str | None, as_json: bool, show: Callable[
         show(document)
 
 
+def check_writable(path: str | os.PathLike[str] | None, option: str) -> None:
+    """Refuse, before any work, an output ``path`` that is a folder or whose folder does not exist.
+
+    Raises:
+        InputError: Naming ``option`` (e.g. ``--out``) and the missing folder.
+    """
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise InputError(f"{option} {path} is a folder; give a file name")
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise InputError(f"{option} {path}: folder {directory} does not exist; create it first")
+
+
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (a temporary file in the same directory, fsync, rename).
 

@@ -43,17 +43,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"{command}: error: {err}", file=sys.stderr)
-        return 2
+        return _stop_mpi_job(2)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:  # a bug, not the user's doing: one line unless --debug
+        return _stop_mpi_job(130)
+    except Exception as err:
         if args.debug:
             traceback.print_exc()
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        print(f"{command}: internal error: {type(err).__name__}: {detail} (rerun with --debug for the traceback)",
-              file=sys.stderr)
-        return 1
+        print(f"{command}: {_failure(err)}", file=sys.stderr)
+        return _stop_mpi_job(1)
+
+
+def _failure(err: Exception) -> str:
+    """One line for a failure that is not bad input: a rank that died or hung, or a bug (asks for --debug)."""
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if type(err).__name__ in ("RankFailure", "RankFailedError"):  # runtime.failures, runtime.launch
+        return f"error: {detail}"
+    return f"internal error: {type(err).__name__}: {detail} (rerun with --debug for the traceback)"
+
+
+def _stop_mpi_job(code: int) -> int:
+    """``code``; under mpirun with other ranks, first stop them all (``runtime.launch.abort_mpi_job``)."""
+    if "mpi4py.MPI" in sys.modules:
+        from runtime.launch import abort_mpi_job
+
+        abort_mpi_job(code)
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     from planner.validate_cli import add_validate
 
     add_validate(commands, common)
+    from planner.checkpoint_cli import add_checkpoint
+
+    add_checkpoint(commands, common)
     return parser
 
 
@@ -169,6 +187,7 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="CPU threads per rank (default: cores / ranks)")
     parser.add_argument("--per-layer", action="store_true",
                         help="after the timed steps, profile 3 more and report each layer's forward/backward seconds")
+    _add_recovery_arguments(parser)
     pipeline = parser.add_argument_group("pipelines")
     pipeline.add_argument("--stages", type=_positive_int, default=1, metavar="K",
                           help="with --layout: cut the model into K stages of equal compute, R/K ranks each")
@@ -184,6 +203,26 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
     pipeline.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
                           help="run stage K FACTOR times slower (a simulated straggler); repeatable")
     parser.set_defaults(handler=_run)
+
+
+def add_timeout_argument(parser: Any) -> None:
+    """``--timeout-s``: how long any collective or point-to-point exchange of the ranks waits for a peer."""
+    parser.add_argument("--timeout-s", type=_positive_float, default=300.0, metavar="T",
+                        help="a rank that waits T seconds for a peer (dead or hung) fails, naming where it waited, "
+                             "and the others are stopped (default 300)")
+
+
+def _add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("failures and recovery")
+    add_timeout_argument(group)
+    group.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                       help="write a checkpoint after every N-th update (warm-up included) into --checkpoint-dir")
+    group.add_argument("--checkpoint-dir", metavar="D", help="folder of the checkpoints (seen by every rank)")
+    group.add_argument("--resume", action="store_true",
+                       help="continue from the newest complete checkpoint in --checkpoint-dir (another plan works too)")
+    group.add_argument("--max-restarts", type=_non_negative_int, default=0, metavar="R",
+                       help="when a rank fails, start the group again up to R times, from the last checkpoint "
+                            "(torchrun's agent; not under mpirun)")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -35,7 +35,8 @@ FORMAT = "parplan.validation/1"
 
 def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan validate`` on the subcommand parsers."""
-    from planner.cli import _add_model_arguments, _positive_float, _positive_int, _non_negative_int
+    from planner.cli import (_add_model_arguments, _non_negative_int, _positive_float, _positive_int,
+                             add_timeout_argument)
 
     parser = commands.add_parser("validate", parents=[common], help="run the top plans and compare with predictions",
                                  description=__doc__.split("\n\n")[0])
@@ -61,6 +62,7 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="fit corrections to the runs and write the refined profile here")
     parser.add_argument("--out", metavar="REPORT.json", help="write the report here (atomically)")
     parser.add_argument("--threads", type=_positive_int, metavar="T", help="CPU threads per rank (default: cores/ranks)")
+    add_timeout_argument(parser)
     parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
     parser.add_argument("--solver", choices=("cbc", "highs"), default="cbc", help="ILP solver (default cbc)")
     parser.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd",
@@ -73,8 +75,10 @@ def _validate(args: argparse.Namespace) -> int:
     from planner.cli import host_shared_cores, load_profile_argument
     from planner.report import print_validation
 
-    if args.refine and os.path.isdir(args.refine):
-        raise InputError(f"--refine {args.refine} is a directory; give the refined profile's file name")
+    from cost_models.jsonio import check_writable
+
+    check_writable(args.out, "--out")
+    check_writable(args.refine, "--refine")
     profile = load_profile_argument(args.profile, args.dtype)
     graph, model = _traced(args)
     args.shared_cores = host_shared_cores(args.nproc, _threads(args))
@@ -83,7 +87,7 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"running {len(candidates)} plans on {args.nproc} ranks: {args.steps} timed steps each in "
               f"{min(args.rounds, args.steps)} interleaved round(s), {args.warmup} warm-up steps per round",
               file=sys.stderr, flush=True)
-    documents = _measure(args, candidates, tuple(graph.input_shape))
+    documents = _measure(args, candidates, graph)
     if documents is None:  # an MPI rank other than 0
         return 0
     from cost_models.jsonio import emit_document
@@ -128,8 +132,7 @@ def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) 
                                  shared_cores=args.shared_cores)
 
 
-def _measure(args: argparse.Namespace, candidates: list[Any],
-             shape: tuple[int, ...]) -> list[dict[str, Any]] | None:
+def _measure(args: argparse.Namespace, candidates: list[Any], graph: Any) -> list[dict[str, Any]] | None:
     """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
     from runtime.command import backend_for
     from runtime.launch import launch_many, started_by_mpi
@@ -141,11 +144,12 @@ def _measure(args: argparse.Namespace, candidates: list[Any],
     rounds = min(args.rounds, args.steps)
     order = [(r, i) for r in range(rounds)
              for i in (range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates))))]
-    runs = [RunOptions(model=args.model, input_shape=shape,  # type: ignore[arg-type]
+    runs = [RunOptions(model=args.model, input_shape=tuple(graph.input_shape),  # type: ignore[arg-type]
                        dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
                        warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,
-                       quiet=True, extra={"order": "1f1b", "staleness": None, "slow_stages": {},
-                                          "per_layer": per_layer and r == rounds - 1})
+                       quiet=True, timeout_s=args.timeout_s, graph=graph,
+                       extra={"order": "1f1b", "staleness": None, "slow_stages": {},
+                              "per_layer": per_layer and r == rounds - 1})
             for r, i in order]
     documents = launch_many(runs, None if mpi else args.nproc, backend_for(args.backend, args.nproc, mpi))
     if documents is None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
+from datetime import timedelta
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
@@ -41,6 +42,7 @@ from cost_models.layout import Layout
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
+from runtime.failures import at, exchange
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
 from runtime.layer_times import LAYER_RANGE
@@ -64,7 +66,8 @@ class _Value:
 
 
 def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
-               leaf_modules: Sequence[str] = (), graph: Any = None) -> "DistributedModel":
+               leaf_modules: Sequence[str] = (), graph: Any = None, timeout: timedelta | None = None
+               ) -> "DistributedModel":
     """Prepare ``model`` to train under ``plan`` on ``ranks`` (default: every rank of the default group).
 
     Collective: every rank of the default process group must call it (it creates process groups).
@@ -80,6 +83,7 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
         leaf_modules: Modules the plan's tracing kept opaque (``--leaf-module``).
         graph: The model's ``LayerGraph`` at the plan's input shape and dtype, when the caller has traced it
             already (its fingerprint is still checked against the plan's).
+        timeout: How long the process groups this creates may wait for a peer (default: torch's).
 
     Raises:
         PlanError: The plan was made for another model or input, has pipeline stages, needs another number of
@@ -91,7 +95,7 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
     if plan.pipeline.stages != 1:
         raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; run it with "
                         f"runtime.pipeline.apply_pipeline (parplan run does), or make one with --max-stages 1")
-    return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules))
+    return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules), timeout=timeout)
 
 
 class DistributedModel(nn.Module):
@@ -99,11 +103,12 @@ class DistributedModel(nn.Module):
 
     def __init__(self, model: nn.Module, plan: Plan, graph: Any, ranks: tuple[int, ...], sync_batchnorm: bool,
                  leaf_modules: tuple[str, ...], stage_nodes: Collection[str] | None = None,
-                 groups: GroupCache | None = None) -> None:
+                 groups: GroupCache | None = None, timeout: timedelta | None = None) -> None:
         """Without ``stage_nodes``, the whole model; with them, one pipeline stage (``runtime.pipeline``).
 
         ``groups``, when given, already holds every process group this model needs (a pipeline builds
-        the groups of all its stages on every rank); otherwise they are built here, collectively.
+        the groups of all its stages on every rank); otherwise they are built here, collectively, each
+        waiting at most ``timeout`` for a peer.
         """
         super().__init__()
         self.model = model
@@ -111,7 +116,7 @@ class DistributedModel(nn.Module):
         self.member = ranks.index(_rank()) if dist.is_initialized() else 0
         nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
         self._nodes = nodes if stage_nodes is None else [node for node in nodes if node.name in stage_nodes]
-        self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())))
+        self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
         self.sites = _sites(self._nodes, model, plan, graph, self.member, ranks, self.groups, sync_batchnorm)
         _refuse_unsupported(self.sites.values())
         owned = (lambda: parameters_of(self._nodes, model)) if stage_nodes is not None else model.parameters
@@ -146,10 +151,11 @@ class DistributedModel(nn.Module):
             elif node.op == "output":
                 env["(output)"] = _plain_args(node.args[0], env)
             elif self.layer_ranges and node.name in self.plan.layers:
-                with torch.profiler.record_function(f"{LAYER_RANGE}{node.name}"):
+                with torch.profiler.record_function(f"{LAYER_RANGE}{node.name}"), at(f"layer {node.name}"):
                     env[node.name] = self._run(node, env)
             else:
-                env[node.name] = self._run(node, env)
+                with at(f"layer {node.name}"):
+                    env[node.name] = self._run(node, env)
         return env
 
     def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Any:
@@ -288,7 +294,8 @@ class DistributedModel(nn.Module):
         """The sum over all ranks of a scalar share (e.g. :meth:`loss`), as a float."""
         summed = share.detach().clone().reshape(1)
         if dist.is_initialized():
-            dist.all_reduce(summed)
+            with exchange("the loss allreduce"):
+                dist.all_reduce(summed)
         return float(summed.item())
 
     @contextmanager

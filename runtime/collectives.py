@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.failures import exchange, in_backward, place
+
 __all__ = ["all_reduce_sum"]
 
 
@@ -24,13 +26,19 @@ def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
 class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
+        ctx.group, ctx.where = group, place()
         summed = tensor.contiguous().clone()
-        dist.all_reduce(summed, group=group)
+        with exchange("an allreduce of partial sums", _ranks(group)):
+            dist.all_reduce(summed, group=group)
         return summed
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         summed = grad.contiguous().clone()
-        dist.all_reduce(summed, group=ctx.group)
+        with exchange("an allreduce of partial sums", _ranks(ctx.group), in_backward(ctx.where)):
+            dist.all_reduce(summed, group=ctx.group)
         return summed, None
+
+
+def _ranks(group: Any) -> list[int]:
+    return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)

@@ -31,6 +31,9 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     from runtime.launch import launch, started_by_mpi
     from runtime.train import RunOptions
 
+    from cost_models.jsonio import check_writable
+
+    check_writable(args.out, "--out")
     shape = parse_input_shape(args.input_shape)
     plan = _read_plan(args) if args.plan else None
     graph = trace(load_model(args.model), shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
@@ -41,6 +44,7 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     plan = plan if plan is not None else _layout_plan(graph, args, nproc or _mpi_size())
     _check_plan(args, plan, graph, nproc)
     _check_pipeline_flags(args, plan)
+    _check_recovery(args, plan, mpi)
     backend = backend_for(args.backend, nproc or _mpi_size(), mpi)
     options = RunOptions(
         model=args.model, input_shape=shape, dtype=args.dtype, plan=_predicted(plan, graph, predict).to_dict(),
@@ -48,9 +52,11 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
         threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or _mpi_size())), quiet=args.json,
+        timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
+        resume=args.resume, graph=graph,
         extra={"order": args.order, "staleness": args.staleness, "per_layer": getattr(args, "per_layer", False),
                "slow_stages": {str(k): v for k, v in args.slow_stages.items()}})
-    document = launch(options, nproc, backend)
+    document = launch(options, nproc, backend, args.max_restarts)
     if document is None:  # an MPI rank other than 0: rank 0 reports
         return 0
     _report(args, document, report)
@@ -120,6 +126,51 @@ def _check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
     if stages > 1:
         check_pipeline(plan)
 
+
+
+def _check_recovery(args: argparse.Namespace, plan: Any, mpi: bool) -> None:
+    """Refuse checkpoint and restart flags that cannot work together, and a --resume with nothing to resume."""
+    directory = args.checkpoint_dir
+    if (args.checkpoint_every or args.resume) and not directory:
+        raise InputError("--checkpoint-every and --resume need --checkpoint-dir D (the folder of the checkpoints)")
+    if directory and not (args.checkpoint_every or args.resume or args.max_restarts):
+        raise InputError(f"--checkpoint-dir {directory} without --checkpoint-every N writes nothing; add it "
+                         "(or --resume to continue from it)")
+    if args.max_restarts and mpi:
+        raise InputError("--max-restarts needs torchrun's agent (parplan run --nproc R); mpirun does not restart "
+                         "ranks — drop --max-restarts and rerun mpirun with --resume")
+    if directory:
+        _check_folder(directory)
+    if args.resume:
+        _check_resumable(directory, plan, args)
+
+
+def _check_folder(directory: str) -> None:
+    from pathlib import Path
+
+    folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--checkpoint-dir {directory} is a file, not a folder; give a folder")
+    if not folder.exists() and not folder.parent.is_dir():
+        raise InputError(f"--checkpoint-dir {directory}: its parent folder {folder.parent} does not exist; create it")
+
+
+def _check_resumable(directory: str, plan: Any, args: argparse.Namespace) -> None:
+    """A complete checkpoint of this model, input, dtype and seed must be in ``directory``."""
+    from runtime.checkpoint import latest
+
+    manifest = latest(directory)
+    if manifest is None:
+        raise InputError(f"--resume: {directory} holds no complete checkpoint (no step-*/manifest.json); "
+                         "run without --resume")
+    made = manifest["model"]
+    if made["fingerprint"] != plan.fingerprint:
+        raise InputError(f"--resume: the checkpoint in {manifest['folder']} is of model {made['spec']} at input "
+                         f"{made['input_shape']} (fingerprint {made['fingerprint']}), this run's is "
+                         f"{plan.fingerprint}; resume with the same model and --input-shape")
+    if made["dtype"] != args.dtype or manifest["seed"] != args.seed:
+        raise InputError(f"--resume: the checkpoint was made with --dtype {made['dtype']} --seed {manifest['seed']}, "
+                         f"this run has --dtype {args.dtype} --seed {args.seed}; give the same")
 
 
 def backend_for(requested: str | None, ranks: int, mpi: bool) -> str:

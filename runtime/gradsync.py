@@ -25,6 +25,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.autograd import Variable
 
+from runtime.failures import exchange
 from runtime.groups import GroupCache
 
 __all__ = ["GradientSync"]
@@ -58,7 +59,8 @@ class GradientSync:
                 continue
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
             flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.cache.get(ranks))
+            with exchange("the gradient allreduce", ranks):
+                dist.all_reduce(flat, group=self.cache.get(ranks))
             for param, summed in zip(trainable, _unflatten_dense_tensors(flat, grads)):
                 if param.grad is None:
                     param.grad = summed

@@ -19,6 +19,7 @@ of them at once from the sorted set of blocks.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
 import torch.distributed as dist
@@ -48,17 +49,22 @@ def block_of(layout: Layout, size: int, kind: str, member: int) -> tuple[int, ..
 
 
 class GroupCache:
-    """Process groups by their tuple of global ranks; build every group first, on every rank."""
+    """Process groups by their tuple of global ranks; build every group first, on every rank.
 
-    def __init__(self, world: Sequence[int]) -> None:
+    ``timeout``: how long an operation of these groups may wait for a peer (``parplan run --timeout-s``);
+    ``None`` is torch's default for the backend. The default group's own is set by ``init_process_group``.
+    """
+
+    def __init__(self, world: Sequence[int], timeout: timedelta | None = None) -> None:
         self.world = tuple(world)
+        self.timeout = timeout
         self._groups: dict[tuple[int, ...], Any] = {}
 
     def build(self, rank_tuples: Iterable[tuple[int, ...]]) -> None:
         """Create the groups of ``rank_tuples`` not made yet (collective: every rank passes the same set)."""
         for ranks in sorted(set(rank_tuples) - set(self._groups)):
             if len(ranks) > 1 and ranks != self.world:
-                self._groups[ranks] = dist.new_group(list(ranks))
+                self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
 
     def get(self, ranks: tuple[int, ...]) -> Any:
         """The group of ``ranks`` (``None`` for a single rank; the default group for the whole world)."""

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from cost_models.halo import partition
+from runtime.failures import in_backward, place, wait_all
 
 __all__ = ["AxisWindow", "PendingHalo", "axis_window", "exchange_halo", "finish_halo", "start_halo", "window_of_reads"]
 
@@ -142,7 +143,7 @@ class _HaloStart(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tile: torch.Tensor, pending: PendingHalo) -> tuple[torch.Tensor, torch.Tensor]:
         w, dim = pending.window, pending.dim
-        ctx.dim, ctx.window, ctx.shape = dim, w, tuple(tile.shape)
+        ctx.dim, ctx.window, ctx.shape, ctx.where = dim, w, tuple(tile.shape), place()
         received_before, received_after = _received(w)
         outgoing = [(w.before, _rows(tile, dim, w.sends_before, w.own_start)),
                     (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
@@ -161,8 +162,7 @@ class _HaloStart(torch.autograd.Function):
                     (w.after, _grad_or_zeros(grad_after, result, dim, received_after))]
         incoming = [(w.before, _empty_rows(result, dim, w.sends_before)),
                     (w.after, _empty_rows(result, dim, w.sends_after))]
-        for request in _post(outgoing, incoming):
-            request.wait()
+        wait_all(_post(outgoing, incoming), _what(dim), _peers(w), in_backward(ctx.where))
         for (start, stop), (_, rows) in zip((w.sends_before, w.sends_after), incoming):
             result.narrow(dim, start - w.own_start, stop - start).add_(rows)
         return result, None
@@ -174,9 +174,8 @@ class _HaloFinish(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tile: torch.Tensor, before: torch.Tensor, after: torch.Tensor, pending: PendingHalo,
                 fill: float) -> torch.Tensor:
-        for request in pending.requests:
-            request.wait()
         w, dim = pending.window, pending.dim
+        wait_all(pending.requests, _what(dim), _peers(w))
         first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
         kept = (max(first, w.own_start), min(last, w.own_stop))
         pads = (max(0, -w.read_start), max(0, w.read_stop - w.extent))
@@ -192,6 +191,14 @@ class _HaloFinish(torch.autograd.Function):
         if ctx.sizes[2]:
             grad_tile.narrow(ctx.dim, ctx.kept[0] - ctx.own_start, ctx.sizes[2]).add_(grad_kept)
         return grad_tile, grad_before.contiguous(), grad_after.contiguous(), None, None
+
+
+def _what(dim: int) -> str:
+    return f"the halo exchange along {'HW'[dim - 2] if dim in (2, 3) else f'dim {dim}'}"
+
+
+def _peers(window: AxisWindow) -> list[int]:
+    return [peer for peer in (window.before, window.after) if peer is not None]
 
 
 def _grad_or_zeros(grad: torch.Tensor | None, like: torch.Tensor, dim: int, span: tuple[int, int]) -> torch.Tensor:

@@ -5,30 +5,66 @@
   ``--nproc`` local ranks with ``torch.distributed.launcher.elastic_launch``
   (what ``torchrun --standalone`` uses: a c10d rendezvous on a free local
   port, spawned processes, failures reported per rank) and collects rank 0's
-  measurement.
+  measurement. When a rank fails, the agent stops the others (SIGTERM, then
+  SIGKILL) and, up to ``max_restarts`` times, starts the group again
+  (``runtime.recovery`` resumes it from the last checkpoint). Each rank asks
+  the kernel to kill it when the agent's process dies (``PR_SET_PDEATHSIG``),
+  so no rank outlives ``parplan run``.
 * Started by MPI (``mpirun -n R parplan run …``, or ``srun``): every process
   is one rank. Rank and world size come from MPI through mpi4py; rank 0 picks
   a free TCP port and broadcasts the rendezvous address over MPI; each
   process then joins torch.distributed with the chosen backend (gloo, nccl, or
-  mpi where torch has it) and runs the same worker.
+  mpi where torch has it) and runs the same worker. A rank that fails calls
+  ``MPI_Abort`` (``abort_mpi_job``) after its message, so ``mpirun`` stops
+  every rank at once instead of waiting in ``MPI_Finalize`` for a hung one.
+
+Every process group waits at most ``RunOptions.timeout_s`` for a peer
+(``init_process_group(timeout=…)``; ``runtime.groups`` passes it to each
+subgroup), so a dead or hung rank makes the others fail within it, naming
+where they waited (``runtime.failures``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import signal
 import socket
+import sys
+import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
 from cost_models.errors import InputError
+from runtime.failures import RankFailure
 from runtime.train import RunOptions, worker
 
-__all__ = ["MPI_ENVIRONMENT", "launch", "launch_many", "started_by_mpi"]
+__all__ = ["MPI_ENVIRONMENT", "abort_mpi_job", "launch", "launch_many", "started_by_mpi"]
 
 MPI_ENVIRONMENT = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 """Variables set by Open MPI, MPICH/Intel MPI (PMI), PMIx launchers (srun) and MVAPICH in every rank."""
+
+
+_JOIN_TIMEOUT = timedelta(minutes=5)
+"""How long a rank waits in the store for the others to start: ranks start seconds apart on a loaded host,
+and a rank that dies before it joins is stopped by the agent or by mpirun, so this is not ``--timeout-s``."""
+
+_SHUTDOWN_S = 5
+"""Seconds the agent waits after SIGTERM before it SIGKILLs the ranks it stops."""
+
+_MONITOR_S = 0.1
+"""How often the agent checks its ranks."""
+
+_GRACE_S = 5 * _MONITOR_S
+"""How long a rank that saw a peer die waits before it exits, so that the agent reports the dead one."""
+
+
+class RankFailedError(RuntimeError):
+    """A rank of the group failed (and the restarts, if any, were used up); the message names it."""
 
 
 def started_by_mpi() -> bool:
@@ -36,13 +72,17 @@ def started_by_mpi() -> bool:
     return any(name in os.environ for name in MPI_ENVIRONMENT)
 
 
-def launch(options: RunOptions, nproc: int | None, backend: str) -> dict[str, Any] | None:
-    """Run ``worker`` on every rank; returns rank 0's measurement here (``None`` on other MPI ranks)."""
-    documents = launch_many([options], nproc, backend)
+def launch(options: RunOptions, nproc: int | None, backend: str, max_restarts: int = 0) -> dict[str, Any] | None:
+    """Run ``worker`` on every rank; returns rank 0's measurement here (``None`` on other MPI ranks).
+
+    ``max_restarts``: how often torchrun's agent may start the group again after a rank failed.
+    """
+    documents = launch_many([options], nproc, backend, max_restarts)
     return None if documents is None else documents[0]
 
 
-def launch_many(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, Any]] | None:
+def launch_many(runs: list[RunOptions], nproc: int | None, backend: str,
+                max_restarts: int = 0) -> list[dict[str, Any]] | None:
     """Run ``worker`` for each of ``runs`` in turn on the same ranks (one start-up for all; ``parplan validate``).
 
     Returns rank 0's measurements in order here (``None`` on other MPI ranks).
@@ -50,29 +90,60 @@ def launch_many(runs: list[RunOptions], nproc: int | None, backend: str) -> list
     if started_by_mpi():
         return _under_mpi(runs, nproc, backend)
     assert nproc is not None
-    return _elastic(runs, nproc, backend)
+    return _elastic(runs, nproc, backend, max_restarts)
 
 
-def _elastic(runs: list[RunOptions], nproc: int, backend: str) -> list[dict[str, Any]]:
+def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int) -> list[dict[str, Any]]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"parplan-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-                          start_method="spawn")
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
+                          monitor_interval=_MONITOR_S, start_method="spawn", shutdown_timeout=_SHUTDOWN_S)
+    logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [log.level for log in logs]
+    for log in logs:  # a failed rank is reported in one line (_failure_line), not the agent's log
+        log.setLevel(logging.CRITICAL)
     try:
-        results = elastic_launch(config, _elastic_entry)(runs, backend)
+        results = elastic_launch(config, _elastic_entry)(runs, backend, os.getpid())
     except ChildFailedError as err:
-        raise RuntimeError(_failure_line(err)) from err
+        raise RankFailedError(_failure_line(err, max_restarts)) from err
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
     return results[0]
 
 
-def _elastic_entry(runs: list[RunOptions], backend: str) -> list[dict[str, Any]] | None:
-    dist.init_process_group(backend)
+def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list[dict[str, Any]] | None:
+    _die_with(agent_pid)
+    _join_group(backend, runs[0].timeout)
     try:
-        return _each(runs)
-    finally:
-        dist.destroy_process_group()
+        documents = _each(runs)
+    except RankFailure as err:
+        _fail_fast(err)
+    dist.destroy_process_group()
+    return documents
+
+
+def _fail_fast(err: RankFailure) -> None:
+    """Say where this rank waited, record the error for the agent's report, and exit without tearing down.
+
+    A peer is gone: tearing down the group and the interpreter would wait on its sockets and threads
+    (seconds), while the agent only needs this process to end. When the peer died, this rank first
+    gives the agent ``_GRACE_S`` to see the dead one (it stops this rank meanwhile), so the report names
+    the rank that died rather than the one that noticed.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    print(f"parplan: {err}", file=sys.stderr, flush=True)
+    try:
+        raise err
+    except RankFailure as raised:
+        ErrorHandler().record_exception(raised)  # TORCHELASTIC_ERROR_FILE: the agent's failure message
+    if err.peer_died:
+        time.sleep(_GRACE_S)
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def _each(runs: list[RunOptions]) -> list[dict[str, Any]] | None:
@@ -91,28 +162,93 @@ def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[
     if nproc is not None and nproc != size:
         raise InputError(f"--nproc {nproc} but mpirun started {size} ranks; drop --nproc or make them equal")
     hosts = comm.allgather(socket.gethostname())
-    address = comm.bcast(_rendezvous_address(len(set(hosts)) == 1) if rank == 0 else None, root=0)
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=size)
+    host, port = comm.bcast(_rendezvous_address(len(set(hosts)) == 1) if rank == 0 else None, root=0)
+    store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=_JOIN_TIMEOUT)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=runs[0].timeout)
     try:
         return _each([RunOptions(**{**options.__dict__, "launcher": "mpi"}) for options in runs])
     finally:
         dist.destroy_process_group()
 
 
-def _rendezvous_address(one_host: bool) -> str:
-    """``tcp://host:port`` with a port free on this host (rank 0's)."""
+def _rendezvous_address(one_host: bool) -> tuple[str, int]:
+    """Host and a port free on this host (rank 0's), for the store the ranks meet in."""
     host = "127.0.0.1" if one_host else socket.getfqdn()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
         port = probe.getsockname()[1]
-    return f"tcp://{host}:{port}"
+    return host, port
 
 
-def _failure_line(err: Any) -> str:
-    """One line naming the first failed rank, its exit code and its error."""
-    rank, failure = min(err.failures.items()) if err.failures else (-1, None)
-    if failure is None:
+def _join_group(backend: str, timeout: Any) -> None:
+    """``init_process_group`` from torchrun's environment, with its keys under a prefix of this attempt.
+
+    After a restart the agent's store still holds the previous attempt's gloo addresses, and a rank
+    that read them would connect to a dead peer; a prefix per attempt keeps the attempts apart.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not hosted_by_agent and rank == 0, timeout=_JOIN_TIMEOUT, multi_tenant=True)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"parplan/attempt-{attempt}", store), rank=rank,
+                            world_size=world, timeout=timeout)
+
+
+def _die_with(agent_pid: int) -> None:
+    """Have the kernel SIGKILL this rank when the agent's process dies (Linux; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != agent_pid:  # the agent died before the request took effect
+        os._exit(1)
+
+
+def abort_mpi_job(code: int) -> None:
+    """Under an MPI launcher with more than one rank, stop every rank of the job (``MPI_Abort``) with ``code``.
+
+    A failed rank must not exit alone: the others could wait in ``MPI_Finalize`` for a rank that hangs.
+    Does nothing outside MPI, or when this process never initialised MPI.
+    """
+    module = sys.modules.get("mpi4py.MPI")
+    if module is None or not started_by_mpi():
+        return
+    comm = module.COMM_WORLD
+    if comm.Get_size() > 1:
+        sys.stderr.flush()
+        comm.Abort(code)
+
+
+def _failure_line(err: Any, max_restarts: int) -> str:
+    """One line: the rank that failed first, how, and its error; then what the other failed ranks reported.
+
+    A rank killed by a signal comes first (the others' errors are what its death did to them), then by time.
+    """
+    if not err.failures:
         return "a rank failed without a report"
-    message = failure.message if isinstance(failure.message, str) else str(failure.message)
-    last = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
-    return f"rank {rank} failed (exit code {failure.exitcode}): {last}"
+
+    def order(rank: int) -> tuple[bool, int, int]:
+        failure = err.failures[rank]
+        return (not (failure.exitcode is not None and failure.exitcode < 0), failure.timestamp, rank)
+
+    first_rank = min(err.failures, key=order)
+    parts = [_one_failure(first_rank, err.failures[first_rank])]
+    parts += [_one_failure(rank, failure) for rank, failure in sorted(err.failures.items()) if rank != first_rank]
+    tried = f" (after {max_restarts} restart{'s' if max_restarts != 1 else ''})" if max_restarts else ""
+    return "; ".join(parts) + tried
+
+
+def _one_failure(rank: int, failure: Any) -> str:
+    if failure.exitcode is not None and failure.exitcode < 0:
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = f"signal {-failure.exitcode}"
+        return f"rank {rank} died ({name})"
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+    message = str(message).strip()
+    last = message.splitlines()[-1] if message else ""
+    return f"rank {rank} failed (exit code {failure.exitcode})" + (f": {last}" if last else "")

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+from runtime.failures import all_reduce
+
 __all__ = ["LAYER_RANGE", "layer_seconds", "profiled_layer_times"]
 
 LAYER_RANGE = "parplan.layer:"
@@ -83,7 +85,7 @@ def profiled_layer_times(model: Any, step: Callable[[int], None], steps: Iterabl
     medians = torch.tensor([[statistics.median(s[0] for s in per_layer[name]),
                              statistics.median(s[1] for s in per_layer[name])] if name in per_layer else [0.0, 0.0]
                             for name in names], dtype=torch.float64, device=device).reshape(len(names), 2)
-    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+    all_reduce(medians, "the per-layer times allreduce", dist.ReduceOp.MAX)
     return [{"name": name, "forward_s": float(medians[i, 0]), "backward_s": float(medians[i, 1])}
             for i, name in enumerate(names) if medians[i].sum() > 0]
 

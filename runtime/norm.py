@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from runtime.failures import exchange, in_backward, place
+
 __all__ = ["batch_norm"]
 
 
@@ -68,7 +70,7 @@ class _BatchNorm(torch.autograd.Function):
             running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))
             running_var.mul_(1 - momentum).add_(momentum * unbiased.to(running_var.dtype))
         ctx.save_for_backward(normalised, weight, inv_std)
-        ctx.group, ctx.count = group, count
+        ctx.group, ctx.count, ctx.where = group, count, place()
         return normalised * _channel(weight, tile) + _channel(bias, tile)
 
     @staticmethod
@@ -78,7 +80,7 @@ class _BatchNorm(torch.autograd.Function):
         dims, wide = _reduced(grad), _accumulator(grad)
         grad_bias = grad.sum(dim=dims, dtype=wide)
         grad_weight = (grad * normalised).sum(dim=dims, dtype=wide)
-        sums = (_summed(torch.stack([grad_bias, grad_weight]), ctx.group) / count).to(grad.dtype)
+        sums = (_summed(torch.stack([grad_bias, grad_weight]), ctx.group, in_backward(ctx.where)) / count).to(grad.dtype)
         grad_bias, grad_weight = grad_bias.to(grad.dtype), grad_weight.to(grad.dtype)
         grad_input = (grad - _channel(sums[0], grad) - normalised * _channel(sums[1], grad)) \
             * _channel(weight * inv_std, grad)
@@ -100,9 +102,10 @@ def _channel(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(1, -1, *([1] * (like.dim() - 2)))
 
 
-def _summed(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+def _summed(tensor: torch.Tensor, group: Any, where: tuple[str, ...] | None = None) -> torch.Tensor:
     if not (dist.is_available() and dist.is_initialized()):
         return tensor  # one process: the tile is the whole tensor
     summed = tensor.contiguous().clone()
-    dist.all_reduce(summed, group=group)
+    with exchange("the batch-norm statistics allreduce", where=where):
+        dist.all_reduce(summed, group=group)
     return summed

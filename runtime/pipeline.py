@@ -40,6 +40,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import torch
@@ -51,6 +52,7 @@ from cost_models.graph import trace
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime.apply import DistributedModel, check_plan, group_ranks, local_shape, parameters_of
+from runtime.failures import at, wait_all
 from runtime.groups import GroupCache
 from runtime.layers import Site, input_placement
 from runtime.placement import Placement
@@ -63,7 +65,8 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, leaf_modules: Sequence[str] = (),
-                   graph: Any = None, loss_fn: Loss | None = None, slowdown: float = 1.0) -> "PipelineStage":
+                   graph: Any = None, loss_fn: Loss | None = None, slowdown: float = 1.0,
+                   timeout: timedelta | None = None) -> "PipelineStage":
     """This rank's stage of ``plan`` on ``model`` (collective: every rank of the default group calls it).
 
     Args:
@@ -74,6 +77,7 @@ def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, l
         graph: The model's ``LayerGraph`` at the plan's input shape, when already traced.
         loss_fn: Mean-reduced loss of the output (default ``cross_entropy``).
         slowdown: Run this rank's events this many times slower (a straggler, ``--slow-stage``).
+        timeout: How long the process groups this creates may wait for a peer (default: torch's).
 
     Raises:
         PlanError: The plan does not match the model, the ranks or what the pipeline runtime executes.
@@ -85,7 +89,7 @@ def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, l
     micro = plan.pipeline.micro_batches
     shape = (plan.input_shape[0] // micro, *plan.input_shape[1:])
     micro_graph = graph if micro == 1 else trace(model, shape, getattr(torch, plan.dtype), leaf_modules)
-    return PipelineStage(model, plan, micro_graph, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown)
+    return PipelineStage(model, plan, micro_graph, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown, timeout)
 
 
 def check_pipeline(plan: Plan) -> None:
@@ -129,7 +133,7 @@ class PipelineStage:
     """This rank's stage: its part of the model and the events of a schedule (module docstring)."""
 
     def __init__(self, model: nn.Module, plan: Plan, graph: Any, sync_batchnorm: bool, leaf_modules: tuple[str, ...],
-                 loss_fn: Loss | None, slowdown: float) -> None:
+                 loss_fn: Loss | None, slowdown: float, timeout: timedelta | None = None) -> None:
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.plan, self.stages = plan, plan.pipeline.stages
         self.size = plan.pipeline.devices_per_stage[0]
@@ -139,7 +143,7 @@ class PipelineStage:
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages)
         self.cut: StageCut = cuts[self.index]
         _refuse_shared_parameters(model, nodes, cuts)
-        groups = GroupCache(tuple(range(world)))
+        groups = GroupCache(tuple(range(world)), timeout)
         groups.build(r for k, cut in enumerate(cuts) for r in group_ranks(
             (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
         self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
@@ -156,7 +160,7 @@ class PipelineStage:
         self.outputs: dict[int, torch.Tensor] = {}
         """With ``keep_outputs``, the last stage's output box of each batch forwarded."""
         self._stash: dict[int, _Stash] = {}
-        self._sending: list[tuple[Any, torch.Tensor]] = []
+        self._sending: list[tuple[Any, torch.Tensor, int]] = []  # (request, tensor kept alive, peer)
         self._waited = 0.0
         _release_others(model, self.model.own_parameters)
 
@@ -171,6 +175,11 @@ class PipelineStage:
     def last(self) -> bool:
         """Whether this stage computes the output and the loss."""
         return self.index == self.stages - 1
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The buffers of this stage's layers (batch-norm statistics), as the model holds them."""
+        return self._buffers
 
     def parameters(self) -> list[nn.Parameter]:
         """The parameters this rank trains (its stage's; channel-split ones sliced)."""
@@ -188,14 +197,15 @@ class PipelineStage:
         for event in events:
             self._reap_sends()
             start, waited = time.perf_counter(), self._waited
-            if event.kind == "F":
-                x, target = data(event.batch)
-                self.forward(event.batch, x, target)
-            elif event.kind == "B":
-                self.backward(event.batch, sync=last_backward is None or event.batch == last_backward)
-            else:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            with at(f"micro-batch {event.batch}"), at(_PHASES[event.kind]):
+                if event.kind == "F":
+                    x, target = data(event.batch)
+                    self.forward(event.batch, x, target)
+                elif event.kind == "B":
+                    self.backward(event.batch, sync=last_backward is None or event.batch == last_backward)
+                else:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
             end = time.perf_counter()
             end = self._straggle(event, start, end, self._waited - waited)
             records.append(EventRecord(event, start, end, self._waited - waited))
@@ -237,8 +247,8 @@ class PipelineStage:
 
     def finish_sends(self) -> None:
         """Wait until every posted send has completed."""
-        for work, _ in self._sending:
-            work.wait()
+        wait_all([work for work, _, _ in self._sending], "the pipeline's sends to the neighbouring stages",
+                 [peer for _, _, peer in self._sending])
         self._sending = []
 
     def input_box(self) -> tuple[slice, ...]:
@@ -284,18 +294,20 @@ class PipelineStage:
 
     def _send(self, tensor: torch.Tensor, stage: int, tag: int) -> None:
         tensor = tensor.detach().contiguous()
-        self._sending.append((dist.isend(tensor, self._peer(stage), tag=tag), tensor))
+        self._sending.append((dist.isend(tensor, self._peer(stage), tag=tag), tensor, self._peer(stage)))
 
     def _receive(self, name: str, stage: int, tag: int) -> torch.Tensor:
         shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self.placements[name], self.member)
         buffer = torch.empty(shape, dtype=getattr(torch, self.plan.dtype), device=self._device())
         started = time.perf_counter()
-        dist.irecv(buffer, self._peer(stage), tag=tag).wait()
+        kind = "activation" if tag % 2 == 0 else "gradient"
+        wait_all([dist.irecv(buffer, self._peer(stage), tag=tag)], f"the pipeline receive of the {kind} of {name} "
+                 f"from stage {stage}", [self._peer(stage)])
         self._waited += time.perf_counter() - started
         return buffer.requires_grad_(tag % 2 == 0 and buffer.is_floating_point())
 
     def _reap_sends(self) -> None:
-        self._sending = [(work, tensor) for work, tensor in self._sending if not work.is_completed()]
+        self._sending = [sending for sending in self._sending if not sending[0].is_completed()]
 
     def _device(self) -> torch.device:
         return next((p.device for p in self.model.model.parameters()), torch.device("cpu"))
@@ -305,6 +317,9 @@ class PipelineStage:
             return end_s
         time.sleep((self.slowdown - 1.0) * max(0.0, end_s - start_s - waited_s))
         return time.perf_counter()
+
+
+_PHASES = {"F": "forward", "B": "backward", "U": "update"}
 
 
 def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], model: nn.Module, plan: Plan,

@@ -11,6 +11,12 @@ A *step* is one iteration of the plan's schedule:
   of the last stage (the pipeline's throughput, fill included in the first);
   ``wall_s`` is the whole run's.
 
+With ``--checkpoint-every N`` the steps run in segments of ``N`` and a
+checkpoint is written after each (``runtime.recovery``); a stale pipeline
+drains at the end of every segment (DSP restarts its fill), so its
+trajectory depends on ``N`` — a resumed run matches an uninterrupted run
+with the same ``N``.
+
 Per stage the document reports busy time (events' wall time minus the time
 they waited on receives; a ``--slow-stage`` sleep counts as busy), waiting
 time, the staleness it achieved (updates between a batch's forward and its
@@ -37,6 +43,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from runtime.failures import all_reduce, at, barrier
+from runtime.faults import planned, strike
+from runtime.recovery import Recovery, training_state
 from runtime.schedules import Event, dsp, gpipe, one_f_one_b, staleness_of
 
 __all__ = ["pipeline_worker"]
@@ -53,17 +62,27 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     verified = _verify(options, plan, dtype, device) if options.verify else None
     stage = _build(options, plan, dtype, device)
     optimizer = torch.optim.SGD(stage.parameters(), lr=options.lr)
-    if options.warmup:
-        _train(options, plan, stage, optimizer, range(options.warmup), dtype, device)
-    per_step, records, wall_s = _train(options, plan, stage, optimizer,
-                                       range(options.warmup, options.warmup + options.steps), dtype, device)
-    losses = _losses(stage, range(options.warmup, options.warmup + options.steps), plan.pipeline.micro_batches, device)
+    recovery = Recovery(options, training_state(stage.model, optimizer, stage.buffers), device)
+    progress = recovery.start()
+    records: list[list[Any]] = []  # per segment: batch numbers restart in each
+    wall_s = 0.0
+    for steps in _segments(progress.step, options.warmup, options.warmup + options.steps, options.checkpoint_every):
+        per_step, segment_records, segment_s = _train(options, plan, stage, optimizer, steps, dtype, device)
+        losses = _losses(stage, steps, plan.pipeline.micro_batches, device)
+        progress.step = steps.stop
+        if steps.start >= options.warmup:
+            progress.per_step_s += per_step
+            progress.losses += losses
+            records.append(segment_records)
+            wall_s += segment_s
+        recovery.after_step(progress)
     stages = _stage_report(stage, plan, records, wall_s, device, options.extra.get("slow_stages", {}))
     layers = _layer_times(options, plan, stage, optimizer, dtype, device) if options.extra.get("per_layer") else None
     memory = train._peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
-    document = train._document(options, plan, per_step, losses, memory, verified)
+    document = train._document(options, plan, progress.per_step_s, progress.losses, memory, verified)
+    document["recovery"] = recovery.report()
     document["pipeline"] = {"schedule": plan.pipeline.schedule, "stages": plan.pipeline.stages,
                             "micro_batches": plan.pipeline.micro_batches, "order": _order(options, plan),
                             "wall_s": wall_s, "per_stage": stages}
@@ -85,6 +104,16 @@ def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Opt
     return profiled_layer_times(stage.model, one_batch, range(first, first + PER_LAYER_STEPS), device)
 
 
+def _segments(first: int, warmup: int, total: int, every: int) -> list[range]:
+    """The steps ``first … total−1`` cut where warm-up ends and after every ``every``-th step (a checkpoint).
+
+    A stale pipeline drains at each cut: the batches after it are forwarded with every earlier update done.
+    """
+    cuts = sorted({first, total, *([warmup] if first < warmup < total else []),
+                   *(range(every * (first // every + 1), total, every) if every else ())})
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
 def _capped(plan: Any, bound: int | None) -> Any:
     """The plan with every stage's staleness at most ``bound`` (``--staleness``)."""
     if bound is None or plan.pipeline.schedule != "stale":
@@ -101,7 +130,7 @@ def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sy
     model = load_model(options.model).to(device=device, dtype=dtype).train()
     slowdown = float(options.extra.get("slow_stages", {}).get(str(dist.get_rank() // plan.pipeline.devices_per_stage[0]), 1.0))
     return apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
-                          options.leaf_modules, slowdown=slowdown)
+                          options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout)
 
 
 def _order(options: Any, plan: Any) -> str:
@@ -120,19 +149,26 @@ def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
     """Run ``steps``; returns per-step seconds, this rank's event records and the wall time (slowest rank)."""
     from runtime.train import _synchronise
 
-    dist.barrier()
+    barrier("the barrier before the pipeline's first step")
+    fault, rank = planned(), dist.get_rank()
     started = time.perf_counter()
     if plan.pipeline.schedule == "stale":
-        records = stage.run(_events(options, plan, stage, len(steps)), optimizer,
-                            lambda batch: _load(options, stage, steps[batch], 0, dtype, device))
+        def batch_data(batch: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+            strike(fault, rank, steps[batch] + 1)
+            return _load(options, stage, steps[batch], 0, dtype, device)
+
+        with at(f"steps {steps.start + 1}…{steps.stop}"):
+            records = stage.run(_events(options, plan, stage, len(steps)), optimizer, batch_data)
         per_step = _update_intervals(stage, records, started, device)
     else:
         records, per_step = [], []
         for step in steps:
+            strike(fault, rank, step + 1)
             begun = time.perf_counter()
-            records += stage.run(_events(options, plan, stage), optimizer,
-                                 lambda micro, s=step: _load(options, stage, s, micro, dtype, device),
-                                 last_backward=plan.pipeline.micro_batches - 1)
+            with at(f"step {step + 1}"):
+                records += stage.run(_events(options, plan, stage), optimizer,
+                                     lambda micro, s=step: _load(options, stage, s, micro, dtype, device),
+                                     last_backward=plan.pipeline.micro_batches - 1)
             _synchronise(device)
             per_step.append(_slowest(time.perf_counter() - begun, device))
     return per_step, records, _slowest(time.perf_counter() - started, device)
@@ -176,13 +212,13 @@ def _update_intervals(stage: Any, records: list[Any], started: float, device: to
     intervals = [b - a for a, b in zip([started, *times], times)]
     values = torch.tensor(intervals if stage.last and stage.member == 0 else [0.0] * len(intervals),
                           dtype=torch.float64, device=device)
-    dist.all_reduce(values)
+    all_reduce(values, "the update-interval allreduce")
     return [float(v) for v in values]
 
 
 def _slowest(seconds: float, device: torch.device) -> float:
     value = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    all_reduce(value, "the step-time allreduce", dist.ReduceOp.MAX)
     return float(value.item())
 
 
@@ -193,20 +229,22 @@ def _losses(stage: Any, steps: range, micro: int, device: torch.device) -> list[
         shares = [float(loss) for loss in stage.losses[-len(steps) * micro:]]
         for index in range(len(steps)):
             values[index] = sum(shares[index * micro:(index + 1) * micro]) / micro
-    dist.all_reduce(values)
+    all_reduce(values, "the loss allreduce")
     return [float(v) for v in values]
 
 
-def _stage_report(stage: Any, plan: Any, records: list[Any], wall_s: float, device: torch.device,
+def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: float, device: torch.device,
                   slowdowns: dict[str, float]) -> list[dict[str, Any]]:
     """Per stage: busy and waiting seconds (its slowest rank), busy fraction, staleness achieved and planned."""
+    records = [record for segment in segments for record in segment]
     busy = sum(r.end_s - r.start_s - r.wait_s for r in records if r.event.kind != "U") + sum(
         r.end_s - r.start_s for r in records if r.event.kind == "U")
     waited = sum(r.wait_s for r in records)
-    achieved = max(staleness_of([r.event for r in records]).values(), default=0)
+    achieved = max((max(staleness_of([r.event for r in segment]).values(), default=0) for segment in segments),
+                   default=0)
     table = torch.zeros(plan.pipeline.stages, 3, dtype=torch.float64, device=device)
     table[stage.index] = torch.tensor([busy, waited, achieved], dtype=torch.float64)
-    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    all_reduce(table, "the per-stage report allreduce", dist.ReduceOp.MAX)
     return [{"stage": k, "busy_s": float(row[0]), "wait_s": float(row[1]),
              "busy_fraction": float(row[0]) / wall_s if wall_s > 0 else 0.0,
              "staleness_achieved": int(row[2]), "staleness_planned": int(plan.pipeline.staleness[k]),
@@ -239,7 +277,7 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
             output_error = max(output_error, _relative_error(stage.outputs[b], local))
     grad_error, worst = _gradient_errors(stage.model, reference)
     errors = torch.tensor([output_error, grad_error], dtype=torch.float64, device=device)
-    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    all_reduce(errors, "the --verify error allreduce", dist.ReduceOp.MAX)
     return {"output_max_rel_err": float(errors[0]), "grad_max_rel_err": float(errors[1]),
             "tolerance": options.tolerance, "worst_parameter_on_rank0": worst,
             "passed": bool(errors.max() <= options.tolerance)}

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from cost_models.layout import Layout
 from cost_models.redistribution import Box
+from runtime.failures import in_backward, place, wait_all
 from runtime.placement import Placement, as_placement, box_extent
 
 __all__ = ["redistribute"]
@@ -61,13 +62,16 @@ class _Redistribute(torch.autograd.Function):
         if tuple(local.shape) != box_extent(held):
             raise ValueError(f"rank {ranks[me]} holds {tuple(local.shape)} but {source} gives it {box_extent(held)}")
         ctx.moves = moves(shape, source, target, ranks, me)
-        ctx.held, ctx.wanted = held, target.box(shape, me)
-        return _exchange(local, held, ctx.wanted, ctx.moves)
+        ctx.source, ctx.target = source, target
+        ctx.held, ctx.wanted, ctx.where = held, target.box(shape, me), place()
+        return _exchange(local, held, ctx.wanted, ctx.moves, _what(source, target), ctx.where)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         sends, receives = ctx.moves  # the adjoint: what came in goes back, what went out comes back
-        return _exchange(grad.contiguous(), ctx.wanted, ctx.held, (receives, sends)), None, None, None, None
+        result = _exchange(grad.contiguous(), ctx.wanted, ctx.held, (receives, sends),
+                           _what(ctx.target, ctx.source), in_backward(ctx.where))
+        return result, None, None, None, None
 
 
 @lru_cache(maxsize=4096)
@@ -95,7 +99,7 @@ def moves(shape: tuple[int, ...], source: Placement, target: Placement, ranks: t
     return tuple(sends), tuple(receives)
 
 
-def _exchange(data: torch.Tensor, have: Box, want: Box, pieces: Moves) -> torch.Tensor:
+def _exchange(data: torch.Tensor, have: Box, want: Box, pieces: Moves, what: str, where: Sequence[str]) -> torch.Tensor:
     """Send sub-boxes of ``data`` (which covers ``have``), receive into a result covering ``want``.
 
     The result starts at zero and pieces are added, so pieces that cover the
@@ -109,11 +113,14 @@ def _exchange(data: torch.Tensor, have: Box, want: Box, pieces: Moves) -> torch.
     buffers = [(box, data.new_empty(box_extent(box))) for _, box in receives]
     requests = [dist.isend(_view(data, have, box).contiguous(), peer) for peer, box in sends]
     requests += [dist.irecv(buffer, peer) for (peer, _), (_, buffer) in zip(receives, buffers)]
-    for request in requests:
-        request.wait()
+    wait_all(requests, what, [peer for peer, _ in sends + receives], where)
     for box, buffer in buffers:
         _view(result, want, box).add_(buffer)  # the result starts at zero: adding is copying, or summing
     return result
+
+
+def _what(source: Placement, target: Placement) -> str:
+    return f"the redistribution {source.layout}→{target.layout}"
 
 
 def _member(ranks: tuple[int, ...]) -> int:

@@ -32,12 +32,16 @@ _SLICED_DIM = {"conv": 0, "linear": 0, "conv_transpose": 1, "batchnorm": 0}
 
 @dataclass(frozen=True)
 class ParameterSlice:
-    """Which part of the unsplit parameter ``name`` this rank holds: ``[start, stop)`` along ``dim``."""
+    """Which part of the unsplit tensor ``name`` (a parameter or a buffer) this rank holds.
+
+    The rows ``[start, stop)`` of ``extent`` along ``dim``.
+    """
 
     name: str
     dim: int
     start: int
     stop: int
+    extent: int
 
 
 def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module,
@@ -62,10 +66,12 @@ def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module,
         members = block_of(site.layout, size, "slice", member)
         index = coordinates(site.layout, member)[1]
         for piece, param in _cut(site, index):
+            slices.append(piece)
+            if param is None:  # a buffer: sliced, never summed
+                continue
             if owner.setdefault(id(param), members) != members:
                 raise PlanError(f"parameter {piece.name} is shared by layers split differently; give them one layout")
             groups.setdefault(members, []).append(param)
-            slices.append(piece)
     everyone = tuple(range(size))
     for param in model.parameters() if params is None else params():
         if id(param) not in owner:
@@ -74,7 +80,7 @@ def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module,
     return groups, slices
 
 
-def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter]]:
+def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter | None]]:
     module, dim = site.module, _SLICED_DIM[site.kind]
     assert module is not None
     cut = []
@@ -86,10 +92,12 @@ def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter]]:
         start, stop = partition(tensor.shape[along], site.layout.c)[index]
         piece = tensor.detach().narrow(along, start, stop - start).clone()
         prefix = str(site.layer.get("module", site.name))
+        sliced = ParameterSlice(f"{prefix}.{key}", along, start, stop, tensor.shape[along])
         if isinstance(tensor, nn.Parameter):
             param = nn.Parameter(piece, requires_grad=tensor.requires_grad)
             setattr(module, key, param)
-            cut.append((ParameterSlice(f"{prefix}.{key}", along, start, stop), param))
+            cut.append((sliced, param))
         else:
             module.register_buffer(key, piece)
+            cut.append((sliced, None))
     return cut

@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -31,6 +32,9 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.data import synthetic_input, synthetic_labels
+from runtime.failures import all_reduce, at
+from runtime.faults import planned, strike
+from runtime.recovery import Recovery, training_state
 
 __all__ = ["PER_LAYER_STEPS", "RunOptions", "worker"]
 
@@ -58,7 +62,19 @@ class RunOptions:
     threads: int = 0
     quiet: bool = False
     launcher: str = "torchrun"
+    timeout_s: float = 300.0
+    checkpoint_every: int = 0
+    checkpoint_dir: str = ""
+    resume: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    graph: Any = field(default=None, repr=False)
+    """The model's LayerGraph at ``input_shape``, traced by the command; ranks then skip tracing with fake
+    tensors (and importing torch._dynamo: seconds per process). ``None``: each rank traces."""
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long any collective or point-to-point exchange may wait for a peer."""
+        return timedelta(seconds=self.timeout_s)
 
 
 def worker(options: RunOptions) -> dict[str, Any] | None:
@@ -78,18 +94,25 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     _, split = _build(options, plan, dtype, device)
     optimizer = torch.optim.SGD(split.parameters(), lr=options.lr)
     batch = _data_source(options, split, dtype, device)
-    per_step, losses = [], []
-    for step in range(options.warmup + options.steps):
-        seconds, loss = _step(split, optimizer, batch(step), device)
+    recovery = Recovery(options, training_state(split, optimizer), device)
+    progress = recovery.start()
+    fault = planned()
+    for step in range(progress.step, options.warmup + options.steps):
+        strike(fault, dist.get_rank(), step + 1)
+        with at(f"step {step + 1}"):
+            seconds, loss = _step(split, optimizer, batch(step), device)
+        progress.step = step + 1
         if step >= options.warmup:
-            per_step.append(seconds)
-            losses.append(loss)
+            progress.per_step_s.append(seconds)
+            progress.losses.append(loss)
             _progress(options, step - options.warmup, seconds, loss, plan)
+        recovery.after_step(progress)
     layers = _layer_times(options, split, optimizer, batch, device) if options.extra.get("per_layer") else None
     memory = _peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
-    document = _document(options, plan, per_step, losses, memory, verified)
+    document = _document(options, plan, progress.per_step_s, progress.losses, memory, verified)
+    document["recovery"] = recovery.report()
     if layers is not None:
         document["layers"] = layers
     return document
@@ -113,7 +136,8 @@ def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.dev
 
     torch.manual_seed(options.seed)  # the same initial weights on every rank
     model = load_model(options.model).to(device=device, dtype=dtype).train()
-    return model, apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules)
+    return model, apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules,
+                             graph=options.graph, timeout=options.timeout)
 
 
 def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
@@ -144,12 +168,14 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
     _synchronise(device)
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    share = split.loss(split(x), target)
-    share.backward()
+    with at("forward"):
+        share = split.loss(split(x), target)
+    with at("backward"):
+        share.backward()
     optimizer.step()
     _synchronise(device)
     elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    all_reduce(elapsed, "the step-time allreduce", dist.ReduceOp.MAX)
     return float(elapsed.item()), split.global_value(share)
 
 
@@ -167,7 +193,7 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     output_error = _relative_error(output, expected.detach()[box[:expected.dim()]])
     grad_error, worst = _gradient_errors(split, reference)
     errors = torch.tensor([output_error, grad_error], dtype=torch.float64, device=device)
-    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    all_reduce(errors, "the --verify error allreduce", dist.ReduceOp.MAX)
     return {"output_max_rel_err": float(errors[0]), "grad_max_rel_err": float(errors[1]),
             "tolerance": options.tolerance, "worst_parameter_on_rank0": worst,
             "passed": bool(errors.max() <= options.tolerance)}
@@ -269,5 +295,5 @@ def _peak_memory_bytes(device: torch.device) -> int:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     value = torch.tensor([peak], dtype=torch.float64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    all_reduce(value, "the peak-memory allreduce", dist.ReduceOp.MAX)
     return int(value.item())

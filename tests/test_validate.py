@@ -181,7 +181,7 @@ def test_bad_validate_arguments_are_one_line_and_exit_two(capsys: pytest.Capture
                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo)
     assert main(["validate", *UNET, "--profile", "h100", "--nproc", "2", "--refine", str(tmp_path)]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    assert "is a folder" in capsys.readouterr().err
     assert main(["validate", *UNET, "--profile", str(tmp_path / "none.json"), "--nproc", "2"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     with pytest.raises(SystemExit) as exited:

@@ -1,0 +1,336 @@
+"""Checkpoints of ``parplan run``: one shard per rank, a manifest, and the plan-independent (gathered) form.
+
+``--checkpoint-dir D`` holds one folder per checkpoint::
+
+    D/step-00000006/rank-00000.pt    rank 0's shard (torch.save; loads with weights_only=True)
+    D/step-00000006/manifest.json    parplan.checkpoint/1: step, plan, fingerprint, each shard's bytes and sha256
+    D/step-00000006/full.pt          the plan-independent form, written on request (:func:`write_full`)
+
+Writing (:func:`save`, collective): every rank writes its shard atomically
+(a temporary file in the same folder, fsync, rename, fsync of the folder);
+the shards' sizes and digests reach rank 0, which then writes the manifest
+the same way. A checkpoint is *complete* when its manifest exists, so a crash
+at any moment leaves the newest complete checkpoint intact, and the two
+newest complete ones are kept. D must be one folder every rank sees (a
+shared filesystem across hosts).
+
+A shard holds this rank's parameters (a channel-split layer's weights are its
+slice; a pipeline stage holds only its own), its buffers, the optimizer's
+state by parameter name, the CPU (and CUDA) RNG state, the step, the losses
+and step times measured so far, and the plan's digest and fingerprint.
+
+Resuming (:func:`restore`) under the same plan on the same number of ranks
+loads each rank's own shard, so training continues bit for bit. Under
+another plan — other layouts, stages or device count, same model and input —
+every rank takes its part of the gathered form (:func:`gather`: slices
+joined, replicas taken from the lowest rank holding them). The RNG state is
+then rank 0's, and the running statistics of layers split by sample are rank
+0's (as DDP broadcasts them), so that resume is equal to the unsplit model's
+training but not bit for bit the interrupted run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from cost_models.errors import InputError
+from cost_models.jsonio import read_json, write_bytes_atomic, write_json_atomic
+
+__all__ = ["FORMAT", "Progress", "State", "complete", "gather", "latest", "plan_digest", "restore", "save",
+           "write_full"]
+
+FORMAT = "parplan.checkpoint/1"
+SHARD_FORMAT = "parplan.checkpoint-shard/1"
+FULL_FORMAT = "parplan.checkpoint-full/1"
+KEEP = 2
+"""Complete checkpoints kept; older ones are removed after a newer one is complete."""
+
+
+@dataclass
+class Progress:
+    """How far a run got: updates done (warm-up included) and what it measured so far."""
+
+    step: int = 0
+    losses: list[float] = field(default_factory=list)
+    per_step_s: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class State:
+    """What one rank trains: named parameters and buffers (its own), their slices, the optimizer."""
+
+    parameters: Mapping[str, torch.Tensor]
+    buffers: Mapping[str, torch.Tensor]
+    slices: Mapping[str, Any]  # name -> runtime.slicing.ParameterSlice
+    optimizer: torch.optim.Optimizer
+
+
+def plan_digest(plan: Mapping[str, Any]) -> str:
+    """A digest of what decides the shards' contents: layouts, stages, pipeline and device count."""
+    key = {"layers": plan["layers"], "pipeline": plan["pipeline"], "devices": plan["cluster"]["devices"]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def step_folder(directory: str | Path, step: int) -> Path:
+    """The folder of the checkpoint after ``step`` updates."""
+    return Path(directory) / f"step-{step:08d}"
+
+
+def complete(directory: str | Path) -> list[Path]:
+    """The complete checkpoints in ``directory`` (those with a manifest), oldest first."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and (p / "manifest.json").is_file())
+
+
+def latest(directory: str | Path) -> dict[str, Any] | None:
+    """The manifest of the newest complete checkpoint (schema-checked), ``None`` when there is none."""
+    folders = complete(directory)
+    return read_manifest(folders[-1]) if folders else None
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """``folder/manifest.json``, checked against ``parplan.checkpoint/1``, with ``folder`` added."""
+    from cost_models.schema import check_document
+
+    path = folder / "manifest.json"
+    document = read_json(path, "checkpoint manifest")
+    check_document(document, FORMAT, "checkpoint-1", str(path), InputError)
+    return {**document, "folder": str(folder)}
+
+
+def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[str, Any]) -> Path:
+    """Write the checkpoint after ``progress.step`` updates; collective (every rank calls it). Returns its folder.
+
+    ``meta``: ``plan`` (the plan document), ``model``, ``input_shape``, ``dtype``, ``seed`` — what a resume
+    must match.
+    """
+    import torch.distributed as dist
+
+    from runtime.failures import exchange
+
+    folder = step_folder(directory, progress.step)
+    folder.mkdir(parents=True, exist_ok=True)
+    rank = dist.get_rank()
+    data = _serialise(_shard(progress, state, meta, rank))
+    name = f"rank-{rank:05d}.pt"
+    write_bytes_atomic(folder / name, data)
+    entries: list[Any] = [None] * dist.get_world_size()
+    with exchange("the checkpoint's exchange of shard digests"):
+        dist.all_gather_object(entries, {"rank": rank, "file": name, "bytes": len(data),
+                                         "sha256": hashlib.sha256(data).hexdigest()})
+    if rank == 0:
+        write_json_atomic(folder / "manifest.json", _manifest(progress, meta, entries))
+        _prune(directory)
+    return folder
+
+
+def _shard(progress: Progress, state: State, meta: Mapping[str, Any], rank: int) -> dict[str, Any]:
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    return {"format": SHARD_FORMAT, "rank": rank, "step": progress.step, "plan_digest": plan_digest(meta["plan"]),
+            "fingerprint": meta["plan"]["model"]["fingerprint"],
+            "parameters": {n: t.detach().cpu().clone() for n, t in state.parameters.items()},
+            "buffers": {n: t.detach().cpu().clone() for n, t in state.buffers.items()},
+            "slices": {s.name: [s.dim, s.start, s.stop, s.extent] for s in state.slices.values()},
+            "optimizer": _optimizer_by_name(state), "rng": rng,
+            "losses": list(progress.losses), "per_step_s": list(progress.per_step_s)}
+
+
+def _optimizer_by_name(state: State) -> dict[str, Any]:
+    """The optimizer's state dict with parameter names for indices (plan-independent keys)."""
+    names = {id(t): n for n, t in state.parameters.items()}
+    order = [names[id(p)] for group in state.optimizer.param_groups for p in group["params"]]
+    saved = state.optimizer.state_dict()
+    return {"state": {order[i]: {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v)
+                                 for k, v in entry.items()} for i, entry in saved["state"].items()},
+            "param_groups": [{**group, "params": [order[i] for i in group["params"]]}
+                             for group in saved["param_groups"]]}
+
+
+def _manifest(progress: Progress, meta: Mapping[str, Any], entries: Sequence[Any]) -> dict[str, Any]:
+    import datetime as dt
+
+    plan = meta["plan"]
+    return {"format": FORMAT, "step": progress.step, "world_size": len(entries),
+            "model": {"spec": plan["model"]["spec"], "fingerprint": plan["model"]["fingerprint"],
+                      "input_shape": list(plan["model"]["input_shape"]), "dtype": plan["model"]["dtype"]},
+            "seed": meta["seed"], "plan_digest": plan_digest(plan), "plan": plan, "shards": list(entries),
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _prune(directory: str | Path) -> None:
+    """Remove all but the ``KEEP`` newest complete checkpoints, and incomplete ones older than those."""
+    kept = complete(directory)[-KEEP:]
+    if not kept:
+        return
+    for folder in Path(directory).glob("step-*"):
+        if folder.is_dir() and folder not in kept and folder.name < kept[0].name:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serialise(document: Mapping[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(dict(document), buffer)
+    return buffer.getvalue()
+
+
+def load_shard(manifest: Mapping[str, Any], rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s shard of the checkpoint ``manifest`` describes, its size and digest checked."""
+    entry = next((e for e in manifest["shards"] if e["rank"] == rank), None)
+    folder = Path(manifest["folder"])
+    if entry is None:
+        raise InputError(f"checkpoint {folder} has no shard of rank {rank} (it has {len(manifest['shards'])}); "
+                         "it is damaged — remove it to resume from the one before")
+    return _load(folder / entry["file"], entry["sha256"])
+
+
+def _load(path: Path, sha256: str) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read checkpoint file {path}: {err}; remove its folder to resume from the "
+                         "checkpoint before") from err
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise InputError(f"checkpoint file {path} does not match the digest in its manifest (damaged or "
+                         "replaced); remove its folder to resume from the checkpoint before")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any], device: torch.device) -> Progress:
+    """Load the checkpoint of ``manifest`` into this rank's ``state``; returns the progress it records.
+
+    The own shard under the same plan and rank count (bit for bit); else this rank's part of :func:`gather`.
+    """
+    import torch.distributed as dist
+
+    same = manifest["plan_digest"] == plan_digest(meta["plan"]) and manifest["world_size"] == dist.get_world_size()
+    source = load_shard(manifest, dist.get_rank()) if same else gather(manifest)
+    _copy_into(source["parameters"], state.parameters, state, "parameter")
+    _copy_into(source["buffers"], state.buffers, state, "buffer")
+    state.optimizer.load_state_dict(_optimizer_for(source["optimizer"], state))
+    torch.set_rng_state(source["rng"]["cpu"])
+    if "cuda" in source["rng"] and device.type == "cuda":
+        torch.cuda.set_rng_state(source["rng"]["cuda"], device)
+    return Progress(int(source["step"]), [float(x) for x in source["losses"]],
+                    [float(x) for x in source["per_step_s"]])
+
+
+def _local(name: str, tensor: torch.Tensor, state: State) -> torch.Tensor:
+    """``tensor`` (whole, or already this rank's slice) as this rank holds it."""
+    piece = state.slices.get(name)
+    if piece is not None and tensor.dim() > piece.dim and tensor.shape[piece.dim] == piece.extent:
+        return tensor.narrow(piece.dim, piece.start, piece.stop - piece.start)
+    return tensor
+
+
+def _copy_into(saved: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor], state: State,
+               kind: str) -> None:
+    for name, target in targets.items():
+        if name not in saved:
+            raise InputError(f"the checkpoint has no {kind} {name}; it was made for another model")
+        value = _local(name, saved[name], state)
+        if tuple(value.shape) != tuple(target.shape):
+            raise InputError(f"the checkpoint's {kind} {name} has shape {tuple(value.shape)} where this run holds "
+                             f"{tuple(target.shape)}; it was made for another model")
+        with torch.no_grad():
+            target.copy_(value)
+
+
+def _optimizer_for(saved: Mapping[str, Any], state: State) -> dict[str, Any]:
+    """An optimizer state dict for this rank's parameters from one keyed by names."""
+    names = {id(t): n for n, t in state.parameters.items()}
+    groups, entries, index = [], {}, 0
+    for position, group in enumerate(state.optimizer.param_groups):
+        hyper = saved["param_groups"][min(position, len(saved["param_groups"]) - 1)]
+        members = []
+        for param in group["params"]:
+            name = names[id(param)]
+            if name in saved["state"]:
+                entries[index] = {k: _local(name, v, state) if isinstance(v, torch.Tensor) and v.dim() else v
+                                  for k, v in saved["state"][name].items()}
+            members.append(index)
+            index += 1
+        groups.append({**{k: v for k, v in hyper.items() if k != "params"}, "params": members})
+    return {"state": entries, "param_groups": groups}
+
+
+def gather(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan-independent form of a checkpoint: every parameter, buffer and optimizer tensor whole, by name.
+
+    Slices are joined along their dimension; a tensor held whole by several ranks is taken from the lowest.
+    ``full.pt`` in the checkpoint's folder, when :func:`write_full` made it, is read instead of the shards.
+    """
+    folder = Path(manifest["folder"])
+    if "full" in manifest:
+        return _load(folder / manifest["full"]["file"], manifest["full"]["sha256"])
+    shards = [load_shard(manifest, entry["rank"]) for entry in sorted(manifest["shards"], key=lambda e: e["rank"])]
+    first = shards[0]
+    states = [{f"{name}/{key}": value for name, entry in s["optimizer"]["state"].items()
+               for key, value in entry.items()} for s in shards]
+    joined_state = _join(list(zip(shards, states)), folder, optimizer=True)
+    optimizer_state: dict[str, dict[str, Any]] = {}
+    for compound, value in joined_state.items():
+        name, key = compound.rsplit("/", 1)
+        optimizer_state.setdefault(name, {})[key] = value
+    return {"format": FULL_FORMAT, "step": first["step"], "fingerprint": first["fingerprint"],
+            "plan_digest": first["plan_digest"],
+            "parameters": _join([(s, s["parameters"]) for s in shards], folder),
+            "buffers": _join([(s, s["buffers"]) for s in shards], folder),
+            "optimizer": {"state": optimizer_state, "param_groups": first["optimizer"]["param_groups"]},
+            "rng": first["rng"], "losses": first["losses"], "per_step_s": first["per_step_s"]}
+
+
+def _join(parts: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], folder: Path,
+          optimizer: bool = False) -> dict[str, Any]:
+    """Whole tensors from the shards' pieces (``(shard, {name: tensor})`` in rank order).
+
+    With ``optimizer`` the names are ``parameter/key`` and slice like their parameter.
+    """
+    whole: dict[str, Any] = {}
+    pieces: dict[str, tuple[Sequence[int], dict[tuple[int, int], torch.Tensor]]] = {}
+    for shard, tensors in parts:
+        for name, tensor in tensors.items():
+            piece = shard["slices"].get(name.rsplit("/", 1)[0] if optimizer else name)
+            if piece is not None and isinstance(tensor, torch.Tensor) and tensor.dim() > piece[0] \
+                    and tensor.shape[piece[0]] == piece[2] - piece[1]:
+                pieces.setdefault(name, (piece, {}))[1].setdefault((piece[1], piece[2]), tensor)
+            else:
+                whole.setdefault(name, tensor)
+    for name, (piece, found) in pieces.items():
+        whole[name] = _joined(name, piece[0], piece[3], found, folder)
+    return whole
+
+
+def _joined(name: str, dim: int, extent: int, found: Mapping[tuple[int, int], torch.Tensor],
+            folder: Path) -> torch.Tensor:
+    """The slices ``found`` (by row span) joined along ``dim``; they must cover ``0 … extent`` exactly."""
+    covered = 0
+    for start, stop in sorted(found):
+        if start != covered:
+            raise InputError(f"checkpoint {folder} lacks rows {covered}…{start} of {name}; it is damaged")
+        covered = stop
+    if covered != extent:
+        raise InputError(f"checkpoint {folder} lacks rows {covered}…{extent} of {name}; it is damaged")
+    return torch.cat([found[span] for span in sorted(found) if span[1] > span[0]], dim=dim)
+
+
+def write_full(manifest: Mapping[str, Any]) -> Path:
+    """Write the gathered form into the checkpoint's folder as ``full.pt`` and record it in the manifest."""
+    folder = Path(manifest["folder"])
+    data = _serialise(gather({k: v for k, v in manifest.items() if k != "full"}))
+    write_bytes_atomic(folder / "full.pt", data)
+    document = {k: v for k, v in manifest.items() if k != "folder"}
+    document["full"] = {"file": "full.pt", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    write_json_atomic(folder / "manifest.json", document)
+    return folder / "full.pt"

@@ -1,0 +1,82 @@
+"""One attempt of ``parplan run`` and its checkpoints: where it starts, when it saves, what it reports.
+
+* ``--checkpoint-every N --checkpoint-dir D``: after every ``N``-th update
+  (warm-up included) all ranks write a checkpoint (``runtime.checkpoint``).
+* ``--resume``: start from the newest complete checkpoint in ``D``.
+* A group that torchrun's agent restarted (``--max-restarts``; the agent sets
+  ``TORCHELASTIC_RESTART_COUNT``) resumes from it too, or starts over when
+  no checkpoint was complete yet.
+
+The step's data is drawn from the seed and the step number, and the RNG
+state is in the checkpoint, so a resumed run's losses are those of the run it
+continues. The measurement's ``recovery`` block says where this attempt
+started, how many restarts preceded it and which checkpoints it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from cost_models.errors import InputError
+from runtime.checkpoint import Progress, State, latest, restore, save
+
+__all__ = ["Recovery", "training_state"]
+
+
+def training_state(split: Any, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor] | None = None) -> State:
+    """The named parameters this rank trains, its buffers (``buffers``: only these) and their slices."""
+    model: nn.Module = split.model
+    own = {id(p) for p in split.own_parameters}
+    kept = None if buffers is None else {id(b) for b in buffers}
+    return State(parameters={n: p for n, p in model.named_parameters() if id(p) in own},
+                 buffers={n: b for n, b in model.named_buffers() if kept is None or id(b) in kept},
+                 slices={piece.name: piece for piece in split.slices}, optimizer=optimizer)
+
+
+class Recovery:
+    """Checkpoints and resume for this attempt (see the module docstring)."""
+
+    def __init__(self, options: Any, state: State, device: torch.device) -> None:
+        self.options, self.state, self.device = options, state, device
+        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.resumed_from: int | None = None
+        self.written: list[int] = []
+        self.seconds: list[float] = []
+
+    def start(self) -> Progress:
+        """The progress to continue from: a checkpoint's, loaded into the state, or a fresh start."""
+        directory = self.options.checkpoint_dir
+        if not directory or not (self.options.resume or self.restarts > 0):
+            return Progress()
+        manifest = latest(directory)
+        if manifest is None:
+            if self.options.resume and self.restarts == 0:
+                raise InputError(f"--resume: {directory} holds no complete checkpoint; run without --resume")
+            return Progress()
+        progress = restore(manifest, self.state, self.meta(), self.device)
+        self.resumed_from = progress.step
+        return progress
+
+    def after_step(self, progress: Progress) -> None:
+        """Write a checkpoint when ``progress.step`` is a multiple of ``--checkpoint-every`` (collective)."""
+        every = self.options.checkpoint_every
+        if every and self.options.checkpoint_dir and progress.step % every == 0:
+            started = time.perf_counter()
+            save(self.options.checkpoint_dir, progress, self.state, self.meta())
+            self.seconds.append(time.perf_counter() - started)
+            self.written.append(progress.step)
+
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint records of this run and a resume must match."""
+        return {"plan": self.options.plan, "seed": self.options.seed}
+
+    def report(self) -> dict[str, Any]:
+        """The measurement's ``recovery`` block."""
+        return {"resumed_from_step": self.resumed_from, "restarts": self.restarts,
+                "checkpoint_dir": self.options.checkpoint_dir or None, "checkpoints": list(self.written),
+                "checkpoint_s": list(self.seconds)}

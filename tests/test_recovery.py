@@ -1,0 +1,157 @@
+"""Failures and recovery of ``parplan run``: dead and hung ranks, checkpoints, resume and elastic restarts.
+
+Failures are injected with ``PARPLAN_FAULT=KIND:RANK:STEP`` (``runtime.faults``).
+Every run is real: 2–4 ranks on gloo, started by torchrun's machinery or by
+``mpirun``, training the example UNet in float64 so that a resumed run's
+losses can be compared with an uninterrupted run's exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.multirank
+
+UNET = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,40,24", "--dtype", "float64", "--warmup", "0"]
+STEPS = ["--steps", "6"]
+MPIRUN = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+
+
+def _parplan(*args: str, cwd: Path, fault: str = "", launcher: list[str] | None = None,
+             tag: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PARPLAN_TEST_TAG": tag or uuid.uuid4().hex}
+    env.pop("PARPLAN_FAULT", None)
+    if fault:
+        env["PARPLAN_FAULT"] = fault
+    mpi = [*(launcher or []), *(["-x", "PARPLAN_FAULT"] if launcher and fault else [])]
+    command = [*mpi, str(Path(sys.executable).parent / "parplan"), *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _survivors(tag: str) -> list[int]:
+    """Processes still running with ``PARPLAN_TEST_TAG=tag`` in their environment."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"PARPLAN_TEST_TAG={tag}".encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _losses(run: subprocess.CompletedProcess[str]) -> list[float]:
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)["loss"]
+
+
+def _mpirun(ranks: int) -> list[str]:
+    assert MPIRUN is not None
+    return [MPIRUN, "-n", str(ranks), "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(repo: Path) -> dict[str, Any]:
+    """Six steps on two ranks (h2) without a failure: the reference trajectory."""
+    run = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--json", cwd=repo)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def interrupted(repo: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str], str]:
+    """The same run with a checkpoint every 2 steps, rank 1 killed at the start of step 4."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    tag = uuid.uuid4().hex
+    run = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-every", "2",
+                   "--checkpoint-dir", str(folder), "--json", cwd=repo, fault="kill:1:4", tag=tag)
+    return folder, run, tag
+
+
+def test_a_killed_rank_stops_the_others_names_itself_and_leaves_no_process(interrupted: Any) -> None:
+    folder, run, tag = interrupted
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.strip().splitlines()[-1] == "parplan run: error: rank 1 died (SIGKILL)"
+    assert _survivors(tag) == []
+    assert sorted(p.name for p in folder.iterdir()) == ["step-00000002"]  # step 4's never began
+
+
+def test_resuming_continues_the_uninterrupted_losses_exactly(interrupted: Any, uninterrupted: dict[str, Any],
+                                                             repo: Path) -> None:
+    folder, _, _ = interrupted
+    resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-dir", str(folder),
+                       "--resume", "--json", cwd=repo)
+    assert _losses(resumed) == uninterrupted["loss"]  # float64, bit for bit
+    assert json.loads(resumed.stdout)["recovery"] == {"resumed_from_step": 2, "restarts": 0, "checkpoint_s": [],
+                                                      "checkpoint_dir": str(folder), "checkpoints": []}
+
+
+def test_an_elastic_restart_after_a_killed_rank_gives_the_same_losses(uninterrupted: dict[str, Any], repo: Path,
+                                                                     tmp_path: Path) -> None:
+    run = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-every", "3",
+                   "--checkpoint-dir", str(tmp_path), "--max-restarts", "1", "--json", cwd=repo, fault="kill:0:5")
+    assert _losses(run) == uninterrupted["loss"]
+    recovery = json.loads(run.stdout)["recovery"]
+    assert len(recovery.pop("checkpoint_s")) == 1
+    assert recovery == {"resumed_from_step": 3, "restarts": 1, "checkpoint_dir": str(tmp_path), "checkpoints": [6]}
+    assert "parplan: fault: rank 0 kills at step 5" in run.stderr
+
+
+def test_resuming_on_four_ranks_under_another_plan_from_the_gathered_form(interrupted: Any, repo: Path,
+                                                                         uninterrupted: dict[str, Any]) -> None:
+    import torch
+
+    folder, _, _ = interrupted
+    gathered = _parplan("checkpoint", "gather", "--checkpoint-dir", str(folder), "--json", cwd=repo)
+    assert gathered.returncode == 0, gathered.stderr
+    full = torch.load(json.loads(gathered.stdout)["file"], weights_only=True)
+    shard = torch.load(folder / "step-00000002" / "rank-00001.pt", weights_only=True)  # h2: every tensor whole
+    assert full["format"] == "parplan.checkpoint-full/1" and full["step"] == 2
+    for name, tensor in shard["parameters"].items():
+        torch.testing.assert_close(full["parameters"][name], tensor, rtol=0, atol=0)
+    resumed = _parplan("run", *UNET, *STEPS, "--layout", "c2·h2", "--nproc", "4", "--checkpoint-dir", str(folder),
+                       "--resume", "--json", cwd=repo)
+    torch.testing.assert_close(_losses(resumed), uninterrupted["loss"], rtol=1e-12, atol=1e-12)
+
+
+def test_a_hung_rank_makes_the_others_exit_within_the_timeout_naming_the_exchange(repo: Path) -> None:
+    tag = uuid.uuid4().hex
+    started = time.time()
+    run = _parplan("run", *UNET, "--steps", "3", "--layout", "h2", "--nproc", "2", "--timeout-s", "4", cwd=repo,
+                   fault="hang:1:2", tag=tag)
+    ended = time.time()
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"parplan run: error: rank 0 failed \(exit code 1\): RankFailure: rank 0: timed out after "
+                        r"4 s \(a peer hung or is far behind\) in the halo exchange along H with rank 1 \(step 2, "
+                        r"forward, layer \w+\)", last), last
+    struck = float(re.search(r"parplan: fault: rank 1 hangs at step 2 \(t=([0-9.]+)\)", run.stderr).group(1))
+    assert struck > started and 4 <= ended - struck < 4 + 15  # the timeout, then the agent's stop and exit
+    assert _survivors(tag) == []
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="no mpirun (make test installs openmpi)")
+def test_under_mpirun_a_hung_rank_aborts_the_job_and_a_resume_gives_the_same_losses(
+        interrupted: Any, uninterrupted: dict[str, Any], repo: Path) -> None:
+    tag = uuid.uuid4().hex
+    hung = _parplan("run", *UNET, "--steps", "3", "--layout", "h2", "--timeout-s", "4", cwd=repo, fault="hang:1:2",
+                    launcher=_mpirun(2), tag=tag)
+    assert hung.returncode != 0
+    assert "parplan run: error: rank 0: timed out after 4 s" in hung.stderr and "halo exchange" in hung.stderr
+    assert _survivors(tag) == []
+    folder, _, _ = interrupted
+    resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--checkpoint-dir", str(folder), "--resume",
+                       "--json", cwd=repo, launcher=_mpirun(2))
+    assert _losses(resumed) == uninterrupted["loss"]

@@ -1,0 +1,152 @@
+"""The parts of failure handling and checkpoints that need no ranks: messages, faults, shards, gathering, pruning."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cost_models.errors import InputError
+from runtime import checkpoint
+from runtime.checkpoint import Progress, State
+from runtime.failures import RankFailure, at, describe, exchange, in_backward, place, reason
+from runtime.faults import Fault, planned, strike
+from runtime.pipeline_train import _segments
+from runtime.slicing import ParameterSlice
+
+GLOO_TIMEOUT = "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete"
+GLOO_CLOSED = "[../gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:9128"
+
+
+def test_backend_errors_become_one_line_naming_rank_exchange_peers_and_place() -> None:
+    assert reason(RuntimeError(GLOO_TIMEOUT)) == "timed out after 3 s (a peer hung or is far behind)"
+    assert reason(RuntimeError(GLOO_CLOSED)) == "lost the connection to a peer (it died)"
+    assert reason(RuntimeError("first line\nsecond")) == "first line"
+    with pytest.raises(RankFailure) as caught, at("step 4"), at("forward"), at("layer conv2"):
+        with exchange("the halo exchange along H", [0, 1]):
+            raise RuntimeError(GLOO_TIMEOUT)
+    assert str(caught.value) == ("rank 0: timed out after 3 s (a peer hung or is far behind) in the halo exchange "
+                                 "along H with rank 1 (step 4, forward, layer conv2)")
+    assert place() == ()
+    assert in_backward(("step 4", "forward", "layer conv2")) == ("step 4", "backward", "layer conv2")
+    assert in_backward(("step 4",)) == ("step 4", "backward")
+    assert describe("the gradient allreduce", [0, 2, 3], (), RuntimeError(GLOO_CLOSED)) == \
+        "rank 0: lost the connection to a peer (it died) in the gradient allreduce with ranks 2, 3"
+
+
+def test_an_exchange_leaves_other_errors_and_its_own_alone() -> None:
+    with pytest.raises(ValueError), exchange("x"):
+        raise ValueError("not a backend error")
+    original = RankFailure("rank 1: already named")
+    with pytest.raises(RankFailure) as caught, exchange("outer"):
+        raise original
+    assert caught.value is original
+
+
+@pytest.mark.parametrize("text", ["kill", "kill:1", "boom:1:2", "kill:-1:2", "kill:1:0", "kill:x:2", "kill:1:2:3"])
+def test_a_malformed_fault_is_one_clear_error(text: str) -> None:
+    with pytest.raises(InputError, match="PARPLAN_FAULT="):
+        planned(text)
+
+
+def test_a_fault_strikes_only_its_rank_and_step_and_only_the_first_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert planned("") is None and planned("hang:2:7") == Fault("hang", 2, 7)
+    fault = Fault("exit", 1, 3)
+    strike(fault, 0, 3)  # another rank
+    strike(fault, 1, 2)  # another step
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    strike(fault, 1, 3)  # a restarted group runs clean
+    strike(None, 1, 3)
+
+
+def test_pipeline_segments_end_at_warmup_and_at_each_checkpoint() -> None:
+    assert _segments(0, 2, 8, 0) == [range(0, 2), range(2, 8)]
+    assert _segments(0, 0, 7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
+    assert _segments(4, 1, 8, 3) == [range(4, 6), range(6, 8)]
+    assert _segments(8, 1, 8, 3) == []
+
+
+def _shard_state(rank: int, full: nn.Module) -> State:
+    """Rank ``rank`` of 2 holding half of ``weight`` (rows) and the whole ``bias``, with SGD momentum."""
+    rows = (0, 2) if rank == 0 else (2, 4)
+    weight = nn.Parameter(full.weight.detach()[rows[0]:rows[1]].clone())
+    bias = nn.Parameter(full.bias.detach().clone())
+    optimizer = torch.optim.SGD([weight, bias], lr=0.1, momentum=0.9)
+    weight.grad, bias.grad = torch.ones_like(weight) * (rank + 1), torch.ones_like(bias)
+    optimizer.step()
+    return State(parameters={"weight": weight, "bias": bias}, buffers={"seen": torch.tensor([3.0 + rank])},
+                 slices={"weight": ParameterSlice("weight", 0, rows[0], rows[1], 4)}, optimizer=optimizer)
+
+
+def _write_checkpoint(folder: Path, step: int, states: list[State]) -> dict:
+    """What ``checkpoint.save`` writes, without ranks: one shard per state and the manifest."""
+    plan = {"format": "parplan.plan/1", "model": {"spec": "m", "fingerprint": "sha256:0123456789", "dtype": "float32",
+                                                  "input_shape": [2, 1, 4, 4]},
+            "cluster": {"devices": len(states)}, "layers": [], "pipeline": {}}
+    target = checkpoint.step_folder(folder, step)
+    target.mkdir(parents=True)
+    entries = []
+    for rank, state in enumerate(states):
+        data = checkpoint._serialise(checkpoint._shard(Progress(step, [0.5], [0.1]), state, {"plan": plan}, rank))
+        (target / f"rank-{rank:05d}.pt").write_bytes(data)
+        entries.append({"rank": rank, "file": f"rank-{rank:05d}.pt", "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest()})
+    manifest = checkpoint._manifest(Progress(step), {"plan": plan, "seed": 0}, entries)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return checkpoint.read_manifest(target)
+
+
+def test_gathering_joins_slices_keeps_replicas_and_maps_optimizer_state_by_name(tmp_path: Path) -> None:
+    full = nn.Linear(3, 4)
+    states = [_shard_state(rank, full) for rank in range(2)]
+    manifest = _write_checkpoint(tmp_path, 2, states)
+    gathered = checkpoint.gather(manifest)
+    torch.testing.assert_close(gathered["parameters"]["weight"], torch.cat([s.parameters["weight"] for s in states]))
+    torch.testing.assert_close(gathered["parameters"]["bias"], states[0].parameters["bias"])
+    momentum = gathered["optimizer"]["state"]["weight"]["momentum_buffer"]
+    torch.testing.assert_close(momentum, torch.cat([torch.ones(2, 3), 2 * torch.ones(2, 3)]))
+    assert gathered["buffers"]["seen"].item() == 3.0 and gathered["losses"] == [0.5]
+    path = checkpoint.write_full(manifest)
+    assert torch.load(path, weights_only=True)["parameters"].keys() == {"weight", "bias"}
+    assert "full" in checkpoint.latest(tmp_path)
+
+
+def test_a_state_loads_its_slice_of_the_gathered_form(tmp_path: Path) -> None:
+    full = nn.Linear(3, 4)
+    gathered = checkpoint.gather(_write_checkpoint(tmp_path, 2, [_shard_state(r, full) for r in range(2)]))
+    fresh = _shard_state(1, nn.Linear(3, 4))
+    checkpoint._copy_into(gathered["parameters"], fresh.parameters, fresh, "parameter")
+    fresh.optimizer.load_state_dict(checkpoint._optimizer_for(gathered["optimizer"], fresh))
+    torch.testing.assert_close(fresh.parameters["weight"], gathered["parameters"]["weight"][2:4])
+    buffer = fresh.optimizer.state[fresh.parameters["weight"]]["momentum_buffer"]
+    torch.testing.assert_close(buffer, 2 * torch.ones(2, 3))
+    wrong = State(parameters={"weight": nn.Parameter(torch.zeros(5, 3))}, buffers={}, slices={},
+                  optimizer=fresh.optimizer)
+    with pytest.raises(InputError, match="has shape"):
+        checkpoint._copy_into(gathered["parameters"], wrong.parameters, wrong, "parameter")
+
+
+def test_a_damaged_or_incomplete_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
+    full = nn.Linear(3, 4)
+    manifest = _write_checkpoint(tmp_path, 2, [_shard_state(r, full) for r in range(2)])
+    shard = Path(manifest["folder"]) / "rank-00001.pt"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(InputError, match="does not match the digest"):
+        checkpoint.gather(manifest)
+    lonely = _write_checkpoint(tmp_path / "one", 4, [_shard_state(0, full)])
+    with pytest.raises(InputError, match="lacks rows 2…4 of weight"):
+        checkpoint.gather(lonely)
+
+
+def test_only_the_two_newest_complete_checkpoints_are_kept(tmp_path: Path) -> None:
+    full = nn.Linear(3, 4)
+    for step in (2, 4, 6):
+        _write_checkpoint(tmp_path, step, [_shard_state(0, full), _shard_state(1, full)])
+    (tmp_path / "step-00000008").mkdir()  # being written: newer than the newest complete one, kept
+    checkpoint._prune(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000006", "step-00000008"]
+    assert checkpoint.latest(tmp_path)["step"] == 6
