@@ -57,8 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _failure(err: Exception) -> str:
     """One line for a failure that is not bad input: a rank that died or hung, or a bug (asks for --debug)."""
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if type(err).__name__ in ("RankFailure", "RankFailedError"):  # runtime.failures, runtime.launch
-        return f"error: {detail}"
+    if "runtime.launch" in sys.modules:  # only a run can have failed ranks (imported by then)
+        from runtime.failures import RankFailure
+        from runtime.launch import RankFailedError
+
+        if isinstance(err, (RankFailure, RankFailedError)):
+            return f"error: {detail}"
     return f"internal error: {type(err).__name__}: {detail} (rerun with --debug for the traceback)"
 
 

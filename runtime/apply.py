@@ -42,7 +42,7 @@ from cost_models.layout import Layout
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
-from runtime.failures import at, exchange
+from runtime.failures import at, exchange, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
 from runtime.layer_times import LAYER_RANGE
@@ -143,6 +143,7 @@ class DistributedModel(nn.Module):
         The model input ``x`` (this rank's box) is needed when the nodes include the placeholder; the
         output node's value is stored under ``"(output)"``.
         """
+        self.gradients.where = place()  # backward may run on other threads (CUDA), outside the forward's labels
         for node in self._nodes:
             if node.op == "placeholder":
                 env[node.name] = _Value(x, self.input_placement, self.layer_graph.input_shape)

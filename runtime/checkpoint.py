@@ -24,9 +24,9 @@ loads each rank's own shard, so training continues bit for bit. Under
 another plan — other layouts, stages or device count, same model and input —
 every rank takes its part of the gathered form (:func:`gather`: slices
 joined, replicas taken from the lowest rank holding them). The RNG state is
-then rank 0's, and the running statistics of layers split by sample are rank
-0's (as DDP broadcasts them), so that resume is equal to the unsplit model's
-training but not bit for bit the interrupted run's.
+then rank 0's, and the running statistics of layers split by sample are
+their lowest rank's (as DDP broadcasts rank 0's), so that resume is equal to
+the unsplit model's training but not bit for bit the interrupted run's.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ import torch
 from cost_models.errors import InputError
 from cost_models.jsonio import read_json, write_bytes_atomic, write_json_atomic
 
-__all__ = ["FORMAT", "Progress", "State", "complete", "gather", "latest", "plan_digest", "restore", "save",
-           "write_full"]
+__all__ = ["FORMAT", "Progress", "State", "check_compatible", "check_sizes", "complete", "gather", "latest",
+           "plan_digest", "restore", "save", "write_full"]
 
 FORMAT = "parplan.checkpoint/1"
 SHARD_FORMAT = "parplan.checkpoint-shard/1"
@@ -108,11 +108,43 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return {**document, "folder": str(folder)}
 
 
+def check_compatible(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+    """Refuse to resume a run described by ``meta`` from the checkpoint of ``manifest``, naming both values.
+
+    ``meta``: ``plan`` (the plan document: model fingerprint and dtype), ``seed``, ``warmup`` and ``steps``.
+    """
+    made, plan = manifest["model"], meta["plan"]["model"]
+    source = f"the checkpoint in {manifest['folder']}"
+    if made["fingerprint"] != plan["fingerprint"]:
+        raise InputError(f"{source} is of model {made['spec']} at input {made['input_shape']} (fingerprint "
+                         f"{made['fingerprint']}), this run's is {plan['fingerprint']}; resume with the same model "
+                         "and --input-shape")
+    ours = (plan["dtype"], meta["seed"], meta["warmup"])
+    theirs = (made["dtype"], manifest["seed"], manifest["warmup"])
+    if ours != theirs:
+        raise InputError(f"{source} was made with --dtype {theirs[0]} --seed {theirs[1]} --warmup {theirs[2]}, this "
+                         f"run has --dtype {ours[0]} --seed {ours[1]} --warmup {ours[2]}; give the same")
+    if manifest["step"] > meta["warmup"] + meta["steps"]:
+        raise InputError(f"{source} is after step {manifest['step']}, past this run's end (--warmup {meta['warmup']} "
+                         f"+ --steps {meta['steps']}); raise --steps")
+
+
+def check_sizes(manifest: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose shard files are missing or of another size than its manifest says."""
+    folder = Path(manifest["folder"])
+    for entry in manifest["shards"]:
+        path = folder / entry["file"]
+        size = path.stat().st_size if path.is_file() else None
+        if size != entry["bytes"]:
+            found = "missing" if size is None else f"{size} bytes"
+            raise InputError(f"checkpoint file {path} is {found}, its manifest says {entry['bytes']} bytes; remove "
+                             f"{folder} to resume from the checkpoint before")
+
+
 def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[str, Any]) -> Path:
     """Write the checkpoint after ``progress.step`` updates; collective (every rank calls it). Returns its folder.
 
-    ``meta``: ``plan`` (the plan document), ``model``, ``input_shape``, ``dtype``, ``seed`` — what a resume
-    must match.
+    ``meta``: ``plan`` (the plan document), ``seed`` and ``warmup`` — recorded for :func:`check_compatible`.
     """
     import torch.distributed as dist
 
@@ -165,7 +197,8 @@ def _manifest(progress: Progress, meta: Mapping[str, Any], entries: Sequence[Any
     return {"format": FORMAT, "step": progress.step, "world_size": len(entries),
             "model": {"spec": plan["model"]["spec"], "fingerprint": plan["model"]["fingerprint"],
                       "input_shape": list(plan["model"]["input_shape"]), "dtype": plan["model"]["dtype"]},
-            "seed": meta["seed"], "plan_digest": plan_digest(plan), "plan": plan, "shards": list(entries),
+            "seed": meta["seed"], "warmup": meta["warmup"], "plan_digest": plan_digest(plan), "plan": plan,
+            "shards": list(entries),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -216,8 +249,9 @@ def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any], 
 
     same = manifest["plan_digest"] == plan_digest(meta["plan"]) and manifest["world_size"] == dist.get_world_size()
     source = load_shard(manifest, dist.get_rank()) if same else gather(manifest)
-    _copy_into(source["parameters"], state.parameters, state, "parameter")
-    _copy_into(source["buffers"], state.buffers, state, "buffer")
+    where = f"the checkpoint in {manifest['folder']}"
+    _copy_into(source["parameters"], state.parameters, state, "parameter", where)
+    _copy_into(source["buffers"], state.buffers, state, "buffer", where)
     state.optimizer.load_state_dict(_optimizer_for(source["optimizer"], state))
     torch.set_rng_state(source["rng"]["cpu"])
     if "cuda" in source["rng"] and device.type == "cuda":
@@ -235,33 +269,38 @@ def _local(name: str, tensor: torch.Tensor, state: State) -> torch.Tensor:
 
 
 def _copy_into(saved: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor], state: State,
-               kind: str) -> None:
+               kind: str, source: str = "the checkpoint") -> None:
     for name, target in targets.items():
         if name not in saved:
-            raise InputError(f"the checkpoint has no {kind} {name}; it was made for another model")
+            raise InputError(f"{source} has no {kind} {name}: it was made for another model; resume with that "
+                             "model, or start afresh in an empty --checkpoint-dir")
         value = _local(name, saved[name], state)
         if tuple(value.shape) != tuple(target.shape):
-            raise InputError(f"the checkpoint's {kind} {name} has shape {tuple(value.shape)} where this run holds "
-                             f"{tuple(target.shape)}; it was made for another model")
+            raise InputError(f"{source}'s {kind} {name} has shape {tuple(value.shape)} where this run holds "
+                             f"{tuple(target.shape)}: it was made for another model; resume with that model, or "
+                             "start afresh in an empty --checkpoint-dir")
         with torch.no_grad():
             target.copy_(value)
 
 
 def _optimizer_for(saved: Mapping[str, Any], state: State) -> dict[str, Any]:
-    """An optimizer state dict for this rank's parameters from one keyed by names."""
+    """An optimizer state dict for this rank's parameters from one keyed by names.
+
+    The per-parameter state (momentum, Adam's moments) comes from the checkpoint; the hyperparameters are this
+    run's own (a resume may change ``--lr``).
+    """
     names = {id(t): n for n, t in state.parameters.items()}
     groups, entries, index = [], {}, 0
-    for position, group in enumerate(state.optimizer.param_groups):
-        hyper = saved["param_groups"][min(position, len(saved["param_groups"]) - 1)]
+    for group in state.optimizer.param_groups:
         members = []
         for param in group["params"]:
             name = names[id(param)]
             if name in saved["state"]:
-                entries[index] = {k: _local(name, v, state) if isinstance(v, torch.Tensor) and v.dim() else v
+                entries[index] = {k: _local(name, v, state).clone() if isinstance(v, torch.Tensor) and v.dim() else v
                                   for k, v in saved["state"][name].items()}
             members.append(index)
             index += 1
-        groups.append({**{k: v for k, v in hyper.items() if k != "params"}, "params": members})
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": members})
     return {"state": entries, "param_groups": groups}
 
 

@@ -32,8 +32,10 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     from runtime.train import RunOptions
 
     from cost_models.jsonio import check_writable
+    from runtime.faults import planned
 
     check_writable(args.out, "--out")
+    planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
     shape = parse_input_shape(args.input_shape)
     plan = _read_plan(args) if args.plan else None
     graph = trace(load_model(args.model), shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
@@ -140,12 +142,13 @@ def _check_recovery(args: argparse.Namespace, plan: Any, mpi: bool) -> None:
         raise InputError("--max-restarts needs torchrun's agent (parplan run --nproc R); mpirun does not restart "
                          "ranks — drop --max-restarts and rerun mpirun with --resume")
     if directory:
-        _check_folder(directory)
+        _check_folder(directory, args.resume)
     if args.resume:
         _check_resumable(directory, plan, args)
 
 
-def _check_folder(directory: str) -> None:
+def _check_folder(directory: str, resume: bool) -> None:
+    """A folder (or one that can be made) that holds no other run's checkpoints, unless resuming from them."""
     from pathlib import Path
 
     folder = Path(directory)
@@ -153,24 +156,23 @@ def _check_folder(directory: str) -> None:
         raise InputError(f"--checkpoint-dir {directory} is a file, not a folder; give a folder")
     if not folder.exists() and not folder.parent.is_dir():
         raise InputError(f"--checkpoint-dir {directory}: its parent folder {folder.parent} does not exist; create it")
+    earlier = sorted(p.name for p in folder.glob("step-*")) if folder.is_dir() else []
+    if earlier and not resume:
+        raise InputError(f"--checkpoint-dir {directory} already holds checkpoints ({earlier[-1]}, …) of another run; "
+                         "add --resume to continue it, or give an empty folder")
 
 
 def _check_resumable(directory: str, plan: Any, args: argparse.Namespace) -> None:
-    """A complete checkpoint of this model, input, dtype and seed must be in ``directory``."""
-    from runtime.checkpoint import latest
+    """A complete, intact checkpoint of this model, input, dtype, seed and warm-up must be in ``directory``."""
+    from runtime.checkpoint import check_compatible, check_sizes, latest
 
     manifest = latest(directory)
     if manifest is None:
         raise InputError(f"--resume: {directory} holds no complete checkpoint (no step-*/manifest.json); "
                          "run without --resume")
-    made = manifest["model"]
-    if made["fingerprint"] != plan.fingerprint:
-        raise InputError(f"--resume: the checkpoint in {manifest['folder']} is of model {made['spec']} at input "
-                         f"{made['input_shape']} (fingerprint {made['fingerprint']}), this run's is "
-                         f"{plan.fingerprint}; resume with the same model and --input-shape")
-    if made["dtype"] != args.dtype or manifest["seed"] != args.seed:
-        raise InputError(f"--resume: the checkpoint was made with --dtype {made['dtype']} --seed {manifest['seed']}, "
-                         f"this run has --dtype {args.dtype} --seed {args.seed}; give the same")
+    check_compatible(manifest, {"plan": plan.to_dict(), "seed": args.seed, "warmup": args.warmup,
+                                "steps": args.steps})
+    check_sizes(manifest)
 
 
 def backend_for(requested: str | None, ranks: int, mpi: bool) -> str:

@@ -25,7 +25,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.autograd import Variable
 
-from runtime.failures import exchange
+from runtime.failures import exchange, in_backward
 from runtime.groups import GroupCache
 
 __all__ = ["GradientSync"]
@@ -38,6 +38,8 @@ class GradientSync:
         self.groups = {ranks: list(params) for ranks, params in sorted(groups.items()) if len(ranks) > 1}
         self.cache = cache
         self.enabled = True
+        self.where: tuple[str, ...] = ()
+        """The place of the forward pass these gradients come from (``runtime.failures``), for messages."""
         self._queued = False
         self._handles: list[Any] = []
 
@@ -59,7 +61,7 @@ class GradientSync:
                 continue
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
             flat = _flatten_dense_tensors(grads)
-            with exchange("the gradient allreduce", ranks):
+            with exchange("the gradient allreduce", ranks, in_backward(self.where) if self.where else None):
                 dist.all_reduce(flat, group=self.cache.get(ranks))
             for param, summed in zip(trainable, _unflatten_dense_tensors(flat, grads)):
                 if param.grad is None:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from cost_models.layout import Layout
 from cost_models.redistribution import coordinates
+from runtime.failures import exchange
 
 __all__ = ["GroupCache", "block_of", "blocks"]
 
@@ -64,7 +65,8 @@ class GroupCache:
         """Create the groups of ``rank_tuples`` not made yet (collective: every rank passes the same set)."""
         for ranks in sorted(set(rank_tuples) - set(self._groups)):
             if len(ranks) > 1 and ranks != self.world:
-                self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+                with exchange("creating the plan's process groups", ranks):
+                    self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
 
     def get(self, ranks: tuple[int, ...]) -> Any:
         """The group of ``ranks`` (``None`` for a single rank; the default group for the whole world)."""

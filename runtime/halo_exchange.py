@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from cost_models.halo import partition
-from runtime.failures import in_backward, place, wait_all
+from runtime.failures import exchange, in_backward, place, wait_all
 
 __all__ = ["AxisWindow", "PendingHalo", "axis_window", "exchange_halo", "finish_halo", "start_halo", "window_of_reads"]
 
@@ -149,7 +149,8 @@ class _HaloStart(torch.autograd.Function):
                     (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
         incoming = [(w.before, _empty_rows(tile, dim, received_before)),
                     (w.after, _empty_rows(tile, dim, received_after))]
-        pending.requests = _post(outgoing, incoming)
+        with exchange(_what(dim), _peers(w)):
+            pending.requests = _post(outgoing, incoming)
         pending.keep = [rows for _, rows in outgoing]
         return incoming[0][1], incoming[1][1]
 
@@ -162,7 +163,8 @@ class _HaloStart(torch.autograd.Function):
                     (w.after, _grad_or_zeros(grad_after, result, dim, received_after))]
         incoming = [(w.before, _empty_rows(result, dim, w.sends_before)),
                     (w.after, _empty_rows(result, dim, w.sends_after))]
-        wait_all(_post(outgoing, incoming), _what(dim), _peers(w), in_backward(ctx.where))
+        with exchange(_what(dim), _peers(w), in_backward(ctx.where)):
+            wait_all(_post(outgoing, incoming), _what(dim), _peers(w))
         for (start, stop), (_, rows) in zip((w.sends_before, w.sends_after), incoming):
             result.narrow(dim, start - w.own_start, stop - start).add_(rows)
         return result, None

@@ -56,6 +56,9 @@ and a rank that dies before it joins is stopped by the agent or by mpirun, so th
 _SHUTDOWN_S = 5
 """Seconds the agent waits after SIGTERM before it SIGKILLs the ranks it stops."""
 
+_INPUT_ERRORS = ("InputError", "TraceError", "PlanError")
+"""The names of ``cost_models.errors``' classes: a rank that raised one met bad input (exit 2), not a failure."""
+
 _MONITOR_S = 0.1
 """How often the agent checks its ranks."""
 
@@ -107,6 +110,9 @@ def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int
     try:
         results = elastic_launch(config, _elastic_entry)(runs, backend, os.getpid())
     except ChildFailedError as err:
+        refused = _bad_input(err)
+        if refused is not None:
+            raise InputError(refused) from err
         raise RankFailedError(_failure_line(err, max_restarts)) from err
     finally:
         for log, level in zip(logs, levels):
@@ -165,10 +171,9 @@ def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[
     host, port = comm.bcast(_rendezvous_address(len(set(hosts)) == 1) if rank == 0 else None, root=0)
     store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=_JOIN_TIMEOUT)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=runs[0].timeout)
-    try:
-        return _each([RunOptions(**{**options.__dict__, "launcher": "mpi"}) for options in runs])
-    finally:
-        dist.destroy_process_group()
+    documents = _each([RunOptions(**{**options.__dict__, "launcher": "mpi"}) for options in runs])
+    dist.destroy_process_group()  # not after a RankFailure: the command's handler aborts the MPI job at once
+    return documents
 
 
 def _rendezvous_address(one_host: bool) -> tuple[str, int]:
@@ -241,6 +246,25 @@ def _failure_line(err: Any, max_restarts: int) -> str:
     return "; ".join(parts) + tried
 
 
+def _bad_input(err: Any) -> str | None:
+    """The message of an InputError a rank raised (a checkpoint refused on reading it, …), if that is what failed.
+
+    Only text crosses the process boundary (the error file's ``ExceptionType: message``), so the type is
+    recognised by its name: ``cost_models.errors`` and its subclasses.
+    """
+    for failure in err.failures.values():
+        last = _message(failure).splitlines()[-1] if _message(failure) else ""
+        kind, _, text = last.partition(": ")
+        if kind.rsplit(".", 1)[-1] in _INPUT_ERRORS and text:
+            return text
+    return None
+
+
+def _message(failure: Any) -> str:
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+    return str(message).strip()
+
+
 def _one_failure(rank: int, failure: Any) -> str:
     if failure.exitcode is not None and failure.exitcode < 0:
         try:
@@ -248,7 +272,6 @@ def _one_failure(rank: int, failure: Any) -> str:
         except ValueError:
             name = f"signal {-failure.exitcode}"
         return f"rank {rank} died ({name})"
-    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-    message = str(message).strip()
+    message = _message(failure)
     last = message.splitlines()[-1] if message else ""
     return f"rank {rank} failed (exit code {failure.exitcode})" + (f": {last}" if last else "")

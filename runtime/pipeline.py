@@ -52,7 +52,7 @@ from cost_models.graph import trace
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime.apply import DistributedModel, check_plan, group_ranks, local_shape, parameters_of
-from runtime.failures import at, wait_all
+from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache
 from runtime.layers import Site, input_placement
 from runtime.placement import Placement
@@ -294,20 +294,25 @@ class PipelineStage:
 
     def _send(self, tensor: torch.Tensor, stage: int, tag: int) -> None:
         tensor = tensor.detach().contiguous()
-        self._sending.append((dist.isend(tensor, self._peer(stage), tag=tag), tensor, self._peer(stage)))
+        with exchange(f"the pipeline send to stage {stage}", [self._peer(stage)]):
+            self._sending.append((dist.isend(tensor, self._peer(stage), tag=tag), tensor, self._peer(stage)))
 
     def _receive(self, name: str, stage: int, tag: int) -> torch.Tensor:
         shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self.placements[name], self.member)
         buffer = torch.empty(shape, dtype=getattr(torch, self.plan.dtype), device=self._device())
         started = time.perf_counter()
         kind = "activation" if tag % 2 == 0 else "gradient"
-        wait_all([dist.irecv(buffer, self._peer(stage), tag=tag)], f"the pipeline receive of the {kind} of {name} "
-                 f"from stage {stage}", [self._peer(stage)])
+        with exchange(f"the pipeline receive of the {kind} of {name} from stage {stage}", [self._peer(stage)]):
+            dist.irecv(buffer, self._peer(stage), tag=tag).wait()
         self._waited += time.perf_counter() - started
         return buffer.requires_grad_(tag % 2 == 0 and buffer.is_floating_point())
 
     def _reap_sends(self) -> None:
-        self._sending = [sending for sending in self._sending if not sending[0].is_completed()]
+        completed = [sending[0].is_completed() for sending in self._sending]
+        done = [sending for sending, finished in zip(self._sending, completed) if finished]
+        wait_all([work for work, _, _ in done], "the pipeline's sends to the neighbouring stages",
+                 [peer for _, _, peer in done])  # instant; raises if a send failed
+        self._sending = [sending for sending, finished in zip(self._sending, completed) if not finished]
 
     def _device(self) -> torch.device:
         return next((p.device for p in self.model.model.parameters()), torch.device("cpu"))

@@ -45,6 +45,7 @@ from torch import nn
 
 from runtime.failures import all_reduce, at, barrier
 from runtime.faults import planned, strike
+from runtime.checkpoint import Progress
 from runtime.recovery import Recovery, training_state
 from runtime.schedules import Event, dsp, gpipe, one_f_one_b, staleness_of
 
@@ -63,19 +64,7 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     stage = _build(options, plan, dtype, device)
     optimizer = torch.optim.SGD(stage.parameters(), lr=options.lr)
     recovery = Recovery(options, training_state(stage.model, optimizer, stage.buffers), device)
-    progress = recovery.start()
-    records: list[list[Any]] = []  # per segment: batch numbers restart in each
-    wall_s = 0.0
-    for steps in _segments(progress.step, options.warmup, options.warmup + options.steps, options.checkpoint_every):
-        per_step, segment_records, segment_s = _train(options, plan, stage, optimizer, steps, dtype, device)
-        losses = _losses(stage, steps, plan.pipeline.micro_batches, device)
-        progress.step = steps.stop
-        if steps.start >= options.warmup:
-            progress.per_step_s += per_step
-            progress.losses += losses
-            records.append(segment_records)
-            wall_s += segment_s
-        recovery.after_step(progress)
+    progress, records, wall_s = _train_segments(options, plan, stage, optimizer, dtype, device, recovery)
     stages = _stage_report(stage, plan, records, wall_s, device, options.extra.get("slow_stages", {}))
     layers = _layer_times(options, plan, stage, optimizer, dtype, device) if options.extra.get("per_layer") else None
     memory = train._peak_memory_bytes(device)
@@ -104,11 +93,36 @@ def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Opt
     return profiled_layer_times(stage.model, one_batch, range(first, first + PER_LAYER_STEPS), device)
 
 
+def _train_segments(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
+                    device: torch.device, recovery: Recovery) -> tuple[Progress, list[list[Any]], float]:
+    """The steps not done yet, segment by segment (``_segments``), a checkpoint after each when due.
+
+    Returns the progress, the event records of each timed segment (batch numbers restart in each) and their
+    wall seconds.
+    """
+    progress = recovery.start()
+    records: list[list[Any]] = []
+    wall_s = 0.0
+    for steps in _segments(progress.step, options.warmup, options.warmup + options.steps, options.checkpoint_every):
+        per_step, segment_records, segment_s = _train(options, plan, stage, optimizer, steps, dtype, device)
+        losses = _losses(stage, steps, plan.pipeline.micro_batches, device)
+        progress.step = steps.stop
+        if steps.start >= options.warmup:
+            progress.per_step_s += per_step
+            progress.losses += losses
+            records.append(segment_records)
+            wall_s += segment_s
+        recovery.after_step(progress)
+    return progress, records, wall_s
+
+
 def _segments(first: int, warmup: int, total: int, every: int) -> list[range]:
     """The steps ``first … total−1`` cut where warm-up ends and after every ``every``-th step (a checkpoint).
 
     A stale pipeline drains at each cut: the batches after it are forwarded with every earlier update done.
     """
+    if first >= total:
+        return []
     cuts = sorted({first, total, *([warmup] if first < warmup < total else []),
                    *(range(every * (first // every + 1), total, every) if every else ())})
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from cost_models.errors import InputError
-from runtime.checkpoint import Progress, State, latest, restore, save
+from runtime.checkpoint import Progress, State, check_compatible, latest, restore, save
 
 __all__ = ["Recovery", "training_state"]
 
@@ -58,6 +58,7 @@ class Recovery:
             if self.options.resume and self.restarts == 0:
                 raise InputError(f"--resume: {directory} holds no complete checkpoint; run without --resume")
             return Progress()
+        check_compatible(manifest, {**self.meta(), "steps": self.options.steps})
         progress = restore(manifest, self.state, self.meta(), self.device)
         self.resumed_from = progress.step
         return progress
@@ -73,7 +74,7 @@ class Recovery:
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records of this run and a resume must match."""
-        return {"plan": self.options.plan, "seed": self.options.seed}
+        return {"plan": self.options.plan, "seed": self.options.seed, "warmup": self.options.warmup}
 
     def report(self) -> dict[str, Any]:
         """The measurement's ``recovery`` block."""

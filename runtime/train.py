@@ -34,6 +34,7 @@ from torch import nn
 from runtime.data import synthetic_input, synthetic_labels
 from runtime.failures import all_reduce, at
 from runtime.faults import planned, strike
+from runtime.checkpoint import Progress
 from runtime.recovery import Recovery, training_state
 
 __all__ = ["PER_LAYER_STEPS", "RunOptions", "worker"]
@@ -95,6 +96,22 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     optimizer = torch.optim.SGD(split.parameters(), lr=options.lr)
     batch = _data_source(options, split, dtype, device)
     recovery = Recovery(options, training_state(split, optimizer), device)
+    progress = _train(options, plan, split, optimizer, batch, device, recovery)
+    layers = _layer_times(options, split, optimizer, batch, device) if options.extra.get("per_layer") else None
+    memory = _peak_memory_bytes(device)
+    if dist.get_rank() != 0:
+        return None
+    document = _document(options, plan, progress.per_step_s, progress.losses, memory, verified)
+    document["recovery"] = recovery.report()
+    if layers is not None:
+        document["layers"] = layers
+    return document
+
+
+def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Optimizer,
+           batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+           recovery: Recovery) -> Progress:
+    """The warm-up and timed steps not done yet (``recovery`` says where to start), a checkpoint when due."""
     progress = recovery.start()
     fault = planned()
     for step in range(progress.step, options.warmup + options.steps):
@@ -107,15 +124,7 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
             progress.losses.append(loss)
             _progress(options, step - options.warmup, seconds, loss, plan)
         recovery.after_step(progress)
-    layers = _layer_times(options, split, optimizer, batch, device) if options.extra.get("per_layer") else None
-    memory = _peak_memory_bytes(device)
-    if dist.get_rank() != 0:
-        return None
-    document = _document(options, plan, progress.per_step_s, progress.losses, memory, verified)
-    document["recovery"] = recovery.report()
-    if layers is not None:
-        document["layers"] = layers
-    return document
+    return progress
 
 
 def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer,

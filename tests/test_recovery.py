@@ -62,11 +62,13 @@ def _mpirun(ranks: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(repo: Path) -> dict[str, Any]:
-    """Six steps on two ranks (h2) without a failure: the reference trajectory."""
-    run = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--json", cwd=repo)
+def uninterrupted(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Six steps on two ranks (h2) without a failure: the reference trajectory, and its weights at the end."""
+    folder = tmp_path_factory.mktemp("reference")
+    run = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-every", "6",
+                   "--checkpoint-dir", str(folder), "--json", cwd=repo)
     assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout)
+    return {**json.loads(run.stdout), "checkpoint_dir": folder}
 
 
 @pytest.fixture(scope="module")
@@ -109,21 +111,47 @@ def test_an_elastic_restart_after_a_killed_rank_gives_the_same_losses(uninterrup
     assert "parplan: fault: rank 0 kills at step 5" in run.stderr
 
 
-def test_resuming_on_four_ranks_under_another_plan_from_the_gathered_form(interrupted: Any, repo: Path,
-                                                                         uninterrupted: dict[str, Any]) -> None:
+def test_a_resume_on_four_ranks_in_two_pipeline_stages_from_the_gathered_form_trains_the_same(
+        interrupted: Any, repo: Path, uninterrupted: dict[str, Any], tmp_path: Path) -> None:
+    """From 2 ranks h2 to 2 stages of 2 ranks h2 each (1 micro-batch: the same training), checkpointing again."""
     import torch
 
-    folder, _, _ = interrupted
-    gathered = _parplan("checkpoint", "gather", "--checkpoint-dir", str(folder), "--json", cwd=repo)
+    shutil.copytree(interrupted[0], tmp_path / "ck")
+    gathered = _parplan("checkpoint", "gather", "--checkpoint-dir", str(tmp_path / "ck"), "--json", cwd=repo)
     assert gathered.returncode == 0, gathered.stderr
     full = torch.load(json.loads(gathered.stdout)["file"], weights_only=True)
-    shard = torch.load(folder / "step-00000002" / "rank-00001.pt", weights_only=True)  # h2: every tensor whole
+    shard = torch.load(tmp_path / "ck" / "step-00000002" / "rank-00001.pt", weights_only=True)  # h2: all whole
     assert full["format"] == "parplan.checkpoint-full/1" and full["step"] == 2
     for name, tensor in shard["parameters"].items():
         torch.testing.assert_close(full["parameters"][name], tensor, rtol=0, atol=0)
-    resumed = _parplan("run", *UNET, *STEPS, "--layout", "c2·h2", "--nproc", "4", "--checkpoint-dir", str(folder),
-                       "--resume", "--json", cwd=repo)
+    resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--stages", "2", "--micro-batches", "1", "--nproc",
+                       "4", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2", "--resume",
+                       "--json", cwd=repo)
     torch.testing.assert_close(_losses(resumed), uninterrupted["loss"], rtol=1e-12, atol=1e-12)
+    assert json.loads(resumed.stdout)["recovery"]["checkpoints"] == [4, 6]
+    for folder in (tmp_path / "ck", uninterrupted["checkpoint_dir"]):  # each stage saved its own part
+        assert _parplan("checkpoint", "gather", "--checkpoint-dir", str(folder), cwd=repo).returncode == 0
+    ours = torch.load(tmp_path / "ck" / "step-00000006" / "full.pt", weights_only=True)
+    theirs = torch.load(uninterrupted["checkpoint_dir"] / "step-00000006" / "full.pt", weights_only=True)
+    assert ours["parameters"].keys() == theirs["parameters"].keys()
+    torch.testing.assert_close(ours["parameters"], theirs["parameters"], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("extra", "refusal"), [
+    (["--steps", "6", "--checkpoint-every", "2"], "already holds checkpoints"),
+    (["--steps", "1", "--resume"], "past this run's end"),
+    (["--steps", "6", "--resume", "--seed", "1"], "was made with --dtype float64 --seed 0 --warmup 0"),
+])
+def test_a_folder_of_another_run_and_a_checkpoint_it_cannot_continue_are_refused(
+        interrupted: Any, repo: Path, capsys: pytest.CaptureFixture[str], extra: list[str], refusal: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner.cli import main
+
+    monkeypatch.chdir(repo)
+    argv = ["run", *UNET, "--layout", "h2", "--nproc", "2", "--checkpoint-dir", str(interrupted[0]), *extra]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and refusal in lines[0], lines
 
 
 def test_a_hung_rank_makes_the_others_exit_within_the_timeout_naming_the_exchange(repo: Path) -> None:

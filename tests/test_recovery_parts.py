@@ -95,7 +95,7 @@ def _write_checkpoint(folder: Path, step: int, states: list[State]) -> dict:
         (target / f"rank-{rank:05d}.pt").write_bytes(data)
         entries.append({"rank": rank, "file": f"rank-{rank:05d}.pt", "bytes": len(data),
                         "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = checkpoint._manifest(Progress(step), {"plan": plan, "seed": 0}, entries)
+    manifest = checkpoint._manifest(Progress(step), {"plan": plan, "seed": 0, "warmup": 0}, entries)
     (target / "manifest.json").write_text(json.dumps(manifest))
     return checkpoint.read_manifest(target)
 
@@ -150,3 +150,21 @@ def test_only_the_two_newest_complete_checkpoints_are_kept(tmp_path: Path) -> No
     checkpoint._prune(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000006", "step-00000008"]
     assert checkpoint.latest(tmp_path)["step"] == 6
+
+
+def test_the_agents_report_names_a_killed_rank_first_and_passes_bad_input_on() -> None:
+    from types import SimpleNamespace
+
+    from runtime.launch import _bad_input, _failure_line
+
+    def failure(exitcode: int, timestamp: int, message: object) -> SimpleNamespace:
+        return SimpleNamespace(exitcode=exitcode, timestamp=timestamp, message=message)
+
+    killed = SimpleNamespace(failures={0: failure(1, 3, {"message": "RankFailure: rank 0: lost the connection"}),
+                                       1: failure(-9, 4, "")})
+    assert _failure_line(killed, 0) == ("rank 1 died (SIGKILL); rank 0 failed (exit code 1): RankFailure: rank 0: "
+                                        "lost the connection")
+    assert _failure_line(killed, 2).endswith("(after 2 restarts)") and _bad_input(killed) is None
+    damaged = SimpleNamespace(failures={1: failure(1, 5, "Traceback …\ncost_models.errors.InputError: file x is "
+                                                         "damaged; remove it")})
+    assert _bad_input(damaged) == "file x is damaged; remove it"
