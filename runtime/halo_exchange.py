@@ -163,8 +163,9 @@ class _HaloStart(torch.autograd.Function):
                     (w.after, _grad_or_zeros(grad_after, result, dim, received_after))]
         incoming = [(w.before, _empty_rows(result, dim, w.sends_before)),
                     (w.after, _empty_rows(result, dim, w.sends_after))]
-        with exchange(_what(dim), _peers(w), in_backward(ctx.where)):
-            wait_all(_post(outgoing, incoming), _what(dim), _peers(w))
+        with exchange(_what(dim), _peers(w), in_backward(ctx.where)):  # posting and waiting, labelled once
+            for request in _post(outgoing, incoming):
+                request.wait()
         for (start, stop), (_, rows) in zip((w.sends_before, w.sends_after), incoming):
             result.narrow(dim, start - w.own_start, stop - start).add_(rows)
         return result, None

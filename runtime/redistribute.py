@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from cost_models.layout import Layout
 from cost_models.redistribution import Box
-from runtime.failures import exchange, in_backward, place, wait_all
+from runtime.failures import exchange, in_backward, place
 from runtime.placement import Placement, as_placement, box_extent
 
 __all__ = ["redistribute"]
@@ -114,7 +114,8 @@ def _exchange(data: torch.Tensor, have: Box, want: Box, pieces: Moves, what: str
     with exchange(what, [peer for peer, _ in sends + receives], where):  # posting fails too when a peer is gone
         requests = [dist.isend(_view(data, have, box).contiguous(), peer) for peer, box in sends]
         requests += [dist.irecv(buffer, peer) for (peer, _), (_, buffer) in zip(receives, buffers)]
-        wait_all(requests, what)
+        for request in requests:
+            request.wait()
     for box, buffer in buffers:
         _view(result, want, box).add_(buffer)  # the result starts at zero: adding is copying, or summing
     return result
