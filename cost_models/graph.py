@@ -89,7 +89,8 @@ class LayerGraph(nx.DiGraph):
             "format": GRAPH_FORMAT,
             **{key: self.graph[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")},
             "layers": [{"name": name, **_jsonable(self.nodes[name])} for name in self.nodes],
-            "edges": [{"src": u, "dst": v, **_jsonable(d)} for u, v, d in self.edges(data=True)],
+            "edges": [{"src": u, "dst": v, **_jsonable(self.edges[u, v])}  # each layer's inputs in argument order
+                      for v in self.nodes for u in self.predecessors(v)],
         }
 
     @classmethod

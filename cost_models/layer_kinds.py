@@ -26,7 +26,9 @@ VIEW_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
 """Kinds whose output aliases their input: they move no data and cost no time."""
 
 _CONV_FIELDS = ("kernel_size", "stride", "padding", "dilation", "groups", "padding_mode")
-_POOL_FIELDS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+_POOL_FIELDS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices",
+                "count_include_pad", "divisor_override")
+_PAIR_FIELDS = ("kernel_size", "stride", "padding", "dilation")
 
 _MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], str], ...] = (
     ((nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d), "conv_transpose"),
@@ -39,8 +41,9 @@ _MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], str], 
     ((nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d), "adaptive_avgpool"),
     ((nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d), "adaptive_maxpool"),
     ((nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d), "upsample"),
-    ((nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout), "dropout"),
+    ((nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout), "dropout"),
     ((nn.Softmax, nn.LogSoftmax), "softmax"),
+    ((nn.ZeroPad2d, nn.ConstantPad2d, nn.ReflectionPad2d, nn.ReplicationPad2d, nn.CircularPad2d), "pad"),
     (nn.Flatten, "flatten"),
     (nn.Identity, "identity"),
     (
@@ -64,14 +67,23 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     F.max_pool2d: "maxpool", F.avg_pool2d: "avgpool",
     F.adaptive_avg_pool2d: "adaptive_avgpool", F.adaptive_max_pool2d: "adaptive_maxpool",
     F.interpolate: "upsample", F.dropout: "dropout", F.softmax: "softmax", F.log_softmax: "softmax",
+    F.dropout1d: "dropout", F.dropout2d: "dropout", F.dropout3d: "dropout", F.alpha_dropout: "dropout",
+    F.feature_alpha_dropout: "dropout",
+    F.pad: "pad", torch.softmax: "softmax", torch.log_softmax: "softmax",
     torch.mean: "mean",
 }
+
+_QUALIFIED_KINDS: dict[str, str] = {
+    "torchvision.ops.stochastic_depth.stochastic_depth": "dropout",  # ConvNeXt, Swin, EfficientNet: per-sample masks
+}
+"""Functions of other packages, by qualified name (this module does not import them)."""
 
 _METHOD_KINDS: dict[str, str] = {
     "view": "view", "reshape": "view", "flatten": "flatten", "contiguous": "view",
     "permute": "view", "transpose": "view", "squeeze": "view", "unsqueeze": "view", "expand": "view",
     "relu": "activation", "relu_": "activation", "sigmoid": "activation",
     "add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "mean": "mean",
+    "softmax": "softmax", "log_softmax": "softmax",
 }
 
 
@@ -95,8 +107,8 @@ def classify(node: Node, root: GraphModule) -> KindInfo:
         kind = _METHOD_KINDS.get(str(node.target), "other")
         return KindInfo(kind, f"Tensor.{node.target}", _function_attrs(node, root, kind),
                         kind in VIEW_KINDS or str(node.target).endswith("_"))
-    kind = _FUNCTION_KINDS.get(node.target, "other")  # type: ignore[arg-type]
     label = _get_qualified_name(node.target) if callable(node.target) else str(node.target)
+    kind = _FUNCTION_KINDS.get(node.target) or _QUALIFIED_KINDS.get(label, "other")  # type: ignore[arg-type]
     aliases = kind in VIEW_KINDS or node.target in (operator.iadd, operator.imul) or bool(node.kwargs.get("inplace"))
     return KindInfo(kind, label, _function_attrs(node, root, kind), aliases)
 
@@ -108,6 +120,12 @@ def _classify_module(module: nn.Module) -> KindInfo:
     return KindInfo(kind, label, attrs, kind in VIEW_KINDS or bool(getattr(module, "inplace", False)))
 
 
+_POOL_DEFAULTS = {"padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False,
+                  "count_include_pad": True, "divisor_override": None}
+_PAD_MODES = {"ZeroPad2d": "constant", "ConstantPad2d": "constant", "ReflectionPad2d": "reflect",
+              "ReplicationPad2d": "replicate", "CircularPad2d": "circular"}
+
+
 def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
     if kind in ("conv", "conv_transpose"):
         attrs = {name: _jsonable(getattr(module, name)) for name in _CONV_FIELDS}
@@ -117,13 +135,21 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
             attrs["output_padding"] = _jsonable(module.output_padding)
         return attrs
     if kind in ("maxpool", "avgpool"):
-        return {name: _jsonable(getattr(module, name, 1)) for name in _POOL_FIELDS}
+        attrs = {name: _jsonable(getattr(module, name, _POOL_DEFAULTS.get(name))) for name in _POOL_FIELDS}
+        return _pool_defaults(attrs)
     if kind in ("adaptive_avgpool", "adaptive_maxpool"):
-        return {"output_size": _jsonable(module.output_size)}
+        return {"output_size": _jsonable(module.output_size), "return_indices": bool(getattr(module, "return_indices", False))}
     if kind == "upsample":
         return {name: _jsonable(getattr(module, name)) for name in ("scale_factor", "size", "mode", "align_corners")}
     if kind == "batchnorm":
         return {"eps": module.eps, "affine": module.affine, "track_running_stats": module.track_running_stats}
+    if kind == "norm":
+        return _norm_attrs(module)
+    if kind == "pad":
+        return {"pad": _jsonable(module.padding), "mode": _PAD_MODES[type(module).__name__],
+                "value": float(getattr(module, "value", 0.0))}
+    if kind == "softmax":
+        return {"dim": module.dim}
     if kind == "flatten":
         return {"start_dim": module.start_dim, "end_dim": module.end_dim}
     if kind == "activation":
@@ -131,28 +157,88 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
     return {}
 
 
+def _norm_attrs(module: nn.Module) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"norm": type(module).__name__, "eps": module.eps}
+    if isinstance(module, nn.GroupNorm):
+        attrs.update(num_groups=module.num_groups, affine=module.affine)
+    elif isinstance(module, nn.LayerNorm):
+        attrs.update(normalized_shape=list(module.normalized_shape), affine=module.elementwise_affine)
+    else:
+        attrs.update(affine=module.affine, track_running_stats=module.track_running_stats)
+    return attrs
+
+
+def _pool_defaults(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Pooling attributes with PyTorch's defaults filled in: no stride (``None`` or ``[]``) means the kernel's."""
+    attrs = {**{k: v for k, v in _POOL_DEFAULTS.items()}, **{k: v for k, v in attrs.items() if v is not None}}
+    if attrs.get("stride") in (None, [], 0):
+        attrs["stride"] = attrs["kernel_size"]
+    return attrs
+
+
+_FUNCTION_FIELDS: dict[str, tuple[str, ...]] = {
+    "cat": ("dim",),
+    "flatten": ("start_dim", "end_dim"),
+    "maxpool": _POOL_FIELDS,
+    "avgpool": _POOL_FIELDS,
+    "adaptive_avgpool": ("output_size",),
+    "adaptive_maxpool": ("output_size", "return_indices"),
+    "upsample": ("size", "scale_factor", "mode", "align_corners"),
+    "conv": ("stride", "padding", "dilation", "groups"),
+    "batchnorm": ("training", "momentum", "eps"),
+    "softmax": ("dim",),
+    "pad": ("pad", "mode", "value"),
+}
+_FUNCTION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "conv": {"stride": 1, "padding": 0, "dilation": 1, "groups": 1},
+    "upsample": {"mode": "nearest", "align_corners": None},
+    "pad": {"mode": "constant", "value": 0.0},
+    "flatten": {"start_dim": 0, "end_dim": -1},
+}
+
+
 def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
-    normalized = node.normalized_arguments(root, normalize_to_only_use_kwargs=True) if node.op == "call_function" else None
-    kwargs = dict(normalized.kwargs) if normalized is not None else dict(node.kwargs)
-    wanted = {
-        "cat": ("dim",),
-        "flatten": ("start_dim", "end_dim"),
-        "maxpool": _POOL_FIELDS,
-        "avgpool": ("kernel_size", "stride", "padding", "ceil_mode"),
-        "adaptive_avgpool": ("output_size",),
-        "adaptive_maxpool": ("output_size",),
-        "upsample": ("size", "scale_factor", "mode", "align_corners"),
-        "conv": ("stride", "padding", "dilation", "groups"),
-    }.get(kind, ())
-    attrs = {name: _jsonable(kwargs[name]) for name in wanted if name in kwargs and not isinstance(kwargs[name], Node)}
+    """Attributes of a function or method call, read as its module form's are (defaults filled in).
+
+    ``function: true`` marks the form: the runtime splits some kinds only as modules (capability predicate).
+    """
+    kwargs = _call_kwargs(node, root)
+    wanted = _FUNCTION_FIELDS.get(kind, ())
+    attrs = dict(_FUNCTION_DEFAULTS.get(kind, {}))
+    attrs.update({name: _jsonable(kwargs[name]) for name in wanted if name in kwargs and not _has_node(kwargs[name])})
     if kind == "cat" and "dim" not in attrs:
         attrs["dim"] = int(node.args[1]) if len(node.args) > 1 and isinstance(node.args[1], int) else 0
+    if kind in ("maxpool", "avgpool") and "kernel_size" in attrs:
+        attrs = _pool_defaults(attrs)
     if kind == "conv":
-        attrs.setdefault("groups", 1)
-        attrs["transposed"] = False
+        attrs.update(padding_mode="zeros", transposed=False)
+    if kind == "upsample" and _has_node(kwargs.get("size")):
+        attrs["size"] = None  # computed from tensor shapes: the traced output shape says what it was
     if kind == "activation":
         attrs["function"] = getattr(node.target, "__name__", str(node.target))
+    if kind in _FUNCTION_FIELDS or kind in ("linear", "dropout", "norm"):
+        attrs["function_form"] = True
     return attrs
+
+
+def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:
+    """The call's arguments by name: fx's normalisation (with defaults) where it knows the signature."""
+    if node.op == "call_function":
+        try:
+            normalized = node.normalized_arguments(root, normalize_to_only_use_kwargs=True)
+        except Exception:  # noqa: BLE001 - fx cannot match some overloads; fall back to what was written
+            normalized = None
+        if normalized is not None:
+            return dict(normalized.kwargs)
+    if node.op == "call_method" and str(node.target) in ("softmax", "log_softmax"):
+        return {"dim": node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")}
+    return dict(node.kwargs)
+
+
+def _has_node(value: Any) -> bool:
+    if isinstance(value, Node):
+        return True
+    return isinstance(value, (tuple, list)) and any(_has_node(v) for v in value)
 
 
 def _jsonable(value: Any) -> Any:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cost_models.capability import layer_refusal
 from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
 
@@ -39,7 +40,7 @@ DENSE_KINDS = frozenset({"conv", "conv_transpose", "linear"})
 _NO_PROBLEM = frozenset({"input", "flatten", "view", "getitem", "identity"})
 _SPATIAL_WINDOW = frozenset({"conv", "maxpool", "avgpool"})
 _CHANNEL_SPLIT = frozenset({"batchnorm", "activation", "add", "mul", "elementwise", "dropout", "maxpool", "avgpool",
-                            "adaptive_avgpool", "adaptive_maxpool", "upsample", "cat"})
+                            "adaptive_avgpool", "adaptive_maxpool", "upsample", "cat", "pad", "softmax"})
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     if kind in _NO_PROBLEM or not _splittable(layer, layout):
         return None
     output = list(layer["output_shape"])
+    if output and isinstance(output[0], list):  # several output tensors, kept whole: costed by the first (as traced)
+        output = list(output[0])
     local_out = _split_shape(output, layout) if len(output) == 4 else _split_flat(output, layout)
     attrs = dict(layer.get("attrs", {}))
     inputs = [_local_input(kind, list(s), output, local_out, layout, attrs) for s in layer["input_shapes"]]
@@ -127,34 +130,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
 
 
 def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
-    kind, output = layer["kind"], layer["output_shape"]
-    if not output or isinstance(output[0], list):
-        return False
-    if len(output) != 4:
-        return layout.h == layout.w == 1 and (layout.c == 1 or kind == "linear") and output[0] >= layout.n
-    if layout.c > 1 and kind not in _CHANNEL_SPLIT | DENSE_KINDS:
-        return False
-    if layout.c > 1 and kind == "conv" and layer["attrs"].get("groups", 1) > 1 and layer["attrs"]["groups"] % layout.c:
-        return False
-    if kind == "cat" and layout.c > 1:
-        return False
-    spatial = layout.h > 1 or layout.w > 1
-    if spatial and isinstance(layer["attrs"].get("padding"), str):
-        return False  # 'same'/'valid' padding strings: the runtime splits only explicit paddings
-    if spatial and kind in ("adaptive_avgpool", "adaptive_maxpool") and list(output[2:]) != [1, 1]:
-        return False
-    if spatial and not _tiles_exactly(kind, layer["attrs"]):
-        return False
-    return layout.fits(tuple(output))
-
-
-def _tiles_exactly(kind: str, attrs: Mapping[str, Any]) -> bool:
-    """Whether the runtime splits this layer across tiles (``runtime.layers.refusal`` says why not)."""
-    if attrs.get("ceil_mode"):
-        return False  # pooling windows past the end: the last tile's count depends on the global extent
-    if kind == "upsample":
-        return attrs.get("mode", "nearest") in ("nearest", "bilinear") and not attrs.get("align_corners")
-    return True
+    """Whether the runtime executes the layer under ``layout`` (``cost_models.capability``'s one predicate)."""
+    return layer_refusal(layer, layout) is None
 
 
 def _split_shape(shape: Sequence[int], layout: Layout) -> list[int]:

@@ -5,12 +5,17 @@ Rank placement: a layer with ``Layout(n, c, h, w)`` on ``D`` devices puts rank
 ``(n, c, h, w)`` order; ``r // L.ranks`` is its replica index (the remaining
 ``D / L.ranks`` copies compute the same thing). Its part of a 4-D tensor is
 the box of balanced ranges (:func:`cost_models.halo.partition`) at those
-coordinates.
+coordinates (:func:`rank_box`). A dimension of extent 1 is held whole
+whatever the layout says, as the runtime holds broadcast operands such as
+``(N, C, 1, 1)`` scales (``runtime.placement``): the ranks differing only in
+their coordinates along it hold copies.
 
 Assumptions:
-    * A rank receives from the ranks of its own replica of the producer's
-      layout (they tile the whole tensor, so every element it lacks is found
-      once); what it already holds it keeps.
+    * A rank receives each element it lacks from one holder of it (what it
+      already holds it keeps): among the copies of a part, in increasing rank
+      order, holder ``⌊q·copies/D⌋`` for rank ``q`` of ``D`` (as
+      ``runtime.redistribute`` picks them) — the rank's own replica of the
+      producer's layout when no dimension has extent 1.
     * The cost of one redistribution is that of its busiest rank: one message
       per peer, ``peers·α + bytes·β`` over the slowest link it uses.
 """
@@ -28,7 +33,8 @@ import numpy as np
 from cost_models.halo import partition
 from cost_models.layout import Layout
 
-__all__ = ["Box", "RankLoads", "RankTransfer", "coordinates", "part_range", "rank_box", "rank_loads", "redistribution"]
+__all__ = ["Box", "RankLoads", "RankTransfer", "coordinates", "holdable", "part_range", "rank_box", "rank_loads",
+           "redistribution"]
 
 Box = tuple[tuple[int, int], ...]
 
@@ -48,29 +54,51 @@ def rank_box(shape: Sequence[int], layout: Layout, rank: int) -> Box:
                  for extent, parts, index in zip(shape, layout.parts(), coordinates(layout, rank)))
 
 
+def holdable(shape: Sequence[int], layout: Layout) -> bool:
+    """Whether every rank's part of a 4-D ``shape`` under ``layout`` is non-empty (an extent of 1 is held whole)."""
+    return all(extent == 1 or parts <= extent for extent, parts in zip(shape, layout.parts()))
+
+
 def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices: int) -> list[RankTransfer]:
     """Per rank, what it must receive to go from ``source`` to ``target`` layout on ``devices`` ranks.
 
     Each rank looks only at the source parts its wanted box overlaps (found by
     arithmetic on the balanced split), so the work per rank grows with its
     peers, not with the number of ranks.
+
+    Raises:
+        InputError: ``source`` splits an extent (other than 1) into empty parts.
     """
-    for extent, parts in zip(shape, source.parts()):
-        partition(extent, parts)  # refuses splits into empty parts, as rank_box does
+    _check_holdable(shape, source)
+    blocks, copies = _holder_arrays(shape, source, devices)
     transfers = []
     for rank in range(devices):
-        wanted = rank_box(shape, target, rank)
-        overlaps = [_overlapping_parts(extent, parts, lo, hi)
-                    for extent, parts, (lo, hi) in zip(shape, source.parts(), wanted)]
-        base = (rank // source.ranks) * source.ranks
+        wanted = _held_box(shape, target, rank)
+        block, held = int(blocks[rank]), [int(coords[rank]) for coords in copies]
+        overlaps = [[(held[d], 1)] if extent == 1 else _overlapping_parts(extent, parts, lo, hi)
+                    for d, (extent, parts, (lo, hi)) in enumerate(zip(shape, source.parts(), wanted))]
+        own = _held_box(shape, source, rank)
         elements, peers = 0, []
         for combination in product(*overlaps):
-            holder = base + _rank_of(source, [index for index, _ in combination])
-            if holder != rank:
+            box = tuple(part_range(extent, parts, index) if extent > 1 else (0, 1)
+                        for extent, parts, (index, _) in zip(shape, source.parts(), combination))
+            if box != own:
                 elements += prod(length for _, length in combination)
-                peers.append(holder)
+                peers.append(block * source.ranks + _rank_of(source, [index for index, _ in combination]))
         transfers.append(RankTransfer(rank, elements, tuple(sorted(peers))))
     return transfers
+
+
+def _held_box(shape: Sequence[int], layout: Layout, rank: int) -> Box:
+    """:func:`rank_box` with every dimension of extent 1 held whole."""
+    return tuple((0, 1) if extent == 1 else part_range(extent, parts, index)
+                 for extent, parts, index in zip(shape, layout.parts(), coordinates(layout, rank)))
+
+
+def _check_holdable(shape: Sequence[int], layout: Layout) -> None:
+    for extent, parts in zip(shape, layout.parts()):
+        if extent != 1:
+            partition(extent, parts)  # raises: empty parts
 
 
 @dataclass(frozen=True)
@@ -95,31 +123,71 @@ def rank_loads(shape: Sequence[int], source: Layout, target: Layout | Sequence[L
     forms of the balanced split; the box quantities are their products.
     Given several target layouts, every array gets a leading axis over them.
     """
-    for extent, parts in zip(shape, source.parts()):
-        if extent < parts:
-            partition(extent, parts)  # raises: empty parts
+    _check_holdable(shape, source)
     targets = [target] if isinstance(target, Layout) else list(target)
-    ranks = np.arange(devices, dtype=np.int64)
     wanted_coords = [np.stack(axis) for axis in zip(*(_coordinate_arrays(layout, devices) for layout in targets))]
     held_coords = _coordinate_arrays(source, devices)
     target_parts = np.array([layout.parts() for layout in targets], dtype=np.int64).T[:, :, None]
     volume, own, count = (np.ones((len(targets), devices), np.int64) for _ in range(3))
-    first_rank, last_rank = (np.zeros((len(targets), devices), np.int64) for _ in range(2))
-    for extent, src_parts, dst_parts, want, held in zip(shape, source.parts(), target_parts, wanted_coords,
-                                                        held_coords):
-        lo, hi = _range_arrays(extent, dst_parts, want)
-        first, last = _part_of_array(extent, src_parts, lo), _part_of_array(extent, src_parts, hi - 1)
-        own_lo, own_hi = _range_arrays(extent, src_parts, held)
-        volume *= hi - lo
-        own *= np.maximum(0, np.minimum(own_hi, hi) - np.maximum(own_lo, lo))
-        count *= last - first + 1
+    first_rank, last_rank, own_rank, step = (np.zeros((len(targets), devices), np.int64) for _ in range(4))
+    block, copy_coords = _holder_arrays(shape, source, devices)
+    stride = source.ranks
+    for extent, src_parts, dst_parts, want, held, copy in zip(shape, source.parts(), target_parts, wanted_coords,
+                                                              held_coords, copy_coords):
+        stride //= src_parts
+        if extent == 1:  # held whole by every rank: received (if at all) from the copy at ``copy``
+            first, last = copy, copy
+        else:
+            lo, hi = _range_arrays(extent, dst_parts, want)
+            first, last = _part_of_array(extent, src_parts, lo), _part_of_array(extent, src_parts, hi - 1)
+            own_lo, own_hi = _range_arrays(extent, src_parts, held)
+            volume *= hi - lo
+            own *= np.maximum(0, np.minimum(own_hi, hi) - np.maximum(own_lo, lo))
+            count *= last - first + 1
+            step = np.where(last > first, stride, step)
         first_rank, last_rank = first_rank * src_parts + first, last_rank * src_parts + last
-    base = ranks // source.ranks * source.ranks
-    loads = RankLoads(volume - own, count - (own > 0), np.minimum(ranks, base + first_rank),
-                      np.maximum(ranks, base + last_rank))
+        own_rank = own_rank * src_parts + (copy if extent == 1 else held)
+    lowest, highest = _peer_span(np.arange(devices, dtype=np.int64), block * source.ranks,
+                                 (first_rank, last_rank, own_rank, step), own > 0, count - (own > 0))
+    loads = RankLoads(volume - own, count - (own > 0), lowest, highest)
     if isinstance(target, Layout):
         return RankLoads(loads.elements[0], loads.peers[0], loads.lowest[0], loads.highest[0])
     return loads
+
+
+def _peer_span(ranks: np.ndarray, base: np.ndarray, grid: tuple[np.ndarray, ...], holds: np.ndarray,
+               peers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lowest and highest rank each rank talks to, itself included.
+
+    The holders of the parts a rank wants form a box of the source grid
+    (``first``/``last`` corners, row-major from ``base``). Its own part, when
+    it is among them, is not received: a corner that is its own part gives
+    way to its neighbour along the last dimension the box spans (``step``),
+    since the copy of that part the formula names need not be the rank itself.
+    """
+    first, last, own, step = grid
+    low = np.where(holds & (first == own), first + step, first)
+    high = np.where(holds & (last == own), last - step, last)
+    some = peers > 0
+    return (np.where(some, np.minimum(ranks, base + low), ranks),
+            np.where(some, np.maximum(ranks, base + high), ranks))
+
+
+def _holder_arrays(shape: Sequence[int], source: Layout, devices: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Per rank, the replica block and the coordinates along extent-1 dimensions of the copies it receives from.
+
+    Copies of a part differ in their replica block and their coordinates along
+    the dimensions of extent 1; in increasing rank order (block, then those
+    coordinates row-major) rank ``q`` takes copy ``⌊q / distinct parts⌋``.
+    """
+    ranks = np.arange(devices, dtype=np.int64)
+    whole = [extent == 1 and parts > 1 for extent, parts in zip(shape, source.parts())]
+    distinct = prod(parts for parts, kept in zip(source.parts(), whole) if not kept)
+    copy, coords = ranks // distinct, [np.zeros(devices, np.int64) for _ in range(4)]
+    for d in reversed(range(4)):
+        if whole[d]:
+            copy, coords[d] = np.divmod(copy, source.parts()[d])
+    return copy, coords
 
 
 @lru_cache(maxsize=4096)

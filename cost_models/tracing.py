@@ -167,6 +167,8 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, meta: TensorMeta,
     attrs = dict(info.attrs)
     if weight is not None and info.kind in ("conv", "conv_transpose", "linear"):
         attrs["weight_shape"] = list(weight)
+        if info.kind != "linear":
+            attrs.setdefault("kernel_size", list(weight[2:]))
     output_shapes = [shape for shape, _ in meta]
     input_shapes = [list(graph.nodes[src]["output_shape"]) for src in inputs]
     flops = layer_flops(info.kind, input_shapes, output_shapes[0], attrs,

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.layer_cost import spatial_halos
+from cost_models.capability import layer_refusal
 from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
 from cost_models.plan import LayerAssignment, Pipeline, Plan
@@ -30,22 +30,16 @@ Rule = Callable[[str, int], Sequence[Layout]]  # (layer name, position in execut
 
 
 def layout_applies(node: Mapping[str, Any], layout: Layout) -> bool:
-    """Whether a layer can take ``layout`` at all: its kind supports the split and every tile is wider than its halo."""
+    """Whether a layer can take ``layout`` at all: the runtime executes it so (``cost_models.capability``)."""
     if local_problem(node, layout, 4, "float32") is None:
         return node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)
-    try:
-        spatial_halos(node, layout)
-    except InputError:
-        return False
     return True
 
 
 def fits_output(node: Mapping[str, Any], layout: Layout) -> bool:
-    """Whether every part of the layer's output under ``layout`` holds at least one element."""
-    shape = node["output_shape"]
-    if len(shape) == 4:
-        return layout.fits(tuple(shape))
-    return layout.h == layout.w == 1 and shape[0] >= layout.n and (len(shape) < 2 or shape[-1] >= layout.c)
+    """Whether a layer with no compute of its own (a view) can take ``layout``: every part of its output holds
+    an element and the runtime executes it so (``cost_models.capability``)."""
+    return layer_refusal(node, layout) is None
 
 
 def layout_by_rule(graph: Any, rule: Rule) -> dict[str, Layout]:

@@ -14,11 +14,19 @@ split over all the processors of its stage):
       neighbours, no corners), square tiles the fewest halo bytes; grids in
       between have as many messages as square ones and more bytes.
     * The kind must support the split and every tile must be at least as wide
-      as its halo (``cost_models.local_problem``, ``cost_models.halo``).
+      as its halo (``cost_models.local_problem``, ``cost_models.halo``), and
+      every input must be readable in the layout the layer wants it in (each
+      rank's part non-empty, an extent of 1 held whole:
+      ``cost_models.redistribution.holdable``) — a layout one layer cannot
+      take leaves that layer's options, it never aborts the plan.
     * Followers: a batch-norm, activation, dropout or identity layer whose one
       input is another layer takes that layer's layout (as Alpa merges
-      element-wise operators into their operand). The layer and its followers
-      are one decision: one row of the cost table, named after the first.
+      element-wise operators into their operand); so does an element-wise
+      layer with several inputs (add, mul), following the first input of its
+      own output's shape — not a broadcast operand such as a squeeze-excitation
+      scale — unless that would make decisions depend on each other in a
+      circle (:func:`decision_groups`). The layer and its followers are one
+      decision: one row of the cost table, named after the first.
 
 Costs come from ``cost_models``: per decision and layout the seconds and
 resident bytes per rank of all its layers; per edge between decisions and
@@ -45,13 +53,14 @@ import numpy as np
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.estimate import edge_move
+from cost_models.estimate import edge_layouts, edge_move
 from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import layer_cost
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import local_problem
 from cost_models.memory import layer_memory
 from cost_models.profile import Profile
+from cost_models.redistribution import holdable
 from cost_models.uniform import NO_COMPUTE_KINDS, fits_output
 from planner.cost_table import CostTable
 from planner.edge_costs import EdgeCosts, PatternTable
@@ -61,7 +70,7 @@ from planner.prune import surviving_options
 __all__ = ["FOLLOWER_KINDS", "LayerCosts", "Space", "build_space", "decision_groups"]
 
 FOLLOWER_KINDS = frozenset({"batchnorm", "activation", "dropout", "identity"})
-MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the first
+MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the leading one
 _RESTRICTED_PER_DECISION = 3  # cheapest options per decision in the restricted solve that sets the upper bound
 
 
@@ -96,41 +105,53 @@ class Space:
 def decision_groups(graph: Any) -> dict[str, tuple[str, ...]]:
     """Per decision (named by its first layer, in topological order) the layers that share its layout.
 
-    An element-wise layer with several inputs follows its first input unless
-    that would make the decisions depend on each other in a circle (its other
-    input computed from its first); then it is a decision of its own.
+    Built in one pass over the layers in execution order, keeping the graph of
+    decisions (an edge wherever a layer of one feeds a layer of another)
+    acyclic at every step: a follower with one input adds no edge between
+    decisions, a new decision only edges into itself, and an element-wise
+    layer with several inputs follows its leading input (the first of its own
+    output's shape, else the first) only if none of its other inputs'
+    decisions is reachable from that one's (else it would close a circle: its
+    other input computed from its leading one); then it is a decision of its
+    own. Every layer of a decision descends from its first.
     """
     layers = graph.compute_layers()
-    own: set[str] = set()
-    while True:
-        groups = _groups(graph, layers, own)
-        head_of = {layer: head for head, members in groups.items() for layer in members}
-        contracted = nx.DiGraph()
-        contracted.add_nodes_from(groups)
-        contracted.add_edges_from((head_of[u], head_of[v], {"layer": v}) for u, v in graph.edges
-                                  if u in head_of and v in head_of and head_of[u] != head_of[v])
-        try:
-            cycle = nx.find_cycle(contracted)
-        except nx.NetworkXNoCycle:
-            break
-        merged = [contracted.edges[u, v]["layer"] for u, v, *_ in cycle
-                  if graph.nodes[contracted.edges[u, v]["layer"]]["kind"] in MERGED_KINDS]
-        own.add(merged[0])
-    position = {layer: index for index, layer in enumerate(layers)}
-    order = nx.lexicographical_topological_sort(contracted, key=position.__getitem__)
-    return {head: groups[head] for head in order}
-
-
-def _groups(graph: Any, layers: list[str], own: set[str]) -> dict[str, tuple[str, ...]]:
-    compute, head_of, groups = set(layers), {}, {}
+    compute = set(layers)
+    head_of: dict[str, str] = {}
+    groups: dict[str, list[str]] = {}
+    contracted = nx.DiGraph()
     for name in layers:
-        inputs = list(graph.predecessors(name))  # in argument order (tracing adds edges so)
-        kind = graph.nodes[name]["kind"]
-        follows = ((kind in FOLLOWER_KINDS and len(inputs) == 1) or (kind in MERGED_KINDS and name not in own)) \
-            and inputs[0] in compute
-        head_of[name] = head_of[inputs[0]] if follows else name
-        groups.setdefault(head_of[name], []).append(name)
-    return {head: tuple(members) for head, members in groups.items()}
+        inputs = [source for source in graph.predecessors(name) if source in compute]  # argument order
+        head = _joined_head(graph, name, inputs, head_of, contracted)
+        head_of[name] = head
+        groups.setdefault(head, []).append(name)
+        contracted.add_node(head)
+        contracted.add_edges_from((head_of[source], head) for source in inputs if head_of[source] != head)
+    position = {layer: index for index, layer in enumerate(layers)}
+    order = nx.lexicographical_topological_sort(contracted, key=position.__getitem__)  # acyclic by construction
+    return {head: tuple(groups[head]) for head in order}
+
+
+def _joined_head(graph: Any, name: str, inputs: list[str], head_of: Mapping[str, str], contracted: nx.DiGraph) -> str:
+    """The decision ``name`` joins: its leading input's, or its own (module docstring, :func:`decision_groups`)."""
+    kind, arguments = graph.nodes[name]["kind"], list(graph.predecessors(name))
+    lead = _leading_input(graph, name, arguments)
+    if lead not in inputs:  # a placeholder (or no input at all)
+        return name
+    first = head_of[lead]
+    if kind in FOLLOWER_KINDS and len(arguments) == 1:
+        return first
+    if kind not in MERGED_KINDS:
+        return name
+    others = {head_of[source] for source in inputs if source != lead} - {first}
+    return name if any(nx.has_path(contracted, first, other) for other in others) else first
+
+
+def _leading_input(graph: Any, name: str, arguments: list[str]) -> str | None:
+    """The input a merged layer follows: the first of its own output's shape (not broadcast), else the first."""
+    output = graph.nodes[name]["output_shape"]
+    return next((source for source in arguments if graph.nodes[source]["output_shape"] == output),
+                arguments[0] if arguments else None)
 
 
 def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str = "sgd",
@@ -195,8 +216,17 @@ class LayerCosts:
         """``(seconds, seconds without allreduce, bytes)`` of ``name`` under ``layout``, or ``None`` if refused."""
         key = (self.signature[name], layout)
         if key not in self.layer_seen:
-            self.layer_seen[key] = self._layer(self.graph.nodes[name], layout)
+            self.layer_seen[key] = self._layer(self.graph.nodes[name], layout) if self._reads(name, layout) else None
         return self.layer_seen[key]
+
+    def _reads(self, name: str, layout: Layout) -> bool:
+        """Whether ``name`` under ``layout`` can read each input as it wants it: no rank's part empty."""
+        target = self.graph.nodes[name]
+        for source in self.graph.predecessors(name):
+            move = edge_layouts(self.graph.nodes[source], target, layout, layout)
+            if move is not None and not holdable(move[0], move[2]):
+                return False
+        return True
 
     def _layer(self, node: Mapping[str, Any], layout: Layout) -> tuple[float, float, int] | None:
         problem = local_problem(node, layout, self.itemsize, self.dtype)

@@ -19,7 +19,8 @@ search over cuts. Inside each stage the layouts are solved exactly
 resulting plan is priced by ``cost_models.estimate``, with the transfers
 between stages, and the caller keeps the fastest that fits in memory. A
 configuration whose lower bound cannot beat the fastest plan found so far is
-skipped (:func:`search_pipelines`).
+skipped (:func:`search_pipelines`), and so is one in which some layer has no
+layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 """
 
 from __future__ import annotations
@@ -171,11 +172,23 @@ def _configs(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, sc
             costs = LayerCosts(scaled, profile, stage_cluster, stage_cluster.devices, optimizer, saved_copies=micro,
                                patterns=patterns)
             groups = decision_groups(scaled)
-            if len(groups) < stages:
-                continue
-            floor_s = sum(min(row[2] for row in costs.rows(members)) for members in groups.values())
-            configs.append(_Config(pipeline, scaled, costs, groups, floor_s * micro / stages))
+            floor_s = _floor_s(costs, groups) if len(groups) >= stages else None
+            if floor_s is not None:
+                configs.append(_Config(pipeline, scaled, costs, groups, floor_s * micro / stages))
     return configs
+
+
+def _floor_s(costs: LayerCosts, groups: Mapping[str, tuple[str, ...]]) -> float | None:
+    """The sum of the decisions' cheapest options without the allreduce; ``None`` if one has no layout at all.
+
+    A decision can have none on a stage although it has on all the devices: a
+    batch-norm over a micro-batch of one sample and one position has one value
+    per channel, which PyTorch refuses in training.
+    """
+    try:
+        return sum(min(row[2] for row in costs.rows(members)) for members in groups.values())
+    except InputError:  # some layer has no layout on the stage's devices with this micro-batch
+        return None
 
 
 def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
@@ -244,15 +257,22 @@ def _solver_info(solutions: list[Solution]) -> SolverInfo:
 
 
 def micro_batch_graph(graph: Any, micro: int) -> Any:
-    """A copy of ``graph`` whose shapes carry ``⌈N/micro⌉`` samples (as ``estimate`` costs a micro-batch)."""
+    """A copy of ``graph`` whose shapes carry ``⌈N/micro⌉`` samples (as ``estimate`` costs a micro-batch).
+
+    Each layer's inputs keep their argument order (``graph.predecessors``), which
+    ``networkx``'s own ``copy`` would reorder by producer.
+    """
     if micro == 1:
         return graph
-    scaled = graph.copy()
+    scaled = type(graph)()
+    scaled.graph.update(graph.graph)
 
     def shrink(shape: list[Any]) -> list[Any]:
         return [ceil(shape[0] / micro), *shape[1:]] if shape and not isinstance(shape[0], list) else shape
 
-    for _, data in scaled.nodes(data=True):
-        data["output_shape"] = shrink(data["output_shape"])
-        data["input_shapes"] = [shrink(shape) for shape in data.get("input_shapes", [])]
+    for name, data in graph.nodes(data=True):
+        scaled.add_node(name, **{**data, "output_shape": shrink(data["output_shape"]),
+                                 "input_shapes": [shrink(shape) for shape in data.get("input_shapes", [])]})
+    scaled.add_edges_from((source, name, dict(graph.edges[source, name]))
+                          for name in graph.nodes for source in graph.predecessors(name))
     return scaled

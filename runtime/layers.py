@@ -17,7 +17,8 @@ and :data:`HANDLERS` computes the layer's output box:
   the tile group (``runtime.spatial.global_avg_pool2d``) instead of gathering;
 * every other supported kind runs the user's own module or function on the
   local boxes, which is exact for element-wise layers and
-  for layers that do not mix the split dimensions (checked by :func:`refusal`);
+  for layers that do not mix the split dimensions (checked by :func:`refusal`:
+  ``cost_models.capability``'s predicate);
   a handler returns ``None`` to ask for that.
 """
 
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cost_models.capability import layer_refusal
 from cost_models.halo import partition
 from cost_models.layout import Layout
 from runtime import norm, resample, spatial
@@ -40,10 +42,6 @@ from runtime.placement import Placement
 __all__ = ["HANDLERS", "Site", "input_placement", "refusal"]
 
 DENSE = frozenset({"conv", "conv_transpose", "linear"})
-ANY_LAYOUT = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
-SPATIAL = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "upsample", "batchnorm", "cat", "softmax"})
-CHANNEL = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
-                     "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat"})
 
 
 @dataclass(frozen=True)
@@ -87,73 +85,11 @@ def input_placement(site: Site) -> Placement:
 
 
 def refusal(site: Site) -> str | None:
-    """Why this runtime cannot run the layer under its layout (``None`` when it can)."""
-    layout, kind, attrs = site.layout, site.kind, site.layer.get("attrs", {})
-    if kind in ANY_LAYOUT:
-        return None
-    if layout.c > 1 and kind not in CHANNEL:
-        return f"a {kind} layer cannot be split by channel"
-    if site.spatial_split and kind not in SPATIAL:
-        return f"a {kind} layer cannot be split by height or width"
-    if kind in ("conv", "conv_transpose", "linear", "batchnorm") and site.module is None and (
-            layout.c > 1 or (site.spatial_split and kind in ("conv", "conv_transpose"))):
-        return f"{kind} is a function call; only its module form (nn.Conv2d, …) can be split by channel or space"
-    if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(site.layer["output_shape"])):
-        return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
-    if site.spatial_split:
-        return _spatial_refusal(site)
-    if layout.c > 1:
-        return _channel_refusal(site)
-    return None
+    """Why this runtime cannot run the layer under its layout (``None`` when it can).
 
-
-def _spatial_refusal(site: Site) -> str | None:
-    attrs, module = site.layer.get("attrs", {}), site.module
-    if isinstance(attrs.get("padding"), str) or getattr(module, "padding_mode", "zeros") != "zeros":
-        return "only explicit zero padding can be split across tiles"
-    if attrs.get("ceil_mode") or getattr(module, "return_indices", False):
-        return "pooling with ceil_mode or return_indices cannot be split across tiles"
-    if site.kind == "avgpool" and module is not None and (
-            not module.count_include_pad and module.padding or module.divisor_override):
-        return "average pooling without count_include_pad (or with a divisor override) cannot be split across tiles"
-    if site.kind == "upsample":
-        return _upsample_refusal(site)
-    if site.kind == "softmax" and getattr(module, "dim", None) not in (1, -3):
-        return "softmax across tiles must be over the channels (nn.Softmax(dim=1))"
-    if site.kind == "conv_transpose" and site.layout.c > 1 and attrs.get("groups", 1) > 1:
-        return "a grouped transposed convolution cannot be split by channel"
-    return None
-
-
-def _channel_refusal(site: Site) -> str | None:
-    attrs, layout = site.layer.get("attrs", {}), site.layout
-    if site.kind == "conv" and attrs.get("groups", 1) > 1:
-        groups, filters = attrs["groups"], site.layer["output_shape"][1]
-        if groups % layout.c or filters % layout.c:
-            return f"{groups} groups and {filters} filters do not split evenly into {layout.c} channel parts"
-    if site.kind == "conv_transpose" and attrs.get("groups", 1) > 1:
-        return "a grouped transposed convolution cannot be split by channel"
-    if site.kind == "flatten" and site.layer["input_shapes"][0][1] % layout.c:
-        return f"{site.layer['input_shapes'][0][1]} channels do not split evenly into {layout.c} parts"
-    if site.kind == "softmax" and site.module is not None and getattr(site.module, "dim", None) in (1, -3):
-        return "softmax over the split channel dimension"
-    return None
-
-
-def _upsample_refusal(site: Site) -> str | None:
-    attrs = site.layer.get("attrs", {})
-    if attrs.get("mode", "nearest") not in ("nearest", "bilinear") or attrs.get("align_corners"):
-        return "upsampling across tiles supports nearest and bilinear (align_corners=False) only"
-    (_, _, h_in, w_in), (_, _, h_out, w_out) = site.layer["input_shapes"][0], site.layer["output_shape"]
-    if h_out % h_in or w_out % w_in:
-        return f"upsampling {h_in}×{w_in} to {h_out}×{w_out} is not an integer scale"
-    return None
-
-
-def _dim_split(layout: Layout, dim: int, rank: int) -> bool:
-    dim = dim % rank if rank else 0
-    parts = layout.parts() if rank == 4 else (layout.n, layout.c)
-    return dim < len(parts) and parts[dim] > 1
+    The rules are ``cost_models.capability``'s, which the planner's candidates obey too.
+    """
+    return layer_refusal(site.layer, site.layout, sync_batchnorm=site.sync_batchnorm)
 
 
 Fetch = Callable[[int, Placement], torch.Tensor]  # tensor input number -> its local box in a placement

@@ -124,3 +124,82 @@ def _splits(shape: list[int], layout: Layout) -> bool:
     if len(shape) == 4:
         return layout.fits(tuple(shape))
     return layout.h == layout.w == 1 and shape[0] >= layout.n and shape[1] >= layout.c
+
+
+class _CountingGraph:
+    """A read-only view of a LayerGraph that refuses to be read more than ``passes`` times over (no endless loop)."""
+
+    def __init__(self, graph: nx.DiGraph, passes: int) -> None:
+        self.graph, self.budget = graph, passes * graph.number_of_nodes()
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.graph, name)
+
+    def predecessors(self, name: str):  # noqa: ANN201
+        self.budget -= 1
+        if self.budget < 0:
+            raise AssertionError("decision_groups re-read the graph more than its passes allow: it does not converge")
+        return self.graph.predecessors(name)
+
+
+def _assert_groups_sound(graph: nx.DiGraph, groups: dict[str, tuple[str, ...]]) -> None:
+    """Every layer placed once; each merged layer descends from its decision's head; the decisions form a DAG."""
+    assert sorted(layer for members in groups.values() for layer in members) == sorted(graph.compute_layers())
+    for head, members in groups.items():
+        assert members[0] == head
+        for member in members[1:]:
+            assert nx.has_path(graph, head, member), (head, member)
+    head_of = {layer: head for head, members in groups.items() for layer in members}
+    contracted = nx.DiGraph()
+    contracted.add_nodes_from(groups)
+    contracted.add_edges_from((head_of[u], head_of[v]) for u, v in graph.edges
+                              if u in head_of and v in head_of and head_of[u] != head_of[v])
+    assert nx.is_directed_acyclic_graph(contracted)
+    position = {head: index for index, head in enumerate(groups)}
+    assert all(position[u] < position[v] for u, v in contracted.edges)  # the decisions come in topological order
+
+
+def _squeeze_residual():  # noqa: ANN202 - an nn.Module
+    import torch
+    from torch import nn
+
+    class SqueezeResidual(nn.Module):  # a squeeze-excitation product whose full input comes first, inside a residual
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv0, self.conv1 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+            self.conv2, self.fc = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+            self.relu, self.pool = nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv0(x)
+            a = self.relu(self.conv1(y))
+            return y + self.conv2(a * torch.sigmoid(self.fc(self.pool(a))))
+
+    return SqueezeResidual()
+
+
+def test_decisions_stay_acyclic_when_a_cycle_runs_through_a_layer_already_its_own() -> None:
+    # Both the product (whose scale is computed from its first input) and the residual add (whose second input is
+    # computed from its first) would close a circle; the circle through the add also runs through the product. The
+    # former fixed-point loop kept making the product its own decision again and never ended.
+    graph = trace(_squeeze_residual(), (2, 3, 8, 8))
+    groups = decision_groups(_CountingGraph(graph, passes=3))
+    _assert_groups_sound(graph, groups)
+    assert groups["conv1"] == ("conv1", "relu") and groups["fc"] == ("fc", "sigmoid")
+    assert "mul" in groups and "add" in groups  # both their own decisions
+    assert groups["conv0"] == ("conv0",)
+
+
+def test_efficientnet_micro_batched_graph_keeps_argument_order_and_sound_decisions() -> None:
+    import torchvision
+
+    from planner.stages import micro_batch_graph
+
+    graph = trace(torchvision.models.efficientnet_b0(), (2, 3, 64, 64))
+    scaled = micro_batch_graph(graph, 2)
+    assert all(list(scaled.predecessors(name)) == list(graph.predecessors(name)) for name in graph)
+    assert scaled.nodes[graph.compute_layers()[0]]["output_shape"][0] == 1  # one sample per micro-batch
+    for subject in (graph, scaled, graph.copy()):  # networkx's copy orders inputs by producer: other decisions
+        groups = decision_groups(_CountingGraph(subject, passes=3))
+        _assert_groups_sound(subject, groups)
+    assert decision_groups(scaled) == decision_groups(graph)

@@ -1,0 +1,256 @@
+"""What the runtime can execute: the one predicate the planner's candidates and the runtime's pre-flight share.
+
+:func:`layer_refusal` answers "can layer L execute under layout X" from the
+traced layer alone (its ``LayerGraph`` node: kind, attributes, shapes), so
+the planner can ask it without the model, and ``parplan run`` asks it before
+any rank starts. :func:`pipeline_refusal` does the same for a plan's
+pipeline, and :func:`plan_refusals` for a whole plan. A layout the predicate
+refuses is never a candidate (``cost_models.local_problem`` returns no local
+problem for it, and the planner's space drops it), and a plan with one is
+refused by the runtime, naming the layer and why.
+
+Rules (each is what the runtime, ``runtime.layers``, implements):
+    * Any layout splits element-wise layers (activations, dropout, adds,
+      products) and the input. Every other layer under a layout that splits
+      only samples runs the user's own module or function on its samples.
+    * A channel split (``c``) needs a distributed form: convolution,
+      transposed convolution and linear layers split their filters;
+      batch-norm, pooling, upsampling, padding, flattening, views and
+      concatenation (not along the channels) split channels. Linear layers
+      split filters of 2-D ``(N, features)`` tensors only, and every split
+      tensor is 2-D or 4-D ``(N, C, H, W)``.
+    * A height/width split needs a distributed form: convolution and
+      pooling (halo exchange; explicit zero padding, no ``ceil_mode`` or
+      returned indices, average pooling counting its padding without a
+      divisor override), transposed convolution, nearest/bilinear upsampling
+      by an integer scale without ``align_corners``, batch-norm, softmax over
+      the channels, concatenation not along a split dimension. Every tile is
+      at least as wide as the halo it sends (``cost_models.halo``).
+    * Convolution, linear and batch-norm split by channel or space only as
+      modules (a function call has no module whose weights can be sliced or
+      whose statistics can be summed over tiles); batch-norm called as a
+      function in training is refused under a sample split when statistics
+      are synchronised (``--sync-batchnorm``, ``--verify``).
+    * Batch-norm in training needs more than one value per channel in the
+      group its statistics are summed over: the samples of its part of the
+      batch (of a micro-batch in a pipeline) times every position of them —
+      or the whole batch when synchronised. PyTorch refuses one value.
+    * Every part of the output holds at least one element; a layer with
+      several output tensors is kept whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from cost_models.errors import InputError
+from cost_models.halo import axis_halos
+from cost_models.layout import Layout
+
+__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "inherent", "layer_refusal", "pipeline_refusal",
+           "plan_refusals"]
+
+ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
+SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "upsample", "batchnorm", "cat", "softmax"})
+CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
+                           "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad"})
+_MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
+_HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
+_CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
+
+
+def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: bool = False,
+                  micro_batches: int = 1) -> str | None:
+    """Why the runtime cannot execute ``layer`` (a LayerGraph node's data) under ``layout``; ``None`` when it can.
+
+    Args:
+        sync_batchnorm: Batch-norm statistics over the whole batch (``--sync-batchnorm``, ``--verify``).
+        micro_batches: The batch is cut into this many micro-batches (a pipeline's), each normalised alone.
+    """
+    kind, output = layer["kind"], layer["output_shape"]
+    if kind == "input":
+        return None
+    if not output or isinstance(output[0], list):
+        return None if layout.ranks == 1 else "a layer with several output tensors is kept whole"
+    return (_fit_refusal(output, layout) or _kind_refusal(layer, layout, sync_batchnorm)
+            or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
+
+
+def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
+    if len(shape) == 4:
+        small = [f"{extent} {name}" for extent, parts, name in zip(shape, layout.parts(), ("samples", "channels",
+                 "rows", "columns")) if extent < parts]
+        return f"its output {tuple(shape)} has only {', '.join(small)} for {layout}" if small else None
+    if layout.h > 1 or layout.w > 1:
+        return f"a {len(shape)}-D tensor {tuple(shape)} has no height and width to split"
+    if layout.c > 1 and len(shape) != 2:
+        return f"only 2-D (N, features) and 4-D (N, C, H, W) tensors split by channel, not {tuple(shape)}"
+    if shape[0] < layout.n or (layout.c > 1 and shape[1] < layout.c):
+        return f"its output {tuple(shape)} has fewer elements than the {layout} parts"
+    return None
+
+
+def _kind_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm: bool) -> str | None:
+    kind, attrs = layer["kind"], layer.get("attrs", {})
+    spatial = layout.h * layout.w > 1
+    if kind in ANY_LAYOUT_KINDS:
+        return None
+    if layout.c > 1 and kind not in CHANNEL_KINDS:
+        return f"a {kind} layer cannot be split by channel"
+    if spatial and kind not in SPATIAL_KINDS:
+        return f"a {kind} layer cannot be split by height or width"
+    if attrs.get("function_form") and kind in _MODULE_ONLY and (layout.c > 1 or spatial):
+        return f"{kind} is a function call; only its module form (nn.Conv2d, nn.Linear, …) splits by channel or space"
+    if attrs.get("function_form") and kind == "batchnorm" and sync_batchnorm and layout.n > 1:
+        return "batch-norm called as a function cannot synchronise its statistics over a sample split"
+    if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(layer["output_shape"])):
+        return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
+    if kind == "linear" and layout.c > 1 and any(len(s) != 2 for s in layer["input_shapes"]):
+        return "a linear layer splits its filters on 2-D (N, features) inputs only"
+    if spatial:
+        return _spatial_refusal(layer, layout)
+    return _channel_refusal(layer, layout) if layout.c > 1 else None
+
+
+def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    kind, attrs = layer["kind"], layer.get("attrs", {})
+    if isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros":
+        return "only explicit zero padding can be split across tiles"
+    if attrs.get("ceil_mode") or attrs.get("return_indices"):
+        return "pooling with ceil_mode or return_indices cannot be split across tiles"
+    if kind == "avgpool" and ((not attrs.get("count_include_pad", True) and _any_nonzero(attrs.get("padding")))
+                              or attrs.get("divisor_override")):
+        return "average pooling without count_include_pad (or with a divisor override) cannot be split across tiles"
+    if kind == "upsample":
+        return _upsample_refusal(layer)
+    if kind == "softmax" and attrs.get("dim") not in (1, -3):
+        return "softmax across tiles must be over the channels (dim=1)"
+    if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
+        return "a grouped transposed convolution cannot be split by channel"
+    return _halo_refusal(layer, layout) if kind in _HALO_KINDS else None
+
+
+def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+    for axis, parts in ((0, layout.h), (1, layout.w)):
+        if parts == 1:
+            continue
+        kernel, stride, dilation, padding = (_axis(attrs.get(key, default), axis) for key, default in
+                                             (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
+        try:
+            axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding)
+        except InputError as err:
+            return str(err)
+    return None
+
+
+def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    kind, attrs = layer["kind"], layer.get("attrs", {})
+    if kind == "conv" and attrs.get("groups", 1) > 1:
+        groups, filters = attrs["groups"], layer["output_shape"][1]
+        if groups % layout.c or filters % layout.c:
+            return f"{groups} groups and {filters} filters do not split evenly into {layout.c} channel parts"
+    if kind == "conv_transpose" and attrs.get("groups", 1) > 1:
+        return "a grouped transposed convolution cannot be split by channel"
+    if kind == "flatten" and layer["input_shapes"][0][1] % layout.c:
+        return f"{layer['input_shapes'][0][1]} channels do not split evenly into {layout.c} parts"
+    if kind == "softmax" and attrs.get("dim") in ((1, -1) if len(layer["output_shape"]) == 2 else (1, -3)):
+        return "softmax over the split channel dimension"
+    if kind == "view":
+        return _view_refusal(layer, layout)
+    return None
+
+
+def _view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A view keeps a channel split only when it keeps the channels where they are, or flattens them first."""
+    (source, *_), target = layer["input_shapes"], layer["output_shape"]
+    same = list(source) == list(target)
+    flattened = len(target) == 2 and len(source) >= 2 and target[0] == source[0]
+    if not (same or flattened) or layer.get("target") not in _CHANNEL_VIEWS:
+        return f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split channels"
+    if source[1] % layout.c:
+        return f"{source[1]} channels do not split evenly into {layout.c} parts"
+    return None
+
+
+def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
+    attrs = layer.get("attrs", {})
+    if attrs.get("mode", "nearest") not in ("nearest", "bilinear") or attrs.get("align_corners"):
+        return "upsampling across tiles supports nearest and bilinear (align_corners=False) only"
+    (_, _, h_in, w_in), (_, _, h_out, w_out) = layer["input_shapes"][0], layer["output_shape"]
+    if h_out % h_in or w_out % w_in:
+        return f"upsampling {h_in}×{w_in} to {h_out}×{w_out} is not an integer scale"
+    return None
+
+
+def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm: bool, micro_batches: int) -> str | None:
+    if layer["kind"] != "batchnorm" or layer.get("attrs", {}).get("training") is False:
+        return None
+    shape = layer["input_shapes"][0]
+    batch = max(1, shape[0] // max(1, micro_batches))
+    samples = batch if sync_batchnorm else batch // layout.n  # the smallest part of the batch
+    positions = 1
+    for extent in shape[2:]:
+        positions *= extent
+    if samples * positions > 1:
+        return None
+    return (f"batch-norm statistics over {samples * positions} value per channel ({samples} sample(s) × "
+            f"{positions} position(s)), which PyTorch refuses in training; split fewer samples here or synchronise "
+            f"batch-norm (--sync-batchnorm)")
+
+
+_INHERENT = ("concatenation along a split dimension", "softmax over the split channel dimension",
+              "softmax across tiles must be over the channels", "has no height and width to split",
+              "fewer elements than the", "has only", "moves the split channels", "do not split evenly",
+              "a layer with several output tensors")
+
+
+def inherent(reason: str) -> bool:
+    """Whether a refusal is the layer's own nature (no runtime could split it so), not a missing distributed form.
+
+    Concatenation or softmax along the split dimension, a tensor too small for the parts, a view that moves
+    the split dimension: a split there would need a redistribution first, which the planner prices as another
+    layout. Everything else is something the runtime does not implement yet.
+    """
+    return any(marker in reason for marker in _INHERENT)
+
+
+def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
+    """Why the pipeline runtime cannot execute ``pipeline`` (a ``Plan.pipeline``) on a batch of ``batch``."""
+    if len(set(pipeline.devices_per_stage)) != 1:
+        return (f"the pipeline's stages have {list(pipeline.devices_per_stage)} devices; this runtime needs the same "
+                f"number on every stage (as parplan plan makes them)")
+    if batch % pipeline.micro_batches:
+        return f"{pipeline.micro_batches} micro-batches do not divide the batch of {batch}; choose a divisor"
+    if pipeline.schedule == "stale" and any(a < b for a, b in zip(pipeline.staleness, pipeline.staleness[1:])):
+        return (f"staleness {list(pipeline.staleness)} grows from a stage to a later one; the stale schedule needs it "
+                f"non-increasing (DSP's is 2(K−1−k))")
+    return None
+
+
+def plan_refusals(plan: Any, graph: Any, *, sync_batchnorm: bool = False) -> Iterator[str]:
+    """Every reason the runtime would refuse ``plan`` for ``graph``: its pipeline, then layer by layer."""
+    pipeline = plan.pipeline
+    if pipeline.stages > 1 and (why := pipeline_refusal(pipeline, int(plan.input_shape[0]))):
+        yield why
+    micro = pipeline.micro_batches if pipeline.stages > 1 else 1
+    for name, assignment in plan.layers.items():
+        if name in graph and (why := layer_refusal(graph.nodes[name], assignment.layout,
+                                                   sync_batchnorm=sync_batchnorm, micro_batches=micro)):
+            yield f"'{name}' ({graph.nodes[name]['kind']}, {assignment.layout}): {why}"
+
+
+def _dim_split(layout: Layout, dim: int, rank: int) -> bool:
+    dim = dim % rank if rank else 0
+    parts = layout.parts() if rank == 4 else (layout.n, layout.c)
+    return dim < len(parts) and parts[dim] > 1
+
+
+def _axis(value: Any, axis: int) -> Any:
+    if isinstance(value, (list, tuple)):
+        return value[axis] if axis < len(value) else (value[-1] if value else None)
+    return value
+
+
+def _any_nonzero(value: Any) -> bool:
+    return any(_any_nonzero(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)

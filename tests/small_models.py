@@ -1,0 +1,43 @@
+"""Small models that exercise what real model zoos do: functional layers, batch-norm after a global pool."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FunctionalNet(nn.Module):
+    """Pooling, padding, interpolation and a convolution called as functions, with their defaults."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.weight = nn.Parameter(torch.randn(8, 8, 3, 3) * 0.1)
+        self.head = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = F.relu(self.stem(x))
+        z = F.avg_pool2d(z, 2)                                   # no stride: the kernel's
+        z = F.max_pool2d(z, kernel_size=3, stride=1, padding=1)  # keywords
+        z = F.conv2d(F.pad(z, (1, 1, 1, 1)), self.weight)       # a functional convolution on explicit padding
+        z = F.interpolate(z, size=(x.shape[2], x.shape[3]), mode="nearest")  # size= from a shape read
+        return self.head(z).mean((2, 3))
+
+
+class NormAfterPool(nn.Module):
+    """Batch-norm after a global pool and a 1×1 map: one value per channel per sample (Inception's, SE blocks')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.squeeze = nn.Conv2d(8, 8, 1)
+        self.norm = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.relu(self.norm(self.squeeze(self.pool(self.conv(x))))), 1))
+
+
+MODELS = {"functional": FunctionalNet, "norm_after_pool": NormAfterPool}
