@@ -72,6 +72,8 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
         return None
     if not output or isinstance(output[0], list):
         return None if layout.ranks == 1 else "a layer with several output tensors is kept whole"
+    if layout.ranks > 1 and any(shape and isinstance(shape[0], list) for shape in layer["input_shapes"]):
+        return "it reads a tensor of a layer with several output tensors, which is kept whole"
     return (_fit_refusal(output, layout) or _kind_refusal(layer, layout, sync_batchnorm)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
 
@@ -163,6 +165,8 @@ def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
 
 def _view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A view keeps a channel split only when it keeps the channels where they are, or flattens them first."""
+    if not layer["input_shapes"]:
+        return "a view of a parameter or constant is kept whole"
     (source, *_), target = layer["input_shapes"], layer["output_shape"]
     same = list(source) == list(target)
     flattened = len(target) == 2 and len(source) >= 2 and target[0] == source[0]
@@ -202,7 +206,8 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
 _INHERENT = ("concatenation along a split dimension", "softmax over the split channel dimension",
               "softmax across tiles must be over the channels", "has no height and width to split",
               "fewer elements than the", "has only", "moves the split channels", "do not split evenly",
-              "a layer with several output tensors")
+              "a layer with several output tensors",
+              "a tensor of a layer with several output tensors")
 
 
 def inherent(reason: str) -> bool:

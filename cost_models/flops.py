@@ -79,8 +79,9 @@ def layer_flops(
     """
     if kind in ("conv", "conv_transpose"):
         dense = _conv_flops(input_shapes[0], output_shape, attrs)
-    elif kind == "linear":
-        dense = _linear_flops(input_shapes[0], attrs["weight_shape"])
+    elif kind == "linear" and "weight_shape" in attrs:
+        rows_of = input_shapes[0] if input_shapes else output_shape  # a linear map of a parameter: no tensor input
+        dense = _linear_flops(rows_of, attrs["weight_shape"])
     else:
         return _elementwise_flops(kind, input_shapes, output_shape, attrs, needs_input_grad, has_weight)
     return Flops(

@@ -242,8 +242,12 @@ def print_measurement(document: dict[str, Any], console: Console | None = None) 
     verified = document.get("verify")
     if verified is not None:
         verdict = "[green]passed[/green]" if verified["passed"] else "[red]FAILED[/red]"
-        console.print(f"verify {verdict}: output max rel err {verified['output_max_rel_err']:.2e}, gradient max rel "
-                      f"err {verified['grad_max_rel_err']:.2e} (tolerance {verified['tolerance']:.0e})")
+        console.print(f"verify {verdict}: output max err {verified['output_max_abs_err']:.2e} of its scale "
+                      f"({verified['output_max_rel_err']:.2e} of its own), gradient max err "
+                      f"{verified['grad_max_abs_err']:.2e} of the model's largest gradient "
+                      f"({verified['grad_max_rel_err']:.2e} of its own tensor's) (tolerance {verified['tolerance']:.0e})")
+        if not verified.get("conclusive", True):
+            console.print(f"[yellow]verify inconclusive[/yellow]: {verified['note']}")
 
 
 def _print_stages(pipeline: dict[str, Any], console: Console) -> None:

@@ -8,6 +8,11 @@ rank: every tensor value is this rank's box of the unsplit tensor in a
 redistributed to the placement the layer reads (``runtime.layers``), and the
 layer computes its own box of the output under its Layout. Moved tensors are
 kept for the other readers of the same value in the same forward pass.
+Python values computed from shapes (``x.shape``, ``x.size(0)``) are the
+unsplit program's, evaluated once from the traced shapes, and views with
+written sizes take this rank's extent (``runtime.shapes``); random layers
+draw keyed masks, the same on every rank as in the unsplit model
+(``runtime.random_ops``, keys by :attr:`DistributedModel.draw_key`).
 
 What changes on the user's model (in place, as FSDP does): the weights of
 layers split by channel are replaced by this rank's slice of them (and
@@ -20,7 +25,8 @@ says which part of the global batch this rank must load (large samples are
 never loaded whole), :meth:`~DistributedModel.shard` cuts it from a full batch,
 :meth:`~DistributedModel.gather` returns the whole output, and
 :meth:`~DistributedModel.loss` gives this rank's share of the unsplit
-(global-batch mean) loss — their sum over the ranks is the unsplit loss.
+(global-batch mean) loss — their sum over the ranks is the unsplit loss (for a
+model returning a dict, tuple or list: summed over its floating outputs).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from torch import nn
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
+from cost_models.capability import plan_refusals
 from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.layout import Layout
@@ -48,11 +55,13 @@ from runtime.groups import GroupCache, blocks
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, input_placement, refusal
 from runtime.placement import Placement, box_extent
+from runtime.random_ops import CREATIONS, DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
+from runtime.shapes import local_call, nd_box, shape_refusals, static_nodes, static_values, tensor_names, view_form
 from runtime.slicing import slice_parameters
 
 __all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "local_shape",
-           "parameters_of"]
+           "output_loss", "parameters_of"]
 
 
 class _Value:
@@ -66,8 +75,8 @@ class _Value:
 
 
 def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
-               leaf_modules: Sequence[str] = (), graph: Any = None, timeout: timedelta | None = None
-               ) -> "DistributedModel":
+               leaf_modules: Sequence[str] = (), graph: Any = None, timeout: timedelta | None = None, *,
+               random_seed: int = 0) -> "DistributedModel":
     """Prepare ``model`` to train under ``plan`` on ``ranks`` (default: every rank of the default group).
 
     Collective: every rank of the default process group must call it (it creates process groups).
@@ -84,6 +93,8 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
         graph: The model's ``LayerGraph`` at the plan's input shape and dtype, when the caller has traced it
             already (its fingerprint is still checked against the plan's).
         timeout: How long the process groups this creates may wait for a peer (default: torch's).
+        random_seed: The seed of the random layers' keyed draws (``runtime.random_ops``): the same on every
+            rank, and on the unsplit model they are compared with.
 
     Raises:
         PlanError: The plan was made for another model or input, has pipeline stages, needs another number of
@@ -95,7 +106,8 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
     if plan.pipeline.stages != 1:
         raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; run it with "
                         f"runtime.pipeline.apply_pipeline (parplan run does), or make one with --max-stages 1")
-    return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules), timeout=timeout)
+    return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules), timeout=timeout,
+                            random_seed=random_seed)
 
 
 class DistributedModel(nn.Module):
@@ -103,7 +115,7 @@ class DistributedModel(nn.Module):
 
     def __init__(self, model: nn.Module, plan: Plan, graph: Any, ranks: tuple[int, ...], sync_batchnorm: bool,
                  leaf_modules: tuple[str, ...], stage_nodes: Collection[str] | None = None,
-                 groups: GroupCache | None = None, timeout: timedelta | None = None) -> None:
+                 groups: GroupCache | None = None, timeout: timedelta | None = None, *, random_seed: int = 0) -> None:
         """Without ``stage_nodes``, the whole model; with them, one pipeline stage (``runtime.pipeline``).
 
         ``groups``, when given, already holds every process group this model needs (a pipeline builds
@@ -116,9 +128,23 @@ class DistributedModel(nn.Module):
         self.member = ranks.index(_rank()) if dist.is_initialized() else 0
         nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
         self._nodes = nodes if stage_nodes is None else [node for node in nodes if node.name in stage_nodes]
+        self._output_node = next(node for node in nodes if node.op == "output")
         self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
         self.sites = _sites(self._nodes, model, plan, graph, self.member, ranks, self.groups, sync_batchnorm)
         _refuse_unsupported(self.sites.values())
+        _refuse_shapes(nodes, model, plan, graph, len(ranks))
+        self.random = random_ops(self._nodes, model)
+        """This model's random ops (``runtime.random_ops``); the keyed ones draw by :attr:`draw_key`."""
+        self.random_seed = random_seed
+        self.draw_key: DrawKey | None = None
+        """The key of the next forwards' draws; ``None``: ``(random_seed, forwards run so far, 0)``."""
+        self.switch_off_random = False
+        """When set, switchable unkeyed random ops run in their evaluation form (``--verify``)."""
+        self._forwards = 0
+        self._key = DrawKey(random_seed, 0)
+        self._static = static_values(static_nodes(nodes, tensor_names(graph)),
+                                     lambda name: graph.nodes[name]["output_shape"])
+        """Shape reads and the values computed from them alone, as the unsplit program has them (``runtime.shapes``)."""
         owned = (lambda: parameters_of(self._nodes, model)) if stage_nodes is not None else model.parameters
         shared, self.slices = slice_parameters(self.sites.values(), self.member, model, owned)
         self.own_parameters: list[nn.Parameter] = list(owned())
@@ -137,14 +163,22 @@ class DistributedModel(nn.Module):
         """This rank's box of the output, from its box of the input (:meth:`input_box`)."""
         return self.run_nodes({}, x)["(output)"]
 
-    def run_nodes(self, env: dict[str, Any], x: torch.Tensor | None = None) -> dict[str, Any]:
+    def run_nodes(self, env: dict[str, Any], x: torch.Tensor | None = None, key: DrawKey | None = None
+                  ) -> dict[str, Any]:
         """Run this model's nodes on ``env`` (values by node name, :meth:`value` for received ones); returns it.
 
         The model input ``x`` (this rank's box) is needed when the nodes include the placeholder; the
-        output node's value is stored under ``"(output)"``.
+        output node's value is stored under ``"(output)"``. Random ops draw by ``key`` (default:
+        :attr:`draw_key`).
         """
+        self._key = key or self.draw_key or DrawKey(self.random_seed, self._forwards)
+        self._forwards += 1
         self.gradients.where = place()  # backward may run on other threads (CUDA), outside the forward's labels
+        for name, value in self._static.items():  # every stage has them: they depend on traced shapes only
+            env.setdefault(name, value)
         for node in self._nodes:
+            if node.name in self._static:
+                continue
             if node.op == "placeholder":
                 env[node.name] = _Value(x, self.input_placement, self.layer_graph.input_shape)
             elif node.op == "get_attr":
@@ -165,11 +199,20 @@ class DistributedModel(nn.Module):
 
     def _run(self, node: Node, env: dict[str, Any]) -> Any:
         site = self.sites.get(node.name)
-        if site is None:  # not a tensor layer (x.size(0), …): plain Python on local values
+        if site is None:  # not a tensor layer (x.device, …): plain Python on local values
             return _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
+        op = self.random.get(node.name)
+        if op is not None and (op.keyed or (op.switchable and self.switch_off_random)):
+            return self._wrap(site, self._draw(node, site, env))
         inputs = [n for n in node.all_input_nodes if n.name in self.layer_graph]
         if site.kind == "adaptive_avgpool" and self._pools_tiles(site, env[inputs[0].name]):
             return self._global_pool(site, env[inputs[0].name])
+        form = view_form(node)
+        if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
+            wanted = input_placement(site)
+            args, kwargs = _resolve(node, lambda n: self._fetch(env[n.name], wanted))
+            extent = local_shape(site.layer["output_shape"], Placement(site.layout), self.member)
+            return self._wrap(site, local_call(node, form, args, kwargs, extent))
 
         def fetch(index: int, placement: Placement) -> torch.Tensor:
             return self._fetch(env[inputs[index].name], placement)
@@ -181,6 +224,20 @@ class DistributedModel(nn.Module):
             out = _call(node, self.model, *_resolve(node, lambda n: self._fetch(env[n.name], wanted)
                                                      if isinstance(env[n.name], _Value) else env[n.name]))
         return self._wrap(site, out)
+
+    def _draw(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
+        """A random op's box of its output: keyed by the global indices of this rank's box, or switched off."""
+        op, wanted = self.random[node.name], input_placement(site)
+        args, kwargs = _resolve(node, lambda n: self._fetch(env[n.name], wanted))
+        if not op.keyed:
+            return switched_off(op, site.module, args, kwargs)
+        shape = site.layer["output_shape"]
+        box = nd_box(shape, Placement(site.layout), self.member)
+        if box is None:
+            raise PlanError(f"random layer '{site.name}' ({op.form}) under {site.layout}: its {len(shape)}-D output "
+                            f"{tuple(shape)} cannot be split by channel; split it by sample only")
+        return keyed_call(op, site.module, args, kwargs, box=box, shape=shape, key=self._key,
+                          training=self.model.training)
 
     def _wrap(self, site: Site, out: Any) -> Any:
         shape = site.layer["output_shape"]
@@ -233,8 +290,9 @@ class DistributedModel(nn.Module):
     def input_placement(self) -> Placement:
         """The placement of the model's input: the one its first layer reads (loading it there is free)."""
         placeholder = next(node for node in self._nodes if node.op == "placeholder")
-        first = next(user for user in self._nodes if placeholder in user.all_input_nodes)
-        return input_placement(self.sites[first.name])
+        first = next((user for user in self._nodes if placeholder in user.all_input_nodes and user.name in self.sites),
+                     None)  # a layer: shape reads of the input come first in some programs
+        return input_placement(self.sites[first.name]) if first is not None else Placement(Layout())
 
     @property
     def output_placement(self) -> Placement:
@@ -272,18 +330,39 @@ class DistributedModel(nn.Module):
         n, c, h, w = (slice(start, stop) for start, stop in box)
         return {1: (n,), 2: (n, c), 3: (n, h, w), 4: (n, c, h, w)}[len(target_shape)]
 
-    def loss(self, local_output: torch.Tensor, local_target: torch.Tensor,
+    def loss(self, local_output: Any, local_target: torch.Tensor,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's share of the unsplit loss; the shares summed over the ranks give the unsplit loss.
 
         ``loss_fn`` (default ``F.cross_entropy``) must be a mean over the output's positions (samples, or
         samples and pixels) of a per-position term — ``cross_entropy``, ``mse_loss``, ``l1_loss``, … with the
         default ``reduction="mean"``. ``local_target`` is ``target[target_box(target.shape)]``.
+
+        A model returning a dict, tuple or list (what :meth:`forward` returns): the loss is the sum of
+        ``loss_fn`` over its floating tensor outputs, each against the same target (:func:`output_loss`).
         """
         loss_fn = loss_fn or nn.functional.cross_entropy
-        shape = self._output_shape()
+        shares = [self._loss_share(name, tensor, local_target, loss_fn) for name, tensor in self.outputs(local_output)]
+        if not shares:
+            raise PlanError("the model's output holds no floating tensor to take a loss of")
+        return sum(shares[1:], shares[0])
+
+    def outputs(self, local_output: Any) -> list[tuple[str, torch.Tensor]]:
+        """The floating tensor outputs in ``local_output`` (what :meth:`forward` returns), with their layer names."""
+        if isinstance(local_output, torch.Tensor):
+            return [(self._output_name, local_output)]
+        return [(name, value) for name, value in _paired(self._output_node.args[0], local_output)
+                if isinstance(value, torch.Tensor) and value.is_floating_point()]
+
+    def _loss_share(self, name: str, local: torch.Tensor, local_target: torch.Tensor,
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        shape = tuple(self.layer_graph.nodes[name]["output_shape"])
+        if shape != self._output_shape():
+            raise PlanError(f"output '{name}' has shape {shape} but the loss's target is for the first output "
+                            f"'{self._output_name}' {self._output_shape()}; every floating output enters the loss "
+                            f"against the same target, so give them one shape (or return only the first)")
         placement = self.loss_placement()
-        output = self._fetch(_Value(local_output, self.output_placement, shape), placement)
+        output = self._fetch(_Value(local, Placement(self.sites[name].layout), shape), placement)
         copies = _copies(_shape4(shape), placement, len(self.ranks), self.member)
         total = 1
         for extent in shape:
@@ -332,20 +411,29 @@ def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> N
                         f"(--nproc {devices}) or make a plan for {ranks} devices")
 
 
-def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Sequence[str] = ()) -> None:
+def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Sequence[str] = (), *,
+                   sync_batchnorm: bool = False, verify: bool = False) -> None:
     """Refuse, before any rank starts, a plan with a layer this runtime cannot execute under its layout.
 
+    The rules are ``cost_models.capability``'s, the planner's too. ``sync_batchnorm`` is the training run's
+    setting; ``verify`` adds the checks of ``--verify``'s run (batch-norm synchronised).
+
     Raises:
-        PlanError: Naming up to three such layers, their layouts and why; or pipeline stages that are
-            not contiguous in the traced program.
+        PlanError: Naming up to three such layers, their layouts and why; a pipeline the runtime cannot run;
+            or pipeline stages that are not contiguous in the traced program.
     """
+    refused = list(dict.fromkeys([*plan_refusals(plan, graph, sync_batchnorm=sync_batchnorm),
+                                  *(plan_refusals(plan, graph, sync_batchnorm=True) if verify else ())]))
+    if refused:
+        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
+                        f"; give those layers a layout it supports (e.g. split them by sample only)")
     nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
-    ranks = tuple(range(plan.pipeline.devices_per_stage[0]))
-    _refuse_unsupported(_sites(nodes, model, plan, graph, 0, ranks, GroupCache(ranks), True).values())
+    _refuse_shapes(nodes, model, plan, graph, plan.pipeline.devices_per_stage[0])
     if plan.pipeline.stages > 1:  # stages must be contiguous in the traced program (named if not)
         from runtime.stage_cut import cut_stages
 
-        cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages)
+        cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages,
+                   static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
 
 
 def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: int, ranks: tuple[int, ...],
@@ -377,6 +465,19 @@ def _refuse_unsupported(sites: Any) -> None:
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
 
 
+def _refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, size: int) -> None:
+    """Refuse ops given sizes or shape-derived values this runtime cannot make right on a rank's box."""
+    def whole_shape(node: Node) -> tuple[int, ...] | None:
+        value = _attribute(model, str(node.target)) if node.op == "get_attr" else None
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+    layouts = {name: assignment.layout for name, assignment in plan.layers.items()}
+    creations = [name for name, op in random_ops(nodes, model).items() if op.form in CREATIONS]
+    refused = shape_refusals(nodes, graph, layouts, size, whole_shape, localised=creations)
+    if refused:
+        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}")
+
+
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
@@ -398,6 +499,31 @@ def _plain(value: Any) -> Any:
 
 def _plain_args(args: Any, env: dict[str, Any]) -> Any:
     return map_aggregate(args, lambda a: _plain(env[a.name]) if isinstance(a, Node) else a)
+
+
+def output_loss(output: Any, target: torch.Tensor,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """The unsplit model's loss as :meth:`DistributedModel.loss` defines it: ``loss_fn`` summed over the floating
+    tensors of ``output`` (a tensor, or a dict/tuple/list of them), each against ``target``."""
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    leaves: list[Any] = []
+    map_aggregate(output, lambda value: leaves.append(value) or value)
+    floating = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
+    if not floating:
+        raise PlanError(f"the model's output ({type(output).__name__}) holds no floating tensor to take a loss of")
+    return sum((loss_fn(leaf, target) for leaf in floating[1:]), loss_fn(floating[0], target))
+
+
+def _paired(nodes: Any, values: Any) -> Iterator[tuple[str, Any]]:
+    """``(node name, value)`` for each node leaf of ``nodes`` and the value at the same place in ``values``."""
+    if isinstance(nodes, Node):
+        yield nodes.name, values
+    elif isinstance(nodes, (tuple, list)):
+        for node, value in zip(nodes, values):
+            yield from _paired(node, value)
+    elif isinstance(nodes, dict):
+        for key, node in nodes.items():
+            yield from _paired(node, values[key])
 
 
 def _resolve(node: Node, value_of: Callable[[Node], Any]) -> tuple[Any, Any]:

@@ -108,7 +108,8 @@ def _check_plan(args: argparse.Namespace, plan: Any, graph: Any, nproc: int | No
     from runtime.apply import check_plan, check_runnable
 
     check_plan(plan, graph, nproc or _mpi_size(), f"plan {args.plan}" if args.plan else "the --layout plan")
-    check_runnable(load_model(args.model), plan, graph, args.leaf_module)
+    check_runnable(load_model(args.model), plan, graph, args.leaf_module, sync_batchnorm=args.sync_batchnorm,
+                   verify=args.verify)
 
 
 def _check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:

@@ -60,11 +60,14 @@ class _BatchNorm(torch.autograd.Function):
                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float, eps: float,
                 group: Any, count: int) -> torch.Tensor:
         dims, wide = _reduced(tile), _accumulator(tile)
-        sums = _summed(torch.stack([tile.sum(dim=dims, dtype=wide), (tile * tile).sum(dim=dims, dtype=wide)]), group)
+        x = tile.to(wide)  # squares, sums and the normalisation in the accumulator: Σx² − (Σx)²/n cancels
+        sums = _summed(torch.stack([x.sum(dim=dims), (x * x).sum(dim=dims)]), group)
         mean = sums[0] / count
         var = (sums[1] / count - mean * mean).clamp(min=0)
-        inv_std = torch.rsqrt(var + eps).to(tile.dtype)
-        normalised = (tile - _channel(mean.to(tile.dtype), tile)) * _channel(inv_std, tile)
+        inv_std_wide = torch.rsqrt(var + eps)
+        normalised = ((x - _channel(mean, x)) * _channel(inv_std_wide, x)).to(tile.dtype)
+        inv_std = inv_std_wide.to(tile.dtype)
+        del x
         if running_mean is not None and running_var is not None:
             unbiased = var * count / max(count - 1, 1)
             running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))

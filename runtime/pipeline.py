@@ -14,8 +14,9 @@ Events (``runtime.schedules``):
 * ``F b`` receives the inputs of batch (micro-batch) ``b``, runs the stage,
   sends its outputs; on the last stage it also evaluates the loss share. The
   ``sync`` schedule keeps the autograd graph; the ``stale`` one runs without
-  it and stashes only the stage's inputs (and the RNG state, so that dropout
-  draws the same masks again).
+  it and stashes only the stage's inputs (and the key of its random draws,
+  ``runtime.random_ops``, and the RNG state for unkeyed random ops, so that
+  the recomputation draws the same masks again).
 * ``B b`` receives (and sums) the gradients of the outputs of ``b``; under
   ``stale`` it first recomputes the forward from the stashed input with the
   current weights (batch-norm's running statistics are put back afterwards:
@@ -46,7 +47,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.fx.node import map_aggregate
 
+from cost_models.capability import pipeline_refusal
 from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.plan import Plan
@@ -56,7 +59,9 @@ from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache
 from runtime.layers import Site, input_placement
 from runtime.placement import Placement
+from runtime.random_ops import DrawKey
 from runtime.schedules import Event
+from runtime.shapes import static_nodes, tensor_names
 from runtime.stage_cut import StageCut, cut_stages
 
 __all__ = ["EventRecord", "PipelineStage", "apply_pipeline", "check_pipeline"]
@@ -66,7 +71,7 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, leaf_modules: Sequence[str] = (),
                    graph: Any = None, loss_fn: Loss | None = None, slowdown: float = 1.0,
-                   timeout: timedelta | None = None) -> "PipelineStage":
+                   timeout: timedelta | None = None, *, random_seed: int = 0) -> "PipelineStage":
     """This rank's stage of ``plan`` on ``model`` (collective: every rank of the default group calls it).
 
     Args:
@@ -78,6 +83,7 @@ def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, l
         loss_fn: Mean-reduced loss of the output (default ``cross_entropy``).
         slowdown: Run this rank's events this many times slower (a straggler, ``--slow-stage``).
         timeout: How long the process groups this creates may wait for a peer (default: torch's).
+        random_seed: The seed of the random layers' keyed draws (``runtime.random_ops``).
 
     Raises:
         PlanError: The plan does not match the model, the ranks or what the pipeline runtime executes.
@@ -89,21 +95,15 @@ def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, l
     micro = plan.pipeline.micro_batches
     shape = (plan.input_shape[0] // micro, *plan.input_shape[1:])
     micro_graph = graph if micro == 1 else trace(model, shape, getattr(torch, plan.dtype), leaf_modules)
-    return PipelineStage(model, plan, micro_graph, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown, timeout)
+    return PipelineStage(model, plan, micro_graph, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown, timeout,
+                         random_seed=random_seed)
 
 
 def check_pipeline(plan: Plan) -> None:
-    """Refuse pipelines this runtime cannot execute: unequal stages, uneven micro-batches, growing staleness."""
-    pipeline = plan.pipeline
-    if len(set(pipeline.devices_per_stage)) != 1:
-        raise PlanError(f"the pipeline's stages have {list(pipeline.devices_per_stage)} devices; this runtime needs "
-                        f"the same number on every stage (as parplan plan makes them)")
-    if plan.input_shape[0] % pipeline.micro_batches:
-        raise PlanError(f"{pipeline.micro_batches} micro-batches do not divide the batch of {plan.input_shape[0]}; "
-                        f"choose a divisor")
-    if pipeline.schedule == "stale" and any(a < b for a, b in zip(pipeline.staleness, pipeline.staleness[1:])):
-        raise PlanError(f"staleness {list(pipeline.staleness)} grows from a stage to a later one; the stale schedule "
-                        f"needs it non-increasing (DSP's is 2(K−1−k))")
+    """Refuse pipelines this runtime cannot execute (``cost_models.capability.pipeline_refusal``)."""
+    why = pipeline_refusal(plan.pipeline, int(plan.input_shape[0]))
+    if why is not None:
+        raise PlanError(why)
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,13 @@ class EventRecord:
 
 @dataclass
 class _Stash:
-    """What a batch in flight keeps: inputs (leaves), outputs to backward, the RNG state, the target."""
+    """What a batch in flight keeps: inputs (leaves), outputs to backward, its draws' key, the RNG state, the target."""
 
     batch: int
     inputs: dict[str, torch.Tensor]
     x: torch.Tensor | None
     target: torch.Tensor | None
+    key: DrawKey
     rng: torch.Tensor
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     loss: torch.Tensor | None = None
@@ -133,21 +134,23 @@ class PipelineStage:
     """This rank's stage: its part of the model and the events of a schedule (module docstring)."""
 
     def __init__(self, model: nn.Module, plan: Plan, graph: Any, sync_batchnorm: bool, leaf_modules: tuple[str, ...],
-                 loss_fn: Loss | None, slowdown: float, timeout: timedelta | None = None) -> None:
+                 loss_fn: Loss | None, slowdown: float, timeout: timedelta | None = None, *,
+                 random_seed: int = 0) -> None:
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.plan, self.stages = plan, plan.pipeline.stages
         self.size = plan.pipeline.devices_per_stage[0]
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.index, self.member = divmod(rank, self.size)
         nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
-        cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages)
+        cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages,
+                          static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
         self.cut: StageCut = cuts[self.index]
         _refuse_shared_parameters(model, nodes, cuts)
         groups = GroupCache(tuple(range(world)), timeout)
         groups.build(r for k, cut in enumerate(cuts) for r in group_ranks(
             (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
         self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
-                                      frozenset(self.cut.nodes), groups)
+                                      frozenset(self.cut.nodes), groups, random_seed=random_seed)
         self._buffers = _buffers_of(self.cut.nodes, nodes, model)
         self.placements = _crossing_placements(nodes, cuts, model, plan, graph)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
@@ -157,11 +160,12 @@ class PipelineStage:
         self.losses: list[torch.Tensor] = []
         """The last stage's loss share of each batch forwarded, in order (not scaled by ``1/M``)."""
         self.keep_outputs = False
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, Any] = {}
         """With ``keep_outputs``, the last stage's output box of each batch forwarded."""
         self._stash: dict[int, _Stash] = {}
         self._sending: list[tuple[Any, torch.Tensor, int]] = []  # (request, tensor kept alive, peer)
         self._waited = 0.0
+        self._runs = 0
         _release_others(model, self.model.own_parameters)
 
     # --- public ----------------------------------------------------------------------------------------------
@@ -187,12 +191,14 @@ class PipelineStage:
 
     def run(self, events: Sequence[Event], optimizer: torch.optim.Optimizer,
             data: Callable[[int], tuple[torch.Tensor | None, torch.Tensor | None]],
-            last_backward: int | None = None) -> list[EventRecord]:
+            last_backward: int | None = None, keys: Callable[[int], DrawKey] | None = None) -> list[EventRecord]:
         """Execute ``events``; ``data(b)`` gives this rank's input box and target box of batch ``b``.
 
         ``last_backward``: under ``sync``, the batch whose backward ends the accumulation (sums gradients
-        over the stage's replicas); every backward syncs when it is ``None``.
+        over the stage's replicas); every backward syncs when it is ``None``. ``keys(b)``: the key of batch
+        ``b``'s random draws (default: ``(random_seed, runs before this one, b × micro-batch size)``).
         """
+        keys = keys or self._default_keys()
         records = []
         for event in events:
             self._reap_sends()
@@ -200,7 +206,7 @@ class PipelineStage:
             with at(f"micro-batch {event.batch}"), at(_PHASES[event.kind]):
                 if event.kind == "F":
                     x, target = data(event.batch)
-                    self.forward(event.batch, x, target)
+                    self.forward(event.batch, x, target, keys(event.batch))
                 elif event.kind == "B":
                     self.backward(event.batch, sync=last_backward is None or event.batch == last_backward)
                 else:
@@ -210,12 +216,21 @@ class PipelineStage:
             end = self._straggle(event, start, end, self._waited - waited)
             records.append(EventRecord(event, start, end, self._waited - waited))
         self.finish_sends()
+        self._runs += 1
         return records
 
-    def forward(self, batch: int, x: torch.Tensor | None = None, target: torch.Tensor | None = None) -> None:
-        """Receive ``batch``'s inputs, run this stage on them, send its outputs (the ``F`` event)."""
+    def _default_keys(self) -> Callable[[int], DrawKey]:
+        seed, run, size = self.model.random_seed, self._runs, int(self.model.layer_graph.input_shape[0])
+        return lambda batch: DrawKey(seed, run, batch * size)
+
+    def forward(self, batch: int, x: torch.Tensor | None = None, target: torch.Tensor | None = None,
+                key: DrawKey | None = None) -> None:
+        """Receive ``batch``'s inputs, run this stage on them, send its outputs (the ``F`` event).
+
+        ``key``: the key of its random draws (default: as :meth:`run`'s for this run).
+        """
         received = {c.name: self._receive(c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
-        stash = _Stash(batch, received, x, target, torch.get_rng_state())
+        stash = _Stash(batch, received, x, target, key or self._default_keys()(batch), torch.get_rng_state())
         with torch.set_grad_enabled(not self.stale):
             self._compute(stash)
         for crossing in self.cut.sends:
@@ -263,10 +278,10 @@ class PipelineStage:
 
     def _compute(self, stash: _Stash) -> None:
         env = {name: self.model.value(name, leaf, self.placements[name]) for name, leaf in stash.inputs.items()}
-        env = self.model.run_nodes(env, stash.x if self.first else None)
+        env = self.model.run_nodes(env, stash.x if self.first else None, stash.key)
         stash.outputs = {c.name: _tensor(env[c.name]) for c in self.cut.sends}
         if self.last and self.keep_outputs:
-            self.outputs[stash.batch] = env["(output)"].detach()
+            self.outputs[stash.batch] = map_aggregate(env["(output)"], _detached)
         if self.last:
             stash.loss = self.model.loss(env["(output)"], stash.target, self.loss_fn) * self.loss_scale
 
@@ -336,7 +351,7 @@ def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], model: nn.M
             placements[crossing.name] = Placement(plan.layers[crossing.name].layout)
             continue
         placeholder = next(node for node in nodes if node.name == crossing.name)
-        first = next(node for node in nodes if placeholder in node.all_input_nodes)
+        first = next(node for node in nodes if placeholder in node.all_input_nodes and node.name in plan.layers)
         module = model.get_submodule(str(first.target)) if first.op == "call_module" else None
         site = Site(first.name, graph.nodes[first.name]["kind"], plan.layers[first.name].layout,
                     graph.nodes[first.name], module, 0, tuple(range(plan.pipeline.devices_per_stage[0])), None, False)
@@ -372,6 +387,10 @@ def _release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
         if id(param) not in mine:
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
             param.requires_grad_(False)
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def _tensor(value: Any) -> torch.Tensor:

@@ -29,8 +29,9 @@ recomputation too).
 ``verify`` runs one iteration without its update (for ``stale``: one batch
 with staleness 0, which is what the stage cut must get right; staleness is
 the schedule's intended difference) next to the unsplit model accumulating
-the same micro-batches, and reports the worst relative error of the last
-stage's outputs and of every parameter gradient, over all ranks.
+the same micro-batches with the same keyed random draws, and reports the
+errors of the last stage's outputs and of every parameter gradient, over all
+ranks, as ``runtime.train``'s verify does.
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from runtime.failures import all_reduce, at, barrier
 from runtime.faults import planned, strike
 from runtime.checkpoint import Progress
+from runtime.random_ops import DrawKey
 from runtime.recovery import Recovery, training_state
 from runtime.schedules import Event, dsp, gpipe, one_f_one_b, staleness_of
 
@@ -144,7 +145,8 @@ def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sy
     model = load_model(options.model).to(device=device, dtype=dtype).train()
     slowdown = float(options.extra.get("slow_stages", {}).get(str(dist.get_rank() // plan.pipeline.devices_per_stage[0]), 1.0))
     return apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
-                          options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout)
+                          options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
+                          random_seed=options.seed)
 
 
 def _order(options: Any, plan: Any) -> str:
@@ -172,7 +174,8 @@ def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
             return _load(options, stage, steps[batch], 0, dtype, device)
 
         with at(f"steps {steps.start + 1}…{steps.stop}"):
-            records = stage.run(_events(options, plan, stage, len(steps)), optimizer, batch_data)
+            records = stage.run(_events(options, plan, stage, len(steps)), optimizer, batch_data,
+                                keys=lambda batch: DrawKey(options.seed, steps[batch]))
         per_step = _update_intervals(stage, records, started, device)
     else:
         records, per_step = [], []
@@ -182,7 +185,7 @@ def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
             with at(f"step {step + 1}"):
                 records += stage.run(_events(options, plan, stage), optimizer,
                                      lambda micro, s=step: _load(options, stage, s, micro, dtype, device),
-                                     last_backward=plan.pipeline.micro_batches - 1)
+                                     last_backward=plan.pipeline.micro_batches - 1, keys=_keys(options, stage, step))
             _synchronise(device)
             per_step.append(_slowest(time.perf_counter() - begun, device))
     return per_step, records, _slowest(time.perf_counter() - started, device)
@@ -210,6 +213,12 @@ def _load(options: Any, stage: Any, step: int, micro: int, dtype: torch.dtype, d
     seed = options.seed * 1000 + step
     return (synthetic_input(options.input_shape, x_box, seed, dtype, device) if x_box else None,
             synthetic_labels(label_shape, t_box, output_shape[1], seed, device) if t_box else None)
+
+
+def _keys(options: Any, stage: Any, step: int) -> Callable[[int], DrawKey]:
+    """The keys of a sync step's micro-batches: the step, and the global index of each one's first sample."""
+    size = int(stage.model.layer_graph.input_shape[0])
+    return lambda micro: DrawKey(options.seed, step, micro * size)
 
 
 def _shifted(box: tuple[slice, ...], offset: int) -> tuple[slice, ...]:
@@ -268,33 +277,28 @@ def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: floa
 
 def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
-    from runtime.train import _fresh, _gradient_errors, _relative_error, _without_dropout
+    from runtime.train import fresh_model
+    from runtime.verify import Comparison, compare_gradients, compare_outputs, random_report, reference_step
 
     if plan.pipeline.schedule == "stale":
         plan = _capped(plan, 0)
     stage = _build(options, plan, dtype, device, sync_batchnorm=True)
-    _without_dropout(stage.model.model)
+    stage.model.switch_off_random = True
     stage.keep_outputs = True
     events = _events(options, plan, stage)
     micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
+    keys = _keys(options, stage, 0)
     stage.run([e for e in events if e.kind != "U"], torch.optim.SGD(stage.parameters(), lr=0.0),
-              lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1)
-    reference = _without_dropout(_fresh(options, dtype, device))
-    output_error = 0.0
-    for b in range(micro):
-        x, target = _whole(options, stage, b, dtype, device)
-        out = reference(x)
-        (nn.functional.cross_entropy(out, target) / micro).backward()
-        if stage.last:
-            box = stage.model.output_placement.box(tuple(out.shape) + (1, 1) * (out.dim() == 2), stage.member)
-            local = out.detach()[tuple(slice(a, z) for a, z in box)[:out.dim()]]
-            output_error = max(output_error, _relative_error(stage.outputs[b], local))
-    grad_error, worst = _gradient_errors(stage.model, reference)
-    errors = torch.tensor([output_error, grad_error], dtype=torch.float64, device=device)
-    all_reduce(errors, "the --verify error allreduce", dist.ReduceOp.MAX)
-    return {"output_max_rel_err": float(errors[0]), "grad_max_rel_err": float(errors[1]),
-            "tolerance": options.tolerance, "worst_parameter_on_rank0": worst,
-            "passed": bool(errors.max() <= options.tolerance)}
+              lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1, keys=keys)
+    batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
+    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches)
+    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches)
+            if dtype.itemsize < 8 else None)
+    comparison = Comparison.of(reference, dtype, options.tolerance, wide)
+    for b in range(micro) if stage.last else ():
+        compare_outputs(comparison, stage.model, stage.outputs[b], reference.outputs[b])
+    compare_gradients(comparison, stage.model, reference.model)
+    return comparison.report(device) | random_report(reference.random)
 
 
 def _whole(options: Any, stage: Any, micro: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -9,10 +9,10 @@ slowest rank's wall time, taken after a barrier-free step by an allreduce of
 the per-rank times (so the measurement adds one tiny collective per step).
 
 ``verify`` runs one step of the split model and of the unsplit model on the
-same synthetic batch and seed (dropout off in both: its masks are drawn per
-rank; batch-norm synchronised over the whole batch: only then can a sample
-split equal the unsplit model) and reports the largest error of the output and of every parameter
-gradient relative to that tensor's largest magnitude, over all ranks.
+same synthetic batch and seed, random layers on in both with the same keyed
+draws, batch-norm synchronised over the whole batch (only then can a sample
+split equal the unsplit model), and compares every output and gradient
+(``runtime.verify``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from runtime.data import synthetic_input, synthetic_labels
 from runtime.failures import all_reduce, at
 from runtime.faults import planned, strike
 from runtime.checkpoint import Progress
+from runtime.random_ops import DrawKey
 from runtime.recovery import Recovery, training_state
 
-__all__ = ["PER_LAYER_STEPS", "RunOptions", "worker"]
+__all__ = ["PER_LAYER_STEPS", "RunOptions", "fresh_model", "worker"]
 
 PER_LAYER_STEPS = 3
 """Profiled steps after the timed ones when per-layer times are asked for (``extra["per_layer"]``)."""
@@ -117,7 +118,7 @@ def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Op
     for step in range(progress.step, options.warmup + options.steps):
         strike(fault, dist.get_rank(), step + 1)
         with at(f"step {step + 1}"):
-            seconds, loss = _step(split, optimizer, batch(step), device)
+            seconds, loss = _step(split, optimizer, batch(step), device, DrawKey(options.seed, step))
         progress.step = step + 1
         if step >= options.warmup:
             progress.per_step_s.append(seconds)
@@ -133,7 +134,7 @@ def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimiz
     from runtime.layer_times import profiled_layer_times
 
     def one_step(step: int) -> None:
-        _step(split, optimizer, batch(step), device)
+        _step(split, optimizer, batch(step), device, DrawKey(options.seed, step))
 
     first = options.warmup + options.steps
     return profiled_layer_times(split, one_step, range(first, first + PER_LAYER_STEPS), device)
@@ -146,7 +147,7 @@ def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.dev
     torch.manual_seed(options.seed)  # the same initial weights on every rank
     model = load_model(options.model).to(device=device, dtype=dtype).train()
     return model, apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules,
-                             graph=options.graph, timeout=options.timeout)
+                             graph=options.graph, timeout=options.timeout, random_seed=options.seed)
 
 
 def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
@@ -172,8 +173,9 @@ def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: to
 
 
 def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
-          device: torch.device) -> tuple[float, float]:
+          device: torch.device, key: DrawKey) -> tuple[float, float]:
     x, target = batch
+    split.draw_key = key  # the step's random draws: the same on a resumed run
     _synchronise(device)
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
@@ -189,70 +191,36 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
 
 
 def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """One step of the split and of the unsplit model on the same batch and keyed draws (``runtime.verify``)."""
+    from runtime.verify import Comparison, compare_gradients, compare_outputs, random_report, reference_step
+
     _, split = _build(RunOptions(**{**options.__dict__, "sync_batchnorm": True}), plan, dtype, device)
-    reference = _without_dropout(_fresh(options, dtype, device))
-    _without_dropout(split)
+    key = DrawKey(options.seed, 0)
+    split.draw_key, split.switch_off_random = key, True
     x, target = _data_source(options, split, dtype, device)(0)
     output = split(x)
     split.loss(output, target).backward()
     full_x, labels = _data_source(options, split, dtype, device, whole=True)(0)
-    expected = reference(full_x)
-    nn.functional.cross_entropy(expected, labels).backward()
-    box = tuple(slice(a, b) for a, b in split.output_placement.box(_shape4(expected.shape), split.member))
-    output_error = _relative_error(output, expected.detach()[box[:expected.dim()]])
-    grad_error, worst = _gradient_errors(split, reference)
-    errors = torch.tensor([output_error, grad_error], dtype=torch.float64, device=device)
-    all_reduce(errors, "the --verify error allreduce", dist.ReduceOp.MAX)
-    return {"output_max_rel_err": float(errors[0]), "grad_max_rel_err": float(errors[1]),
-            "tolerance": options.tolerance, "worst_parameter_on_rank0": worst,
-            "passed": bool(errors.max() <= options.tolerance)}
+    batches = [(full_x, labels, key)]
+    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches)
+    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches)
+            if dtype.itemsize < 8 else None)
+    comparison = Comparison.of(reference, dtype, options.tolerance, wide)
+    compare_outputs(comparison, split, output, reference.outputs[0])
+    compare_gradients(comparison, split, reference.model)
+    return comparison.report(device) | random_report(reference.random)
 
 
-def _gradient_errors(split: Any, reference: nn.Module) -> tuple[float, str]:
-    """The worst relative error of the gradients ``split`` trains (a stage: only its own) and its parameter's name."""
-    sliced = {piece.name: piece for piece in split.slices}
-    mine = {id(param) for param in split.own_parameters}
-    expected = dict(reference.named_parameters())
-    worst, worst_name = 0.0, ""
-    for name, param in split.model.named_parameters():
-        full = expected[name].grad
-        if id(param) not in mine or full is None or param.grad is None:
-            continue
-        if name in sliced:
-            piece = sliced[name]
-            full = full.narrow(piece.dim, piece.start, piece.stop - piece.start)
-        error = _relative_error(param.grad, full)
-        if error > worst:
-            worst, worst_name = error, name
-    return worst, worst_name
-
-
-def _relative_error(value: torch.Tensor, expected: torch.Tensor) -> float:
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
-    difference = float((value.detach().double() - expected.detach().double()).abs().max()) if value.numel() else 0.0
-    return difference / scale if scale > 0 else difference
-
-
-def _fresh(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:
+def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """The user's model as every rank builds it (the seed's initial weights), in ``dtype``, training."""
     from cost_models.model_spec import load_model
 
     torch.manual_seed(options.seed)
     return load_model(options.model).to(device=device, dtype=dtype).train()
 
 
-def _without_dropout(model: nn.Module) -> nn.Module:
-    for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd):
-            module.eval()
-    return model
-
-
 def _everything(shape: Any) -> tuple[slice, ...]:
     return tuple(slice(0, int(extent)) for extent in shape)
-
-
-def _shape4(shape: Any) -> tuple[int, ...]:
-    return tuple(shape) if len(shape) == 4 else (shape[0], shape[1], 1, 1)
 
 
 def _progress(options: RunOptions, step: int, seconds: float, loss: float, plan: Any) -> None:

@@ -67,11 +67,23 @@ def test_a_data_factory_feeds_both_the_split_and_the_unsplit_model(repo: Path) -
     assert document["verify"]["passed"] and document["loss"][0] > 0
 
 
-def test_verify_beyond_its_tolerance_exits_one(repo: Path) -> None:
-    run = _parplan("run", *UNET, "--layout", "w2", "--nproc", "2", "--steps", "0", "--verify", "--tolerance",
-                   "1e-14", "--json", cwd=repo)
+NOISE = """
+import torch
+
+def noise(input_box, target_box, step):  # the same values whatever the box: the split sees other data than the unsplit
+    torch.manual_seed(step)
+    shape = [s.stop - s.start for s in input_box]
+    return torch.rand(shape), torch.zeros([s.stop - s.start for s in target_box], dtype=torch.int64)
+"""
+
+
+def test_verify_beyond_its_tolerance_exits_one(repo: Path, tmp_path: Path) -> None:
+    (tmp_path / "noise.py").write_text(NOISE)
+    run = _parplan("run", *UNET, "--layout", "w2", "--nproc", "2", "--steps", "0", "--verify", "--data",
+                   f"{tmp_path / 'noise.py'}:noise", "--json", cwd=repo)
     assert run.returncode == 1, run.stderr
-    assert not json.loads(run.stdout)["verify"]["passed"]
+    verified = json.loads(run.stdout)["verify"]
+    assert not verified["passed"] and verified["output_max_abs_err"] > 0.1, verified
 
 
 @pytest.mark.parametrize(("extra", "message"), [

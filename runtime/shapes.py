@@ -1,0 +1,325 @@
+"""Python values computed from tensor shapes, and the ops that take sizes, in the split interpreter.
+
+A traced program reads shapes (``x.shape``, ``x.size(0)``, ``x.shape[-2:]``,
+``x.dim()``, ``len(x)``) and computes with them in Python. On a rank that
+holds a box of each tensor, reading the local tensor's shape would give
+another program than the unsplit one (``x.shape[2] == 32`` fails on a tile,
+``x.shape[0]`` counts only this rank's samples). So shape reads are
+*evaluated once, from the traced global shapes*, together with every
+non-tensor node computed only from them (:func:`static_values`): every
+rank sees the unsplit program's values, and no tensor is read.
+
+Ops that turn such values into tensor sizes then need this rank's sizes:
+
+* views with explicit sizes — ``reshape``/``view``/``unflatten``,
+  ``expand``/``broadcast_to`` — and constant creations (``torch.zeros``,
+  ``x.new_empty``, …) take their output's local box extent, which the trace
+  knows (:func:`local_call`); a view is exact when this rank's box of its
+  input and of its output are the same elements in the same order
+  (:func:`flat_runs`), an expansion when the non-broadcast dimensions keep
+  their ranges;
+* upsampling and adaptive pooling take output sizes of height and width
+  only, which are whole unless the layer splits them, and then the layer's
+  distributed form computes from the traced shapes.
+
+Any other op given a shape-derived value is exact only when the value does
+not depend on the extent of a split dimension: :func:`shape_refusals`
+evaluates each value again from every rank's box shapes and refuses (names
+the layer) an op whose value would differ, rather than computing something
+wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Mapping, Sequence
+
+import torch
+from torch.fx import Node
+from torch.fx.node import map_aggregate
+
+from cost_models.layout import Layout
+from runtime.placement import Placement
+
+__all__ = ["VIEW_FORMS", "flat_runs", "local_call", "nd_box", "shape_refusals", "static_nodes", "static_values",
+           "view_form"]
+
+_SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
+_SHAPE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
+_SPATIAL_SIZES = frozenset({"upsample", "adaptive_avgpool", "adaptive_maxpool"})
+
+_RESHAPES = {("call_method", "reshape"), ("call_method", "view"), ("call_method", "unflatten"),
+             ("call_function", torch.reshape)}
+_EXPANDS = {("call_method", "expand"), ("call_function", torch.broadcast_to)}
+_CREATIONS = {("call_function", torch.zeros), ("call_function", torch.ones), ("call_function", torch.empty),
+              ("call_function", torch.full), ("call_method", "new_zeros"), ("call_method", "new_ones"),
+              ("call_method", "new_empty"), ("call_method", "new_full")}
+VIEW_FORMS = ("reshape", "expand", "create")
+"""What :func:`view_form` answers for an op whose sizes the runtime replaces with the local extent."""
+
+_UNKNOWN = object()  # a value that could not be evaluated from some rank's box shapes
+
+
+def _key(node: Node) -> tuple[str, Any]:
+    return node.op, node.target
+
+
+def view_form(node: Node) -> str | None:
+    """``"reshape"``, ``"expand"`` or ``"create"`` for an op whose output sizes are written in its arguments."""
+    key = _key(node)
+    if key in _RESHAPES:
+        dtype_view = any(isinstance(a, torch.dtype) for a in node.args[1:])  # x.view(torch.float16)
+        return None if dtype_view else "reshape"
+    if key in _EXPANDS:
+        return "expand"
+    return "create" if key in _CREATIONS else None
+
+
+def is_shape_read(node: Node, tensors: Collection[str]) -> bool:
+    """Whether ``node`` reads only the shape of one traced tensor (``x.shape``, ``x.size(1)``, ``len(x)``, …)."""
+    if not node.args or not isinstance(node.args[0], Node) or node.args[0].name not in tensors:
+        return False
+    if node.op == "call_method":
+        return str(node.target) in _SHAPE_METHODS
+    if node.op == "call_function" and node.target is getattr:
+        return len(node.args) == 2 and node.args[1] in _SHAPE_ATTRIBUTES
+    return node.op == "call_function" and node.target is len
+
+
+def static_nodes(nodes: Sequence[Node], tensors: Collection[str]) -> list[Node]:
+    """The shape reads and every non-tensor node computed from them alone, in program order.
+
+    ``tensors`` are the names of the traced single-tensor values (the layers and the input); a node that
+    makes a tensor is never static.
+    """
+    static: list[Node] = []
+    names: set[str] = set()
+    for node in nodes:
+        if node.name in tensors or node.op not in ("call_function", "call_method"):
+            continue
+        inputs = node.all_input_nodes
+        if is_shape_read(node, tensors) or (inputs and all(n.name in names for n in inputs)):
+            static.append(node)
+            names.add(node.name)
+    return static
+
+
+def static_values(static: Sequence[Node], shape_of: Callable[[str], Sequence[int]]) -> dict[str, Any]:
+    """Each static node's value when every tensor ``t`` it reads has the shape ``shape_of(t)``.
+
+    Shapes are read from ``meta`` tensors (no memory); a node that fails on these shapes (an assertion on
+    a tile's extent, …) gets a value no other compares equal to.
+    """
+    values: dict[str, Any] = {}
+    for node in static:
+        def value_of(n: Node) -> Any:
+            return values[n.name] if n.name in values else torch.empty(tuple(shape_of(n.name)), device="meta")
+
+        args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
+        kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
+        if any(v is _UNKNOWN for v in _leaves((args, kwargs))):
+            values[node.name] = _UNKNOWN
+            continue
+        try:
+            values[node.name] = _invoke(node, args, kwargs)
+        except Exception:  # noqa: BLE001 - the user's program rejects these shapes: unknown, compared unequal
+            values[node.name] = _UNKNOWN
+    return values
+
+
+def _invoke(node: Node, args: Any, kwargs: Any) -> Any:
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)  # type: ignore[operator]
+    self_arg, *rest = args
+    return getattr(self_arg, str(node.target))(*rest, **kwargs)
+
+
+def _leaves(value: Any) -> list[Any]:
+    found: list[Any] = []
+    map_aggregate(value, lambda v: found.append(v) or v)
+    return found
+
+
+def local_call(node: Node, form: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+               extent: Sequence[int]) -> torch.Tensor:
+    """Run the op of ``node`` (a :func:`view_form`) on local values with its sizes replaced by ``extent``."""
+    size = tuple(int(e) for e in extent)
+    if form == "reshape":
+        return args[0].reshape(size)
+    if form == "expand":
+        return args[0].expand(size)
+    fill = _fill_value(node, args, kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("size", "fill_value")}
+    if node.op == "call_method":
+        method = getattr(args[0], str(node.target))
+        return method(size, fill, **kwargs) if fill is not None else method(size, **kwargs)
+    create: Any = node.target
+    return create(size, fill, **kwargs) if fill is not None else create(size, **kwargs)
+
+
+def _fill_value(node: Node, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    if str(getattr(node.target, "__name__", node.target)) not in ("full", "new_full"):
+        return None
+    if "fill_value" in kwargs:
+        return kwargs["fill_value"]
+    return args[2] if node.op == "call_method" else args[1]
+
+
+def nd_box(shape: Sequence[int], placement: Placement, member: int) -> tuple[tuple[int, int], ...] | None:
+    """Member ``member``'s box of a value of global ``shape``, one range per dimension of the value.
+
+    Values other than 2-D and 4-D are split by sample only (their features are flattened into the
+    placement's channels); ``None`` when the placement would split those features.
+    """
+    if not shape:
+        return ()
+    features = 1
+    for extent in shape[1:]:
+        features *= int(extent)
+    four = tuple(int(s) for s in shape) if len(shape) == 4 else (int(shape[0]), features, 1, 1)
+    box = placement.box(four, member)
+    if len(shape) in (1, 2, 4):
+        return box[:len(shape)]
+    if box[1] != (0, features):
+        return None
+    return (box[0], *((0, int(s)) for s in shape[1:]))
+
+
+def flat_runs(shape: Sequence[int], box: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
+    """The elements of ``box`` in the row-major order of ``shape``, as maximal ``(extent, start, stop)`` runs.
+
+    Dimensions are merged while the inner one is whole or the outer one holds a single index, so two boxes
+    of two shapes with equal runs hold the same elements of the flattened tensor, in the same order (a
+    reshape of one is the other).
+    """
+    if any(start >= stop for start, stop in box):
+        return ((0, 0, 0),)
+    runs: list[tuple[int, int, int]] = []
+    for extent, (start, stop) in zip(shape, box):
+        if int(extent) == 1:
+            continue
+        runs.append((int(extent), int(start), int(stop)))
+        while len(runs) > 1 and _mergeable(runs[-2], runs[-1]):
+            inner = runs.pop()
+            runs[-1] = _merged(runs[-1], inner)
+    return tuple(runs)
+
+
+def _mergeable(outer: tuple[int, int, int], inner: tuple[int, int, int]) -> bool:
+    return (inner[1] == 0 and inner[2] == inner[0]) or outer[2] - outer[1] == 1
+
+
+def _merged(outer: tuple[int, int, int], inner: tuple[int, int, int]) -> tuple[int, int, int]:
+    extent = outer[0] * inner[0]
+    if inner[1] == 0 and inner[2] == inner[0]:
+        return extent, outer[1] * inner[0], outer[2] * inner[0]
+    return extent, outer[1] * inner[0] + inner[1], outer[1] * inner[0] + inner[2]
+
+
+def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layout], size: int,
+                   whole_shape: Callable[[Node], Sequence[int] | None], *, localised: Collection[str] = ()
+                   ) -> list[str]:
+    """Why the ops of ``nodes`` cannot take the shape-derived values or sizes they are given (module docstring).
+
+    Args:
+        nodes: The traced program's nodes (all of them: shape reads may precede a stage's nodes).
+        graph: The LayerGraph: each tensor's global shape, each layer's kind.
+        layouts: Each layer's layout (the plan's); a tensor is held as its producer's layout places it.
+        size: Members of the group the layouts place values on.
+        whole_shape: The shape of a value every rank holds whole (an attribute), ``None`` if unknown.
+        localised: Further ops that take their output's local extent whatever sizes they are given
+            (random creations, ``runtime.random_ops``).
+    """
+    tensors = tensor_names(graph)
+    static = static_nodes(nodes, tensors)
+    names = {node.name for node in static}
+    exact = static_values(static, lambda name: graph.nodes[name]["output_shape"])
+    local = [static_values(static, _local_shapes(graph, layouts, member)) for member in range(size)]
+    refused = []
+    for node in nodes:
+        form = view_form(node)
+        if node.name in names:
+            continue
+        if form in ("reshape", "expand") and node.name in layouts:  # sizes always localised: check the boxes
+            refused += _view_refusal(node, graph, layouts[node.name], size, whole_shape)
+        if form is not None or node.name in localised or not any(n.name in names for n in node.all_input_nodes):
+            continue
+        if node.name in graph and graph.nodes[node.name]["kind"] in _SPATIAL_SIZES:
+            continue
+        refused += _ambiguity(node, names, exact, local)
+    return list(dict.fromkeys(refused))
+
+
+def tensor_names(graph: Any) -> frozenset[str]:
+    """The traced values that are one tensor (layers and the input; not tuples of tensors)."""
+    return frozenset(name for name in graph.nodes if _single(graph.nodes[name]["output_shape"]))
+
+
+def _single(shape: Any) -> bool:
+    return isinstance(shape, (list, tuple)) and all(isinstance(extent, int) for extent in shape)
+
+
+def _local_shapes(graph: Any, layouts: Mapping[str, Layout], member: int) -> Callable[[str], tuple[int, ...]]:
+    def shape_of(name: str) -> tuple[int, ...]:
+        shape = graph.nodes[name]["output_shape"]
+        box = nd_box(shape, Placement(layouts.get(name, Layout())), member)
+        return tuple(shape) if box is None else tuple(stop - start for start, stop in box)
+
+    return shape_of
+
+
+def _ambiguity(node: Node, names: Collection[str], exact: Mapping[str, Any], local: Sequence[Mapping[str, Any]]
+               ) -> list[str]:
+    for source in (n for n in node.all_input_nodes if n.name in names):
+        for member, values in enumerate(local):
+            if not _equal(values[source.name], exact[source.name]):
+                mine = "an error" if values[source.name] is _UNKNOWN else repr(values[source.name])
+                return [f"'{node.name}' ({_label(node)}) takes {exact[source.name]!r} computed from tensor shapes "
+                        f"('{source.name}'), which depends on the extent of a split dimension (member {member}'s "
+                        f"box gives {mine}); split the tensors whose shapes it reads only where that extent is not "
+                        f"read, or write the sizes with reshape/view/expand, whose sizes the runtime localises"]
+    return []
+
+
+def _view_refusal(node: Node, graph: Any, layout: Layout, size: int,
+                  whole_shape: Callable[[Node], Sequence[int] | None]) -> list[str]:
+    source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+    if source is None:
+        return []
+    out_shape = graph.nodes[node.name]["output_shape"]
+    in_shape = graph.nodes[source.name]["output_shape"] if source.name in graph else whole_shape(source)
+    if in_shape is None or not _single(out_shape) or not _single(list(in_shape)):
+        return [f"'{node.name}' ({_label(node)}) under {layout}: the shape of its input is unknown"]
+    placement = Placement(layout)
+    for member in range(size):
+        out_box = nd_box(out_shape, placement, member)
+        in_box = (nd_box(in_shape, placement, member) if source.name in graph
+                  else tuple((0, int(e)) for e in in_shape))
+        if in_box is None or out_box is None or not _consistent(node, in_shape, in_box, out_shape, out_box):
+            return [f"'{node.name}' ({_label(node)} {tuple(in_shape)} → {tuple(out_shape)}) under {layout}: member "
+                    f"{member}'s part of its input is not the part of its output it makes; give it a layout that "
+                    f"keeps the dimensions it reshapes whole (e.g. split it by sample only)"]
+    return []
+
+
+def _consistent(node: Node, in_shape: Sequence[int], in_box: Sequence[tuple[int, int]], out_shape: Sequence[int],
+                out_box: Sequence[tuple[int, int]]) -> bool:
+    if view_form(node) == "reshape":
+        return flat_runs(in_shape, in_box) == flat_runs(out_shape, out_box)
+    lead = len(out_shape) - len(in_shape)  # expand: dimensions align from the right
+    return lead >= 0 and all(int(extent) == 1 or in_box[i] == out_box[lead + i] for i, extent in enumerate(in_shape))
+
+
+def _equal(first: Any, second: Any) -> bool:
+    if first is _UNKNOWN or second is _UNKNOWN:
+        return False
+    try:
+        return bool(first == second)
+    except Exception:  # noqa: BLE001 - values that cannot be compared are taken as different
+        return False
+
+
+def _label(node: Node) -> str:
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    return str(getattr(node.target, "__qualname__", getattr(node.target, "__name__", node.target)))
+

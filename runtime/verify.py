@@ -1,0 +1,243 @@
+"""``--verify``: how one step of the split model is compared with the unsplit model, tensor by tensor.
+
+The unsplit reference (:func:`reference_step`) is the user's model, freshly
+built with the same seed, traced by the same tracer (the same node names)
+and run under an fx interpreter that draws its random ops with the same keys
+as the split model (``runtime.random_ops``): random layers stay on on both
+sides. Unkeyed random ops that can be switched off are switched off on both
+sides, the others are listed (:func:`random_report`).
+
+Each tensor — every output the split model returns (this rank's box of it)
+and every gradient this rank trains (its slice) — passes when::
+
+    max|split − unsplit| <= tolerance · max|unsplit| + atol
+
+as ``torch.testing``'s rtol + atol, with ``atol`` the floor below which a
+difference is rounding (:data:`VERIFY_ATOL_EPS`): for gradients, of the
+largest gradient magnitude of the whole model; for outputs, of the largest
+output magnitude. Both figures are reported: the largest error relative to
+each tensor's own largest magnitude (``*_max_rel_err``) and relative to the
+model's scale (``*_max_abs_err``). Where the floor is so high (an
+ill-conditioned float32 model) that it would let real errors pass, the report
+says ``conclusive: false`` with a note (:data:`CONCLUSIVE_FLOOR`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.fx.node import map_aggregate
+
+from cost_models.tracing import symbolic_trace
+from runtime.apply import output_loss
+from runtime.failures import all_reduce
+from runtime.placement import Placement
+from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, random_ops
+from runtime.shapes import nd_box
+
+__all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs", "floating_leaves",
+           "random_report", "reference_step"]
+
+VERIFY_ATOL_EPS = 100
+"""The rounding floor in units of the dtype's epsilon times the model's scale (its largest gradient).
+
+A gradient that is zero in exact arithmetic (a bias before batch-norm: shift-invariant) comes out of any
+summation order as rounding noise, a few epsilons of the terms it cancels, which are of the size of the
+model's gradients; relative to its own largest value that noise is 100 % and tells nothing. 100·eps of the
+largest gradient (float32: 1.2e-5 of it, float64: 2.2e-14) lets such noise pass and stays far below what a
+real error does: a wrong halo, a tile summed twice or missing, a mis-sliced weight changes a gradient by a
+sizeable fraction of the gradients it feeds, so it still fails unless the whole tensor it corrupts lies
+below the floor and contributes nothing measurable to training.
+"""
+
+ROUNDING_FACTOR = 4
+"""Below float64, the floor is at least this many times the unsplit model's own rounding error.
+
+A deep float32 model with batch-norm over few values can be ill-conditioned: the unsplit float32 model
+itself then differs from the same model in float64 by far more than a few epsilons (fcn_resnet50 at
+64×64: 1.6 % of its largest gradient). A split, which only sums in another order, cannot be closer to the
+float32 model than rounding allows, so below float64 --verify also runs the reference in float64 and
+takes as floor ``ROUNDING_FACTOR`` × the float32 reference's largest error (over the whole model, relative
+to the model's scale): the split must be as accurate as the unsplit model in its dtype. float64 runs have
+no wider reference and keep the 100·eps floor: they are the exact check.
+"""
+
+
+CONCLUSIVE_FLOOR = 1e-2
+"""A floor above 1 % of the model's scale lets errors of that size pass: the verdict is reported inconclusive.
+
+(regnet_x_400mf at 4×3×32×32 in float32: its unsplit float32 gradients are 59 % of the largest gradient off
+the float64 ones, so no float32 comparison can check a split of it.)
+"""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The unsplit model after its step: the model (its gradients), each batch's whole output, its random ops."""
+
+    model: nn.Module
+    outputs: tuple[Any, ...]
+    random: tuple[RandomOp, ...] = ()
+
+
+def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
+                   batches: Iterable[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
+    """The unsplit model ``build(dtype)`` after forward and backward of each ``(x, labels, key)``.
+
+    Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches);
+    the loss is :func:`runtime.apply.output_loss` (cross-entropy over the floating outputs).
+    """
+    model, outputs = build(dtype), []
+    traced = symbolic_trace(model, tuple(leaf_modules))
+    batches = list(batches)
+    for x, labels, key in batches:
+        interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
+        out = interpreter.run(x.to(dtype))
+        (output_loss(out, labels) / len(batches)).backward()
+        outputs.append(map_aggregate(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v))
+    return Reference(model, tuple(outputs), tuple(random_ops(list(traced.graph.nodes), model).values()))
+
+
+@dataclass
+class Comparison:
+    """The worst errors of the outputs and gradients, each relative to its tensor and to the model's scale.
+
+    ``output_scale`` and ``gradient_scale`` are the largest magnitudes of the whole unsplit outputs and of all
+    the unsplit model's gradients; ``output_floor`` and ``gradient_floor`` the rounding floors relative to them.
+    """
+
+    tolerance: float
+    output_scale: float
+    gradient_scale: float
+    output_floor: float
+    gradient_floor: float
+    errors: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("output_rel", "output_abs", "grad_rel", "grad_abs", "excess"), 0.0))
+    worst: str = ""
+    """The parameter whose gradient comes nearest to failing (or fails most), on this rank."""
+    _worst_excess: float = -1.0
+
+    @classmethod
+    def of(cls, reference: Reference, dtype: torch.dtype, tolerance: float, wide: Reference | None) -> "Comparison":
+        """A comparison with ``reference``'s scales; floors from ``dtype``'s epsilon and, given the float64
+        reference ``wide``, from the reference's own rounding error (:data:`ROUNDING_FACTOR`)."""
+        gradients = _scale(p.grad for p in reference.model.parameters() if p.grad is not None)
+        outputs = _scale(leaf for out in reference.outputs for leaf in floating_leaves(out))
+        floors = [VERIFY_ATOL_EPS * torch.finfo(dtype).eps] * 2
+        if wide is not None:
+            output_noise, gradient_noise = _rounding(reference, wide)
+            floors = [max(floors[0], ROUNDING_FACTOR * output_noise / max(outputs, 1e-300)),
+                      max(floors[1], ROUNDING_FACTOR * gradient_noise / max(gradients, 1e-300))]
+        return cls(tolerance, outputs, gradients, floors[0], floors[1])
+
+    def output(self, value: torch.Tensor, expected: torch.Tensor) -> None:
+        """Compare (this rank's box of) an output."""
+        self._add("output", value, expected, self.output_scale, self.output_floor, "")
+
+    def gradient(self, name: str, value: torch.Tensor, expected: torch.Tensor) -> None:
+        """Compare one parameter's gradient (this rank's slice of it)."""
+        self._add("grad", value, expected, self.gradient_scale, self.gradient_floor, name)
+
+    def _add(self, what: str, value: torch.Tensor, expected: torch.Tensor, scale: float, floor: float,
+             name: str) -> None:
+        difference, own = _max_difference(value, expected), _magnitude(expected)
+        self.errors[f"{what}_rel"] = max(self.errors[f"{what}_rel"], _ratio(difference, own))
+        self.errors[f"{what}_abs"] = max(self.errors[f"{what}_abs"], _ratio(difference, scale))
+        excess = _ratio(difference, self.tolerance * own + floor * scale)
+        self.errors["excess"] = max(self.errors["excess"], excess)
+        if name and excess > self._worst_excess:
+            self.worst, self._worst_excess = name, excess
+
+    def report(self, device: torch.device) -> dict[str, Any]:
+        """The largest errors over all ranks and whether every tensor passed (collective when distributed)."""
+        names = ("output_rel", "output_abs", "grad_rel", "grad_abs", "excess")
+        errors = torch.tensor([self.errors[n] for n in names], dtype=torch.float64, device=device)
+        if dist.is_available() and dist.is_initialized():
+            all_reduce(errors, "the --verify error allreduce", dist.ReduceOp.MAX)
+        figures = dict(zip(names, (float(e) for e in errors)))
+        return {"output_max_rel_err": figures["output_rel"], "output_max_abs_err": figures["output_abs"],
+                "grad_max_rel_err": figures["grad_rel"], "grad_max_abs_err": figures["grad_abs"],
+                "tolerance": self.tolerance, "output_atol": self.output_floor * self.output_scale,
+                "grad_atol": self.gradient_floor * self.gradient_scale, "grad_floor": self.gradient_floor,
+                "grad_scale": self.gradient_scale, "worst_parameter_on_rank0": self.worst,
+                "passed": bool(figures["excess"] <= 1.0), **self._conclusiveness()}
+
+    def _conclusiveness(self) -> dict[str, Any]:
+        """Whether the floor still tells a real error from rounding (:data:`CONCLUSIVE_FLOOR`), with a note if not."""
+        conclusive = max(self.gradient_floor, self.output_floor) <= CONCLUSIVE_FLOOR
+        note = ("" if conclusive else f"the unsplit model in this dtype is itself off its float64 values by "
+                f"{max(self.gradient_floor, self.output_floor) / ROUNDING_FACTOR:.2g} of its largest magnitude: "
+                f"this comparison cannot tell an error from rounding; rerun --verify with --dtype float64")
+        return {"conclusive": conclusive, "note": note}
+
+
+def compare_outputs(comparison: Comparison, split: Any, local: Any, whole: Any) -> None:
+    """Compare each floating output of ``split`` (a DistributedModel's, ``local``) with its box of ``whole``."""
+    wholes = dict(split.outputs(whole))
+    for name, value in split.outputs(local):
+        expected = wholes[name]
+        box = nd_box(tuple(expected.shape), Placement(split.sites[name].layout), split.member)
+        comparison.output(value, expected[tuple(slice(a, b) for a, b in box)])
+
+
+def compare_gradients(comparison: Comparison, split: Any, reference: nn.Module) -> None:
+    """Compare every gradient ``split`` trains (a stage: only its own) with the reference's (its slice)."""
+    sliced = {piece.name: piece for piece in split.slices}
+    mine = {id(param) for param in split.own_parameters}
+    expected = dict(reference.named_parameters())
+    for name, param in split.model.named_parameters():
+        full = expected[name].grad
+        if id(param) not in mine or full is None or param.grad is None:
+            continue
+        if name in sliced:
+            piece = sliced[name]
+            full = full.narrow(piece.dim, piece.start, piece.stop - piece.start)
+        comparison.gradient(name, param.grad, full)
+
+
+def random_report(ops: Iterable[RandomOp]) -> dict[str, list[str]]:
+    """The random ops --verify could not key: switched off on both sides, or left drawing per rank."""
+    unkeyed = [op for op in ops if not op.keyed]
+    return {"random_switched_off": [str(op) for op in unkeyed if op.switchable],
+            "random_left_on": [str(op) for op in unkeyed if not op.switchable]}
+
+
+def floating_leaves(output: Any) -> list[torch.Tensor]:
+    """The floating tensors of an output (a tensor, or a dict/tuple/list of them), in order."""
+    leaves: list[Any] = []
+    map_aggregate(output, lambda value: leaves.append(value) or value)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
+
+
+def _rounding(reference: Reference, wide: Reference) -> tuple[float, float]:
+    """The reference's largest error against the float64 one: over its outputs, over its gradients."""
+    outputs = [_max_difference(a, b) for narrow, exact in zip(reference.outputs, wide.outputs)
+               for a, b in zip(floating_leaves(narrow), floating_leaves(exact))]
+    exact = dict(wide.model.named_parameters())
+    gradients = [_max_difference(p.grad, exact[name].grad) for name, p in reference.model.named_parameters()
+                 if p.grad is not None and exact[name].grad is not None]
+    return max(outputs, default=0.0), max(gradients, default=0.0)
+
+
+def _scale(tensors: Iterable[torch.Tensor]) -> float:
+    return max((_magnitude(t) for t in tensors), default=0.0)
+
+
+def _max_difference(value: torch.Tensor, expected: torch.Tensor) -> float:
+    if not value.numel():
+        return 0.0
+    return float((value.detach().double() - expected.detach().double()).abs().max())
+
+
+def _magnitude(tensor: torch.Tensor) -> float:
+    return float(tensor.detach().abs().max()) if tensor.numel() else 0.0
+
+
+def _ratio(difference: float, scale: float) -> float:
+    """``difference / scale``; against a zero scale, the difference itself (0 when equal)."""
+    return difference / scale if scale > 0 else difference
+

@@ -1,0 +1,107 @@
+"""The one capability predicate: the planner offers only what the runtime runs, and the runtime refuses the rest first.
+
+Tier 2 (single process) except the last test, which runs the functional model split by height on 2 ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import build_model
+from cost_models.capability import inherent, layer_refusal, plan_refusals
+from cost_models.cluster import Cluster, Link
+from cost_models.errors import PlanError
+from cost_models.graph import trace
+from cost_models.layout import Layout
+from cost_models.plan import LayerAssignment
+from cost_models.uniform import uniform_plan
+from calibrate.presets import preset_profile
+from distributed import run_ranks
+from planner.search import plan_model
+from planner.space import build_space
+from runtime.apply import check_runnable
+from runtime.layers import Site, refusal
+from runtime.groups import GroupCache
+from runtime_check import compare_plans
+
+LINK = Link(1e-6, 1e9)
+
+
+def _cluster(devices: int) -> Cluster:
+    return Cluster(devices=devices, devices_per_node=devices, memory_bytes=2**34, intra=LINK, inter=LINK)
+
+
+def _graph(name: str, shape: tuple[int, ...] = (2, 3, 16, 16)):  # noqa: ANN202 - a LayerGraph
+    return build_model(name), trace(build_model(name), shape)
+
+
+def test_batchnorm_with_one_value_per_channel_is_refused_unless_synchronised() -> None:
+    _, graph = _graph("norm_after_pool")
+    node = graph.nodes["norm"]
+    assert "1 value per channel" in layer_refusal(node, Layout(n=2))
+    assert layer_refusal(node, Layout(n=2), sync_batchnorm=True) is None
+    assert layer_refusal(node, Layout()) is None
+    assert "1 value per channel" in layer_refusal(node, Layout(), micro_batches=2)  # a micro-batch of one sample
+
+
+def test_a_plan_the_runtime_would_crash_on_is_refused_before_any_rank_starts() -> None:
+    model, graph = _graph("norm_after_pool")
+    plan = uniform_plan(graph, _cluster(2), [Layout(n=2), Layout()])
+    assert plan.layers["norm"].layout == Layout()  # the rule's n2 does not apply there: the layer keeps copies
+    forced = dataclasses.replace(plan, layers={name: LayerAssignment(Layout(n=2)) for name in plan.layers})
+    with pytest.raises(PlanError, match=r"'norm' \(batchnorm, n2\): batch-norm statistics over 1 value"):
+        check_runnable(model, forced, graph)
+    check_runnable(model, forced, graph, sync_batchnorm=True)  # over the whole batch: two values, runs
+
+
+def test_functional_forms_are_read_as_their_modules() -> None:
+    _, graph = _graph("functional")
+    avg, peak, conv = (graph.nodes[name]["attrs"] for name in ("avg_pool2d", "max_pool2d", "conv2d"))
+    assert (avg["kernel_size"], avg["stride"], avg["ceil_mode"], avg["count_include_pad"]) == (2, 2, False, True)
+    assert (peak["kernel_size"], peak["stride"], peak["padding"]) == (3, 1, 1)
+    assert conv["kernel_size"] == [3, 3] and conv["function_form"] and conv["padding_mode"] == "zeros"
+    assert graph.nodes["pad"]["kind"] == "pad" and graph.nodes["pad"]["attrs"]["pad"] == [1, 1, 1, 1]
+    assert layer_refusal(graph.nodes["avg_pool2d"], Layout(h=2)) is None
+    assert "function call" in layer_refusal(graph.nodes["conv2d"], Layout(h=2))
+    assert "cannot be split by height" in layer_refusal(graph.nodes["pad"], Layout(h=2))
+
+
+@pytest.mark.parametrize(("name", "shape"), [("functional", (2, 3, 16, 16)), ("norm_after_pool", (2, 3, 16, 16)),
+                                             ("mobilenet_v3_small", (2, 3, 64, 64)), ("squeezenet1_1", (2, 3, 64, 64))])
+def test_every_candidate_and_every_plan_passes_the_runtimes_preflight(name: str, shape: tuple[int, ...]) -> None:
+    import torchvision
+
+    model = build_model(name) if name in ("functional", "norm_after_pool") else \
+        torchvision.models.get_model(name, weights=None)
+    graph = trace(model, shape)
+    profile, cluster = preset_profile("v100", "float32"), _cluster(2)
+    space = build_space(graph, profile, cluster, 2)
+    for head, members in space.members.items():
+        for layout in space.candidates[head]:
+            for layer in members:
+                site = Site(layer, graph.nodes[layer]["kind"], layout, graph.nodes[layer], None, 0, (0, 1),
+                            GroupCache((0, 1)), False)
+                assert refusal(site) is None, (layer, str(layout), refusal(site))
+    plan = plan_model(graph, profile, cluster, max_stages=2).plan
+    assert list(plan_refusals(plan, graph)) == []
+    check_runnable(model, plan, graph, verify=True)
+
+
+@pytest.mark.multirank
+def test_functional_layers_split_by_height_equal_the_unsplit_model() -> None:
+    results = run_ranks(compare_plans, 2, args=("functional", (2, 3, 16, 16), ["height", "width", "sample"],
+                                                ["float64"]))
+    assert set(results[0]) == {"height/float64", "width/float64", "sample/float64"}
+    assert "h2" in results[0]["height/float64"]  # the pools, the interpolation and the head really are split
+
+
+def test_refusals_say_whether_the_layer_itself_cannot_be_split() -> None:
+    _, graph = _graph("norm_after_pool")
+    assert inherent(layer_refusal(graph.nodes["pool"], Layout(h=2)))  # a 1×1 output has no two rows
+    assert inherent(layer_refusal(graph.nodes["flatten"], Layout(h=2)))  # 2-D: no rows to split
+    assert not inherent(layer_refusal(graph.nodes["norm"], Layout(n=2)))
+    _, functional = _graph("functional")
+    assert not inherent(layer_refusal(functional.nodes["conv2d"], Layout(h=2)))  # a form not implemented yet
+    assert not inherent(layer_refusal(functional.nodes["pad"], Layout(h=2)))

@@ -1,0 +1,165 @@
+"""``--verify``'s comparison (``runtime.verify``): rounding passes, real errors fail, both figures reported.
+
+Single process: a gradient that is zero in exact arithmetic (a bias before
+batch-norm) differs by 100 % of itself and passes, as mobilenet_v3_small's
+did not; an error of a fraction of a percent of a tensor's own gradients
+fails in float64 and in float32; the floor below float64 follows the
+unsplit model's own float32 rounding; random ops that cannot be keyed are
+listed, and the switchable ones run switched off on the reference.
+
+Multi-rank, end to end: ``parplan run --verify`` split by rows passes
+exactly in float64 for a model with active ``Dropout``, ``Dropout2d``,
+``StochasticDepth`` and ``RReLU`` (reported switched off), and for one
+returning a dict of two upsampled maps (its loss: the sum over both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from runtime.random_ops import DrawKey, KeyedInterpreter, random_ops
+from runtime.verify import VERIFY_ATOL_EPS, Comparison, Reference, random_report
+
+EPS64, EPS32 = torch.finfo(torch.float64).eps, torch.finfo(torch.float32).eps
+
+
+def _comparison(dtype_eps: float, tolerance: float, scale: float = 0.7) -> Comparison:
+    floor = VERIFY_ATOL_EPS * dtype_eps
+    return Comparison(tolerance, output_scale=scale, gradient_scale=scale, output_floor=floor, gradient_floor=floor)
+
+
+def test_a_zero_gradient_off_by_rounding_passes_and_both_figures_are_reported() -> None:
+    comparison = _comparison(EPS64, 1e-9)
+    truth = torch.tensor([5e-17, -3e-17, 1e-17], dtype=torch.float64)  # shift-invariant: zero up to rounding
+    comparison.gradient("block.bias", truth + torch.tensor([9e-17, 0.0, 0.0], dtype=torch.float64), truth)
+    ordinary = torch.linspace(-0.7, 0.7, 11, dtype=torch.float64)
+    comparison.gradient("block.weight", ordinary * (1 + 1e-12), ordinary)
+    report = comparison.report(torch.device("cpu"))
+    assert report["passed"]
+    assert report["grad_max_rel_err"] == pytest.approx(9e-17 / 5e-17)  # 180 % of the tensor's own largest value
+    assert report["grad_max_abs_err"] == pytest.approx(7e-13 / 0.7, rel=1e-3)  # relative to the model's largest
+    assert report["grad_atol"] == pytest.approx(VERIFY_ATOL_EPS * EPS64 * 0.7)
+    assert report["worst_parameter_on_rank0"] == "block.bias"  # nearest its bound: 0.6 % of it
+
+
+@pytest.mark.parametrize("eps, tolerance", [(EPS64, 1e-9), (EPS32, 1e-3)])
+def test_a_real_error_still_fails(eps: float, tolerance: float) -> None:
+    comparison = _comparison(eps, tolerance)
+    expected = torch.linspace(-0.07, 0.07, 15, dtype=torch.float64)  # a tenth of the model's largest gradient
+    wrong = expected.clone()
+    wrong[3] += 0.005 * 0.07  # half a percent of its own largest value: a tile summed twice would do more
+    comparison.gradient("layer.weight", expected, expected)
+    comparison.gradient("other.weight", wrong, expected)
+    report = comparison.report(torch.device("cpu"))
+    assert not report["passed"] and report["worst_parameter_on_rank0"] == "other.weight"
+    comparison = _comparison(eps, tolerance)
+    comparison.output(wrong, expected)
+    assert not comparison.report(torch.device("cpu"))["passed"]
+
+
+def _reference(dtype: torch.dtype) -> Reference:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3)).to(dtype)
+    x = torch.linspace(-3, 3, 8 * 64, dtype=torch.float64).reshape(8, 64).to(dtype)
+    out = model(x)
+    out.pow(2).sum().backward()
+    return Reference(model, (out.detach(),))
+
+
+def test_below_float64_the_floor_is_the_unsplit_models_own_rounding() -> None:
+    narrow, wide = _reference(torch.float32), _reference(torch.float64)
+    comparison = Comparison.of(narrow, torch.float32, 1e-3, wide)
+    noise = max(float((p.grad.double() - q.grad).abs().max()) for p, q in zip(narrow.model.parameters(),
+                                                                                wide.model.parameters()))
+    assert noise > 0
+    assert comparison.gradient_floor == pytest.approx(max(VERIFY_ATOL_EPS * EPS32, 4 * noise / comparison.gradient_scale))
+    exact = Comparison.of(wide, torch.float64, 1e-9, None)
+    assert exact.gradient_floor == VERIFY_ATOL_EPS * EPS64 and exact.output_floor == VERIFY_ATOL_EPS * EPS64
+    assert comparison.report(torch.device("cpu"))["conclusive"]
+
+
+def test_a_floor_that_would_let_real_errors_pass_is_reported_inconclusive() -> None:
+    ill = Comparison(1e-3, output_scale=1.0, gradient_scale=1.0, output_floor=1e-5, gradient_floor=0.2)
+    ill.gradient("w", torch.ones(3, dtype=torch.float64) * 1.1, torch.ones(3, dtype=torch.float64))
+    report = ill.report(torch.device("cpu"))
+    assert report["passed"] and not report["conclusive"] and "--dtype float64" in report["note"]
+
+
+class Unkeyable(nn.Module):
+    """RReLU can be switched off (its evaluation form); ``torch.randint`` can neither be keyed nor switched off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.RReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x) + torch.randint_like(x, 2)
+
+
+def test_unkeyable_random_ops_are_listed_and_rrelu_runs_switched_off() -> None:
+    from cost_models.tracing import symbolic_trace
+
+    model = Unkeyable().train()
+    traced = symbolic_trace(model, ())
+    report = random_report(random_ops(list(traced.graph.nodes), model).values())
+    assert report == {"random_switched_off": ["act (rrelu)"], "random_left_on": ["randint_like (randint)"]}
+    x = -torch.linspace(1, 2, 10, dtype=torch.float64)
+    torch.manual_seed(1)
+    off = KeyedInterpreter(traced, DrawKey(0, 0), root=model, switch_off=True).run(x)
+    assert model.act.training  # switched off for the call only
+    torch.manual_seed(1)
+    assert torch.equal(off, model.eval()(x))
+    torch.manual_seed(1)
+    assert not torch.equal(off, model.train()(x))  # in training RReLU draws its slopes
+
+
+# --- end to end -------------------------------------------------------------------------------------------
+
+
+def random_net() -> nn.Module:
+    """The keyed-random test model with an RReLU after it (``parplan run`` builds it by this file's path)."""
+    from test_keyed_random import RandomNet
+
+    return nn.Sequential(RandomNet(), nn.RReLU())
+
+
+class Segmenter(nn.Module):
+    """Returns a dict, as torchvision's segmentation models do, upsampled to ``x.shape[-2:]``, with dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.drop = nn.Dropout2d(0.3)
+        self.head, self.aux = nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        size = x.shape[-2:]
+        y = self.drop(torch.relu(self.down(x)))
+        return {"out": nn.functional.interpolate(self.head(y), size=size, mode="bilinear", align_corners=False),
+                "aux": nn.functional.interpolate(self.aux(y), size=size, mode="nearest")}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("model", "switched_off"), [("random_net", ["_1 (rrelu)"]), ("Segmenter", [])])
+def test_parplan_run_verify_keeps_random_layers_on_and_passes_exactly(repo: Path, model: str,
+                                                                      switched_off: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo / "tests")}
+    command = [str(Path(sys.executable).parent / "parplan"), "run", "--model", f"tests/test_verify_compare.py:{model}",
+               "--input-shape", "4,3,12,10", "--dtype", "float64", "--layout", "h2", "--nproc", "2", "--steps", "1",
+               "--warmup", "0", "--verify", "--json"]
+    run = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    document = json.loads(run.stdout)
+    verified = document["verify"]
+    assert verified["passed"] and verified["grad_max_abs_err"] < 1e-13 and verified["output_max_abs_err"] < 1e-13
+    assert verified["random_switched_off"] == switched_off and verified["random_left_on"] == []
+    assert {"grad_max_rel_err", "output_max_rel_err", "grad_atol", "output_atol"} <= set(verified)
+    assert document["plan"]["summary"].startswith("h2")
