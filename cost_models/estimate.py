@@ -279,11 +279,18 @@ def _boundary_bytes(context: _Context, stage: int, into: bool) -> int:
             crosses = target in plan.layers and plan.layers[source].stage <= cut < plan.layers[target].stage
             layout = plan.layers[source].layout
         if crosses:
-            elements = 1
-            for extent in context.nodes[source]["output_shape"]:
-                elements *= extent
-            total += ceil(elements / layout.ranks) * context.itemsize
+            total += ceil(_elements(context.nodes[source]["output_shape"]) / layout.ranks) * context.itemsize
     return total
+
+
+def _elements(shape: Any) -> int:
+    """Elements of a tensor shape, or of all the tensors of a tuple output (``[[…], […]]``)."""
+    if shape and isinstance(shape[0], list):
+        return sum(_elements(part) for part in shape)
+    elements = 1
+    for extent in shape:
+        elements *= extent
+    return elements
 
 
 def _transfer_s(context: _Context, stage: int, cluster: Cluster) -> float:
