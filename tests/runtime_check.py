@@ -60,8 +60,11 @@ RULES = ("sample", "height", "width", "height×width", "sample×spatial", "chann
 
 
 def compare_plans(rank: int, world_size: int, model_name: str, shape: tuple[int, ...], rules: Sequence[str],
-                  dtypes: Sequence[str]) -> dict[str, str]:
-    """Check each rule's plan against the unsplit model; returns ``{rule/dtype: plan summary}``."""
+                  dtypes: Sequence[str], skip: Sequence[str] = ()) -> dict[str, str]:
+    """Check each rule's plan against the unsplit model; returns ``{rule/dtype: plan summary}``.
+
+    ``skip``: ``rule/dtype`` pairs not checked (known open defects, named where they are skipped).
+    """
     import torch
 
     from conftest import build_model
@@ -90,7 +93,7 @@ def compare_plans(rank: int, world_size: int, model_name: str, shape: tuple[int,
         yardsticks = _yardsticks(values, exact)
         rules_here = _rules(world_size, len(graph.compute_layers()))
         for rule in rules:
-            if rule not in rules_here:
+            if rule not in rules_here or f"{rule}/{dtype_name}" in skip:
                 continue
             plan = uniform_plan(graph, cluster, rules_here[rule])
             model = apply_plan(copy.deepcopy(base), plan, graph=graph, sync_batchnorm=True)
