@@ -11,8 +11,19 @@ refused by the runtime, naming the layer and why.
 
 Rules (each is what the runtime, ``runtime.layers``, implements):
     * Any layout splits element-wise layers (activations, dropout, adds,
-      products) and the input. Every other layer under a layout that splits
-      only samples runs the user's own module or function on its samples.
+      products) and the input; an operand computed from parameters alone (a
+      layer scale, a positional parameter) is read in the part that
+      broadcasts onto the layer's box. A per-channel ``PReLU`` weight is not
+      sliced: such an activation takes no channel split. Every other layer
+      under a layout that splits only samples runs the user's own module or
+      function on its samples; a view there keeps each part of the samples
+      where it is (a permutation keeps dimension 0, a reshape maps sample
+      part ``k`` onto part ``k`` of its first dimension).
+    * Layers computed from parameters and constants alone (no path from the
+      input: a relative position bias, a concatenated bias) run whole on
+      every rank whatever their layout; the runtime's pre-flight finds them
+      in the traced program (``runtime.shapes.constant_nodes``), which a
+      LayerGraph node alone does not tell.
     * A channel split (``c``) needs a distributed form: convolution,
       transposed convolution and linear layers split their filters;
       batch-norm, pooling, upsampling, padding, flattening, views and
@@ -25,12 +36,14 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       divisor override), transposed convolution, nearest/bilinear upsampling
       by an integer scale without ``align_corners``, batch-norm, softmax over
       the channels, concatenation not along a split dimension. Every tile is
-      at least as wide as the halo it sends (``cost_models.halo``).
-    * Convolution, linear and batch-norm split by channel or space only as
-      modules (a function call has no module whose weights can be sliced or
-      whose statistics can be summed over tiles); batch-norm called as a
-      function in training is refused under a sample split when statistics
-      are synchronised (``--sync-batchnorm``, ``--verify``).
+      at least as wide as the halo it sends (``cost_models.halo``), and a
+      layer reading tiles of its input (convolution, pooling, upsampling)
+      has at least one row (column) of its input per tile.
+    * Convolution and linear layers split by channel or space, and batch-norm
+      by channel, only as modules (a function call has no module whose
+      weights can be sliced); ``F.batch_norm`` sums its statistics over tiles
+      and samples as the module does (its statistics, weight and bias given
+      whole).
     * Batch-norm in training needs more than one value per channel in the
       group its statistics are summed over: the samples of its part of the
       batch (of a micro-batch in a pipeline) times every position of them —
@@ -46,6 +59,7 @@ from typing import Any, Iterator, Mapping
 from cost_models.errors import InputError
 from cost_models.halo import axis_halos
 from cost_models.layout import Layout
+from cost_models.redistribution import part_range
 
 __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "inherent", "layer_refusal", "pipeline_refusal",
            "plan_refusals"]
@@ -56,7 +70,10 @@ CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "max
                            "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad"})
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
+_TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample"}  # they read tiles of their input (halos)
 _CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
+_PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxes", "Tensor.swapdims",
+                           "Tensor.movedim", "Tensor.moveaxis", "torch.permute", "torch.transpose"})
 
 
 def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: bool = False,
@@ -74,7 +91,7 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
         return None if layout.ranks == 1 else "a layer with several output tensors is kept whole"
     if layout.ranks > 1 and any(shape and isinstance(shape[0], list) for shape in layer["input_shapes"]):
         return "it reads a tensor of a layer with several output tensors, which is kept whole"
-    return (_fit_refusal(output, layout) or _kind_refusal(layer, layout, sync_batchnorm)
+    return (_fit_refusal(output, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
 
 
@@ -92,21 +109,23 @@ def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
     return None
 
 
-def _kind_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm: bool) -> str | None:
+def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
     spatial = layout.h * layout.w > 1
+    if kind == "activation" and layout.c > 1 and _numel(layer.get("weight_shape") or [1]) > 1:
+        return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS:
         return None
     if layout.c > 1 and kind not in CHANNEL_KINDS:
         return f"a {kind} layer cannot be split by channel"
     if spatial and kind not in SPATIAL_KINDS:
         return f"a {kind} layer cannot be split by height or width"
-    if attrs.get("function_form") and kind in _MODULE_ONLY and (layout.c > 1 or spatial):
+    if attrs.get("function_form") and kind in _MODULE_ONLY and (layout.c > 1 or (spatial and kind != "batchnorm")):
         return f"{kind} is a function call; only its module form (nn.Conv2d, nn.Linear, …) splits by channel or space"
-    if attrs.get("function_form") and kind == "batchnorm" and sync_batchnorm and layout.n > 1:
-        return "batch-norm called as a function cannot synchronise its statistics over a sample split"
     if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(layer["output_shape"])):
         return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
+    if kind in ("view", "flatten") and layout.n > 1 and (moved := _sample_view_refusal(layer, layout)):
+        return moved
     if kind == "linear" and layout.c > 1 and any(len(s) != 2 for s in layer["input_shapes"]):
         return "a linear layer splits its filters on 2-D (N, features) inputs only"
     if spatial:
@@ -123,6 +142,8 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if kind == "avgpool" and ((not attrs.get("count_include_pad", True) and _any_nonzero(attrs.get("padding")))
                               or attrs.get("divisor_override")):
         return "average pooling without count_include_pad (or with a divisor override) cannot be split across tiles"
+    if kind in _TILED_INPUT_KINDS and (small := _input_fit_refusal(layer, layout)):
+        return small
     if kind == "upsample":
         return _upsample_refusal(layer)
     if kind == "softmax" and attrs.get("dim") not in (1, -3):
@@ -130,6 +151,17 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
         return "a grouped transposed convolution cannot be split by channel"
     return _halo_refusal(layer, layout) if kind in _HALO_KINDS else None
+
+
+def _input_fit_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A layer reading tiles of its input needs a non-empty tile of it on every rank (not only of its output)."""
+    shape = layer["input_shapes"][0] if layer["input_shapes"] else None
+    if not shape or len(shape) != 4 or isinstance(shape[0], list):
+        return None
+    small = [f"{extent} {name}" for extent, parts, name in zip(shape[2:], (layout.h, layout.w), ("rows", "columns"))
+             if extent < parts]
+    return (f"its input {tuple(shape)} is {', '.join(small)}: fewer than the {layout} tiles it would be read in"
+            if small else None)
 
 
 def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
@@ -177,6 +209,42 @@ def _view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
+def _sample_view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A view runs on this rank's samples: exact when its part of the output is the same samples' elements.
+
+    A permutation must keep dimension 0 (the samples); a reshape must map each part of the samples onto the
+    same part of its output's dimension 0 (``(N, T, D) → (N·T, D)`` does; ``(N, T, D) → (T, N·D)`` does not).
+    """
+    if not layer["input_shapes"] or not layer["input_shapes"][0] or isinstance(layer["input_shapes"][0][0], list):
+        return None  # a view of parameters or constants: the runtime computes it whole
+    if not layer["output_shape"]:
+        return "a view to a 0-D tensor takes no split along dimension 0"
+    source, target = layer["input_shapes"][0], layer["output_shape"]
+    if any(1 < extent < layout.n for extent in (source[0], target[0])):
+        return f"its input {tuple(source)} has fewer elements than the {layout} parts along dimension 0"
+    if layer.get("target") in _PERMUTATIONS:
+        return None if source[0] == target[0] else (
+            f"a permutation from {tuple(source)} to {tuple(target)} moves the split samples out of dimension 0")
+    per_in, per_out = _numel(source[1:]), _numel(target[1:])
+    for part in range(layout.n):
+        if [e * per_in for e in _part(source[0], layout.n, part)] != [e * per_out for e in
+                                                                     _part(target[0], layout.n, part)]:
+            return (f"a view from {tuple(source)} to {tuple(target)} moves the split samples: part {part} of the "
+                    f"input's samples is not part {part} of the output's first dimension")
+    return None
+
+
+def _part(extent: int, parts: int, index: int) -> tuple[int, int]:
+    return (0, extent) if extent == 1 else part_range(extent, parts, index)
+
+
+def _numel(shape: Any) -> int:
+    total = 1
+    for extent in shape:
+        total *= int(extent)
+    return total
+
+
 def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
     attrs = layer.get("attrs", {})
     if attrs.get("mode", "nearest") not in ("nearest", "bilinear") or attrs.get("align_corners"):
@@ -205,7 +273,8 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
 
 _INHERENT = ("concatenation along a split dimension", "softmax over the split channel dimension",
               "softmax across tiles must be over the channels", "has no height and width to split",
-              "fewer elements than the", "has only", "moves the split channels", "do not split evenly",
+              "fewer elements than the", "has only", "moves the split channels", "moves the split samples",
+              "do not split evenly",
               "a layer with several output tensors",
               "a tensor of a layer with several output tensors")
 

@@ -13,6 +13,12 @@ unsplit program's, evaluated once from the traced shapes, and views with
 written sizes take this rank's extent (``runtime.shapes``); random layers
 draw keyed masks, the same on every rank as in the unsplit model
 (``runtime.random_ops``, keys by :attr:`DistributedModel.draw_key`).
+Layers computed from parameters and constants alone run whole on every rank
+whatever the plan says (:func:`held_plan`); element-wise layers read the part
+of such a tensor that broadcasts onto their box. A call that makes no traced
+tensor (a module returning ``(out, None)``) reads its tensor inputs where
+they are when they split samples only, otherwise whole; the layers reading
+its result move it to their own placement.
 
 What changes on the user's model (in place, as FSDP does): the weights of
 layers split by channel are replaced by this rank's slice of them (and
@@ -32,6 +38,7 @@ model returning a dict, tuple or list: summed over its floating outputs).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import cached_property, lru_cache
 from datetime import timedelta
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
@@ -53,14 +60,15 @@ from runtime.failures import at, exchange, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
 from runtime.layer_times import LAYER_RANGE
-from runtime.layers import HANDLERS, Site, input_placement, refusal
-from runtime.placement import Placement, box_extent
+from runtime.layers import HANDLERS, Site, functional_batch_norm, input_placement, refusal
+from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import CREATIONS, DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
-from runtime.shapes import local_call, nd_box, shape_refusals, static_nodes, static_values, tensor_names, view_form
+from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, nd_box, shape_refusals, static_nodes,
+                            static_values, tensor_names, view_form)
 from runtime.slicing import slice_parameters
 
-__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "local_shape",
+__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "held_plan", "local_shape",
            "output_loss", "parameters_of"]
 
 
@@ -72,6 +80,21 @@ class _Value:
     def __init__(self, tensor: torch.Tensor, placement: Placement, shape: Sequence[int]) -> None:
         self.tensor, self.placement, self.shape = tensor, placement, tuple(shape)
         self.moved: dict[Placement, torch.Tensor] = {}
+
+
+_METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous", "is_signed", "element_size",
+                               "get_device", "type"})
+"""Tensor methods that read what every box of a tensor shares (its dtype, device, layout), not its values."""
+
+
+class _Held:
+    """What a call the trace did not shape returned (a tuple with ``None``, nested tuples): computed on the boxes
+    of ``placement`` of its tensor inputs — a split by sample only, or every tensor whole."""
+
+    __slots__ = ("value", "placement")
+
+    def __init__(self, value: Any, placement: Placement) -> None:
+        self.value, self.placement = value, placement
 
 
 def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
@@ -127,12 +150,15 @@ class DistributedModel(nn.Module):
         self.plan, self.layer_graph, self.ranks = plan, graph, ranks
         self.member = ranks.index(_rank()) if dist.is_initialized() else 0
         nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
-        self._nodes = nodes if stage_nodes is None else [node for node in nodes if node.name in stage_nodes]
+        self._nodes = nodes if stage_nodes is None else _stage_nodes(nodes, stage_nodes)
         self._output_node = next(node for node in nodes if node.op == "output")
         self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
-        self.sites = _sites(self._nodes, model, plan, graph, self.member, ranks, self.groups, sync_batchnorm)
+        self.constants = constant_nodes(nodes, frozenset(graph.nodes))
+        """Layers computed from parameters and constants alone: whole on every rank (``runtime.shapes``)."""
+        held = held_plan(plan, nodes, graph)
+        self.sites = _sites(self._nodes, model, held, graph, self.member, ranks, self.groups, sync_batchnorm)
         _refuse_unsupported(self.sites.values())
-        _refuse_shapes(nodes, model, plan, graph, len(ranks))
+        _refuse_shapes(nodes, model, held, graph, len(ranks))
         self.random = random_ops(self._nodes, model)
         """This model's random ops (``runtime.random_ops``); the keyed ones draw by :attr:`draw_key`."""
         self.random_seed = random_seed
@@ -199,8 +225,14 @@ class DistributedModel(nn.Module):
 
     def _run(self, node: Node, env: dict[str, Any]) -> Any:
         site = self.sites.get(node.name)
-        if site is None:  # not a tensor layer (x.device, …): plain Python on local values
-            return _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
+        if site is None:  # not a tensor layer (x.device, a call returning (out, None), …)
+            return self._untraced(node, env)
+        if any(isinstance(env[n.name], _Held) for n in node.all_input_nodes):
+            return self._from_held(node, site, env)
+        value = self._layer(node, site, env)
+        return _plain(value) if node.name in self.constants else value  # whole on every rank: a plain tensor
+
+    def _layer(self, node: Node, site: Site, env: dict[str, Any]) -> Any:
         op = self.random.get(node.name)
         if op is not None and (op.keyed or (op.switchable and self.switch_off_random)):
             return self._wrap(site, self._draw(node, site, env))
@@ -208,22 +240,96 @@ class DistributedModel(nn.Module):
         if site.kind == "adaptive_avgpool" and self._pools_tiles(site, env[inputs[0].name]):
             return self._global_pool(site, env[inputs[0].name])
         form = view_form(node)
+        if form in ("reshape", "expand") and not isinstance(env[node.all_input_nodes[0].name], _Value):
+            return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
         if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
-            wanted = input_placement(site)
-            args, kwargs = _resolve(node, lambda n: self._fetch(env[n.name], wanted))
+            args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
             extent = local_shape(site.layer["output_shape"], Placement(site.layout), self.member)
             return self._wrap(site, local_call(node, form, args, kwargs, extent))
 
         def fetch(index: int, placement: Placement) -> torch.Tensor:
             return self._fetch(env[inputs[index].name], placement)
 
+        if site.kind == "batchnorm" and site.module is None:
+            return self._wrap(site, self._functional_batch_norm(node, site, env))
         handler = HANDLERS.get(site.kind)
         out = handler(site, fetch) if handler is not None else None
         if out is None:
-            wanted = input_placement(site)
-            out = _call(node, self.model, *_resolve(node, lambda n: self._fetch(env[n.name], wanted)
-                                                     if isinstance(env[n.name], _Value) else env[n.name]))
+            out = _call(node, self.model, *_resolve(node, self._operand(site, env, site.kind in ELEMENTWISE_KINDS)))
         return self._wrap(site, out)
+
+    def _untraced(self, node: Node, env: dict[str, Any]) -> Any:
+        """A call that makes no traced tensor. Reading tensor metadata (``x.device``) or no tensor of the batch:
+        plain Python on the local values. Otherwise its tensor inputs are read in one placement: theirs when
+        they split samples only (the call must then treat dimension 0 as samples, as every layer under a
+        sample split does), else whole on every rank — the unsplit call, exact whatever it computes."""
+        split = [env[n.name] for n in node.all_input_nodes if isinstance(env[n.name], (_Value, _Held))]
+        if not split or (node.op == "call_function" and node.target is getattr) or (
+                node.op == "call_method" and node.target in _METADATA_METHODS):
+            return _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
+        placements = {value.placement for value in split}
+        placement = next(iter(placements)) if len(placements) == 1 else Placement(Layout())
+        if placement.layout.c * placement.layout.h * placement.layout.w > 1:
+            placement = Placement(Layout())
+        return _Held(_call(node, self.model, *_resolve(node, lambda n: self._held_input(node, env[n.name],
+                                                                                           placement))), placement)
+
+    def _held_input(self, node: Node, value: Any, placement: Placement) -> Any:
+        if isinstance(value, _Value):
+            return self._fetch(value, placement)
+        if isinstance(value, _Held) and value.placement != placement:
+            raise PlanError(f"'{node.name}' ({node.op} {node.target}) reads results of calls the trace did not shape "
+                            f"computed under {value.placement} and {placement}; split their inputs alike")
+        return _plain(value)
+
+    def _from_held(self, node: Node, site: Site, env: dict[str, Any]) -> Any:
+        """A layer reading what an untraced call returned: computed in that placement, then moved to its own."""
+        placement = next(env[n.name].placement for n in node.all_input_nodes if isinstance(env[n.name], _Held))
+        if site.kind in HANDLERS:
+            raise PlanError(f"layer '{site.name}' ({site.kind}) reads what a call the trace did not shape returned; "
+                            f"make that call return tensors only (or keep it inside a --leaf-module)")
+        out = _call(node, self.model, *_resolve(node, lambda n: self._held_input(node, env[n.name], placement)))
+        if not isinstance(out, torch.Tensor):
+            return _Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
+        return self._wrap(site, self._fetch(_Value(out, placement, site.layer["output_shape"]), Placement(site.layout)))
+
+    def _functional_batch_norm(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
+        """``F.batch_norm`` in the program: its statistics over the group (``runtime.layers``), its other
+        arguments whole."""
+        split = [n.name for n in node.all_input_nodes[1:] if isinstance(env[n.name], _Value)]
+        if split and site.layout.ranks > 1:
+            raise PlanError(f"layer '{site.name}' (F.batch_norm, {site.layout}) takes statistics, weight or bias "
+                            f"computed from the batch ({', '.join(split)}); split it by neither sample nor space")
+        args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
+        out = functional_batch_norm(site, args, kwargs)
+        return out if out is not None else _call(node, self.model, args, kwargs)
+
+    def _cut_whole(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
+        """A view of a whole tensor with sizes from the batch's shapes: the whole view (the sizes are the unsplit
+        program's), cut to this rank's box."""
+        box = nd_box(site.layer["output_shape"], Placement(site.layout), self.member)
+        if box is None:
+            dims = len(site.layer["output_shape"])
+            raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}): its {dims}-D output cannot be split "
+                            f"by channel; split it by sample only")
+        whole = _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
+        return whole[tuple(slice(start, stop) for start, stop in box)]
+
+    def _operand(self, site: Site, env: dict[str, Any], broadcast: bool) -> Callable[[Node], Any]:
+        """How the layer reads each input: a batch value in its input placement; a whole tensor (a parameter,
+        a constant layer) whole, or — ``broadcast``: element-wise — its part broadcasting onto the output's box."""
+        wanted = input_placement(site)
+        box = nd_box(site.layer["output_shape"], Placement(site.layout), self.member) if broadcast else None
+
+        def value_of(node: Node) -> Any:
+            value = env[node.name]
+            if isinstance(value, _Value):
+                return self._fetch(value, wanted)
+            if box is not None and isinstance(value, torch.Tensor) and value.dim() <= len(box):
+                return broadcast_part(value, box)
+            return value
+
+        return value_of
 
     def _draw(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
         """A random op's box of its output: keyed by the global indices of this rank's box, or switched off."""
@@ -422,18 +528,37 @@ def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Seque
         PlanError: Naming up to three such layers, their layouts and why; a pipeline the runtime cannot run;
             or pipeline stages that are not contiguous in the traced program.
     """
-    refused = list(dict.fromkeys([*plan_refusals(plan, graph, sync_batchnorm=sync_batchnorm),
-                                  *(plan_refusals(plan, graph, sync_batchnorm=True) if verify else ())]))
+    nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
+    held = held_plan(plan, nodes, graph)
+    refused = list(dict.fromkeys([*plan_refusals(held, graph, sync_batchnorm=sync_batchnorm),
+                                  *(plan_refusals(held, graph, sync_batchnorm=True) if verify else ())]))
     if refused:
         raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
-    nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
-    _refuse_shapes(nodes, model, plan, graph, plan.pipeline.devices_per_stage[0])
+    _refuse_shapes(nodes, model, held, graph, plan.pipeline.devices_per_stage[0])
     if plan.pipeline.stages > 1:  # stages must be contiguous in the traced program (named if not)
         from runtime.stage_cut import cut_stages
 
-        cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages,
-                   static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
+        cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages,
+                          static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
+        _refuse_split_constant_crossings(cuts, plan, held)
+
+
+def _refuse_split_constant_crossings(cuts: Sequence[Any], plan: Plan, held: Plan) -> None:
+    """A constant layer is computed whole; crossing a pipeline cut it travels as its plan's layout places it."""
+    crossing = [c.name for cut in cuts for c in cut.sends
+                if c.name in plan.layers and plan.layers[c.name].layout != held.layers[c.name].layout]
+    if crossing:
+        raise PlanError(f"layer(s) {', '.join(crossing[:3])} computed from parameters alone cross a pipeline cut "
+                        f"under a split layout; give them n1 or move the cut next to the layers reading them")
+
+
+def held_plan(plan: Plan, nodes: Sequence[Node], graph: Any) -> Plan:
+    """``plan`` as the runtime executes it: constant layers (``runtime.shapes.constant_nodes``) whole (``n1``)."""
+    constants = constant_nodes(nodes, frozenset(graph.nodes))
+    layers = {name: (replace(assignment, layout=Layout()) if name in constants else assignment)
+              for name, assignment in plan.layers.items()}
+    return replace(plan, layers=layers)
 
 
 def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: int, ranks: tuple[int, ...],
@@ -445,6 +570,17 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: 
             sites[node.name] = Site(node.name, graph.nodes[node.name]["kind"], plan.layers[node.name].layout,
                                     graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm)
     return sites
+
+
+def _stage_nodes(nodes: list[Node], names: Collection[str]) -> list[Node]:
+    """The nodes of a stage: those named, and every attribute its nodes read.
+
+    Attributes by their readers: torch.fx names the tensor constants a trace makes after those already on
+    the model (``_tensor_constant{i}``, the first free ``i``), so a model traced again (the stage cut's trace,
+    then this one) names them differently than the trace ``names`` came from.
+    """
+    return [node for node in nodes if node.name in names
+            or (node.op == "get_attr" and any(user.name in names for user in node.users))]
 
 
 def parameters_of(nodes: list[Node], model: nn.Module) -> list[nn.Parameter]:
@@ -494,6 +630,8 @@ def _attribute(model: nn.Module, target: str) -> Any:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, _Held):
+        return value.value
     return value.tensor if isinstance(value, _Value) else value
 
 

@@ -12,7 +12,9 @@ and :data:`HANDLERS` computes the layer's output box:
   slice of the filters and read every input channel (``Placement(L, "c")``);
   the adjoint of that redistribution sums the input gradients over the slices;
 * batch-norm sums its statistics over the tiles of the same samples and
-  channels (``runtime.norm``) — over the whole batch when synchronised;
+  channels (``runtime.norm``) — over the whole batch when synchronised; as a
+  module, or called as ``F.batch_norm`` with whole statistics, weight and bias
+  (:func:`functional_batch_norm`: timm's ``BatchNormAct2d``);
 * a global average pool of a spatially split input sums the tiles' sums over
   the tile group (``runtime.spatial.global_avg_pool2d``) instead of gathering;
 * every other supported kind runs the user's own module or function on the
@@ -24,6 +26,7 @@ and :data:`HANDLERS` computes the layer's output box:
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -39,7 +42,7 @@ from runtime import norm, resample, spatial
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement
 
-__all__ = ["HANDLERS", "Site", "input_placement", "refusal"]
+__all__ = ["HANDLERS", "Site", "functional_batch_norm", "input_placement", "refusal"]
 
 DENSE = frozenset({"conv", "conv_transpose", "linear"})
 
@@ -132,20 +135,50 @@ def _linear(site: Site, fetch: Fetch) -> torch.Tensor | None:
 def _batchnorm(site: Site, fetch: Fetch) -> torch.Tensor | None:
     module = site.module
     x = fetch(0, input_placement(site))
-    group = site.block("samples" if site.sync_batchnorm else "spatial")
-    batch_stats = module is not None and (module.training or module.running_mean is None)
-    if module is None or len(group) == 1 or not batch_stats:
+    if module is None:  # a function call: functional_batch_norm, with the call's own arguments
         return None
+    if not (module.training or module.running_mean is None) or len(_statistics_group(site)) == 1:
+        return None  # the module itself, as written
     momentum = module.momentum
     if module.training and module.num_batches_tracked is not None:
         module.num_batches_tracked.add_(1)
         momentum = momentum if momentum is not None else 1.0 / float(module.num_batches_tracked)
+    return _tiled_batch_norm(site, x, module.running_mean if module.training else None,
+                             module.running_var if module.training else None, module.weight, module.bias,
+                             momentum or 0.0, module.eps)
+
+
+def functional_batch_norm(site: Site, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """``F.batch_norm`` called by the program, on this rank's tile, with the call's own (whole) arguments.
+
+    Its statistics are summed over the same group as the module form's; ``None`` when it needs no group
+    (evaluation, or a group of one rank): the call then runs as written.
+    """
+    call = inspect.signature(F.batch_norm).bind(*args, **kwargs)
+    call.apply_defaults()
+    values = call.arguments
+    if not values["training"]:
+        return None
+    return _tiled_batch_norm(site, values["input"], values["running_mean"], values["running_var"], values["weight"],
+                             values["bias"], values["momentum"] or 0.0, values["eps"])
+
+
+def _tiled_batch_norm(site: Site, x: torch.Tensor, running_mean: torch.Tensor | None,
+                      running_var: torch.Tensor | None, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      momentum: float, eps: float) -> torch.Tensor | None:
+    """Training batch-norm of this tile with statistics over the tiles of its samples (all samples: synchronised)."""
+    group = _statistics_group(site)
+    if len(group) == 1:
+        return None
     shape = site.layer["input_shapes"][0]
     samples = shape[0] if site.sync_batchnorm else x.shape[0]  # the group holds every sample, or this rank's
     count = samples * math.prod(shape[2:])  # and every position of them
-    return norm.batch_norm(x, module.running_mean if module.training else None,
-                           module.running_var if module.training else None, module.weight, module.bias, True,
-                           momentum or 0.0, module.eps, site.groups.get(group), count)
+    return norm.batch_norm(x, running_mean, running_var, weight, bias, True, momentum, eps, site.groups.get(group),
+                           count)
+
+
+def _statistics_group(site: Site) -> tuple[int, ...]:
+    return site.block("samples" if site.sync_batchnorm else "spatial")
 
 
 def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:

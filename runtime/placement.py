@@ -19,6 +19,11 @@ operands such as ``(N, C, 1, 1)`` scales, and pooled ``1×1`` maps).
 
 Members whose boxes are equal hold copies. The distinct boxes of a placement
 tile the tensor, which :mod:`runtime.redistribute` relies on.
+
+An operand every rank holds whole (a parameter, a tensor computed from
+parameters) meets a box of the batch in element-wise layers through
+broadcasting: :func:`broadcast_part` cuts the part of it that broadcasts onto
+a box of the output, aligning dimensions from the right as PyTorch does.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+
 from cost_models.layout import DIMS, Layout
 from cost_models.redistribution import Box, coordinates, part_range
 
-__all__ = ["Placement", "as_placement", "box_extent"]
+__all__ = ["Placement", "as_placement", "box_extent", "broadcast_part"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +75,19 @@ def as_placement(value: Layout | Placement) -> Placement:
 def box_extent(box: Box) -> tuple[int, ...]:
     """The shape of the block ``box`` covers."""
     return tuple(stop - start for start, stop in box)
+
+
+def broadcast_part(operand: torch.Tensor, box: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """The part of a whole ``operand`` that broadcasts onto ``box`` (one range per dimension of the output).
+
+    Dimensions align from the right; an operand dimension of extent 1 broadcasts and is kept, any other is
+    the output's and is cut to the box's range (the gradient of the rest is other ranks' share).
+    """
+    lead = len(box) - operand.dim()
+    if lead < 0:
+        raise ValueError(f"an operand of shape {tuple(operand.shape)} cannot broadcast onto a {len(box)}-D box")
+    for dim, extent in enumerate(operand.shape):
+        start, stop = box[lead + dim]
+        if extent != 1 and (start, stop) != (0, extent):
+            operand = operand.narrow(dim, start, stop - start)
+    return operand

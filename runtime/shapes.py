@@ -1,4 +1,4 @@
-"""Python values computed from tensor shapes, and the ops that take sizes, in the split interpreter.
+"""Values every rank computes as the unsplit program does — from shapes, from parameters — and ops taking sizes.
 
 A traced program reads shapes (``x.shape``, ``x.size(0)``, ``x.shape[-2:]``,
 ``x.dim()``, ``len(x)``) and computes with them in Python. On a rank that
@@ -27,6 +27,18 @@ not depend on the extent of a split dimension: :func:`shape_refusals`
 evaluates each value again from every rank's box shapes and refuses (names
 the layer) an op whose value would differ, rather than computing something
 wrong.
+
+Tensors computed from parameters, buffers and constants alone — a relative
+position bias gathered from its table, a bias concatenated from parameters, a
+layer scale viewed as ``(C, 1, 1)`` — have no samples, rows or channels of the
+batch: :func:`constant_nodes` finds them (no path from the model's input), and
+every rank computes them whole, as the unsplit program does, whatever layout
+the plan gives them. An element-wise layer reads the part of such an operand
+that broadcasts onto its box (``runtime.placement.broadcast_part``); a view
+of one with sizes from the batch's shapes (``table[i].view(T, T, -1)``,
+``token.expand(n, -1, -1)``) is made whole and cut to its box; any other
+layer reads it whole, which is exact only when the layer splits samples
+alone, so :func:`shape_refusals` refuses it under a channel or spatial split.
 """
 
 from __future__ import annotations
@@ -37,10 +49,12 @@ import torch
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
+from cost_models.capability import ANY_LAYOUT_KINDS
 from cost_models.layout import Layout
 from runtime.placement import Placement
 
-__all__ = ["VIEW_FORMS", "flat_runs", "local_call", "nd_box", "shape_refusals", "static_nodes", "static_values",
+__all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "nd_box", "shape_refusals",
+           "static_nodes", "static_values",
            "view_form"]
 
 _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
@@ -53,8 +67,16 @@ _EXPANDS = {("call_method", "expand"), ("call_function", torch.broadcast_to)}
 _CREATIONS = {("call_function", torch.zeros), ("call_function", torch.ones), ("call_function", torch.empty),
               ("call_function", torch.full), ("call_method", "new_zeros"), ("call_method", "new_ones"),
               ("call_method", "new_empty"), ("call_method", "new_full")}
+_MOVES = {("call_method", name) for name in ("permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis",
+                                             "flatten", "squeeze", "unsqueeze", "contiguous")} | {
+    ("call_function", op) for op in (torch.permute, torch.transpose, torch.swapaxes, torch.movedim, torch.flatten,
+                                     torch.squeeze, torch.unsqueeze)}
+"""Views without written sizes that move, merge or drop dimensions: run on the local box as written."""
 VIEW_FORMS = ("reshape", "expand", "create")
 """What :func:`view_form` answers for an op whose sizes the runtime replaces with the local extent."""
+
+ELEMENTWISE_KINDS = ANY_LAYOUT_KINDS - {"input"}
+"""Kinds computed element by element (with broadcasting): they read their box of every operand."""
 
 _UNKNOWN = object()  # a value that could not be evaluated from some rank's box shapes
 
@@ -101,6 +123,22 @@ def static_nodes(nodes: Sequence[Node], tensors: Collection[str]) -> list[Node]:
             static.append(node)
             names.add(node.name)
     return static
+
+
+def constant_nodes(nodes: Sequence[Node], layers: Collection[str]) -> frozenset[str]:
+    """The layers (names in ``layers``) computed from parameters, buffers and constants alone.
+
+    A node depends on the batch when it is the placeholder or reads a node that does (shape reads of the
+    input included); every other layer is a constant of the forward pass, the same on every rank.
+    """
+    carried: set[str] = set()
+    constants: set[str] = set()
+    for node in nodes:
+        if node.op == "placeholder" or any(n.name in carried for n in node.all_input_nodes):
+            carried.add(node.name)
+        elif node.name in layers and node.op in ("call_function", "call_method", "call_module"):
+            constants.add(node.name)
+    return frozenset(constants)
 
 
 def static_values(static: Sequence[Node], shape_of: Callable[[str], Sequence[int]]) -> dict[str, Any]:
@@ -218,7 +256,9 @@ def _merged(outer: tuple[int, int, int], inner: tuple[int, int, int]) -> tuple[i
 def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layout], size: int,
                    whole_shape: Callable[[Node], Sequence[int] | None], *, localised: Collection[str] = ()
                    ) -> list[str]:
-    """Why the ops of ``nodes`` cannot take the shape-derived values or sizes they are given (module docstring).
+    """Why the ops of ``nodes`` cannot take the shape-derived values, sizes or whole operands they are given.
+
+    (The module docstring.) Constant layers (:func:`constant_nodes`) run whole and are not checked.
 
     Args:
         nodes: The traced program's nodes (all of them: shape reads may precede a stage's nodes).
@@ -232,21 +272,48 @@ def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layo
     tensors = tensor_names(graph)
     static = static_nodes(nodes, tensors)
     names = {node.name for node in static}
+    constants = constant_nodes(nodes, frozenset(graph.nodes))
     exact = static_values(static, lambda name: graph.nodes[name]["output_shape"])
     local = [static_values(static, _local_shapes(graph, layouts, member)) for member in range(size)]
     refused = []
     for node in nodes:
         form = view_form(node)
-        if node.name in names:
+        if node.name in names or node.name in constants:
             continue
+        if node.name in layouts and form is None:
+            refused += _operand_refusal(node, graph, layouts[node.name], constants, whole_shape)
         if form in ("reshape", "expand") and node.name in layouts:  # sizes always localised: check the boxes
-            refused += _view_refusal(node, graph, layouts[node.name], size, whole_shape)
+            refused += _view_refusal(node, graph, layouts[node.name], size, whole_shape, constants)
+        if _key(node) in _MOVES and node.name in layouts:  # run on the local box as written: check the boxes
+            refused += _moved_refusal(node, graph, layouts[node.name], size, exact)
         if form is not None or node.name in localised or not any(n.name in names for n in node.all_input_nodes):
             continue
         if node.name in graph and graph.nodes[node.name]["kind"] in _SPATIAL_SIZES:
             continue
         refused += _ambiguity(node, names, exact, local)
     return list(dict.fromkeys(refused))
+
+
+def _operand_refusal(node: Node, graph: Any, layout: Layout, constants: Collection[str],
+                     whole_shape: Callable[[Node], Sequence[int] | None]) -> list[str]:
+    """A layer that is not element-wise reads a whole parameter or constant: exact under a sample split only."""
+    kind = graph.nodes[node.name]["kind"]
+    if layout.c * layout.h * layout.w == 1 or kind in ELEMENTWISE_KINDS or kind == "batchnorm":
+        return []  # F.batch_norm takes its per-channel tensors whole (runtime.layers.functional_batch_norm)
+    for source in node.all_input_nodes:
+        shape = graph.nodes[source.name]["output_shape"] if source.name in constants else whole_shape(source)
+        if shape is not None and _single(list(shape)) and _numel(shape) > 1:
+            return [f"'{node.name}' ({_label(node)}) under {layout} reads '{source.name}' {tuple(shape)}, computed "
+                    f"from parameters or constants, whole; only element-wise layers read their part of such a "
+                    f"tensor — split this layer by sample only"]
+    return []
+
+
+def _numel(shape: Sequence[int]) -> int:
+    total = 1
+    for extent in shape:
+        total *= int(extent)
+    return total
 
 
 def tensor_names(graph: Any) -> frozenset[str]:
@@ -281,10 +348,12 @@ def _ambiguity(node: Node, names: Collection[str], exact: Mapping[str, Any], loc
 
 
 def _view_refusal(node: Node, graph: Any, layout: Layout, size: int,
-                  whole_shape: Callable[[Node], Sequence[int] | None]) -> list[str]:
+                  whole_shape: Callable[[Node], Sequence[int] | None], constants: Collection[str]) -> list[str]:
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if source is None:
         return []
+    if source.name not in graph or source.name in constants:
+        return []  # a view of a whole tensor: the runtime makes it whole and keeps its box
     out_shape = graph.nodes[node.name]["output_shape"]
     in_shape = graph.nodes[source.name]["output_shape"] if source.name in graph else whole_shape(source)
     if in_shape is None or not _single(out_shape) or not _single(list(in_shape)):
@@ -299,6 +368,56 @@ def _view_refusal(node: Node, graph: Any, layout: Layout, size: int,
                     f"{member}'s part of its input is not the part of its output it makes; give it a layout that "
                     f"keeps the dimensions it reshapes whole (e.g. split it by sample only)"]
     return []
+
+
+def _moved_refusal(node: Node, graph: Any, layout: Layout, size: int, exact: Mapping[str, Any]) -> list[str]:
+    """A view run on this rank's box (a permutation, a flatten, …) is exact when it makes this rank's output box."""
+    source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+    if layout.ranks == 1 or source is None or source.name not in graph or node.name not in graph:
+        return []
+    in_shape, out_shape = graph.nodes[source.name]["output_shape"], graph.nodes[node.name]["output_shape"]
+    if not (_single(in_shape) and _single(out_shape)):
+        return []
+    dims = _dimension_map(node, in_shape, exact)
+    placement = Placement(layout)
+    for member in range(size):
+        in_box, out_box = nd_box(in_shape, placement, member), nd_box(out_shape, placement, member)
+        if in_box is None or out_box is None or dims is None or not _maps(dims, in_shape, in_box, out_shape,
+                                                                          out_box):
+            return [f"'{node.name}' ({_label(node)} {tuple(in_shape)} → {tuple(out_shape)}) under {layout}: member "
+                    f"{member}'s part of its input does not become its part of the output; give it a layout that "
+                    f"keeps the dimensions it moves whole (e.g. split it by sample only, where it keeps dimension 0)"]
+    return []
+
+
+def _dimension_map(node: Node, in_shape: Sequence[int], exact: Mapping[str, Any]) -> list[int | None] | str | None:
+    """Per output dimension, the input dimension it is (``None``: extent 1); ``"order"`` for a view that keeps
+    the row-major order of the elements (a flatten, a squeeze); ``None`` when it cannot be told."""
+    def value_of(n: Node) -> Any:
+        return exact.get(n.name, _UNKNOWN) if n is not node.args[0] else torch.empty(tuple(in_shape), device="meta")
+
+    args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
+    kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
+    if any(v is _UNKNOWN for v in _leaves((args, kwargs))):
+        return None
+    try:
+        out = _invoke(node, args, kwargs)
+    except Exception:  # noqa: BLE001 - not evaluable on meta tensors: cannot be told
+        return None
+    if out.is_contiguous():
+        return "order"
+    strides = {(stride, extent): dim for dim, (stride, extent) in
+               enumerate(zip(args[0].stride(), args[0].shape)) if extent > 1}
+    found = [None if extent == 1 else strides.get((stride, extent), -1) for stride, extent in
+             zip(out.stride(), out.shape)]
+    return None if -1 in found else found
+
+
+def _maps(dims: list[int | None] | str, in_shape: Sequence[int], in_box: Sequence[tuple[int, int]],
+          out_shape: Sequence[int], out_box: Sequence[tuple[int, int]]) -> bool:
+    if dims == "order":
+        return flat_runs(in_shape, in_box) == flat_runs(out_shape, out_box)
+    return all(source is None or out_box[dim] == in_box[source] for dim, source in enumerate(dims))
 
 
 def _consistent(node: Node, in_shape: Sequence[int], in_box: Sequence[tuple[int, int]], out_shape: Sequence[int],
