@@ -117,9 +117,9 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if kind in ANY_LAYOUT_KINDS:
         return None
     if layout.c > 1 and kind not in CHANNEL_KINDS:
-        return f"a {kind} layer cannot be split by channel"
+        return f"{_noun(kind)} cannot be split by channel"
     if spatial and kind not in SPATIAL_KINDS:
-        return f"a {kind} layer cannot be split by height or width"
+        return f"{_noun(kind)} cannot be split by height or width"
     if attrs.get("function_form") and kind in _MODULE_ONLY and (layout.c > 1 or (spatial and kind != "batchnorm")):
         return f"{kind} is a function call; only its module form (nn.Conv2d, nn.Linear, …) splits by channel or space"
     if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(layer["output_shape"])):
@@ -238,6 +238,12 @@ def _part(extent: int, parts: int, index: int) -> tuple[int, int]:
     return (0, extent) if extent == 1 else part_range(extent, parts, index)
 
 
+def _noun(kind: str) -> str:
+    if kind == "other":
+        return "an opaque layer (a call or module parplan has no split form of)"
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} layer"
+
+
 def _numel(shape: Any) -> int:
     total = 1
     for extent in shape:
@@ -256,6 +262,9 @@ def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
 
 
 def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm: bool, micro_batches: int) -> str | None:
+    if layer["kind"] == "other" and layer.get("attrs", {}).get("batch_norms") and sync_batchnorm and layout.n > 1:
+        return (f"an opaque module holding {layer['attrs']['batch_norms']} batch-norm layer(s) cannot synchronise "
+                f"their statistics over a sample split (--sync-batchnorm, --verify); keep it whole, or trace into it")
     if layer["kind"] != "batchnorm" or layer.get("attrs", {}).get("training") is False:
         return None
     shape = layer["input_shapes"][0]

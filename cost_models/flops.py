@@ -15,6 +15,16 @@ Assumptions:
       bound by memory, not arithmetic; the counts only rank problem sizes and
       never stand in for a timed kernel.
     * Pooling counts one operation per window element per output element.
+    * A layer whose forward was counted by ``torch.utils.flop_counter`` at trace
+      time (a module kept opaque: ``flops_per_output`` in its attributes, the
+      counted forward FLOPs per output element) scales that count with its
+      output; its backward-data and backward-weight passes are each counted as
+      one forward, as for dense layers.
+    * Shapes are read defensively: only plain shapes among the inputs count
+      (a tuple-valued input is skipped), a dense layer with no tensor input
+      takes its output's shape, and one with no known weight shape reads its
+      weight from its second input (``F.conv2d(x, w)`` with a computed ``w``)
+      or is counted per element.
 """
 
 from __future__ import annotations
@@ -77,13 +87,15 @@ def layer_flops(
         needs_input_grad: Whether backward must produce the input's gradient.
         has_weight: Whether the layer has trainable weights (backward-weight runs).
     """
-    if kind in ("conv", "conv_transpose"):
-        dense = _conv_flops(input_shapes[0], output_shape, attrs)
-    elif kind == "linear" and "weight_shape" in attrs:
-        rows_of = input_shapes[0] if input_shapes else output_shape  # a linear map of a parameter: no tensor input
-        dense = _linear_flops(rows_of, attrs["weight_shape"])
-    else:
-        return _elementwise_flops(kind, input_shapes, output_shape, attrs, needs_input_grad, has_weight)
+    inputs = _plain_shapes(input_shapes)
+    output = _first_plain(output_shape)
+    if attrs.get("flops_per_output") is not None:
+        return _counted_flops(float(attrs["flops_per_output"]), output, needs_input_grad, has_weight)
+    weight = _dense_weight(kind, attrs, inputs, output)
+    if weight is None:
+        return _elementwise_flops(kind, inputs, output, attrs, needs_input_grad, has_weight)
+    source = inputs[0] if inputs else output  # a dense map of a parameter or constant: no tensor input
+    dense = _conv_flops(source, output, weight, attrs) if kind != "linear" else _linear_flops(source, weight)
     return Flops(
         fwd=dense,
         bwd_data=dense if needs_input_grad else 0,
@@ -91,8 +103,33 @@ def layer_flops(
     )
 
 
-def _conv_flops(input_shape: Shape, output_shape: Shape, attrs: dict[str, Any]) -> int:
-    weight_shape = attrs["weight_shape"]
+def _plain_shapes(shapes: Sequence[Any]) -> list[list[int]]:
+    """The shapes that are flat sequences of ints (a tuple-valued tensor's list of shapes is left out)."""
+    return [list(s) for s in shapes if isinstance(s, (list, tuple)) and all(isinstance(d, int) for d in s)]
+
+
+def _first_plain(shape: Any) -> list[int]:
+    """``shape``, or the first flat shape inside a nested one (a layer with several outputs: costed by its first)."""
+    while isinstance(shape, (list, tuple)) and shape and isinstance(shape[0], (list, tuple)):
+        shape = shape[0]
+    return [int(d) for d in shape] if isinstance(shape, (list, tuple)) else []
+
+
+def _dense_weight(kind: str, attrs: dict[str, Any], inputs: list[list[int]], output: list[int]) -> list[int] | None:
+    """A convolution's or linear layer's weight shape: traced, or its second input's; ``None`` when neither."""
+    if kind not in ("conv", "conv_transpose", "linear"):
+        return None
+    rank = 2 if kind == "linear" else len(output)
+    candidates = [attrs.get("weight_shape"), inputs[1] if len(inputs) > 1 else None]
+    return next((list(w) for w in candidates if w and len(w) == rank and rank >= 2), None)
+
+
+def _counted_flops(per_output: float, output: Shape, needs_input_grad: bool, has_weight: bool) -> Flops:
+    fwd = round(per_output * prod(output))
+    return Flops(fwd=fwd, bwd_data=fwd if needs_input_grad else 0, bwd_weight=fwd if has_weight else 0)
+
+
+def _conv_flops(input_shape: Shape, output_shape: Shape, weight_shape: Shape, attrs: dict[str, Any]) -> int:
     window = prod(weight_shape[2:])
     if attrs.get("transposed", False):
         # weight (C_in, C_out/groups, *k); every input point meets every kernel tap.
@@ -119,7 +156,7 @@ def _elementwise_flops(
 ) -> Flops:
     out_elements = prod(output_shape)
     if kind in _POOLING:
-        window = prod(_pair(attrs.get("kernel_size", 1)))
+        window = prod(_pair(attrs.get("kernel_size") or 1))
         return Flops(fwd=out_elements * window, bwd_data=out_elements * window if needs_input_grad else 0)
     if kind in ("adaptive_avgpool", "adaptive_maxpool"):
         in_elements = prod(input_shapes[0]) if input_shapes else out_elements

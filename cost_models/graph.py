@@ -88,6 +88,7 @@ class LayerGraph(nx.DiGraph):
         return {
             "format": GRAPH_FORMAT,
             **{key: self.graph[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")},
+            "opaque_modules": self.graph.get("opaque_modules", []),
             "layers": [{"name": name, **_jsonable(self.nodes[name])} for name in self.nodes],
             "edges": [{"src": u, "dst": v, **_jsonable(self.edges[u, v])}  # each layer's inputs in argument order
                       for v in self.nodes for u in self.predecessors(v)],
@@ -98,6 +99,7 @@ class LayerGraph(nx.DiGraph):
         """Inverse of :meth:`to_dict` (shapes come back as lists)."""
         graph = cls()
         graph.graph.update({key: data[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")})
+        graph.graph["opaque_modules"] = list(data.get("opaque_modules", []))
         for layer in data["layers"]:
             attributes = {key: value for key, value in layer.items() if key != "name"}
             graph.add_node(layer["name"], **attributes)

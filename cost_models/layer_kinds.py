@@ -6,13 +6,21 @@ extracts the hyper-parameters later cost models need (kernel, stride,
 padding, dilation, groups for halo widths; ``dim`` for concatenation; scale
 for upsampling). Kinds not listed here become ``other``: they are still
 traced, shaped and costed per element, and ``parplan inspect`` shows them.
+
+A module kept opaque (``--leaf-module``, or automatically by tracing when
+torch.fx cannot trace it) is ``other`` unless it computes exactly what its
+``torch.nn`` class does: a subclass with a forward of its own (timm's
+``Conv2dSame`` pads dynamically) is not that layer, and an automatically
+opaque module is ``other`` whatever its class, marked ``opaque: automatic``
+in its attributes. The capability predicate runs ``other`` layers under a
+sample split only.
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 import torch.nn.functional as F
@@ -97,27 +105,55 @@ class KindInfo:
     aliases_input: bool = False
 
 
-def classify(node: Node, root: GraphModule) -> KindInfo:
-    """Kind, target label and cost-relevant attributes of one fx node."""
+def classify(node: Node, root: GraphModule, *, opaque: Collection[str] = ()) -> KindInfo:
+    """Kind, target label and cost-relevant attributes of one fx node.
+
+    Args:
+        opaque: Qualified names of the modules tracing kept opaque automatically: ``other`` whatever their class.
+    """
     if node.op == "placeholder":
         return KindInfo("input", str(node.target))
     if node.op == "call_module":
-        return _classify_module(root.get_submodule(str(node.target)))
+        module = root.get_submodule(str(node.target))
+        if str(node.target) in opaque:
+            return KindInfo("other", _module_label(module), {"opaque": "automatic", **_held_norms(module)},
+                            bool(getattr(module, "inplace", False)))
+        return _classify_module(module)
     if node.op == "call_method":
         kind = _METHOD_KINDS.get(str(node.target), "other")
         return KindInfo(kind, f"Tensor.{node.target}", _function_attrs(node, root, kind),
                         kind in VIEW_KINDS or str(node.target).endswith("_"))
     label = _get_qualified_name(node.target) if callable(node.target) else str(node.target)
     kind = _FUNCTION_KINDS.get(node.target) or _QUALIFIED_KINDS.get(label, "other")  # type: ignore[arg-type]
+    if node.target is torch.as_tensor:  # of a tensor: the tensor itself; with a dtype or device, a cast
+        kind = "identity" if len(node.args) == 1 and not node.kwargs else "elementwise"
     aliases = kind in VIEW_KINDS or node.target in (operator.iadd, operator.imul) or bool(node.kwargs.get("inplace"))
     return KindInfo(kind, label, _function_attrs(node, root, kind), aliases)
 
 
 def _classify_module(module: nn.Module) -> KindInfo:
-    kind = next((name for types, name in _MODULE_KINDS if isinstance(module, types)), "other")
-    label = f"{type(module).__module__}.{type(module).__qualname__}"
-    attrs = _module_attrs(module, kind)
-    return KindInfo(kind, label, attrs, kind in VIEW_KINDS or bool(getattr(module, "inplace", False)))
+    kind = _module_kind(module)
+    attrs = _module_attrs(module, kind) if kind != "other" else {**_module_attrs(module, kind), **_held_norms(module)}
+    return KindInfo(kind, _module_label(module), attrs, kind in VIEW_KINDS or bool(getattr(module, "inplace", False)))
+
+
+def _held_norms(module: nn.Module) -> dict[str, int]:
+    """An opaque module's batch-norms (its own statistics, which no split can synchronise): ``batch_norms``."""
+    count = sum(isinstance(sub, nn.modules.batchnorm._BatchNorm) for sub in module.modules())
+    return {"batch_norms": count} if count else {}
+
+
+def _module_kind(module: nn.Module) -> str:
+    """The kind of the first ``torch.nn`` class ``module`` is an instance of, if it runs that class's forward."""
+    for types, name in _MODULE_KINDS:
+        base = next((t for t in (types if isinstance(types, tuple) else (types,)) if isinstance(module, t)), None)
+        if base is not None:
+            return name if type(module).forward is base.forward else "other"
+    return "other"
+
+
+def _module_label(module: nn.Module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
 
 
 _POOL_DEFAULTS = {"padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False,

@@ -1,30 +1,52 @@
 """torch.fx tracing and fake-tensor shape propagation behind :func:`cost_models.graph.trace`.
 
 Steps: (1) symbolic tracing in training mode, with a tracer that remembers
-which module it was inside, so a failure names it; (2) a fake copy of the
+which module it was inside, so a failure names it — the forward's optional
+arguments after the input take their defaults, as ``model(x)`` does, and
+``torch.as_tensor`` of a traced value is recorded as a call; (2) a fake copy of the
 traced module (``FakeCopyMode``) interpreted on a fake input, recording each
 node's output shape and element size — no activation or weight memory is
 allocated; (3) assembly of the :class:`LayerGraph` with kinds, parameters,
 FLOPs and edge bytes.
+
+Fallback: when torch.fx fails inside a submodule (tensor-dependent control
+flow, ``len`` of a proxy, ...), :func:`symbolic_trace` traces again with that
+module kept opaque, until the trace succeeds (at most
+``MAX_AUTOMATIC_LEAVES`` modules). The fallback is deterministic and lives in
+the one trace the planner and the runtime share, so both see the same
+layers. A failure in the root's own forward, or twice in one module, is a
+:class:`TraceError` naming it. The modules made opaque, each with the
+error that made it so, are ``graph.graph["opaque_modules"]`` (and the
+traced module's ``meta``); their layers are ``other`` (``layer_kinds``).
+The forward FLOPs of every opaque module layer (automatic or
+``--leaf-module``) are counted by ``torch.utils.flop_counter`` on the fake
+copy, stored per output element as ``attrs["flops_per_output"]``
+(``cost_models.flops``).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
+from dataclasses import replace
 from math import prod
 from typing import Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeCopyMode, FakeTensorMode
-from torch.fx import GraphModule, Interpreter, Node, Tracer
+from torch.fx import Graph, GraphModule, Interpreter, Node, Proxy, Tracer
+from torch.utils.flop_counter import FlopCounterMode
 
 from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
-from cost_models.layer_kinds import classify
+from cost_models.layer_kinds import KindInfo, classify
 
-__all__ = ["build_layer_graph", "symbolic_trace"]
+__all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
+
+MAX_AUTOMATIC_LEAVES = 64
+"""The most modules one trace keeps opaque automatically before it gives up."""
 
 # node name -> list of (shape, itemsize) for each tensor it produced; None for non-tensor results.
 TensorMeta = list[tuple[tuple[int, ...], int]]
@@ -48,10 +70,20 @@ def build_layer_graph(
     finally:
         for module, training in modes.items():
             module.training = training
-    metas = _FakePropagator(fake_traced, fake_mode).propagate(input_shape, dtype)
-    graph = _assemble(fake_traced, metas, input_shape, str(dtype).removeprefix("torch."))
+    opaque = [dict(entry) for entry in traced.meta["opaque_modules"]]
+    names = frozenset(entry["module"] for entry in opaque)
+    propagator = _FakePropagator(fake_traced, fake_mode, _opaque_layers(fake_traced, names))
+    metas = propagator.propagate(input_shape, dtype)
+    graph = _assemble(fake_traced, metas, propagator.flops, names, input_shape, str(dtype).removeprefix("torch."))
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
+    graph.graph["opaque_modules"] = opaque
     return graph
+
+
+def _opaque_layers(gm: GraphModule, automatic: frozenset[str]) -> frozenset[str]:
+    """Nodes calling a module whose kind is ``other``: opaque, their forward FLOPs counted on fake tensors."""
+    return frozenset(node.name for node in gm.graph.nodes
+                     if node.op == "call_module" and classify(node, gm, opaque=automatic).kind == "other")
 
 
 def _cast_floating(module: nn.Module, dtype: torch.dtype, fake_mode: FakeTensorMode) -> None:
@@ -70,12 +102,30 @@ def _cast_floating(module: nn.Module, dtype: torch.dtype, fake_mode: FakeTensorM
 
 
 class _LocatingTracer(Tracer):
-    """A tracer that knows which module it is inside and keeps chosen modules opaque."""
+    """A tracer that knows which module it is inside and keeps chosen modules opaque.
+
+    ``torch.as_tensor`` of a traced value is recorded as a call (torch.fx would fail inside it: MONAI
+    returns ``torch.as_tensor(self.blocks(x))``); of anything else it runs as usual.
+    """
 
     def __init__(self, leaf_modules: tuple[str, ...]) -> None:
         super().__init__()
         self.leaf_names = set(leaf_modules)
         self.stack: list[tuple[str, str]] = []
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> Graph:
+        original = torch.as_tensor
+
+        def as_tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(data, Proxy):
+                return data.tracer.create_proxy("call_function", original, (data, *args), kwargs)
+            return original(data, *args, **kwargs)
+
+        torch.as_tensor = as_tensor
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            torch.as_tensor = original
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or type(m).__name__ in self.leaf_names:
@@ -90,28 +140,106 @@ class _LocatingTracer(Tracer):
 
 
 def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...]) -> GraphModule:
-    """``torch.fx`` trace of ``model`` whose node names are the layer names of :func:`build_layer_graph`."""
-    tracer = _LocatingTracer(leaf_modules)
+    """``torch.fx`` trace of ``model`` whose node names are the layer names of :func:`build_layer_graph`.
+
+    A submodule torch.fx cannot trace is kept opaque and the model traced again (see the module docstring);
+    the modules so kept are the result's ``meta["opaque_modules"]``: ``{module, class, reason}`` each.
+
+    Raises:
+        TraceError: The root's own forward fails, a module fails although kept opaque, or more than
+            ``MAX_AUTOMATIC_LEAVES`` modules would be.
+    """
+    opaque: list[dict[str, str]] = []
+    defaults = _optional_defaults(model)
+    while True:
+        tracer = _LocatingTracer((*leaf_modules, *(entry["module"] for entry in opaque)))
+        try:
+            graph = tracer.trace(model, concrete_args=defaults or None)
+        except Exception as err:  # user model code: any failure is located, and kept opaque where it can be
+            opaque.append(_opaque_entry(tracer, model, err, opaque))
+            continue
+        _drop_specialized(graph)
+        traced = GraphModule(tracer.root, graph, type(model).__name__)
+        traced.meta["opaque_modules"] = opaque
+        return traced
+
+
+_SPECIALIZED_TYPES = (bool, int, float, str, type(None))
+_GUARDS = frozenset({"_assert_is_none", "_assert", "eq"})  # torch.fx's checks of a specialised argument
+
+
+def _optional_defaults(model: nn.Module) -> dict[str, Any]:
+    """The forward's optional arguments after the input, at their defaults: parplan calls ``model(x)``.
+
+    Traced as constants (``if mask is not None`` takes the branch ``model(x)`` takes), not as inputs.
+    """
     try:
-        graph = tracer.trace(model)
-    except Exception as err:  # user model code: any failure is reported with its location
-        where, cls = tracer.stack[-1] if tracer.stack else ("", type(model).__name__)
-        place = f"module '{where}' ({cls})" if where else f"the forward of {cls}"
-        raise TraceError(
-            f"torch.fx cannot trace {place}: {_first_line(err)}; make its forward free of tensor-dependent "
-            f"Python control flow, or keep it opaque with --leaf-module {where or cls}"
-        ) from err
-    return GraphModule(tracer.root, graph, type(model).__name__)
+        parameters = list(inspect.signature(model.forward).parameters.values())[1:]
+    except (TypeError, ValueError):  # no signature to read (a C-implemented forward)
+        return {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: p.default for p in parameters if p.kind in kinds and type(p.default) in _SPECIALIZED_TYPES}
+
+
+def _drop_specialized(graph: Graph) -> None:
+    """Remove the placeholders of specialised arguments and the guards torch.fx checks them with.
+
+    Only the input remains a placeholder (the runtime feeds it every placeholder); a specialised
+    argument whose placeholder feeds anything but a guard is left as traced.
+    """
+    for placeholder in [node for node in graph.nodes if node.op == "placeholder"][1:]:
+        reached = _reached_from(placeholder)
+        if reached and all(node.op == "call_function" and getattr(node.target, "__name__", "") in _GUARDS
+                           for node in reached):
+            for node in reversed(reached):
+                graph.erase_node(node)
+            graph.erase_node(placeholder)
+
+
+def _reached_from(start: Node) -> list[Node]:
+    """Every node reading ``start``, directly or not, in graph order."""
+    seen: dict[Node, None] = {}
+    frontier = list(start.users)
+    while frontier:
+        node = frontier.pop()
+        if node not in seen:
+            seen[node] = None
+            frontier.extend(node.users)
+    order = {node: index for index, node in enumerate(start.graph.nodes)}
+    return sorted(seen, key=order.__getitem__)
+
+
+def _opaque_entry(tracer: _LocatingTracer, model: nn.Module, err: Exception,
+                  opaque: list[dict[str, str]]) -> dict[str, str]:
+    """The module to keep opaque after ``err``; a :class:`TraceError` when there is none to keep."""
+    where, cls = tracer.stack[-1] if tracer.stack else ("", type(model).__name__)
+    reason = _first_line(err)
+    if where and where not in tracer.leaf_names and len(opaque) < MAX_AUTOMATIC_LEAVES:
+        return {"module": where, "class": cls, "reason": reason}
+    kept = f" (kept opaque automatically before: {', '.join(e['module'] for e in opaque)})" if opaque else ""
+    if not where:
+        raise TraceError(f"torch.fx cannot trace the forward of {cls}: {reason}{kept}; make its forward free of "
+                         f"tensor-dependent Python control flow (the model itself cannot be kept opaque)") from err
+    if where in tracer.leaf_names:
+        raise TraceError(f"torch.fx cannot trace module '{where}' ({cls}) although it is kept opaque: {reason}"
+                         f"{kept}; make its forward free of tensor-dependent Python control flow") from err
+    raise TraceError(
+        f"torch.fx cannot trace module '{where}' ({cls}): {reason}; {len(opaque)} modules were kept opaque "
+        f"automatically already (at most {MAX_AUTOMATIC_LEAVES}); make its forward free of tensor-dependent "
+        f"Python control flow, or keep an enclosing module opaque with --leaf-module"
+    ) from err
 
 
 class _FakePropagator(Interpreter):
     """Runs the traced module on fake tensors and records every node's output shapes."""
 
-    def __init__(self, module: GraphModule, fake_mode: FakeTensorMode) -> None:
+    def __init__(self, module: GraphModule, fake_mode: FakeTensorMode, counted: frozenset[str]) -> None:
         super().__init__(module, garbage_collect_values=True)
         self.extra_traceback = False
         self.fake_mode = fake_mode
+        self.counted = counted
         self.metas: dict[str, TensorMeta | None] = {}
+        self.flops: dict[str, int] = {}  # forward FLOPs of the ``counted`` nodes (torch.utils.flop_counter)
 
     def propagate(self, input_shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, TensorMeta | None]:
         with self.fake_mode:
@@ -120,7 +248,7 @@ class _FakePropagator(Interpreter):
 
     def run_node(self, n: Node) -> Any:
         try:
-            result = super().run_node(n)
+            result = self._counted_run(n) if n.name in self.counted else super().run_node(n)
         except DataDependentOutputException as err:
             raise TraceError(
                 f"layer '{n.name}' ({_node_label(n)}) needs tensor values ({err.func}), which shape propagation on "
@@ -134,6 +262,12 @@ class _FakePropagator(Interpreter):
         self.metas[n.name] = _tensor_meta(result)
         return result
 
+    def _counted_run(self, n: Node) -> Any:
+        with FlopCounterMode(display=False) as counter:
+            result = super().run_node(n)
+        self.flops[n.name] = int(counter.get_total_flops())
+        return result
+
 
 def _tensor_meta(value: Any) -> TensorMeta | None:
     if isinstance(value, torch.Tensor):
@@ -143,20 +277,25 @@ def _tensor_meta(value: Any) -> TensorMeta | None:
     return None
 
 
-def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], input_shape: tuple[int, ...], dtype: str) -> LayerGraph:
+def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dict[str, int],
+              opaque: frozenset[str], input_shape: tuple[int, ...], dtype: str) -> LayerGraph:
     graph = LayerGraph(input_shape=list(input_shape), dtype=dtype, outputs=[])
     seen_params: set[int] = set()
     for node in gm.graph.nodes:
         if node.op == "output":
             graph.graph["outputs"] = [n.name for n in node.all_input_nodes if n.name in graph]
         elif node.op != "get_attr" and metas.get(node.name) is not None:
-            _add_layer(graph, gm, node, metas[node.name], seen_params)  # type: ignore[arg-type]
+            info = classify(node, gm, opaque=opaque)
+            if counted.get(node.name):
+                per_output = counted[node.name] / prod(metas[node.name][0][0])  # type: ignore[index]
+                info = replace(info, attrs={**info.attrs, "flops_per_output": per_output})
+            _add_layer(graph, gm, node, info, metas[node.name], seen_params)  # type: ignore[arg-type]
     graph.graph["fingerprint"] = compute_fingerprint(graph)
     return graph
 
 
-def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, meta: TensorMeta, seen: set[int]) -> None:
-    info = classify(node, gm)
+def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, meta: TensorMeta,
+               seen: set[int]) -> None:
     inputs = [src.name for src in node.all_input_nodes if src.name in graph]
     params = _parameters_of(node, gm)
     owned = [p for p in params if id(p) not in seen]

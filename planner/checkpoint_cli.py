@@ -26,16 +26,16 @@ __all__ = ["add_checkpoint"]
 
 def add_checkpoint(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan checkpoint show|gather``."""
-    from planner.cli import _Parser, _positive_int
+    from planner.cli_args import OneLineParser, positive_int
 
     parser = commands.add_parser("checkpoint", help="show checkpoints; gather one to its plan-independent form")
-    actions = parser.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
+    actions = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
     show = actions.add_parser("show", parents=[common], help="the complete checkpoints in a folder")
     show.add_argument("--checkpoint-dir", required=True, metavar="D", help="the folder parplan run wrote")
     show.set_defaults(handler=_show)
     gather = actions.add_parser("gather", parents=[common], help="write full.pt: every tensor whole, by name")
     gather.add_argument("--checkpoint-dir", required=True, metavar="D", help="the folder parplan run wrote")
-    gather.add_argument("--step", type=_positive_int, metavar="K",
+    gather.add_argument("--step", type=positive_int, metavar="K",
                         help="the checkpoint after K updates (default: the newest)")
     gather.set_defaults(handler=_gather)
 
@@ -52,14 +52,14 @@ def _manifests(directory: str) -> list[dict[str, Any]]:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from planner.cli import _print_json
+    from planner.cli_args import print_json
 
     rows = [{"step": m["step"], "ranks": m["world_size"], "plan_digest": m["plan_digest"], "folder": m["folder"],
              "bytes": sum(s["bytes"] for s in m["shards"]), "gathered": "full" in m, "created": m["created"],
              "model": m["model"]["spec"], "input_shape": m["model"]["input_shape"]}
             for m in _manifests(args.checkpoint_dir)]
     if args.json:
-        _print_json({"format": "parplan.checkpoints/1", "checkpoints": rows})
+        print_json({"format": "parplan.checkpoints/1", "checkpoints": rows})
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -75,7 +75,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _gather(args: argparse.Namespace) -> int:
-    from planner.cli import _print_json
+    from planner.cli_args import print_json
     from runtime.checkpoint import write_full
 
     manifests = _manifests(args.checkpoint_dir)
@@ -87,7 +87,7 @@ def _gather(args: argparse.Namespace) -> int:
     document = {"format": "parplan.gathered/1", "step": chosen["step"], "from_ranks": chosen["world_size"],
                 "file": str(path), "bytes": path.stat().st_size}
     if args.json:
-        _print_json(document)
+        print_json(document)
     else:
         print(f"step {document['step']}: {document['from_ranks']} shard(s) gathered into {path} "
               f"({document['bytes'] / 2**20:.1f} MiB)")

@@ -12,25 +12,19 @@ and ``runtime``, and it does so lazily inside the commands.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Sequence
 
 from cost_models.errors import InputError
+from planner.cli_args import (OneLineParser, add_model_arguments, cluster_for, non_negative_int, positive_float,
+                               positive_int, print_json)
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "search_plan"]
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,12 +71,12 @@ def _stop_mpi_job(code: int) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every subcommand and its options."""
-    common = _Parser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of tables")
     common.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser = _Parser(prog="parplan", description="Plan and run sample/spatial/channel/pipeline parallel training.")
+    parser = OneLineParser(prog="parplan", description="Plan and run sample/spatial/channel/pipeline parallel training.")
     parser.add_argument("--version", action="version", version=f"parplan {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")
     _add_inspect(commands, common)
     _add_calibrate(commands, common)
     _add_profile(commands, common)
@@ -98,35 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
     from planner.checkpoint_cli import add_checkpoint
 
     add_checkpoint(commands, common)
+    from planner.check_cli import add_check
+
+    add_check(commands, common)
     return parser
-
-
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
-    parser.add_argument("--input-shape", required=True, metavar="N,C,H,W", help="global input shape, e.g. 64,3,224,224")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "float64"),
-                        help="element type of inputs and activations (default float32)")
-    parser.add_argument("--leaf-module", action="append", default=[], metavar="NAME",
-                        help="keep this module (qualified or class name) opaque to torch.fx; repeatable")
 
 
 def _add_inspect(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser("inspect", parents=[common], help="show the traced layer table",
                                  description="Trace MODEL at the input shape and show its layers and totals.")
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     parser.set_defaults(handler=_inspect)
 
 
 def _add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser("calibrate", parents=[common], help="measure this machine into a profile",
                                  description="Time MODEL's local problems and the collectives, fit them, write a profile.")
-    _add_model_arguments(parser)
-    parser.add_argument("--ranks", type=_positive_int, default=1, help="ranks for timing collectives (default 1: none)")
+    add_model_arguments(parser)
+    parser.add_argument("--ranks", type=positive_int, default=1, help="ranks for timing collectives (default 1: none)")
     parser.add_argument("--devices", default=None, metavar="D1,D2,...",
                         help="device counts the planner may use (default: powers of two up to --ranks)")
-    parser.add_argument("--budget-s", type=_positive_float, default=120.0, help="wall-time bound in seconds (default 120)")
-    parser.add_argument("--threads", type=_positive_int, default=1, help="threads per rank while timing (default 1)")
+    parser.add_argument("--budget-s", type=positive_float, default=120.0, help="wall-time bound in seconds (default 120)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="threads per rank while timing (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] for the compute kernels (default cpu)")
     parser.add_argument("--backend", default=None, choices=("gloo", "nccl", "mpi"),
                         help="collectives backend (default gloo on cpu, nccl on cuda)")
@@ -136,7 +123,7 @@ def _add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_profile(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser("profile", help="inspect profiles")
-    actions = parser.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
+    actions = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
     show = actions.add_parser("show", parents=[common], help="device, fitted parameters and fit errors of a profile")
     show.add_argument("profile", metavar="PROFILE", help="a profile JSON path or a preset name (v100, a100, h100)")
     show.add_argument("--dtype", default="float32", help="dtype of a preset (default float32)")
@@ -146,7 +133,7 @@ def _add_profile(commands: Any, common: argparse.ArgumentParser) -> None:
 def _add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser("estimate", parents=[common], help="predict a plan's time and memory",
                                  description="Price PLAN for MODEL with PROFILE: time per layer and term, memory.")
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     parser.add_argument("--plan", required=True, metavar="PLAN.json", help="a parplan.plan/1 file (hand-written is fine)")
     parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
@@ -162,15 +149,15 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         "run", parents=[common], help="train MODEL under a plan on R ranks and measure it",
         description="Execute PLAN on --nproc local ranks (torchrun's machinery), or on the ranks mpirun/srun started; "
                     "train --steps steps on synthetic data and write the measurement JSON.")
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/1 file made for this model and input")
     which.add_argument("--layout", metavar="L[,L…]", help="run without a plan file: every layer takes the first of "
                        "these layouts it can (e.g. h2,n1); n1 (whole) is always tried last")
-    parser.add_argument("--nproc", type=_positive_int, metavar="R",
+    parser.add_argument("--nproc", type=positive_int, metavar="R",
                         help="ranks to start (default: the plan's devices; under mpirun: its ranks)")
-    parser.add_argument("--steps", type=_non_negative_int, default=10, metavar="S", help="measured steps (default 10)")
-    parser.add_argument("--warmup", type=_non_negative_int, default=2, metavar="W",
+    parser.add_argument("--steps", type=non_negative_int, default=10, metavar="S", help="measured steps (default 10)")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, metavar="W",
                         help="steps run before measuring (default 2)")
     parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
     parser.add_argument("--out", metavar="MEAS.json", help="write the measurement here (atomically)")
@@ -178,31 +165,31 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="predict this machine's step time with a profile (default: the plan's own prediction)")
     parser.add_argument("--verify", action="store_true",
                         help="first compare one step with the unsplit model; exit 1 if the error exceeds --tolerance")
-    parser.add_argument("--tolerance", type=_positive_float, metavar="X",
+    parser.add_argument("--tolerance", type=positive_float, metavar="X",
                         help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
-    parser.add_argument("--lr", type=_positive_float, default=0.01, help="SGD learning rate (default 0.01)")
-    parser.add_argument("--seed", type=_non_negative_int, default=0, help="weights and data seed (default 0)")
+    parser.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default 0.01)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
     parser.add_argument("--sync-batchnorm", action="store_true",
                         help="batch-norm statistics over the whole batch, as the unsplit model (default: per group "
                              "of samples, as data parallelism; not priced by the cost model)")
     parser.add_argument("--data", metavar="module:function",
                         help="data factory: function(input_box, target_box, step) -> (input, target) of this rank")
-    parser.add_argument("--threads", type=_positive_int, metavar="T",
+    parser.add_argument("--threads", type=positive_int, metavar="T",
                         help="CPU threads per rank (default: cores / ranks)")
     parser.add_argument("--per-layer", action="store_true",
                         help="after the timed steps, profile 3 more and report each layer's forward/backward seconds")
     _add_recovery_arguments(parser)
     pipeline = parser.add_argument_group("pipelines")
-    pipeline.add_argument("--stages", type=_positive_int, default=1, metavar="K",
+    pipeline.add_argument("--stages", type=positive_int, default=1, metavar="K",
                           help="with --layout: cut the model into K stages of equal compute, R/K ranks each")
     pipeline.add_argument("--schedule", choices=("sync", "stale"), default="sync",
                           help="with --layout --stages: sync (GPipe/1F1B micro-batches) or stale (DSP); default sync")
-    pipeline.add_argument("--micro-batches", type=_positive_int, metavar="M",
+    pipeline.add_argument("--micro-batches", type=positive_int, metavar="M",
                           help="with --layout --stages and sync: micro-batches (default: the divisor of the batch "
                                "nearest below 4K)")
     pipeline.add_argument("--order", choices=("1f1b", "gpipe"), default="1f1b",
                           help="order of a sync pipeline's micro-batches (default 1f1b)")
-    pipeline.add_argument("--staleness", type=_non_negative_int, metavar="S",
+    pipeline.add_argument("--staleness", type=non_negative_int, metavar="S",
                           help="cap every stage's staleness of a stale pipeline at S (0: sequential, as sync M=1)")
     pipeline.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
                           help="run stage K FACTOR times slower (a simulated straggler); repeatable")
@@ -211,7 +198,7 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def add_timeout_argument(parser: Any) -> None:
     """``--timeout-s``: how long any collective or point-to-point exchange of the ranks waits for a peer."""
-    parser.add_argument("--timeout-s", type=_positive_float, default=300.0, metavar="T",
+    parser.add_argument("--timeout-s", type=positive_float, default=300.0, metavar="T",
                         help="a rank that waits T seconds for a peer (dead or hung) fails, naming where it waited, "
                              "and the others are stopped (default 300)")
 
@@ -219,12 +206,12 @@ def add_timeout_argument(parser: Any) -> None:
 def _add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("failures and recovery")
     add_timeout_argument(group)
-    group.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+    group.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                        help="write a checkpoint after every N-th update (warm-up included) into --checkpoint-dir")
     group.add_argument("--checkpoint-dir", metavar="D", help="folder of the checkpoints (seen by every rank)")
     group.add_argument("--resume", action="store_true",
                        help="continue from the newest complete checkpoint in --checkpoint-dir (another plan works too)")
-    group.add_argument("--max-restarts", type=_non_negative_int, default=0, metavar="R",
+    group.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
                        help="when a rank fails, start the group again up to R times, from the last checkpoint "
                             "(torchrun's agent; not under mpirun)")
 
@@ -291,7 +278,7 @@ def _estimate(args: argparse.Namespace) -> int:
     document = _estimate_document(result, profile.compatibility_warnings(torch.__version__, graph.graph["dtype"]))
     document["timing_s"] = {**timing, "estimate": round(time.perf_counter() - started, 4)}
     if args.json:
-        _print_json(document)
+        print_json(document)
     else:
         from planner.report import print_estimate
 
@@ -320,17 +307,17 @@ def _add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser("plan", parents=[common], help="search the best plan: layouts, stages, staleness",
                                  description="Find the per-layer layouts, pipeline stages and schedule with the least "
                                              "predicted time that fit in memory.")
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
-    parser.add_argument("--devices", required=True, type=_positive_int, help="number of devices")
-    parser.add_argument("--devices-per-node", type=_positive_int, default=None, help="devices per node")
+    parser.add_argument("--devices", required=True, type=positive_int, help="number of devices")
+    parser.add_argument("--devices-per-node", type=positive_int, default=None, help="devices per node")
     parser.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="ILP solver (default cbc)")
-    parser.add_argument("--time-limit-s", type=_positive_float, default=None, help="ILP time limit in seconds")
+    parser.add_argument("--time-limit-s", type=positive_float, default=None, help="ILP time limit in seconds")
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
-    parser.add_argument("--max-stages", type=_positive_int, default=4, help="most pipeline stages to try (default 4)")
+    parser.add_argument("--max-stages", type=positive_int, default=4, help="most pipeline stages to try (default 4)")
     parser.add_argument("--schedule", default="auto", choices=("sync", "stale", "auto"),
                         help="pipeline schedule: sync (GPipe), stale (DSP) or the faster (default auto)")
-    parser.add_argument("--max-staleness", type=_non_negative_int, default=None,
+    parser.add_argument("--max-staleness", type=non_negative_int, default=None,
                         help="cap on a stage's staleness (0 = synchronous only; default: DSP's 2(K-1-k))")
     parser.add_argument("--explain", action="store_true", help="per layer, the runner-up layout and its extra cost")
     parser.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the plan")
@@ -342,22 +329,33 @@ def _plan(args: argparse.Namespace) -> int:
     if not os.path.isdir(out_dir):
         raise InputError(f"--out {args.out}: directory {out_dir} does not exist; create it first")
     profile = load_profile_argument(args.profile, args.dtype)
-    cluster = _cluster_for(args.profile, profile, args.devices, args.devices_per_node)
+    cluster_for(args.profile, profile, args.devices, args.devices_per_node)  # a bad device count before tracing
     graph, _ = _trace_model(args)
     from cost_models.plan import save_plan
-    from planner.search import plan_model
 
-    result = plan_model(graph, profile, cluster, args.solver, args.time_limit_s, args.optimizer, args.model,
-                        args.max_stages, args.schedule, args.max_staleness)
+    result = search_plan(args, graph, profile)
     save_plan(result.plan, args.out)
     document = _plan_document(graph, result)
     if args.json:
-        _print_json(document)
+        print_json(document)
     else:
         from planner.report import print_plan_summary
 
         print_plan_summary(document, args.out, explain=args.explain)
     return 0
+
+
+def search_plan(args: argparse.Namespace, graph: Any, profile: Any = None) -> Any:
+    """``parplan plan``'s search for ``graph`` with the options in ``args`` (its parser's namespace): a PlanResult.
+
+    ``parplan check`` plans through here too, with this parser's defaults. ``profile``: already loaded.
+    """
+    from planner.search import plan_model
+
+    profile = profile if profile is not None else load_profile_argument(args.profile, args.dtype)
+    cluster = cluster_for(args.profile, profile, args.devices, args.devices_per_node)
+    return plan_model(graph, profile, cluster, args.solver, args.time_limit_s, args.optimizer, args.model,
+                      args.max_stages, args.schedule, args.max_staleness)
 
 
 def _plan_document(graph: Any, result: Any) -> dict[str, Any]:
@@ -382,53 +380,6 @@ def _plan_document(graph: Any, result: Any) -> dict[str, Any]:
                            "memory_bytes_max": b.estimate.memory_bytes_max,
                            "speedup": b.estimate.iteration_s / result.estimate.iteration_s}
                           for b in result.baselines]}
-
-
-def _cluster_for(text: str, profile: Any, devices: int, per_node: int | None) -> Any:
-    """The cluster a plan is made for: a preset's nodes and links, or a measured profile's."""
-    from dataclasses import replace
-
-    from calibrate.presets import is_preset, preset_cluster
-    from cost_models.cluster import Cluster, Link
-
-    if is_preset(text) and not os.path.exists(text):
-        cluster = preset_cluster(text, devices)
-        return replace(cluster, devices_per_node=per_node) if per_node else cluster
-    links = []
-    for level in ("intra", "inter"):
-        seconds_small = profile.comm_time_s("sendrecv", level, 2, 0)
-        seconds_large = profile.comm_time_s("sendrecv", level, 2, 2**26)
-        links.append(Link(seconds_small, 2**26 / max(seconds_large - seconds_small, 1e-12)))
-    return Cluster(devices, per_node or devices, profile.device.memory_bytes, links[0], links[1],
-                   profile.device.name)
-
-
-def _positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
-
-
-def _non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
-    return value
 
 
 def _device_counts(text: str | None, ranks: int) -> tuple[int, ...]:
@@ -478,7 +429,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                "left_to_fit": result.left_to_fit, "interrupted": result.interrupted, "notes": result.notes,
                "seconds": result.profile.meta["calibration_s"]}
     if args.json:
-        _print_json(summary)
+        print_json(summary)
     else:
         from planner.report import print_calibration_summary
 
@@ -494,7 +445,7 @@ def _profile_show(args: argparse.Namespace) -> int:
              "samples": {"compute": len(profile.compute_samples), "comm": len(profile.comm_samples)},
              "warnings": _profile_warnings(profile)}
     if args.json:
-        _print_json(shown)
+        print_json(shown)
     else:
         from planner.report import print_profile
 
@@ -531,17 +482,12 @@ def _inspect(args: argparse.Namespace) -> int:
     document = {"model": args.model, **graph.to_dict(), "totals": graph.totals(),
                 "unused_params": graph.graph["unused_params"], "timing_s": timing}
     if args.json:
-        _print_json(document)
+        print_json(document)
     else:
         from planner.report import print_layer_table
 
         print_layer_table(document)
     return 0
-
-
-def _print_json(document: Any) -> None:
-    json.dump(document, sys.stdout, indent=1, ensure_ascii=False)
-    sys.stdout.write("\n")
 
 
 def _version() -> str:

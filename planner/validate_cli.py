@@ -35,39 +35,39 @@ FORMAT = "parplan.validation/1"
 
 def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan validate`` on the subcommand parsers."""
-    from planner.cli import (_add_model_arguments, _non_negative_int, _positive_float, _positive_int,
-                             add_timeout_argument)
+    from planner.cli_args import add_model_arguments, non_negative_int, positive_float, positive_int
+    from planner.cli import add_timeout_argument
 
     parser = commands.add_parser("validate", parents=[common], help="run the top plans and compare with predictions",
                                  description=__doc__.split("\n\n")[0])
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     parser.add_argument("--profile", required=True, metavar="PROFILE",
                         help="profile of this machine (parplan calibrate), whose predictions are validated")
-    parser.add_argument("--nproc", type=_positive_int, required=True, metavar="R", help="ranks to run every plan on")
-    parser.add_argument("--plans", type=_positive_int, default=6, metavar="K",
+    parser.add_argument("--nproc", type=positive_int, required=True, metavar="R", help="ranks to run every plan on")
+    parser.add_argument("--plans", type=positive_int, default=6, metavar="K",
                         help="the planner's top K distinct plans (default 6); the baselines come on top")
-    parser.add_argument("--steps", type=_positive_int, default=10, help="timed steps per plan (default 10)")
-    parser.add_argument("--warmup", type=_non_negative_int, default=2,
+    parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per plan (default 10)")
+    parser.add_argument("--warmup", type=non_negative_int, default=2,
                         help="untimed steps before each round of a plan (default 2)")
-    parser.add_argument("--rounds", type=_positive_int, default=2,
+    parser.add_argument("--rounds", type=positive_int, default=2,
                         help="run the plans in this many interleaved rounds (the order reversed every other round), "
                              "the steps shared among them, so drift of the machine hits every plan alike "
                              "(default 2)")
-    parser.add_argument("--min-gap", type=_positive_float, default=0.03, metavar="X",
+    parser.add_argument("--min-gap", type=positive_float, default=0.03, metavar="X",
                         help="least relative difference of predicted times between top plans (default 0.03)")
-    parser.add_argument("--max-stages", type=_positive_int, default=4, help="most pipeline stages (default 4)")
+    parser.add_argument("--max-stages", type=positive_int, default=4, help="most pipeline stages (default 4)")
     parser.add_argument("--per-layer", action="store_true",
                         help="also time every layer (profiler) and compare per layer kind and split")
     parser.add_argument("--refine", metavar="P.json",
                         help="fit corrections to the runs and write the refined profile here")
     parser.add_argument("--out", metavar="REPORT.json", help="write the report here (atomically)")
-    parser.add_argument("--threads", type=_positive_int, metavar="T", help="CPU threads per rank (default: cores/ranks)")
+    parser.add_argument("--threads", type=positive_int, metavar="T", help="CPU threads per rank (default: cores/ranks)")
     add_timeout_argument(parser)
     parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
     parser.add_argument("--solver", choices=("cbc", "highs"), default="cbc", help="ILP solver (default cbc)")
     parser.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd",
                         help="optimizer whose state the memory model counts (default sgd)")
-    parser.add_argument("--seed", type=_non_negative_int, default=0, help="weights and data seed (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
     parser.set_defaults(handler=_validate)
 
 
@@ -112,7 +112,7 @@ def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
     from planner.candidates import validation_candidates
-    from planner.cli import _cluster_for
+    from planner.cli_args import cluster_for
     from runtime.apply import check_plan, check_runnable
     from runtime.pipeline import check_pipeline
 
@@ -126,7 +126,7 @@ def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) 
             return str(err)
         return None
 
-    cluster = _cluster_for(args.profile, profile, args.nproc, None)
+    cluster = cluster_for(args.profile, profile, args.nproc, None)
     return validation_candidates(graph, profile, cluster, args.plans, args.optimizer, args.model, args.solver,
                                  args.max_stages, min_gap=args.min_gap, refusal=refusal,
                                  shared_cores=args.shared_cores)

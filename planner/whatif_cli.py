@@ -23,26 +23,26 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 def add_whatif(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan whatif``."""
-    from planner.cli import _add_model_arguments, _non_negative_int, _positive_float, _positive_int
+    from planner.cli_args import add_model_arguments, non_negative_int, positive_float, positive_int
 
     parser = commands.add_parser(
         "whatif", parents=[common], help="predict training speed over a range of cluster sizes",
         description="Plan MODEL at each device count (strong scaling: the input shape's batch is global; "
                     "--weak-scaling: per device) and report time, throughput, speedup, efficiency and the plan.")
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
     parser.add_argument("--devices", required=True, metavar="D,D,…|A..B",
                         help="device counts, e.g. 1,8,64 or 1..4096 (the powers of two from 1 to 4096)")
-    parser.add_argument("--devices-per-node", type=_positive_int, help="devices per node (default: the preset's)")
-    parser.add_argument("--scale-inter-bw", type=_positive_float, default=1.0, metavar="X",
+    parser.add_argument("--devices-per-node", type=positive_int, help="devices per node (default: the preset's)")
+    parser.add_argument("--scale-inter-bw", type=positive_float, default=1.0, metavar="X",
                         help="multiply the inter-node bandwidth by X (default 1)")
-    parser.add_argument("--scale-intra-bw", type=_positive_float, default=1.0, metavar="X",
+    parser.add_argument("--scale-intra-bw", type=positive_float, default=1.0, metavar="X",
                         help="multiply the intra-node bandwidth by X (default 1)")
-    parser.add_argument("--memory-gb", type=_positive_float, metavar="X", help="device memory in GiB (default: the profile's)")
+    parser.add_argument("--memory-gb", type=positive_float, metavar="X", help="device memory in GiB (default: the profile's)")
     parser.add_argument("--weak-scaling", action="store_true", help="the input shape's batch is per device")
-    parser.add_argument("--max-stages", type=_positive_int, default=4, help="most pipeline stages (default 4)")
+    parser.add_argument("--max-stages", type=positive_int, default=4, help="most pipeline stages (default 4)")
     parser.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="ILP solver (default cbc)")
-    parser.add_argument("--jobs", type=_non_negative_int, default=0,
+    parser.add_argument("--jobs", type=non_negative_int, default=0,
                         help="processes planning sizes in parallel (default 0: one per core)")
     parser.add_argument("--csv", metavar="F.csv", help="write the rows as CSV")
     parser.add_argument("--plot", metavar="F.png", help="draw time and efficiency against devices (png, svg, pdf)")
@@ -87,9 +87,9 @@ def whatif_command(args: argparse.Namespace) -> int:
         rows = [WhatIfRow(**row) for row in document["rows"]]
         plot_sweep(rows, args.plot, _title(document), OneDevice(**document["one_device"]), weak=args.weak_scaling)
     if args.json:
-        from planner.cli import _print_json
+        from planner.cli_args import print_json
 
-        _print_json(document)
+        print_json(document)
     else:
         from planner.report import print_whatif
 
@@ -125,7 +125,8 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
 
     from cost_models.graph import parse_input_shape, trace
     from cost_models.model_spec import load_model
-    from planner.cli import _cluster_for, load_profile_argument
+    from planner.cli_args import cluster_for
+    from planner.cli import load_profile_argument
     from planner.whatif import scaled_profile, sweep
 
     shape = parse_input_shape(input_shape if isinstance(input_shape, str) else ",".join(map(str, input_shape)))
@@ -139,15 +140,15 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
             graphs[batch] = trace(network, (batch, *shape[1:]), dtype, leaf_modules=list(leaf_modules))
         return graphs[batch]
 
-    def cluster_for(count: int) -> Any:
-        cluster = _cluster_for(profile, scaled, count, devices_per_node)
+    def cluster_at(count: int) -> Any:
+        cluster = cluster_for(profile, scaled, count, devices_per_node)
         return replace(cluster, memory_bytes=memory) if memory else cluster
 
-    rows, reference = sweep(graph_for, scaled, cluster_for, devices, shape[0], weak_scaling, max_stages, solver, jobs,
+    rows, reference = sweep(graph_for, scaled, cluster_at, devices, shape[0], weak_scaling, max_stages, solver, jobs,
                             model)
     return {"format": FORMAT, "model": model, "input_shape": list(shape), "dtype": dtype, "profile": profile,
             "device": scaled.device.name, "scaling": "weak" if weak_scaling else "strong",
-            "devices_per_node": cluster_for(max(devices)).devices_per_node,
+            "devices_per_node": cluster_at(max(devices)).devices_per_node,
             "scale_inter_bw": scale_inter_bw, "scale_intra_bw": scale_intra_bw,
             "memory_bytes": scaled.device.memory_bytes, "max_stages": max_stages,
             "one_device": asdict(reference), "rows": [row.to_dict() for row in rows]}

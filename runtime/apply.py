@@ -68,8 +68,8 @@ from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, nd_bo
                             static_values, tensor_names, view_form)
 from runtime.slicing import slice_parameters
 
-__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "held_plan", "local_shape",
-           "output_loss", "parameters_of"]
+__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "held_plan", "is_container",
+           "local_shape", "output_loss", "parameters_of"]
 
 
 class _Value:
@@ -224,6 +224,8 @@ class DistributedModel(nn.Module):
         return _Value(tensor, placement, self.layer_graph.nodes[name]["output_shape"])
 
     def _run(self, node: Node, env: dict[str, Any]) -> Any:
+        if is_container(node):  # a (named) tuple of layers' values: each stays where its layer put it
+            return _call(node, self.model, *_resolve(node, lambda n: env[n.name]))
         site = self.sites.get(node.name)
         if site is None:  # not a tensor layer (x.device, a call returning (out, None), …)
             return self._untraced(node, env)
@@ -403,11 +405,18 @@ class DistributedModel(nn.Module):
     @property
     def output_placement(self) -> Placement:
         """The placement of the output :meth:`forward` returns."""
-        return Placement(self.sites[self._output_name].layout)
+        return Placement(self.plan.layers[self._output_name].layout)
 
     @property
     def _output_name(self) -> str:
-        return self.layer_graph.graph["outputs"][0]
+        return self.output_name
+
+    @cached_property
+    def output_name(self) -> str:
+        """The layer whose output the loss's target is shaped for: the model's first output tensor (the first
+        one inside a returned (named) tuple, as torchvision's GoogLeNet returns its logits and auxiliaries)."""
+        leaves = [name for name, _ in _paired(self._output_node.args[0], _Everywhere())]
+        return next((name for name in leaves if name in self.layer_graph.nodes), self.layer_graph.graph["outputs"][0])
 
     def input_box(self) -> tuple[slice, ...]:
         """The slices of the global ``(N, C, H, W)`` batch this rank must load."""
@@ -468,7 +477,7 @@ class DistributedModel(nn.Module):
                             f"'{self._output_name}' {self._output_shape()}; every floating output enters the loss "
                             f"against the same target, so give them one shape (or return only the first)")
         placement = self.loss_placement()
-        output = self._fetch(_Value(local, Placement(self.sites[name].layout), shape), placement)
+        output = self._fetch(_Value(local, Placement(self.plan.layers[name].layout), shape), placement)  # any stage's
         copies = _copies(_shape4(shape), placement, len(self.ranks), self.member)
         total = 1
         for extent in shape:
@@ -632,6 +641,8 @@ def _attribute(model: nn.Module, target: str) -> Any:
 def _plain(value: Any) -> Any:
     if isinstance(value, _Held):
         return value.value
+    if isinstance(value, (tuple, list)) and any(isinstance(item, _Value) for item in value):
+        return map_aggregate(value, _plain)  # a container node's value (:func:`is_container`)
     return value.tensor if isinstance(value, _Value) else value
 
 
@@ -652,9 +663,32 @@ def output_loss(output: Any, target: torch.Tensor,
     return sum((loss_fn(leaf, target) for leaf in floating[1:]), loss_fn(floating[0], target))
 
 
+def is_container(node: Node) -> bool:
+    """Whether ``node`` only packs values: a call of ``tuple``/``list`` or of a named tuple's class."""
+    target = node.target
+    return node.op == "call_function" and isinstance(target, type) and (
+        target in (tuple, list) or (issubclass(target, tuple) and hasattr(target, "_fields")))
+
+
+class _Everywhere:
+    """Stands for any value in :func:`_paired` (each item of it is itself)."""
+
+    def __getitem__(self, _key: Any) -> "_Everywhere":
+        return self
+
+    def __iter__(self) -> Iterator["_Everywhere"]:
+        while True:
+            yield self
+
+
 def _paired(nodes: Any, values: Any) -> Iterator[tuple[str, Any]]:
-    """``(node name, value)`` for each node leaf of ``nodes`` and the value at the same place in ``values``."""
-    if isinstance(nodes, Node):
+    """``(node name, value)`` for each node leaf of ``nodes`` and the value at the same place in ``values``;
+    a container node (:func:`is_container`) is looked through."""
+    if isinstance(nodes, Node) and is_container(nodes):
+        packed = nodes.args[0] if nodes.target in (tuple, list) else (
+            [*nodes.args, *(nodes.kwargs[f] for f in nodes.target._fields[len(nodes.args):] if f in nodes.kwargs)])
+        yield from _paired(list(packed), values)
+    elif isinstance(nodes, Node):
         yield nodes.name, values
     elif isinstance(nodes, (tuple, list)):
         for node, value in zip(nodes, values):

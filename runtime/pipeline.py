@@ -130,6 +130,12 @@ class _Stash:
     loss: torch.Tensor | None = None
 
 
+def _activation_dtype(model: nn.Module, plan: Plan) -> torch.dtype:
+    """The dtype the model computes in: its first floating parameter's, else the plan's."""
+    floating = (p.dtype for p in model.parameters() if p.is_floating_point())
+    return next(floating, getattr(torch, plan.dtype))
+
+
 class PipelineStage:
     """This rank's stage: its part of the model and the events of a schedule (module docstring)."""
 
@@ -138,6 +144,8 @@ class PipelineStage:
                  random_seed: int = 0) -> None:
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.plan, self.stages = plan, plan.pipeline.stages
+        self.dtype = _activation_dtype(model, plan)
+        """What activations and gradients cross stages in: the model's (a float32 plan verified in float64)."""
         self.size = plan.pipeline.devices_per_stage[0]
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.index, self.member = divmod(rank, self.size)
@@ -314,7 +322,7 @@ class PipelineStage:
 
     def _receive(self, name: str, stage: int, tag: int) -> torch.Tensor:
         shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self.placements[name], self.member)
-        buffer = torch.empty(shape, dtype=getattr(torch, self.plan.dtype), device=self._device())
+        buffer = torch.empty(shape, dtype=self.dtype, device=self._device())
         started = time.perf_counter()
         kind = "activation" if tag % 2 == 0 else "gradient"
         with exchange(f"the pipeline receive of the {kind} of {name} from stage {stage}", [self._peer(stage)]):

@@ -63,7 +63,7 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
     stage = _build(options, plan, dtype, device)
-    optimizer = torch.optim.SGD(stage.parameters(), lr=options.lr)
+    optimizer = train.sgd(stage.parameters(), lr=options.lr)
     recovery = Recovery(options, training_state(stage.model, optimizer, stage.buffers), device)
     progress, records, wall_s = _train_segments(options, plan, stage, optimizer, dtype, device, recovery)
     stages = _stage_report(stage, plan, records, wall_s, device, options.extra.get("slow_stages", {}))
@@ -199,7 +199,7 @@ def _load(options: Any, stage: Any, step: int, micro: int, dtype: torch.dtype, d
     if not (stage.first or stage.last):
         return None, None
     graph = stage.model.layer_graph
-    output_shape = graph.nodes[graph.graph["outputs"][0]]["output_shape"]
+    output_shape = graph.nodes[stage.model.output_name]["output_shape"]
     size = graph.input_shape[0]
     label_shape = (options.input_shape[0], *output_shape[2:])
     x_box = _shifted(stage.input_box(), micro * size) if stage.first else None
@@ -277,7 +277,7 @@ def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: floa
 
 def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
-    from runtime.train import fresh_model
+    from runtime.train import fresh_model, sgd
     from runtime.verify import Comparison, compare_gradients, compare_outputs, random_report, reference_step
 
     if plan.pipeline.schedule == "stale":
@@ -288,7 +288,7 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     events = _events(options, plan, stage)
     micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
     keys = _keys(options, stage, 0)
-    stage.run([e for e in events if e.kind != "U"], torch.optim.SGD(stage.parameters(), lr=0.0),
+    stage.run([e for e in events if e.kind != "U"], sgd(stage.parameters(), lr=0.0),
               lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1, keys=keys)
     batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
     reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches)
@@ -306,7 +306,7 @@ def _whole(options: Any, stage: Any, micro: int, dtype: torch.dtype, device: tor
     from runtime.data import synthetic_input, synthetic_labels
 
     graph = stage.model.layer_graph
-    size, output_shape = graph.input_shape[0], graph.nodes[graph.graph["outputs"][0]]["output_shape"]
+    size, output_shape = graph.input_shape[0], graph.nodes[stage.model.output_name]["output_shape"]
     x_box = (slice(micro * size, (micro + 1) * size), *(slice(0, e) for e in options.input_shape[1:]))
     t_box = (x_box[0], *(slice(0, e) for e in output_shape[2:]))
     label_shape = (options.input_shape[0], *output_shape[2:])

@@ -79,6 +79,13 @@ class RunOptions:
         return timedelta(seconds=self.timeout_s)
 
 
+def sgd(parameters: Any, *, lr: float) -> torch.optim.SGD:
+    """Plain SGD over ``parameters``; a rank holding none (a pipeline stage of parameter-free layers) steps an
+    empty placeholder, so that every rank runs the same optimizer and checkpoint code."""
+    held = list(parameters)
+    return torch.optim.SGD(held or [torch.nn.Parameter(torch.zeros(0))], lr=lr)
+
+
 def worker(options: RunOptions) -> dict[str, Any] | None:
     """Run on every rank; returns the measurement document on rank 0."""
     from cost_models.plan import Plan
@@ -94,7 +101,7 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
     _, split = _build(options, plan, dtype, device)
-    optimizer = torch.optim.SGD(split.parameters(), lr=options.lr)
+    optimizer = sgd(split.parameters(), lr=options.lr)
     batch = _data_source(options, split, dtype, device)
     recovery = Recovery(options, training_state(split, optimizer), device)
     progress = _train(options, plan, split, optimizer, batch, device, recovery)
@@ -153,7 +160,7 @@ def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.dev
 def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
                  whole: bool = False) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
     """Step → this rank's (input, labels); with ``whole``, the whole batch (the unsplit model's, for --verify)."""
-    output_shape = split.layer_graph.nodes[split.layer_graph.graph["outputs"][0]]["output_shape"]
+    output_shape = split.layer_graph.nodes[split.output_name]["output_shape"]
     label_shape = (output_shape[0], *output_shape[2:])
     input_box, label_box = split.input_box(), split.target_box(label_shape)
     if whole:

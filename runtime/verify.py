@@ -180,7 +180,7 @@ def compare_outputs(comparison: Comparison, split: Any, local: Any, whole: Any) 
     wholes = dict(split.outputs(whole))
     for name, value in split.outputs(local):
         expected = wholes[name]
-        box = nd_box(tuple(expected.shape), Placement(split.sites[name].layout), split.member)
+        box = nd_box(tuple(expected.shape), Placement(split.plan.layers[name].layout), split.member)
         comparison.output(value, expected[tuple(slice(a, b) for a, b in box)])
 
 

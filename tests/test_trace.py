@@ -137,9 +137,10 @@ class _Wrapper(nn.Module):
         return self.gate(self.conv(x))
 
 
-def test_untraceable_module_is_named_with_a_fix() -> None:
-    with pytest.raises(TraceError, match=r"cannot trace module 'gate' \(_ShapeDependent\).*--leaf-module gate"):
-        trace(_Wrapper(), SMALL_SHAPE)
+def test_an_untraceable_module_is_kept_opaque_and_named() -> None:
+    automatic = trace(_Wrapper(), SMALL_SHAPE)
+    assert [entry["module"] for entry in automatic.graph["opaque_modules"]] == ["gate"]
+    assert automatic.nodes["gate"]["kind"] == "other"
     graph = trace(_Wrapper(), SMALL_SHAPE, leaf_modules=["gate"])
     assert graph.nodes["gate"]["kind"] == "other"
     assert graph.nodes["gate"]["output_shape"] == [2, 4, 64, 64]

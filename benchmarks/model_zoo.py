@@ -1,0 +1,651 @@
+"""The model-coverage suite: every model of three zoos traced, planned and verified by ``parplan check``'s code.
+
+Models are chosen by rule, so that nobody picks the easy ones:
+
+* torchvision — every classification and segmentation model
+  (``torchvision.models.list_models(module=…)``) with at most 100 M parameters;
+* timm — per architecture family (the model's module in ``timm.models``) the
+  model of ``timm.list_models()`` with the fewest parameters, at most 100 M
+  (``pretrained=False``: nothing is downloaded);
+* MONAI — its 2-D networks at the small sizes of ``MONAI_NETWORKS`` (stated in
+  the table); one that does not build here is listed as skipped, with why.
+
+Parameters are counted on the meta device (nothing allocated); larger models
+are listed as skipped with their count. Input: a batch of 4, float32, the
+smallest square side of ``SIZES`` that the model accepts in training mode (a
+real forward pass); a timm model that takes ``img_size`` is built for that
+side. Each model gets the checks of ``planner.check_cli.check_model`` (one
+implementation, two front ends): trace; plan on 2 and 4 devices of one node
+(the default search of ``parplan plan``); ``--verify`` of each plan; ``--verify``
+under n2, h2, w2, c2 (2 ranks) and h2·w2 (4 ranks) — on persistent pools of
+ranks (``runtime.rank_pool``). A model has at most ``--cap-s`` (300) seconds
+for all its checks; what is left when they run out fails as timed out.
+
+Results go to ``--out`` (JSON, rewritten atomically after every model, so a
+crashed or stopped run resumes where it was; the chosen models are cached in
+it too) and the table to ``--markdown`` (``docs/model-coverage.md``: generated,
+never edited by hand). Usage::
+
+    .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,monai] [--only NAME ...] [--limit K]
+        [--out results.json] [--markdown docs/model-coverage.md] [--cap-s 300] [--table-only]
+
+``--limit K`` takes K models of each zoo, evenly spaced in its sorted list; the zoos take turns, so that a run
+stopped early (Ctrl-C; a rerun with the same ``--out`` resumes) has a sample of each.
+
+Importing this file is cheap (the standard library only): the ranks import it to
+build ``timm__NAME__SIDE`` and ``monai__NAME`` models by spec
+(``/path/to/model_zoo.py:timm__resnet10t__32``), through the module's ``__getattr__``; torchvision's
+segmentation models are built so too (``torchvision:NAME`` would download their backbones' weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+ZOOS = ("torchvision", "timm", "monai")
+SIZES = (32, 64, 96, 128, 224)
+BATCH = 4
+MAX_PARAMS = 100_000_000
+CAP_S = 300.0
+FORMAT = "parplan.model-zoo/1"
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+CONVOLUTIONAL = 0.5
+"""A model is convolutional when convolutions carry at least this share of its forward FLOPs."""
+
+MONAI_NETWORKS: dict[str, dict[str, Any]] = {
+    "UNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "channels": (8, 16, 32), "strides": (2, 2),
+             "num_res_units": 1},
+    "BasicUNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "features": (8, 8, 16, 32, 64, 8)},
+    "BasicUNetPlusPlus": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "features": (8, 8, 16, 32, 64, 8)},
+    "AttentionUnet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "channels": (8, 16, 32),
+                      "strides": (2, 2)},
+    "SegResNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "init_filters": 8},
+    "SegResNetDS": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "init_filters": 8},
+    "DynUNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "kernel_size": (3, 3, 3),
+                "strides": (1, 2, 2), "upsample_kernel_size": (2, 2), "filters": (8, 16, 32)},
+    "HighResNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2},
+    "DenseNet121": {"spatial_dims": 2, "in_channels": 3, "out_channels": 10},
+    "UNETR": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "img_size": (32, 32), "feature_size": 8,
+              "hidden_size": 96, "mlp_dim": 192, "num_heads": 4},
+    "SwinUNETR": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "feature_size": 12,
+                  "depths": (1, 1, 1, 1)},
+}
+"""MONAI's 2-D networks and the small configuration each is built with."""
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One model of a zoo: how to build it (``spec``), its size, and why it is skipped (``skip``) if it is."""
+
+    zoo: str
+    name: str
+    spec: str
+    params: int | None
+    family: str = ""
+    config: str = ""
+    skip: str = ""
+
+
+# ----------------------------------------------------------------------------------------------- factories
+def __getattr__(name: str) -> Callable[[], Any]:
+    """Factories for model specs: ``timm__NAME__SIDE`` (SIDE 0: no img_size), ``monai__NAME`` and
+    ``torchvision__NAME`` (a segmentation model, its backbone without weights too)."""
+    zoo, _, rest = name.partition("__")
+    if zoo == "timm" and "__" in rest:
+        model, _, side = rest.rpartition("__")
+        if side.isdigit():
+            return lambda: timm_model(model, int(side))
+    if zoo == "monai" and rest in MONAI_NETWORKS:
+        return lambda: monai_model(rest)
+    if zoo == "torchvision" and rest:
+        return lambda: torchvision_model(rest)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def torchvision_model(name: str) -> Any:
+    """torchvision's ``name`` with random weights, a segmentation model's backbone too (``torchvision:NAME``
+    would download the backbone's ImageNet weights)."""
+    from torchvision import models
+
+    return models.get_model(name, weights=None, weights_backbone=None)
+
+
+def timm_model(name: str, side: int = 0) -> Any:
+    """timm's ``name`` with random weights, built for ``side``×``side`` inputs when ``side`` (``img_size``)."""
+    import timm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return timm.create_model(name, pretrained=False, **({"img_size": side} if side else {}))
+
+
+def monai_model(name: str) -> Any:
+    """MONAI's network ``name`` in its ``MONAI_NETWORKS`` configuration."""
+    from monai.networks import nets
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(nets, name)(**MONAI_NETWORKS[name])
+
+
+def spec_of(factory: str) -> str:
+    """The MODEL spec of one of this file's factories (an absolute path: ranks import the file by it)."""
+    return f"{HERE}:{factory}"
+
+
+# ----------------------------------------------------------------------------------------------- catalogue
+def meta_params(build: Callable[[], Any]) -> int:
+    """Parameters of the model ``build`` makes, built on the meta device (no memory, no initialisation cost).
+
+    A builder that computes with tensors (RegNet's widths) cannot run on meta; it runs on the CPU with each
+    parameter moved to meta as it is registered, so the weights are never held or initialised together.
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.device("meta"):
+                model = build()
+        except (NotImplementedError, RuntimeError):
+            with _parameters_on_meta():
+                model = build()
+    return sum(p.numel() for p in model.parameters())
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    from torch import nn
+
+    original = nn.Module.register_parameter
+
+    def register(module: Any, name: str, param: Any) -> None:
+        if param is not None:
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def torchvision_catalogue() -> list[ZooModel]:
+    import torchvision
+    from torchvision import models
+
+    classification = sorted(models.list_models(module=models))
+    names = classification + sorted(models.list_models(module=models.segmentation))
+    found = []
+    for name in names:
+        spec = f"torchvision:{name}" if name in classification else spec_of(f"torchvision__{name}")
+        try:
+            params = meta_params(lambda: torchvision_model(name) if name not in classification
+                                 else models.get_model(name, weights=None))
+        except Exception as err:
+            found.append(ZooModel("torchvision", name, spec, None,
+                                  skip=f"does not build: {type(err).__name__}: {_first_line(err)}"))
+            continue
+        found.append(ZooModel("torchvision", name, spec, params, skip=_too_large(params),
+                              config=f"torchvision {torchvision.__version__}"))
+    return found
+
+
+def timm_catalogue(progress: Callable[[str], None] = print) -> list[ZooModel]:
+    """Per family the smallest model; counting all of ``timm.list_models()`` takes minutes (cached in --out)."""
+    import timm
+    from timm.models import model_entrypoint
+
+    families: dict[str, list[tuple[int, str]]] = {}
+    names = timm.list_models()
+    for index, name in enumerate(names):
+        if index % 200 == 0:
+            progress(f"counting timm parameters on the meta device: {index}/{len(names)}")
+        family = model_entrypoint(name).__module__.rsplit(".", 1)[-1]
+        try:
+            families.setdefault(family, []).append((meta_params(lambda: timm_model(name)), name))
+        except Exception as err:  # a model that does not build on meta: counted as not buildable
+            families.setdefault(family, []).append((-1, f"{name}\0{type(err).__name__}: {err}"))
+    chosen = []
+    for family, members in sorted(families.items()):
+        built = sorted(m for m in members if m[0] >= 0)
+        if not built:
+            name, _, error = members[0][1].partition("\0")
+            chosen.append(ZooModel("timm", name, "", None, family, skip=f"does not build: {error[:120]}"))
+            continue
+        params, name = built[0]
+        chosen.append(ZooModel("timm", name, "", params, family, skip=_too_large(params),
+                               config=f"smallest of {len(members)} in timm.models.{family}"))
+    return chosen
+
+
+def monai_catalogue() -> list[ZooModel]:
+    found = []
+    for name, config in MONAI_NETWORKS.items():
+        text = ", ".join(f"{key}={value}" for key, value in config.items())
+        try:
+            params = meta_params(lambda: monai_model(name))
+        except Exception as err:
+            found.append(ZooModel("monai", name, "", None, config=text,
+                                  skip=f"does not build: {type(err).__name__}: {_first_line(err)}"))
+            continue
+        found.append(ZooModel("monai", name, spec_of(f"monai__{name}"), params, config=text, skip=_too_large(params)))
+    return found
+
+
+def _too_large(params: int) -> str:
+    return f"{params / 1e6:.1f} M parameters > {MAX_PARAMS / 1e6:.0f} M" if params > MAX_PARAMS else ""
+
+
+# ----------------------------------------------------------------------------------------------- input side
+def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
+    """The smallest side of ``SIZES`` the model accepts in training mode, its spec at that side, and the last error."""
+    import torch
+
+    error = ""
+    takes_img_size = entry.zoo == "timm"
+    for side in SIZES:
+        try:
+            model, takes_img_size = _build_for(entry, side, takes_img_size)
+            torch.manual_seed(0)
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.train()(torch.randn(BATCH, 3, side, side))
+        except Exception as err:
+            error = f"{side}: {type(err).__name__}: {_first_line(err)}"
+            continue
+        spec = entry.spec or spec_of(f"timm__{entry.name}__{side if takes_img_size else 0}")
+        return side, spec, ""
+    return None, entry.spec, error
+
+
+def _build_for(entry: ZooModel, side: int, takes_img_size: bool) -> tuple[Any, bool]:
+    from cost_models.model_spec import load_model
+
+    if entry.zoo != "timm":
+        return load_model(entry.spec), False
+    if takes_img_size:
+        try:
+            return timm_model(entry.name, side), True
+        except TypeError as err:
+            if "img_size" not in str(err):
+                raise
+    return timm_model(entry.name), False
+
+
+# ----------------------------------------------------------------------------------------------- running
+def run_model(entry: ZooModel, pools: Any, cap_s: float) -> dict[str, Any]:
+    """Every check of one model (``check_model``), as the results document's entry for it."""
+    from cost_models.errors import InputError
+    from planner.check_cli import CheckRequest, check_model
+
+    started = time.perf_counter()
+    side, spec, error = input_side(entry)
+    result = {**asdict(entry), "spec": spec, "side": side}
+    if side is None and "No module named" in error:  # an optional dependency of the zoo is not installed here
+        return {**result, "report": None, "seconds": round(time.perf_counter() - started, 2),
+                "skip": f"does not run here: {error.split(': ', 1)[-1]}"}
+    if side is None:
+        result["report"] = _no_trace(f"accepts none of the sides {list(SIZES)} in training mode (last: {error})")
+    else:
+        request = CheckRequest(spec, (BATCH, 3, side, side), timeout_s=cap_s, budget_s=cap_s)
+        try:
+            result["report"] = check_model(request, pools).to_dict()
+        except InputError as err:
+            result["report"] = _no_trace(f"the model does not build: {_first_line(err)}")
+        except Exception as err:  # a bug of the harness or the tracer's caller: recorded, and the suite goes on
+            result["report"] = _no_trace(f"internal error: {type(err).__name__}: {_first_line(err)}")
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def _no_trace(reason: str) -> dict[str, Any]:
+    return {"checks": [{"name": "trace", "check": "trace", "layout": None, "devices": None, "result": "fail",
+                        "reason": reason, "seconds": 0.0, "detail": {}}]}
+
+
+def select(entries: Sequence[ZooModel], only: Sequence[str], limit: int | None) -> list[ZooModel]:
+    """The entries named by ``only`` (name, family or spec), then ``limit`` of them evenly spaced."""
+    chosen = [e for e in entries if not only or e.name in only or e.family in only or e.spec in only]
+    if limit is not None and 0 < limit < len(chosen):
+        chosen = [chosen[round(i * (len(chosen) - 1) / max(1, limit - 1))] for i in range(limit)]
+    return chosen
+
+
+def load_results(path: Path | None) -> dict[str, Any]:
+    if path is None or not path.exists():
+        return {"format": FORMAT, "catalogue": {}, "models": {}}
+    document = json.loads(path.read_text())
+    if document.get("format") != FORMAT:
+        raise SystemExit(f"{path} is not a {FORMAT} results file; give another --out")
+    return document
+
+
+def save_results(path: Path | None, document: dict[str, Any]) -> None:
+    if path is not None:
+        from cost_models.jsonio import write_json_atomic
+
+        write_json_atomic(path, document)
+
+
+def catalogue(zoo: str, results: dict[str, Any], out: Path | None) -> list[ZooModel]:
+    """The zoo's entries, from the results file when it has them (the same library versions), else counted."""
+    versions = library_versions()
+    cached = results["catalogue"].get(zoo)
+    if cached and cached.get("versions") == versions:
+        return [ZooModel(**entry) for entry in cached["entries"]]
+    print(f"choosing the {zoo} models …", file=sys.stderr, flush=True)
+    entries = {"torchvision": torchvision_catalogue, "timm": timm_catalogue, "monai": monai_catalogue}[zoo]()
+    results["catalogue"][zoo] = {"versions": versions, "entries": [asdict(e) for e in entries]}
+    save_results(out, results)
+    return entries
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("torch", "torchvision", "timm", "monai"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "absent"
+    return found
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            **{k: v for k, v in library_versions().items() if k != "torch"}}
+
+
+def run_suite(args: argparse.Namespace) -> dict[str, Any]:
+    from runtime.rank_pool import RankPools
+
+    out = Path(args.out) if args.out else None
+    results = load_results(out)
+    results.update({"machine": machine(), "cap_s": args.cap_s})
+    results.setdefault("commands", []).append(" ".join(sys.argv))
+    chosen = [select(catalogue(zoo, results, out), args.only, args.limit) for zoo in args.zoo]
+    todo = [e for e in _round_robin(chosen) if _key(e) not in results["models"] or args.rerun]
+    preload = [name for name, zoo in (("timm", "timm"), ("monai.networks.nets", "monai")) if zoo in args.zoo]
+    started = time.perf_counter()
+    with RankPools(group_timeout_s=args.cap_s, preload=preload) as pools:
+        for index, entry in enumerate(todo, 1):
+            result = _skipped(entry) if entry.skip else run_model(entry, pools, args.cap_s)
+            result["finished"] = _now()
+            results["models"][_key(entry)] = result
+            save_results(out, results)
+            print(f"[{index}/{len(todo)}] {_progress_line(result)}", file=sys.stderr, flush=True)
+    results["wall_s"] = round(results.get("wall_s", 0.0) + time.perf_counter() - started, 1)
+    save_results(out, results)
+    return results
+
+
+def _round_robin(lists: Sequence[Sequence[ZooModel]]) -> list[ZooModel]:
+    """The zoos' models taken in turn, so that a run stopped early has a sample of each."""
+    return [items[index] for index in range(max(map(len, lists), default=0)) for items in lists if index < len(items)]
+
+
+def _skipped(entry: ZooModel) -> dict[str, Any]:
+    return {**asdict(entry), "side": None, "report": None, "seconds": 0.0}
+
+
+def _key(entry: ZooModel) -> str:
+    return f"{entry.zoo}:{entry.name}"
+
+
+def _progress_line(result: dict[str, Any]) -> str:
+    head = f"{result['zoo']}/{result['name']}"
+    if result.get("report") is None:
+        return f"{head}: skipped ({result['skip']})"
+    cells = ", ".join(f"{c['name']} {c['result']}" for c in result["report"]["checks"])
+    return f"{head} at {result['side']}: {cells} ({result['seconds']:.1f} s)"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+# ----------------------------------------------------------------------------------------------- the table
+COLUMNS = ("trace", "plan 2", "verify plan 2", "plan 4", "verify plan 4", "verify n2", "verify h2", "verify w2",
+           "verify c2", "verify h2·w2")
+HEADINGS = ("trace", "plan 2", "verify plan 2", "plan 4", "verify plan 4", "n2", "h2", "w2", "c2", "h2·w2")
+
+
+class Notes:
+    """Numbered notes: one per cause (a reason with names and numbers taken out), with the models it hit."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self.causes, self.models = prefix, {}, {}
+
+    def mark(self, reason: str, model: str) -> str:
+        cause = cause_of(reason)
+        if cause not in self.causes:
+            self.causes[cause] = f"{self.prefix}{len(self.causes) + 1}"
+            self.models[cause] = []
+        if model not in self.models[cause]:
+            self.models[cause].append(model)
+        return self.causes[cause]
+
+    def lines(self) -> list[str]:
+        return [f"* **{label}** ({len(self.models[cause])}): {cause} — {', '.join(self.models[cause])}"
+                for cause, label in self.causes.items()]
+
+
+def cause_of(reason: str) -> str:
+    """A reason with quoted names, numbers and shapes replaced, so that one cause reads the same in every model."""
+    text = re.sub(r"'[^'\s]*'", "'…'", reason)
+    text = re.sub(r"\((?:\s*\d+\s*,)+\s*\d+\s*\)", "(shape)", text)
+    text = re.sub(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!-D)", "N", text)
+    text = text if len(text) <= 400 else text[:400] + " …"
+    return text.replace("|", "\\|")
+
+
+def full_split(check: dict[str, Any]) -> bool:
+    """A passing layout check whose every whole layer cannot be split at all (no runtime gap)."""
+    detail = check.get("detail", {})
+    return check["result"] == "pass" and all(item["cannot_split"] for item in detail.get("whole", []))
+
+
+def _cell(check: dict[str, Any] | None, model: str, notes: dict[str, Notes]) -> str:
+    if check is None:
+        return "—"
+    if check["result"] == "pass":
+        gaps = [item for item in check.get("detail", {}).get("whole", []) if not item["cannot_split"]]
+        if not gaps:
+            return "pass"
+        labels = sorted({notes["gap"].mark(g["reason"], model) for g in gaps},
+                        key=lambda label: int(label[1:]))
+        return f"pass ({len(gaps)} whole: {', '.join(labels)})"
+    label = notes[check["result"]].mark(check["reason"], model)
+    return f"{check['result']} {label}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """``docs/model-coverage.md``: counts, legend, the table per zoo, the causes, the skipped models."""
+    notes = {"fail": Notes("F"), "refused": Notes("R"), "gap": Notes("G")}
+    tables = [_zoo_table(zoo, rows, notes) for zoo, rows in _by_zoo(results).items()]
+    machine_info = results.get("machine", {})
+    lines = ["# Model coverage", "",
+             "Generated by `benchmarks/model_zoo.py` — do not edit by hand; rerun it. "
+             f"Last model finished {_last_finished(results)}; machine: {machine_info.get('cpu')} "
+             f"({machine_info.get('cores')} cores), Python {machine_info.get('python')}, torch "
+             f"{machine_info.get('torch')}, torchvision {machine_info.get('torchvision')}, timm "
+             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}; wall time of the runs "
+             f"{results.get('wall_s', 0):.0f} s; commands (one results file, resumed): "
+             + "; ".join(f"`{command}`" for command in results.get("commands", [])) + ".", "",
+             *_counts(results), "", *_legend(), ""]
+    for table in tables:
+        lines += [*table, ""]
+    for title, key in (("Failures, by cause", "fail"), ("Refusals, by cause", "refused"),
+                       ("Layers kept whole though they could be split (runtime gaps), by cause", "gap")):
+        if notes[key].causes:
+            lines += [f"## {title}", "", *notes[key].lines(), ""]
+    lines += _skipped_lines(results)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _by_zoo(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for result in results["models"].values():
+        rows.setdefault(result["zoo"], []).append(result)
+    return {zoo: sorted(rows[zoo], key=lambda r: r["name"]) for zoo in ZOOS if zoo in rows}
+
+
+def _checks(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in (result.get("report") or {}).get("checks", [])}
+
+
+def _zoo_table(zoo: str, rows: list[dict[str, Any]], notes: dict[str, Notes]) -> list[str]:
+    lines = [f"## {zoo}", "", "| model | params | input | " + " | ".join(HEADINGS) + " | s |",
+             "|---|---:|---:|" + "---|" * len(HEADINGS) + "---:|"]
+    for row in rows:
+        if row.get("report") is None:
+            continue
+        checks = _checks(row)
+        name = f"{row['name']} ({row['family']})" if row.get("family") and row["family"] != row["name"] else row["name"]
+        cells = [_cell(checks.get(column), row["name"], notes) for column in COLUMNS]
+        lines.append(f"| {name} | {_millions(row['params'])} | {row['side'] or '—'} | " + " | ".join(cells)
+                     + f" | {row['seconds']:.0f} |")
+    if zoo == "monai":
+        lines += ["", "MONAI configurations: " + "; ".join(f"{r['name']}({r['config']})" for r in rows
+                                                         if r.get("report") is not None)]
+    return lines
+
+
+def _millions(params: int | None) -> str:
+    if params is None:
+        return "—"
+    return f"{params / 1e6:.1f} M" if params >= 1e6 else f"{params / 1e3:.0f} k"
+
+
+def _counts(results: dict[str, Any]) -> list[str]:
+    lines = ["## Counts", "",
+             "| zoo | models run | trace | plan on 2 and 4 | plan and verify their plan (2 and 4) | verify n2 | "
+             "verify h2 | verify w2 | verify c2 | verify h2·w2 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    convolutional: list[dict[str, dict[str, Any]]] = []
+    for zoo, rows in _by_zoo(results).items():
+        run = [_checks(r) for r in rows if r.get("report") is not None]
+        convolutional += [c for c in run if c.get("trace", {}).get("detail", {}).get("conv_flops_share", 0)
+                          >= CONVOLUTIONAL]
+        unit = {"torchvision": "models", "timm": "families", "monai": "networks"}[zoo]
+
+        def share(test: Callable[[dict[str, dict[str, Any]]], bool]) -> str:
+            hits = sum(test(c) for c in run)
+            return f"{hits} ({100 * hits / len(run):.0f}%)" if run else "—"
+
+        lines.append(f"| {zoo} | {len(run)} {unit} | {share(lambda c: _passed(c, 'trace'))} | "
+                     f"{share(lambda c: _passed(c, 'plan 2', 'plan 4'))} | "
+                     f"{share(lambda c: _passed(c, 'plan 2', 'plan 4', 'verify plan 2', 'verify plan 4'))} | "
+                     + " | ".join(share(lambda c, n=n: _passed(c, n)) for n in COLUMNS[5:]) + " |")
+    lines += ["", _convolutional_line(convolutional)]
+    return lines
+
+
+def _passed(checks: dict[str, dict[str, Any]], *names: str) -> bool:
+    return all(checks.get(name, {}).get("result") == "pass" for name in names)
+
+
+def _convolutional_line(models: list[dict[str, dict[str, Any]]]) -> str:
+    if not models:
+        return "No convolutional model was run."
+    parts = []
+    for name in ("verify h2", "verify h2·w2"):
+        full = sum(name in m and full_split(m[name]) for m in models)
+        passed = sum(_passed(m, name) for m in models)
+        parts.append(f"{name.split()[1]}: {full} of {len(models)} ({100 * full / len(models):.0f}%) verify with every "
+                     f"layer that can be split split ({passed} pass with some layers kept whole)")
+    return (f"Among the {len(models)} convolutional models (convolutions ≥ {CONVOLUTIONAL:.0%} of forward FLOPs): "
+            + "; ".join(parts) + ". A layer kept whole counts against a model unless it cannot be split at all "
+            "(its output too small for the layout, no height and width, a tile narrower than its window, softmax or "
+            "concatenation along the split dimension).")
+
+
+def _legend() -> list[str]:
+    return ["## Legend", "",
+            "Each model: batch 4, float32, the smallest square side of 32, 64, 96, 128, 224 it accepts in training "
+            "mode (input column). Checks (`parplan check`): **trace**; **plan D** — `parplan plan`'s default search "
+            "(pipelines on) on D devices of one node, v100 preset; **verify plan D** — `--verify` of that plan on D "
+            "ranks; **n2, h2, w2, c2** (2 ranks) and **h2·w2** (4 ranks) — `--verify` of `parplan run --layout L` "
+            "(each layer its first of L, n1 that it can take). `--verify`: one step of the split and the unsplit "
+            "model, largest relative error of the output and of every gradient at most 1e-3.", "",
+            "* **pass** — verified; for a layout, every layer took it or cannot be split at all;",
+            "* **pass (k whole: G…)** — verified, but k layers kept their output whole that a runtime could split "
+            "(causes G… below);",
+            "* **refused R…** — refused before any rank started (the planner, or `parplan run`'s pre-flight), "
+            "cause R… below;",
+            "* **fail F…** — an error above tolerance, a rank's exception or death, a timeout (300 s per model "
+            "for all its checks), or an internal error; cause F… below;",
+            "* **—** — not run (the trace or the plan before it did not pass)."]
+
+
+def _skipped_lines(results: dict[str, Any]) -> list[str]:
+    skipped = [r for r in results["models"].values() if r.get("report") is None]
+    if not skipped:
+        return []
+    return ["## Skipped (by rule)", "",
+            *[f"* {r['zoo']}/{r['name']}: {r['skip']}" for r in sorted(skipped, key=lambda r: (r["zoo"], r["name"]))]]
+
+
+def _last_finished(results: dict[str, Any]) -> str:
+    stamps = [r.get("finished", "") for r in results["models"].values()]
+    return max(stamps) if stamps else "never"
+
+
+# ----------------------------------------------------------------------------------------------- command line
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="The model-coverage suite (parplan check over model zoos).")
+    parser.add_argument("--zoo", default=",".join(ZOOS), help="zoos to run, comma-separated (default all)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="NAME", help="only these models (name or family)")
+    parser.add_argument("--limit", type=int, help="at most K models per zoo, evenly spaced in its sorted list")
+    parser.add_argument("--out", help="results JSON (incremental: a rerun resumes it)")
+    parser.add_argument("--markdown", help="write the table here (e.g. docs/model-coverage.md)")
+    parser.add_argument("--cap-s", type=float, default=CAP_S, help="seconds per model for all its checks (300)")
+    parser.add_argument("--rerun", action="store_true", help="run models the results file already has again")
+    parser.add_argument("--table-only", action="store_true", help="write --markdown from --out without running")
+    args = parser.parse_args(argv)
+    args.zoo = [z.strip() for z in args.zoo.split(",") if z.strip()]
+    unknown = sorted(set(args.zoo) - set(ZOOS))
+    if unknown:
+        parser.error(f"--zoo {','.join(unknown)}: choose from {','.join(ZOOS)}")
+    if args.table_only and not (args.out and args.markdown):
+        parser.error("--table-only needs --out (the results) and --markdown (the table)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    args = parse_args(argv)
+    results = load_results(Path(args.out)) if args.table_only else run_suite(args)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(results))
+        print(f"wrote {args.markdown}", file=sys.stderr)
+    failed = any(c["result"] == "fail" for r in results["models"].values() for c in _checks(r).values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""``parplan check``: what parplan can plan and run for a model — trace, plan, verify under the common layouts.
+
+The checks, in order (DESIGN.md, the command line):
+
+* ``trace`` — the model traced at the input shape (``cost_models.graph.trace``);
+* ``plan D`` — for each device count of ``--devices`` (one node), the default
+  search of ``parplan plan`` (pipelines on; ``planner.cli.search_plan`` with
+  that parser's defaults);
+* ``verify plan D`` — ``--verify`` of that plan on ``D`` ranks;
+* ``verify L`` — for each layout of ``--layouts``, ``--verify`` of the plan
+  ``parplan run --layout L`` runs (each layer its first of ``L, n1`` that it can
+  take) on as many ranks as ``L`` has.
+
+A verify check first runs the pre-flight of ``parplan run`` in this process
+(``runtime.apply.check_plan``, ``check_runnable``, ``runtime.pipeline.check_pipeline``);
+then one ``--verify`` run (``steps=0``, ``warmup=0``) on a persistent pool of
+ranks (``runtime.rank_pool``: started once per rank count, afresh after a
+failure), with the traced graph passed to the ranks. Each check ends as
+
+* ``pass``;
+* ``refused`` — refused before any rank started (a ``PlanError``/``InputError``
+  of the pre-flight, or the planner's own ``InputError``): ``reason`` is its line;
+* ``fail`` — a verify error above the tolerance, a rank's exception or death,
+  a timeout (``--timeout-s`` per check: "timed out after T s"), or an
+  internal error; ``reason`` says which, in one line. A float32 verify above
+  its tolerance is run again in float64 (tolerance 1e-9), and the reason says
+  whether that passes (float32 rounding) or fails too (the split differs).
+
+A layout check that passes also says how many layers took the layout, and why
+the others kept a copy of their output (``cost_models.capability``'s reason):
+``detail.whole[]``, each marked ``cannot_split`` when no split of that layer
+exists at all (its output too small for the layout, no height and width, a
+tile narrower than its window, softmax or concatenation along the split
+dimension) rather than a split this runtime lacks.
+
+:func:`check_model` is the one implementation; ``benchmarks/model_zoo.py`` (the
+model-coverage suite) calls it too. Exit codes: 0 when no check failed, 1 when
+one did, 2 for bad input (the model does not build, a malformed option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from cost_models.errors import InputError, TraceError
+from cost_models.layout import Layout
+
+__all__ = ["DEFAULT_DEVICES", "DEFAULT_LAYOUTS", "Check", "CheckReport", "CheckRequest", "CheckTimeout",
+           "add_check", "cannot_split", "check_command", "check_model", "layout_plan", "split_summary"]
+
+FORMAT = "parplan.check/1"
+DEFAULT_DEVICES = (2, 4)
+DEFAULT_LAYOUTS = ("n2", "h2", "w2", "c2", "h2·w2")
+RESULTS = ("pass", "refused", "fail")
+
+_CANNOT_SPLIT = ("has only", "has no height and width", "fewer elements than", "too fine for a window",
+                 "cannot split an extent", "along a split dimension", "softmax across tiles",
+                 "softmax over the split channel")
+"""Phrases of ``cost_models.capability``'s reasons that mean no split of the layer exists under the layout."""
+
+
+_NO_LOCAL_PROBLEM = "cost_models.capability accepts it, but cost_models.local_problem gives it no local problem"
+"""Why a layer kept its output whole when the capability predicate names no reason (the two disagree)."""
+
+
+class CheckTimeout(Exception):
+    """A check ran past its ``--timeout-s`` in this process (tracing, planning or the pre-flight)."""
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """What to check: the model, its input, the device counts to plan for and the layouts to verify."""
+
+    model: str
+    input_shape: tuple[int, int, int, int]
+    dtype: str = "float32"
+    devices: tuple[int, ...] = DEFAULT_DEVICES
+    layouts: tuple[Layout, ...] = tuple(Layout.parse(text) for text in DEFAULT_LAYOUTS)
+    profile: str = "v100"
+    timeout_s: float = 300.0
+    leaf_modules: tuple[str, ...] = ()
+    tolerance: float | None = None  # default: parplan run's (1e-3; 1e-9 in float64)
+    budget_s: float | None = None  # all checks of the model together (the suite's cap); None: no cap
+    verify_dtype: str | None = None  # the verify runs' dtype (float64: exact); None: ``dtype``
+
+    @property
+    def verify_tolerance(self) -> float:
+        return self.tolerance or (1e-9 if self.verify_as == "float64" else 1e-3)
+
+    @property
+    def verify_as(self) -> str:
+        """The dtype the verify runs compute in (the plans are made for ``dtype``)."""
+        return self.verify_dtype or self.dtype
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's outcome: ``check`` is trace / plan / verify; ``layout`` the layout verified (``plan``: the
+    planned one; ``None`` for trace and plan); ``devices`` the device or rank count."""
+
+    name: str
+    check: str
+    layout: str | None
+    devices: int | None
+    result: str
+    reason: str
+    seconds: float
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "check": self.check, "layout": self.layout, "devices": self.devices,
+                "result": self.result, "reason": self.reason, "seconds": round(self.seconds, 3),
+                "detail": dict(self.detail)}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every check of one model."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    dtype: str
+    checks: tuple[Check, ...]
+    seconds: float
+
+    @property
+    def failed(self) -> bool:
+        return any(check.result == "fail" for check in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {result: sum(c.result == result for c in self.checks) for result in RESULTS}
+        return {"format": FORMAT, "model": self.model, "input_shape": list(self.input_shape), "dtype": self.dtype,
+                "checks": [check.to_dict() for check in self.checks], "counts": counts,
+                "seconds": round(self.seconds, 3)}
+
+
+OnCheck = Callable[[Check], None]
+
+
+def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = None) -> CheckReport:
+    """Trace, plan and verify ``request.model`` (see the module docstring); ``pools`` is a ``RankPools``.
+
+    With ``request.budget_s`` every check's timeout is cut to what is left of it, and a check that would start
+    with less than ``_LEAST_S`` left fails as timed out without running.
+
+    Raises:
+        InputError: The model does not build (its spec, its factory).
+    """
+    from cost_models.model_spec import load_model
+
+    started = time.perf_counter()
+    ends = started + request.budget_s if request.budget_s else float("inf")
+    checks: list[Check] = []
+
+    def record(check: Check) -> Check:
+        checks.append(check)
+        if on_check is not None:
+            on_check(check)
+        return check
+
+    model = load_model(request.model)
+    graph, traced = _trace_check(_within(request, ends), model)
+    record(traced)
+    for devices in request.devices if graph is not None else ():
+        name = f"plan {devices}"
+        plan, planned = ((None, spent) if (spent := _spent(request, ends, name, "plan", None, devices))
+                         else _plan_check(_within(request, ends), graph, devices))
+        if record(planned).result == "pass":
+            name = f"verify plan {devices}"
+            record(_spent(request, ends, name, "verify", "plan", devices) or _verify_check(
+                _within(request, ends), model, graph, plan, pools, name, "plan", planned.reason))
+    for layout in request.layouts if graph is not None else ():
+        name = f"verify {layout}"
+        record(_spent(request, ends, name, "verify", str(layout), layout.ranks)
+               or _layout_check(_within(request, ends), model, graph, layout, pools))
+    return CheckReport(request.model, request.input_shape, request.dtype, tuple(checks),
+                       time.perf_counter() - started)
+
+
+_LEAST_S = 5.0
+"""A check with less than this left of the model's budget is not started (it fails as timed out)."""
+
+
+def _within(request: CheckRequest, ends: float) -> CheckRequest:
+    """``request`` with its per-check timeout cut to what is left of the model's budget (at least 1 s)."""
+    left = ends - time.perf_counter()
+    return request if left >= request.timeout_s else replace(request, timeout_s=max(1.0, left))
+
+
+def _spent(request: CheckRequest, ends: float, name: str, kind: str, layout: str | None,
+           devices: int) -> Check | None:
+    """A failed check when the model's budget is (nearly) used up, else ``None``: the check runs."""
+    if ends - time.perf_counter() >= _LEAST_S:
+        return None
+    return Check(name, kind, layout, devices, "fail",
+                 f"timed out: the model's {request.budget_s:.0f} s were used up before this check", 0.0)
+
+
+def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
+    from cost_models.graph import trace
+
+    started = time.perf_counter()
+    try:
+        with deadline(request.timeout_s):
+            graph = trace(model, request.input_shape, request.dtype, request.leaf_modules)
+    except Exception as err:
+        return None, Check("trace", "trace", None, None, "fail", _failure_reason(err, request.timeout_s),
+                           time.perf_counter() - started)
+    layers, totals = graph.compute_layers(), graph.totals()
+    dense = sum(float(graph.nodes[name].get("flops_fwd", 0)) for name in layers
+                if graph.nodes[name]["kind"] in ("conv", "conv_transpose"))
+    return graph, Check("trace", "trace", None, None, "pass", f"{len(layers)} layers", time.perf_counter() - started,
+                        {"layers": len(layers), "fingerprint": graph.fingerprint, "params": totals.get("params"),
+                         "flops_fwd": totals.get("flops_fwd"),
+                         "conv_flops_share": round(dense / totals["flops_fwd"], 4) if totals.get("flops_fwd") else 0.0})
+
+
+def _plan_check(request: CheckRequest, graph: Any, devices: int) -> tuple[Any, Check]:
+    from planner.cli import build_parser, search_plan
+
+    name, started = f"plan {devices}", time.perf_counter()
+    args = build_parser().parse_args(["plan", "--model", request.model, "--input-shape",
+                                      ",".join(map(str, request.input_shape)), "--dtype", request.dtype,
+                                      "--profile", request.profile, "--devices", str(devices), "--out", os.devnull])
+    try:
+        with deadline(request.timeout_s):
+            result = search_plan(args, graph)
+    except InputError as err:
+        return None, Check(name, "plan", None, devices, "refused", _first_line(err), time.perf_counter() - started)
+    except Exception as err:
+        return None, Check(name, "plan", None, devices, "fail", _failure_reason(err, request.timeout_s),
+                           time.perf_counter() - started)
+    summary = result.plan.summary()
+    return result.plan, Check(name, "plan", None, devices, "pass", summary, time.perf_counter() - started,
+                              {"plan": summary, "predicted_iteration_s": result.estimate.iteration_s,
+                               "search_s": result.search_s, "stages": result.plan.pipeline.stages,
+                               "schedule": result.plan.pipeline.schedule})
+
+
+def _layout_check(request: CheckRequest, model: Any, graph: Any, layout: Layout, pools: Any) -> Check:
+    name, started = f"verify {layout}", time.perf_counter()
+    try:
+        with deadline(request.timeout_s):
+            plan = layout_plan(graph, layout, request.model)
+            summary = split_summary(graph, plan, layout)
+    except InputError as err:
+        return Check(name, "verify", str(layout), layout.ranks, "refused", _first_line(err),
+                     time.perf_counter() - started)
+    except Exception as err:
+        return Check(name, "verify", str(layout), layout.ranks, "fail", _failure_reason(err, request.timeout_s),
+                     time.perf_counter() - started)
+    check = _verify_check(request, model, graph, plan, pools, name, str(layout), _split_reason(summary, layout))
+    return replace(check, detail={**check.detail, **summary})
+
+
+def _verify_check(request: CheckRequest, model: Any, graph: Any, plan: Any, pools: Any, name: str, layout: str,
+                  passed: str) -> Check:
+    """The pre-flight of ``parplan run`` here, then one ``--verify`` run on the pool; ``passed`` is the pass reason."""
+    ranks, started = sum(plan.pipeline.devices_per_stage), time.perf_counter()
+
+    def done(result: str, reason: str, detail: Mapping[str, Any] | None = None) -> Check:
+        return Check(name, "verify", layout, ranks, result, reason, time.perf_counter() - started, detail or {})
+
+    try:
+        with deadline(request.timeout_s):
+            preflight(model, plan, graph, ranks, request.leaf_modules)
+    except InputError as err:
+        return done("refused", _first_line(err))
+    except Exception as err:
+        return done("fail", _failure_reason(err, request.timeout_s))
+    left_s = max(1.0, request.timeout_s - (time.perf_counter() - started))
+    outcome = pools.run(ranks, _run_options(request, plan, graph, ranks, left_s), timeout_s=left_s)
+    if not outcome.ok:
+        return done("fail", outcome.error, {"pool": outcome.status, "pool_start_s": round(outcome.start_s, 2)})
+    verified = outcome.document["verify"]
+    errors = {key: value for key, value in verified.items()
+              if key.endswith("_err") or key == "worst_parameter_on_rank0"}
+    errors["pool_start_s"] = round(outcome.start_s, 2)
+    if verified["passed"]:
+        return done("pass", passed, errors)
+    reason = (f"verify error above tolerance {verified['tolerance']:g}: output {verified['output_max_rel_err']:.2e}, "
+              f"gradient {verified['grad_max_rel_err']:.2e} ({verified.get('worst_parameter_on_rank0') or 'no parameter'})")
+    if request.verify_as != "float64":
+        left_s = request.timeout_s - (time.perf_counter() - started)
+        again, errors["float64"] = _in_float64(request, plan, graph, ranks, pools, left_s)
+        reason += f"; {again}"
+    return done("fail", reason, errors)
+
+
+def _in_float64(request: CheckRequest, plan: Any, graph: Any, ranks: int, pools: Any,
+                left_s: float) -> tuple[str, dict[str, Any]]:
+    """The same verify run in float64 (tolerance 1e-9): tells float32 rounding from a wrong split."""
+    from dataclasses import replace as replaced
+
+    if left_s < _LEAST_S:
+        return "not rerun in float64 (no time left)", {}
+    options = replaced(_run_options(request, plan, graph, ranks, left_s), dtype="float64", tolerance=1e-9)
+    outcome = pools.run(ranks, options, timeout_s=left_s)
+    if not outcome.ok:
+        return f"in float64: {outcome.error}", {"error": outcome.error}
+    verified = outcome.document["verify"]
+    figures = {key: verified[key] for key in ("output_max_rel_err", "grad_max_rel_err", "passed")}
+    worst = max(verified["output_max_rel_err"], verified["grad_max_rel_err"])
+    verdict = "passes: float32 rounding" if verified["passed"] else "fails too: the split differs"
+    return f"in float64 {worst:.1e} ({verdict})", figures
+
+
+def preflight(model: Any, plan: Any, graph: Any, ranks: int, leaf_modules: Sequence[str] = ()) -> None:
+    """``parplan run --verify``'s checks of a plan before any rank starts (plan, layers, pipeline).
+
+    Raises:
+        PlanError: What ``parplan run`` would refuse, in its words.
+    """
+    from runtime.apply import check_plan, check_runnable
+    from runtime.pipeline import check_pipeline
+
+    check_plan(plan, graph, ranks, "the plan")
+    check_runnable(model, plan, graph, leaf_modules, sync_batchnorm=False, verify=True)
+    if plan.pipeline.stages > 1:
+        check_pipeline(plan)
+
+
+def _run_options(request: CheckRequest, plan: Any, graph: Any, ranks: int, timeout_s: float) -> Any:
+    from runtime.train import RunOptions
+
+    return RunOptions(model=request.model, input_shape=request.input_shape, dtype=request.verify_as,
+                      plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
+                      leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
+                      quiet=True, timeout_s=timeout_s, graph=graph)
+
+
+def layout_plan(graph: Any, layout: Layout, model_spec: str = "") -> Any:
+    """The plan ``parplan run --layout L --nproc R`` runs: each layer its first of ``L, n1`` it can take, on ``R``
+    (``L``'s) ranks; not priced (``runtime.command`` builds it the same way)."""
+    from cost_models.cluster import Cluster, Link
+    from cost_models.uniform import uniform_plan
+
+    link = Link(0.0, 1e9)  # a container for the device count: this plan is not priced
+    cluster = Cluster(devices=layout.ranks, devices_per_node=layout.ranks, memory_bytes=2**40, intra=link,
+                      inter=link, name="this machine")
+    return uniform_plan(graph, cluster, [layout, Layout()], model_spec=model_spec)
+
+
+def split_summary(graph: Any, plan: Any, layout: Layout) -> dict[str, Any]:
+    """How many compute layers of ``plan`` took ``layout``, and why each other one kept its output whole."""
+    from cost_models.capability import layer_refusal
+
+    names = graph.compute_layers()
+    whole = []
+    for name in names:
+        if plan.layers[name].layout != layout:
+            node = graph.nodes[name]
+            reason = layer_refusal(node, layout, sync_batchnorm=True) or _NO_LOCAL_PROBLEM
+            whole.append({"layer": name, "kind": node["kind"], "reason": reason, "cannot_split": cannot_split(reason)})
+    return {"layers": len(names), "split": len(names) - len(whole), "whole": whole}
+
+
+def cannot_split(reason: str) -> bool:
+    """Whether a capability reason says no split of the layer exists (not merely one this runtime lacks)."""
+    return any(phrase in reason for phrase in _CANNOT_SPLIT)
+
+
+def _split_reason(summary: Mapping[str, Any], layout: Layout) -> str:
+    gaps = [item for item in summary["whole"] if not item["cannot_split"]]
+    text = f"{layout} on {summary['split']} of {summary['layers']} layers"
+    if not summary["whole"]:
+        return text
+    text += f"; {len(summary['whole']) - len(gaps)} cannot be split"
+    if gaps:
+        counted: dict[str, int] = {}
+        for item in gaps:
+            key = f"{item['kind']}: {item['reason']}"
+            counted[key] = counted.get(key, 0) + 1
+        text += f", {len(gaps)} not split by this runtime (" + "; ".join(
+            f"{key} ×{count}" if count > 1 else key for key, count in sorted(counted.items())[:3]) + ")"
+    return text
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`CheckTimeout` in this (main) thread after ``seconds``; elsewhere no limit (signals need it)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(_signum: int, _frame: Any) -> None:
+        raise CheckTimeout(f"timed out after {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _failure_reason(err: BaseException, timeout_s: float) -> str:
+    if isinstance(err, CheckTimeout):
+        return f"timed out after {timeout_s:.0f} s"
+    if isinstance(err, TraceError):
+        return _first_line(err)
+    from runtime.rank_pool import one_line
+
+    return f"internal error: {one_line(err)}"
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def add_check(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``parplan check``."""
+    from planner.cli_args import add_model_arguments, positive_float
+
+    parser = commands.add_parser(
+        "check", parents=[common], help="what parplan can plan and run for a model",
+        description="Trace MODEL, plan it on each device count and verify each plan and each layout against the "
+                    "unsplit model; each check passes, is refused before any rank starts, or fails.")
+    add_model_arguments(parser)
+    parser.add_argument("--devices", default=",".join(map(str, DEFAULT_DEVICES)), metavar="D,D,…",
+                        help="device counts to plan for, one node (default 2,4)")
+    parser.add_argument("--layouts", default=",".join(DEFAULT_LAYOUTS), metavar="L,L,…",
+                        help="layouts to verify, each on as many ranks as it has (default n2,h2,w2,c2,h2·w2; "
+                             "'' for none)")
+    parser.add_argument("--profile", default="v100", metavar="PROFILE",
+                        help="profile or preset the plans are made for (default v100)")
+    parser.add_argument("--verify-dtype", choices=("float32", "float16", "bfloat16", "float64"),
+                        help="dtype the verify runs compute in (default --dtype); float64 checks the plans made for "
+                             "--dtype exactly")
+    parser.add_argument("--tolerance", type=positive_float, metavar="X",
+                        help="largest relative error a verify accepts (default 1e-3; 1e-9 when verifying in "
+                             "float64)")
+    parser.add_argument("--timeout-s", type=positive_float, default=300.0, metavar="T",
+                        help="seconds per check (tracing, planning, a verify run); a check that runs longer fails "
+                             "as timed out (default 300)")
+    parser.set_defaults(handler=check_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """The handler: read the options (bad input exits 2), run every check, report; 1 when one failed."""
+    request = _request(args)
+    from runtime.rank_pool import RankPools
+
+    printer = None if args.json else _print_check
+    with RankPools(group_timeout_s=request.timeout_s) as pools:
+        report = check_model(request, pools, printer)
+    if args.json:
+        from planner.cli_args import print_json
+
+        print_json(report.to_dict())
+    else:
+        counts = report.to_dict()["counts"]
+        print(f"{request.model} at {','.join(map(str, request.input_shape))}: {counts['pass']} passed, "
+              f"{counts['refused']} refused, {counts['fail']} failed in {report.seconds:.1f} s")
+    return 1 if report.failed else 0
+
+
+def _request(args: argparse.Namespace) -> CheckRequest:
+    from cost_models.graph import parse_input_shape
+    from planner.cli import load_profile_argument
+    from planner.whatif_cli import parse_devices
+
+    shape = parse_input_shape(args.input_shape)
+    devices = tuple(parse_devices(args.devices)) if args.devices.strip() else ()
+    layouts = tuple(Layout.parse(text) for text in args.layouts.split(",") if text.strip())
+    load_profile_argument(args.profile, args.dtype)  # an unknown profile is bad input, before any work
+    return CheckRequest(args.model, shape, args.dtype, devices, layouts, args.profile, args.timeout_s,
+                        tuple(args.leaf_module), args.tolerance, verify_dtype=args.verify_dtype)
+
+
+def _print_check(check: Check) -> None:
+    print(f"{check.name:<18} {check.result:<8} {check.seconds:6.1f} s  {check.reason}", flush=True)
+    sys.stdout.flush()
