@@ -40,11 +40,18 @@ Assumptions:
       seconds to each stage's forward and backward of a micro-batch, its
       per-step seconds once to the iteration, and exposes its fraction of the
       allreduce time the timeline hides.
+
+A :class:`CostMemo` keeps what was computed per layer signature and layout
+(local problem, cost terms) and per redistribution, so that the plans of one
+search — and the planner's search space, which asks the same questions —
+compute each once; it changes no value.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from math import ceil
 from typing import Any, Mapping
 
@@ -52,15 +59,15 @@ from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.errors import InputError, PlanError
 from cost_models.graph import dtype_itemsize
-from cost_models.layer_cost import LayerCost, layer_cost
+from cost_models.layer_cost import LayerCost, problem_cost
 from cost_models.layout import Layout
-from cost_models.local_problem import DENSE_KINDS, local_problem
+from cost_models.local_problem import DENSE_KINDS, LocalProblem, local_problem
 from cost_models.memory import LayerMemory, layer_memory
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.profile import Profile
 
-__all__ = ["Estimate", "LayerEstimate", "StageEstimate", "edge_layouts", "edge_move", "edge_s", "estimate"]
+__all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "edge_layouts", "edge_move", "edge_s", "estimate"]
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -107,6 +114,106 @@ class Estimate:
         return counts
 
 
+class CostMemo:
+    """Local problems, layer costs and edge seconds already computed for one profile and dtype.
+
+    A layer is known by its :meth:`signature` (everything its traced node
+    carries but the module it belongs to), so repeated blocks — and a layer
+    met again in another plan or in the planner's search space — are costed
+    once. Only results are kept: a layout that raises raises again. The
+    signature of a node's data is remembered by identity, so the graphs
+    priced must not change while the memo is in use.
+    """
+
+    def __init__(self, profile: Profile, dtype: str) -> None:
+        self.profile, self.dtype, self.itemsize = profile, dtype, dtype_itemsize(dtype)
+        self.problems: dict[tuple[str, Layout], LocalProblem | None] = {}
+        self.costs: dict[tuple[Any, ...], LayerCost] = {}
+        self.memories: dict[tuple[str, Layout, str], LayerMemory] = {}
+        self.edges: dict[tuple[Any, ...], float] = {}
+        self.signatures: dict[int, tuple[Mapping[str, Any], str]] = {}  # by id: the node data (kept alive) and its text
+
+    def renewed(self) -> "CostMemo":
+        """A memo sharing these results but no remembered signatures: for graphs that may have changed since."""
+        memo = CostMemo(self.profile, self.dtype)
+        memo.problems, memo.costs, memo.memories, memo.edges = self.problems, self.costs, self.memories, self.edges
+        return memo
+
+    def size(self) -> int:
+        """How many results it holds."""
+        return len(self.problems) + len(self.costs) + len(self.memories) + len(self.edges)
+
+    def serves(self, profile: Profile, dtype: str) -> bool:
+        """Whether its results hold for ``profile`` (the same, or equal) and ``dtype``."""
+        return dtype == self.dtype and (profile is self.profile or profile == self.profile)
+
+    def signature(self, layer: Mapping[str, Any]) -> str:
+        """The text that identifies a layer's costs: its node's data but the module."""
+        known = self.signatures.get(id(layer))
+        if known is not None and known[0] is layer:
+            return known[1]
+        text = json.dumps({key: value for key, value in layer.items() if key != "module"}, sort_keys=True, default=repr)
+        self.signatures[id(layer)] = (layer, text)
+        return text
+
+    def check(self, profile: Profile, dtype: str) -> None:
+        """Refuse a memo made for another profile or dtype (its values would be wrong)."""
+        if not self.serves(profile, dtype):
+            raise ValueError(f"a cost memo for {self.dtype} with profile {self.profile.device.name!r} cannot price "
+                             f"{dtype} with profile {profile.device.name!r}; make one per profile and dtype")
+
+    def problem(self, signature: str, layer: Mapping[str, Any], layout: Layout) -> LocalProblem | None:
+        """``local_problem`` of the layer under ``layout``."""
+        key = (signature, layout)
+        if key not in self.problems:
+            self.problems[key] = local_problem(layer, layout, self.itemsize, self.dtype)
+        return self.problems[key]
+
+    def cost(self, name: str, signature: str, layer: Mapping[str, Any], layout: Layout, devices: int,
+             cluster: Cluster, overlap: bool = True) -> LayerCost:
+        """``layer_cost`` of the layer under ``layout`` on ``devices`` ranks of ``cluster``."""
+        cluster = _one_node_normalised(cluster)
+        key = (signature, layout, devices, cluster, overlap)
+        if key not in self.costs:
+            self.costs[key] = problem_cost(name, layer, layout, self.problem(signature, layer, layout), devices,
+                                           self.profile, cluster, self.itemsize, overlap)
+        return self.costs[key]
+
+    def memory(self, signature: str, layer: Mapping[str, Any], layout: Layout, optimizer: str) -> LayerMemory:
+        """``layer_memory`` of the layer under ``layout`` with ``optimizer``'s state."""
+        key = (signature, layout, optimizer)
+        if key not in self.memories:
+            self.memories[key] = layer_memory(layer, layout, self.problem(signature, layer, layout), optimizer,
+                                              self.itemsize)
+        return self.memories[key]
+
+    def edge_s(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
+               cluster: Cluster) -> float:
+        """:func:`edge_s` on ``devices`` ranks of ``cluster``."""
+        move = edge_move(source, target, have, layout)
+        if move is None:
+            return 0.0
+        cluster = _one_node_normalised(cluster)
+        key = (*move, devices, cluster)
+        if key not in self.edges:
+            shape4, held, wanted = move
+            self.edges[key] = (redistribution_s(self.profile, cluster, shape4, self.itemsize, held, wanted, devices)
+                               + redistribution_s(self.profile, cluster, shape4, self.itemsize, wanted, held, devices))
+        return self.edges[key]
+
+
+@lru_cache(maxsize=256)
+def _one_node_normalised(cluster: Cluster) -> Cluster:
+    """``cluster`` with a node of ``devices`` devices when it is one partly used node: the same costs, one key.
+
+    Costs read the nodes of ranks ``0 … devices − 1`` only (``Cluster.node_of`` refuses others), which are all
+    on node 0 whether the node has ``devices`` devices or more.
+    """
+    if cluster.devices_per_node <= cluster.devices:
+        return cluster
+    return replace(cluster, devices_per_node=cluster.devices)
+
+
 @dataclass(frozen=True)
 class _Context:
     graph: Any
@@ -117,17 +224,19 @@ class _Context:
     dtype: str
     optimizer: str
     overlap: bool
+    memo: CostMemo
 
 
 def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None = None, optimizer: str = "sgd",
              overlap: bool = True, slowdown: Mapping[int, float] | None = None,
-             shared_cores: float | None = None) -> Estimate:
+             shared_cores: float | None = None, *, memo: CostMemo | None = None) -> Estimate:
     """Predict one training iteration of ``plan`` for the traced ``graph``.
 
     Args:
         slowdown: Optional straggler factors by stage index (``{1: 2.0}``: stage 1 runs at half speed).
         shared_cores: When all ranks share one host's cores: how many ranks can compute at once
             (cores / threads per rank); ``None``: every rank has its own device.
+        memo: What other estimates of this profile and dtype computed (:class:`CostMemo`); a fresh one by default.
 
     Raises:
         PlanError: The plan does not fit the graph or a layout cannot split its layer.
@@ -139,9 +248,13 @@ def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None =
     check_plan_for_graph(plan, graph)
     micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
     dtype = graph.graph["dtype"]
+    memo = memo or CostMemo(profile, dtype)
+    memo.check(profile, dtype)
     context = _Context(graph, _micro_batch_nodes(graph, micro), plan, profile, dtype_itemsize(dtype), dtype,
-                       optimizer, overlap)
-    layers = tuple(_layer_estimate(context, name, _stage_cluster(cluster, plan, plan.layers[name].stage))
+                       optimizer, overlap, memo)
+    clusters: dict[int, Cluster] = {}  # per stage, made when a layer of it is met
+    layers = tuple(_layer_estimate(context, name, _cached_stage_cluster(clusters, cluster, plan,
+                                                                        plan.layers[name].stage))
                    for name in graph.compute_layers())
     stages = tuple(_stage_estimate(context, layers, stage, cluster, micro, (slowdown or {}).get(stage, 1.0))
                    for stage in range(plan.pipeline.stages))
@@ -159,6 +272,12 @@ def _micro_batch_nodes(graph: Any, micro: int) -> Mapping[str, Mapping[str, Any]
             for name, data in graph.nodes(data=True)}
 
 
+def _cached_stage_cluster(found: dict[int, Cluster], cluster: Cluster, plan: Plan, stage: int) -> Cluster:
+    if stage not in found:
+        found[stage] = _stage_cluster(cluster, plan, stage)
+    return found[stage]
+
+
 def _stage_cluster(cluster: Cluster, plan: Plan, stage: int) -> Cluster:
     devices = plan.pipeline.devices_per_stage[stage]
     try:
@@ -171,11 +290,10 @@ def _stage_cluster(cluster: Cluster, plan: Plan, stage: int) -> Cluster:
 def _layer_estimate(context: _Context, name: str, cluster: Cluster) -> LayerEstimate:
     node, assignment = context.nodes[name], context.plan.layers[name]
     devices = context.plan.pipeline.devices_per_stage[assignment.stage]
-    cost = layer_cost(name, node, assignment.layout, devices, context.profile, cluster, context.itemsize,
-                      context.dtype, context.overlap)
+    signature = context.memo.signature(node)
+    cost = context.memo.cost(name, signature, node, assignment.layout, devices, cluster, context.overlap)
     moved = sum(_edge_s(context, source, name, devices, cluster) for source in context.graph.predecessors(name))
-    memory = layer_memory(node, assignment.layout, local_problem(node, assignment.layout, context.itemsize,
-                                                                 context.dtype), context.optimizer, context.itemsize)
+    memory = context.memo.memory(signature, node, assignment.layout, context.optimizer)
     return LayerEstimate(name, node["kind"], assignment.stage, assignment.layout, cost, moved, memory)
 
 
@@ -183,8 +301,8 @@ def _edge_s(context: _Context, source: str, target: str, devices: int, cluster: 
     plan, nodes = context.plan, context.nodes
     if plan.layers.get(source) is None or plan.layers[source].stage != plan.layers[target].stage:
         return 0.0  # the input is loaded in place; stage crossings are transfers
-    return edge_s(nodes[source], nodes[target], plan.layers[source].layout, plan.layers[target].layout, devices,
-                  context.profile, cluster, context.itemsize)
+    return context.memo.edge_s(nodes[source], nodes[target], plan.layers[source].layout, plan.layers[target].layout,
+                               devices, cluster)
 
 
 def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
@@ -218,6 +336,8 @@ def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Lay
 def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
               layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
     """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
+    if have == layout and (layout.c == 1 or target["kind"] not in DENSE_KINDS):
+        return None  # both project alike (:func:`edge_layouts`)
     move = edge_layouts(source, target, have, layout)
     return None if move is None or move[1] == move[2] else move
 

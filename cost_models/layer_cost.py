@@ -43,7 +43,7 @@ from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, local_problem, phases_of
 from cost_models.profile import Profile
 
-__all__ = ["LayerCost", "layer_cost"]
+__all__ = ["LayerCost", "layer_cost", "problem_cost"]
 
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
 _FLOPS_OF = {"fwd": "fwd", "bwd_data": "bwd_data", "bwd_weight": "bwd_weight", "bwd": "bwd"}
@@ -72,7 +72,13 @@ class LayerCost:
 def layer_cost(name: str, layer: Mapping[str, Any], layout: Layout, devices: int, profile: Profile,
                cluster: Cluster, itemsize: int, dtype: str, overlap: bool = True) -> LayerCost:
     """All terms of one layer (see the module docstring)."""
-    problem = local_problem(layer, layout, itemsize, dtype)
+    return problem_cost(name, layer, layout, local_problem(layer, layout, itemsize, dtype), devices, profile, cluster,
+                        itemsize, overlap)
+
+
+def problem_cost(name: str, layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None, devices: int,
+                 profile: Profile, cluster: Cluster, itemsize: int, overlap: bool = True) -> LayerCost:
+    """:func:`layer_cost` given the layer's ``local_problem`` under ``layout`` (computed once by the caller)."""
     if problem is None:
         if layer["kind"] in ("input", "flatten", "view", "getitem", "identity") or layout.ranks == 1:
             return LayerCost(0.0, 0.0, 0.0, 0.0, _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
@@ -93,12 +99,12 @@ def layer_cost(name: str, layer: Mapping[str, Any], layout: Layout, devices: int
 
 
 def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, str]:
-    flops = problem.flops
+    flops, key = problem.flops, problem.key
     forward_s = backward_s = 0.0
     sources = set()
     for phase in phases_of(problem):
         count = getattr(flops, _FLOPS_OF[phase])
-        seconds, source = profile.compute_time_s(problem.kind, phase, problem.key, count, problem.bytes_moved(phase))
+        seconds, source = profile.compute_time_s(problem.kind, phase, key, count, problem.bytes_moved(phase))
         sources.add(source)
         if phase == "fwd":
             forward_s += seconds

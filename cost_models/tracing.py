@@ -246,6 +246,10 @@ class _FakePropagator(Interpreter):
             self.run(torch.empty(input_shape, dtype=dtype))
         return self.metas
 
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        shortcut = _batchnorm_output(self.fetch_attr(str(target)), args, kwargs)
+        return super().call_module(target, args, kwargs) if shortcut is None else shortcut
+
     def run_node(self, n: Node) -> Any:
         try:
             result = self._counted_run(n) if n.name in self.counted else super().run_node(n)
@@ -267,6 +271,37 @@ class _FakePropagator(Interpreter):
             result = super().run_node(n)
         self.flops[n.name] = int(counter.get_total_flops())
         return result
+
+
+def _batchnorm_output(module: nn.Module, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """What a plain ``nn.BatchNorm2d`` returns for ``args`` — a tensor of its input's shape and dtype — when
+    running it could neither fail nor return anything else; ``None`` otherwise (it is run).
+
+    On fake tensors its kernel is a slow decomposition (half the time of tracing a DenseNet), and only the
+    output's shape and element size are recorded. Anything unusual runs it: hooks, a subclass, keyword
+    arguments, a non-contiguous or mismatched input, a cumulative average (``momentum=None`` reads a count),
+    one value per channel in training (which it refuses).
+    """
+    if type(module) is not nn.BatchNorm2d or kwargs or len(args) != 1 or _hooked(module):
+        return None
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_contiguous() or x.shape[1] != module.num_features:
+        return None
+    held = [t for t in (module.weight, module.bias, module.running_mean, module.running_var) if t is not None]
+    if any(tuple(t.shape) != (module.num_features,) or t.dtype != x.dtype or t.device != x.device for t in held):
+        return None
+    batch_statistics = module.training or (module.running_mean is None and module.running_var is None)
+    if module.momentum is None or (batch_statistics and x.shape[0] * x.shape[2] * x.shape[3] == 1):
+        return None
+    return torch.empty_like(x)
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether calling ``module`` runs hooks (its own or global ones) besides its forward."""
+    from torch.nn.modules import module as modules
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or modules._global_forward_hooks
+                or modules._global_forward_pre_hooks or getattr(modules, "_global_forward_hooks_always_called", None))
 
 
 def _tensor_meta(value: Any) -> TensorMeta | None:

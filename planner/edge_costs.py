@@ -80,6 +80,7 @@ class EdgeCosts:
             raise ValueError(f"a pattern table for {self.table.devices} devices cannot price moves on {devices}")
         self.layouts, self.index, self.parts = self.table.layouts, self.table.index, self.table.parts
         self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
+        self.moves: dict[tuple[int, ...], np.ndarray] = {}  # per tensor shape: seconds between table layouts
         self.shape_key = {name: json.dumps(data["output_shape"]) for name, data in graph.nodes(data=True)}
 
     def matrix(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
@@ -107,15 +108,32 @@ class EdgeCosts:
         return np.where(held[:, None] == wanted[None, :], 0.0, seconds)
 
     def _moves_s(self, shape: tuple[int, ...], starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Seconds of the busiest rank moving a ``shape`` tensor from each of ``starts`` to each of ``ends``."""
+        """Seconds of the busiest rank moving a ``shape`` tensor from each of ``starts`` to each of ``ends``.
+
+        Each move is priced once per tensor shape (kept in a dense table over the layouts, NaN until priced).
+        """
+        if shape not in self.moves:
+            self.moves[shape] = np.full((len(self.layouts), len(self.layouts)), np.nan)
+        known = self.moves[shape]
+        block = np.ix_(starts, ends)
+        seconds = known[block]
+        missing = np.isnan(seconds)
+        if missing.any():
+            seconds = np.where(missing, self._priced_moves_s(shape, starts, ends, missing), seconds)
+            known[block] = seconds
+        return seconds
+
+    def _priced_moves_s(self, shape: tuple[int, ...], starts: np.ndarray, ends: np.ndarray,
+                        wanted: np.ndarray) -> np.ndarray:
+        """The moves of :meth:`_moves_s`, priced where ``wanted`` (elsewhere: any value)."""
         extents = np.array(shape, dtype=np.int64)
         source, target = self.parts[starts][:, None, :], self.parts[ends][None, :, :]
         patterned = nested_mask(extents, source, target)
-        self.table.examine(starts, ends, patterned)
+        self.table.examine(starts, ends, patterned & wanted)
         table = self.table
         seconds = patterned_s(self.coefficients, table.pattern_parts[starts][:, ends],
                               table.pattern_cases[:, starts][:, :, ends], extents, source, target)
-        for row, column in zip(*np.nonzero(~patterned)):  # rank by rank: splits that do not nest or divide
+        for row, column in zip(*np.nonzero(~patterned & wanted)):  # rank by rank: splits that do not nest or divide
             seconds[row, column] = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize,
                                                         self.layouts[starts[row]], [self.layouts[ends[column]]],
                                                         self.devices)[0]

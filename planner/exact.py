@@ -1,11 +1,15 @@
 """One entry point for an exact solve.
 
 The shortest path on chains, min-sum elimination on graphs of tree-width two
-(residual networks), when their optimum fits in memory; the ILP otherwise
-(a binding memory limit, or denser graphs such as DenseNet).
+(residual networks), when their optimum fits in memory; on denser graphs
+(DenseNet) a table whose every layer has one option is its own answer (a
+pipeline stage of one device); the ILP otherwise (a binding memory limit,
+or denser graphs with choices).
 """
 
 from __future__ import annotations
+
+import time
 
 from cost_models.errors import InputError
 from planner.chain import solve_chain
@@ -28,7 +32,9 @@ def solve_exact(table: CostTable, solver: str = "cbc", time_limit_s: float | Non
         if table.fits(unconstrained.choice):
             return unconstrained
     except ValueError:  # tree-width above two: the ILP handles any graph
-        pass
+        forced = _forced(table)
+        if forced is not None:
+            return forced
     try:
         return solve_ilp(table, solver, time_limit_s)
     except ValueError as err:
@@ -40,3 +46,14 @@ def solve_exact(table: CostTable, solver: str = "cbc", time_limit_s: float | Non
                 f"short); use more devices, splits that shrink activations (spatial) and weights (channel), "
                 f"or pipeline stages (--max-stages)") from err
         raise InputError(f"the solver found no plan: {err}") from err
+
+
+def _forced(table: CostTable) -> Solution | None:
+    """The only choice of a table whose every layer has one option, when it fits in memory; else ``None``."""
+    started = time.perf_counter()
+    if any(len(table.options[layer]) != 1 for layer in table.layers):
+        return None
+    choice = {layer: 0 for layer in table.layers}
+    if not table.fits(choice):
+        return None  # the ILP reports what is missing
+    return Solution(choice, table.objective(choice), "forced", "Optimal", time.perf_counter() - started)

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
-from cost_models.estimate import Estimate, estimate
+from cost_models.estimate import CostMemo, Estimate, estimate
 from cost_models.layout import Layout
 from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo
 from cost_models.profile import Profile
@@ -82,7 +82,8 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
         InputError: No plan fits in memory (with how much is missing) or a layer cannot be placed.
     """
     started = time.perf_counter()
-    space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes)
+    memo = _memo_for(graph, profile)  # layer costs shared by the spaces and every estimate
+    space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes, memo=memo)
     found: list[tuple[Plan, Estimate, Mapping[str, RunnerUp]]] = []
     failure = None
     for table in (space.table, space.hidden_allreduce):  # allreduce counted in full / fully hidden
@@ -95,9 +96,9 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
                           solution.gap)
         plan = _plan(graph, cluster, _stage_zero(space.layouts(solution.choice)), Pipeline(1, (cluster.devices,)),
                      None, info, model_spec)
-        predicted = estimate(graph, plan, profile, optimizer=optimizer)
+        predicted = estimate(graph, plan, profile, optimizer=optimizer, memo=memo)
         found.append((plan, predicted, runner_ups(table, solution.choice)))
-    baselines = _baselines(graph, profile, cluster, space, optimizer)
+    baselines = _baselines(graph, profile, cluster, space, optimizer, memo)
     skipped = 0
     if max_stages > 1:
         def make(assignments: Mapping[str, LayerAssignment], pipeline: Pipeline, info: SolverInfo) -> Plan:
@@ -105,10 +106,26 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
         priced = [predicted for _, predicted, _ in found] + [b.estimate for b in baselines]
         incumbent = min((p.iteration_s for p in priced if p.memory_bytes_max <= cluster.memory_bytes), default=None)
         searched = search_pipelines(graph, profile, cluster, make, max_stages, schedule, max_staleness, optimizer,
-                                    solver, time_limit_s, incumbent)
+                                    solver, time_limit_s, incumbent, memo=memo)
         found += [(c.plan, c.estimate, c.runner_ups) for c in searched.candidates]
         skipped = searched.skipped
     return _choose(cluster, space, found, baselines, failure, skipped, time.perf_counter() - started)
+
+
+_LAST: dict[str, CostMemo] = {}  # the fingerprint of the graph planned last, and its search's memo
+_LAST_MOST = 200_000  # results kept from one search to the next at most
+
+
+def _memo_for(graph: Any, profile: Profile) -> CostMemo:
+    """The memo of a search of ``graph``: the last search's results when it planned the same traced graph with the
+    same profile (another device count: its stages are this one's), else a new one. Values do not change."""
+    dtype = graph.graph["dtype"]
+    last = _LAST.get(graph.fingerprint)
+    memo = (last.renewed() if last is not None and last.serves(profile, dtype) and last.size() < _LAST_MOST
+            else CostMemo(profile, dtype))
+    _LAST.clear()
+    _LAST[graph.fingerprint] = memo
+    return memo
 
 
 def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Mapping[str, RunnerUp]]],
@@ -152,7 +169,8 @@ def _plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignmen
                 _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
 
-def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, optimizer: str) -> tuple[Baseline, ...]:
+def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, optimizer: str,
+               memo: CostMemo) -> tuple[Baseline, ...]:
     """Pure sample parallelism (copies on the devices the batch cannot use) and the best uniform layout."""
     found = []
     batch = graph.input_shape[0]
@@ -160,7 +178,7 @@ def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, opt
     layers = graph.compute_layers()
     try:
         found.append(_baseline("pure sample", graph, profile, cluster, {name: Layout(n=sample) for name in layers},
-                               optimizer))
+                               optimizer, memo))
     except PlanError:  # a layer smaller than the batch split (rare: a reshape that folds the batch)
         pass
     if space.uniform_s:
@@ -170,13 +188,13 @@ def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, opt
         name = f"best single layout ({best}" + (f"; {', '.join(others)} where it does not apply)" if others else ")")
         found.append(_baseline(name, graph, profile, cluster,
                                {layer: per_decision[head] for head, members in space.members.items() for layer in members},
-                               optimizer))
+                               optimizer, memo))
     return tuple(found)
 
 
 def _baseline(name: str, graph: Any, profile: Profile, cluster: Cluster, layouts: Mapping[str, Layout],
-              optimizer: str) -> Baseline:
-    return priced(name, one_stage_plan(graph, cluster, layouts), profile, graph, optimizer)
+              optimizer: str, memo: CostMemo) -> Baseline:
+    return priced(name, one_stage_plan(graph, cluster, layouts), profile, graph, optimizer, memo=memo)
 
 
 def assigned_plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
@@ -192,11 +210,12 @@ def one_stage_plan(graph: Any, cluster: Cluster, layouts: Mapping[str, Layout], 
 
 
 def priced(name: str, plan: Plan, profile: Profile, graph: Any, optimizer: str = "sgd",
-           shared_cores: float | None = None) -> Baseline:
+           shared_cores: float | None = None, *, memo: CostMemo | None = None) -> Baseline:
     """``plan`` under ``name`` with its full estimate (and the prediction recorded in the plan).
 
-    ``shared_cores``: the ranks share one host's cores (``cost_models.estimate``).
+    ``shared_cores``: the ranks share one host's cores (``cost_models.estimate``). ``memo``: layer costs
+    already computed (``cost_models.estimate.CostMemo``).
     """
-    predicted = estimate(graph, plan, profile, optimizer=optimizer, shared_cores=shared_cores)
+    predicted = estimate(graph, plan, profile, optimizer=optimizer, shared_cores=shared_cores, memo=memo)
     prediction = Prediction(predicted.iteration_s, predicted.memory_bytes_max, dict(predicted.breakdown_s))
     return Baseline(name, replace(plan, predicted=prediction), predicted)

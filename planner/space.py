@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Mapping, Sequence
 
 import networkx as nx
@@ -53,12 +53,9 @@ import numpy as np
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.estimate import edge_layouts, edge_move
+from cost_models.estimate import CostMemo, edge_layouts, edge_move
 from cost_models.graph import dtype_itemsize
-from cost_models.layer_cost import layer_cost
 from cost_models.layout import Layout, layouts_dividing
-from cost_models.local_problem import local_problem
-from cost_models.memory import layer_memory
 from cost_models.profile import Profile
 from cost_models.redistribution import holdable
 from cost_models.uniform import NO_COMPUTE_KINDS, fits_output
@@ -156,21 +153,22 @@ def _leading_input(graph: Any, name: str, arguments: list[str]) -> str | None:
 
 def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str = "sgd",
                 memory_limit_bytes: int | None = None, decisions: Sequence[str] | None = None,
-                costs: LayerCosts | None = None, prune: bool = True) -> Space:
+                costs: LayerCosts | None = None, prune: bool = True, *, memo: CostMemo | None = None) -> Space:
     """Candidates and both cost tables of the decisions of ``graph`` on ``devices`` devices.
 
     Args:
         decisions: Only these decisions (a pipeline stage's); all by default.
         costs: A cost cache to share between stages of the same devices and batch.
         prune: Drop the options no optimal plan can use (``planner.prune``); off only to check that rule.
+        memo: Layer costs to share with the estimates of the same search (without ``costs``).
 
     Raises:
         InputError: A layer has no layout at all on these devices.
     """
-    groups = decision_groups(graph)
+    costs = costs or LayerCosts(graph, profile, cluster, devices, optimizer, memo=memo)
+    groups = dict(costs.groups) if costs.graph is graph else decision_groups(graph)
     if decisions is not None:
         groups = {head: groups[head] for head in decisions}
-    costs = costs or LayerCosts(graph, profile, cluster, devices, optimizer)
     rows = {head: costs.rows(members) for head, members in groups.items()}
     considered = sum(len(options) for options in rows.values())
     edges = _decision_edges(graph, groups)
@@ -201,22 +199,30 @@ class LayerCosts:
     """
 
     def __init__(self, graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
-                 saved_copies: int = 1, patterns: PatternTable | None = None) -> None:
+                 saved_copies: int = 1, patterns: PatternTable | None = None, *, memo: CostMemo | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
         self.saved_copies = saved_copies
         self.rows_seen: dict[tuple[str, ...], list[_Row]] = {}
         self.dtype = graph.graph["dtype"]
         self.itemsize = dtype_itemsize(self.dtype)
+        self.memo = memo or CostMemo(profile, self.dtype)  # shared with the estimates of the same search
+        self.memo.check(profile, self.dtype)
         self.layer_seen: dict[tuple[str, Layout], tuple[float, float, int] | None] = {}
         self.edges = EdgeCosts(graph, profile, cluster, devices, self.itemsize, patterns)
-        self.signature = {name: json.dumps({k: v for k, v in data.items() if k != "module"}, sort_keys=True)
-                          for name, data in graph.nodes(data=True)}
+        self.signature = {name: self.memo.signature(data) for name, data in graph.nodes(data=True)}
+
+    @cached_property
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """:func:`decision_groups` of the graph (computed once)."""
+        return decision_groups(self.graph)
 
     def layer(self, name: str, layout: Layout) -> tuple[float, float, int] | None:
         """``(seconds, seconds without allreduce, bytes)`` of ``name`` under ``layout``, or ``None`` if refused."""
-        key = (self.signature[name], layout)
+        signature = self.signature[name]
+        key = (signature, layout)
         if key not in self.layer_seen:
-            self.layer_seen[key] = self._layer(self.graph.nodes[name], layout) if self._reads(name, layout) else None
+            self.layer_seen[key] = (self._layer(signature, self.graph.nodes[name], layout)
+                                    if self._reads(name, layout) else None)
         return self.layer_seen[key]
 
     def _reads(self, name: str, layout: Layout) -> bool:
@@ -228,15 +234,15 @@ class LayerCosts:
                 return False
         return True
 
-    def _layer(self, node: Mapping[str, Any], layout: Layout) -> tuple[float, float, int] | None:
-        problem = local_problem(node, layout, self.itemsize, self.dtype)
+    def _layer(self, signature: str, node: Mapping[str, Any], layout: Layout) -> tuple[float, float, int] | None:
+        problem = self.memo.problem(signature, node, layout)
         if problem is None and not (node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)):
             return None
         try:
-            cost = layer_cost("", node, layout, self.devices, self.profile, self.cluster, self.itemsize, self.dtype)
+            cost = self.memo.cost("", signature, node, layout, self.devices, self.cluster)
         except InputError:  # a halo wider than the neighbouring tile, or a split the kind refuses
             return None
-        memory = layer_memory(node, layout, problem, self.optimizer, self.itemsize)
+        memory = self.memo.memory(signature, node, layout, self.optimizer)
         return cost.total_s, cost.total_s - cost.allreduce_s, memory.resident_bytes + (self.saved_copies - 1) * memory.saved
 
     def rows(self, members: tuple[str, ...]) -> list["_Row"]:

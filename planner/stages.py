@@ -31,7 +31,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.estimate import Estimate, estimate
+from cost_models.estimate import CostMemo, Estimate, estimate
 from cost_models.pipeline_cost import dsp_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
@@ -39,7 +39,7 @@ from planner.cost_table import Solution
 from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
 from planner.edge_costs import PatternTable
-from planner.space import LayerCosts, build_space, decision_groups
+from planner.space import LayerCosts, build_space
 
 __all__ = ["PipelineCandidate", "PipelineSearch", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
 
@@ -125,7 +125,7 @@ class _Config:
 def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: PlanMaker, max_stages: int,
                      schedule: str, max_staleness: int | None, optimizer: str = "sgd", solver: str = "cbc",
                      time_limit_s: float | None = None, incumbent_s: float | None = None,
-                     prune: bool = True) -> PipelineSearch:
+                     prune: bool = True, *, memo: CostMemo | None = None) -> PipelineSearch:
     """The pipeline plans of the search (module docstring), priced.
 
     Configurations are tried in the order of a lower bound on their iteration
@@ -134,9 +134,11 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
     take at least the sum of its decisions' cheapest options without the
     allreduce, so a ``stale`` pipeline needs at least that sum over all
     decisions divided by ``K``, and a ``sync`` one ``M/K`` times it (per
-    micro-batch). ``prune=False`` prices every configuration (to check that rule).
+    micro-batch). ``prune=False`` prices every configuration (to check that rule). ``memo``: layer costs
+    shared with the caller's other estimates (``cost_models.estimate.CostMemo``).
     """
-    configs = sorted(_configs(graph, profile, cluster, max_stages, schedule, max_staleness, optimizer),
+    memo = memo or CostMemo(profile, graph.graph["dtype"])
+    configs = sorted(_configs(graph, profile, cluster, max_stages, schedule, max_staleness, optimizer, memo),
                      key=lambda config: config.bound_s)
     found, skipped, best = [], 0, incumbent_s
     for config in configs:
@@ -145,7 +147,7 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
             continue
         for assignments, info, explained in _stage_layouts(config, profile, cluster, solver, time_limit_s):
             plan = make_plan(assignments, config.pipeline, info)
-            predicted = estimate(graph, plan, profile, optimizer=optimizer)
+            predicted = estimate(graph, plan, profile, optimizer=optimizer, memo=memo)
             fits = predicted.memory_bytes_max <= cluster.memory_bytes
             found.append(PipelineCandidate(plan, predicted, fits, explained))
             if fits and (best is None or predicted.iteration_s < best):
@@ -154,7 +156,7 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
 
 
 def _configs(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, schedule: str,
-             max_staleness: int | None, optimizer: str) -> list[_Config]:
+             max_staleness: int | None, optimizer: str, memo: CostMemo) -> list[_Config]:
     configs = []
     batch = graph.input_shape[0]
     for stages in stage_counts(cluster.devices, cluster.devices_per_node, max_stages):
@@ -170,8 +172,8 @@ def _configs(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, sc
             pipeline = Pipeline(stages, (stage_cluster.devices,) * stages, name, micro, staleness)
             scaled = micro_batch_graph(graph, micro)
             costs = LayerCosts(scaled, profile, stage_cluster, stage_cluster.devices, optimizer, saved_copies=micro,
-                               patterns=patterns)
-            groups = decision_groups(scaled)
+                               patterns=patterns, memo=memo)
+            groups = costs.groups
             floor_s = _floor_s(costs, groups) if len(groups) >= stages else None
             if floor_s is not None:
                 configs.append(_Config(pipeline, scaled, costs, groups, floor_s * micro / stages))
