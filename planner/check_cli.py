@@ -334,7 +334,7 @@ def _run_options(request: CheckRequest, plan: Any, graph: Any, ranks: int, timeo
     return RunOptions(model=request.model, input_shape=request.input_shape, dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
-                      quiet=True, timeout_s=timeout_s, graph=graph)
+                      quiet=True, timeout_s=timeout_s, graph=graph, extra={"reuse_reference": True})
 
 
 def layout_plan(graph: Any, layout: Layout, model_spec: str = "") -> Any:

@@ -277,7 +277,7 @@ def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: floa
 
 def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
-    from runtime.train import fresh_model, sgd
+    from runtime.train import fresh_model, reference_identity, sgd
     from runtime.verify import Comparison, compare_gradients, compare_outputs, random_report, reference_step
 
     if plan.pipeline.schedule == "stale":
@@ -291,9 +291,11 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     stage.run([e for e in events if e.kind != "U"], sgd(stage.parameters(), lr=0.0),
               lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1, keys=keys)
     batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
-    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches)
-    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches)
-            if dtype.itemsize < 8 else None)
+    reuse = reference_identity(options)
+    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
+                               reuse=reuse)
+    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches,
+                           reuse=reuse) if dtype.itemsize < 8 else None)
     comparison = Comparison.of(reference, dtype, options.tolerance, wide)
     for b in range(micro) if stage.last else ():
         compare_outputs(comparison, stage.model, stage.outputs[b], reference.outputs[b])

@@ -209,13 +209,21 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     split.loss(output, target).backward()
     full_x, labels = _data_source(options, split, dtype, device, whole=True)(0)
     batches = [(full_x, labels, key)]
-    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches)
-    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches)
-            if dtype.itemsize < 8 else None)
+    reuse = reference_identity(options)
+    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
+                               reuse=reuse)
+    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches,
+                           reuse=reuse) if dtype.itemsize < 8 else None)
     comparison = Comparison.of(reference, dtype, options.tolerance, wide)
     compare_outputs(comparison, split, output, reference.outputs[0])
     compare_gradients(comparison, split, reference.model)
     return comparison.report(device) | random_report(reference.random)
+
+
+def reference_identity(options: RunOptions) -> tuple[Any, ...] | None:
+    """What identifies the unsplit reference's model, when the caller lets ranks reuse it across runs
+    (``extra["reuse_reference"]``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
+    return (options.model, options.seed, options.data) if options.extra.get("reuse_reference") else None
 
 
 def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:

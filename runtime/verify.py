@@ -25,7 +25,7 @@ says ``conclusive: false`` with a note (:data:`CONCLUSIVE_FLOOR`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -85,15 +85,50 @@ class Reference:
 
 
 def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
-                   batches: Iterable[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
+                   batches: Iterable[tuple[torch.Tensor, torch.Tensor, DrawKey]], *,
+                   reuse: Hashable | None = None) -> Reference:
     """The unsplit model ``build(dtype)`` after forward and backward of each ``(x, labels, key)``.
 
     Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches);
     the loss is :func:`runtime.apply.output_loss` (cross-entropy over the floating outputs).
+
+    ``reuse``: what identifies ``build``'s model (its spec and seed). Given, the last reference this process
+    computed for the same ``reuse``, dtype, leaf modules and batches (tensors equal element for element, the
+    same keys) is returned instead of computing it again — a pool of ranks verifying one model under several
+    plans (``parplan check``) computes its reference once. The reference is only read by the comparison.
     """
+    batches = list(batches)
+    if reuse is not None:
+        return _reused(reuse, build, leaf_modules, dtype, batches)
+    return _reference(build, leaf_modules, dtype, batches)
+
+
+_REUSED: dict[torch.dtype, tuple[Any, list[Any], Reference]] = {}
+"""Per dtype, the last reference computed with ``reuse`` (its key, its batches, itself)."""
+
+
+def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str],
+            dtype: torch.dtype, batches: list[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
+    key = (reuse, tuple(leaf_modules))
+    known = _REUSED.get(dtype)
+    if known is not None and known[0] == key and _same_batches(known[1], batches):
+        return known[2]
+    _REUSED.pop(dtype, None)  # its memory back before the next one is built
+    reference = _reference(build, leaf_modules, dtype, batches)
+    _REUSED[dtype] = (key, [(x.clone(), labels.clone(), draw) for x, labels, draw in batches], reference)
+    return reference
+
+
+def _same_batches(known: list[Any], batches: list[Any]) -> bool:
+    return len(known) == len(batches) and all(
+        a[2] == b[2] and a[0].shape == b[0].shape and a[1].shape == b[1].shape and torch.equal(a[0], b[0])
+        and torch.equal(a[1], b[1]) for a, b in zip(known, batches))
+
+
+def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
+               batches: list[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
     model, outputs = build(dtype), []
     traced = symbolic_trace(model, tuple(leaf_modules))
-    batches = list(batches)
     for x, labels, key in batches:
         interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
         out = interpreter.run(x.to(dtype))

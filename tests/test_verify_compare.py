@@ -163,3 +163,27 @@ def test_parplan_run_verify_keeps_random_layers_on_and_passes_exactly(repo: Path
     assert verified["random_switched_off"] == switched_off and verified["random_left_on"] == []
     assert {"grad_max_rel_err", "output_max_rel_err", "grad_atol", "output_atol"} <= set(verified)
     assert document["plan"]["summary"].startswith("h2")
+
+
+def test_a_reused_reference_is_the_one_computed_for_the_same_model_and_batches_and_only_that() -> None:
+    from runtime.verify import reference_step
+
+    builds: list[torch.dtype] = []
+
+    def build(dtype: torch.dtype) -> nn.Module:
+        builds.append(dtype)
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).to(dtype)
+
+    x, labels = torch.randn(2, 3, 8, 8), torch.tensor([1, 3])
+    batches = [(x, labels, DrawKey(0, 0))]
+    first = reference_step(build, (), torch.float64, batches, reuse=("net", 0))
+    assert reference_step(build, (), torch.float64, [(x.clone(), labels.clone(), DrawKey(0, 0))],
+                          reuse=("net", 0)) is first
+    fresh = reference_step(build, (), torch.float64, batches)  # without reuse: computed again, equal
+    assert fresh is not first and torch.equal(fresh.model[0].weight.grad, first.model[0].weight.grad)
+    other_batch = reference_step(build, (), torch.float64, [(x + 1, labels, DrawKey(0, 0))], reuse=("net", 0))
+    other_key = reference_step(build, (), torch.float64, [(x, labels, DrawKey(0, 1))], reuse=("net", 0))
+    other_model = reference_step(build, (), torch.float64, batches, reuse=("net", 1))
+    assert len({id(first), id(other_batch), id(other_key), id(other_model)}) == 4
+    assert builds == [torch.float64] * 5
