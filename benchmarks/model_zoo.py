@@ -13,7 +13,7 @@ Models are chosen by rule, so that nobody picks the easy ones:
 Parameters are counted on the meta device (nothing allocated); larger models
 are listed as skipped with their count. Input: a batch of 4, float32, the
 smallest square side of ``SIZES`` that the model accepts in training mode (a
-real forward pass); a timm model that takes ``img_size`` is built for that
+real forward pass), else a timm model's own fixed side; a timm model that takes ``img_size`` is built for that
 side. Each model gets the checks of ``planner.check_cli.check_model`` (one
 implementation, two front ends): trace; plan on 2 and 4 devices of one node
 (the default search of ``parplan plan``); ``--verify`` of each plan; ``--verify``
@@ -258,9 +258,9 @@ def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
 
     error = ""
     takes_img_size = entry.zoo == "timm"
-    for side in SIZES:
+    for side in (*SIZES, *_fixed_side(entry)):
         try:
-            model, takes_img_size = _build_for(entry, side, takes_img_size)
+            model, takes_img_size = _build_for(entry, side, takes_img_size and side in SIZES)
             torch.manual_seed(0)
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -271,6 +271,18 @@ def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
         spec = entry.spec or spec_of(f"timm__{entry.name}__{side if takes_img_size else 0}")
         return side, spec, ""
     return None, entry.spec, error
+
+
+def _fixed_side(entry: ZooModel) -> tuple[int, ...]:
+    """A timm model's own input side (its ``pretrained_cfg``), when it is none of ``SIZES``: the fixed size
+    of a model that accepts only it (crossvit_tiny_240)."""
+    if entry.zoo != "timm":
+        return ()
+    try:
+        side = int(timm_model(entry.name).pretrained_cfg["input_size"][-1])
+    except Exception:  # no configuration to read: only SIZES are tried
+        return ()
+    return () if side in SIZES else (side,)
 
 
 def _build_for(entry: ZooModel, side: int, takes_img_size: bool) -> tuple[Any, bool]:

@@ -49,7 +49,9 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       batch (of a micro-batch in a pipeline) times every position of them —
       or the whole batch when synchronised. PyTorch refuses one value.
     * Every part of the output holds at least one element; a layer with
-      several output tensors is kept whole.
+      several output tensors is kept whole, and no pipeline cut separates it
+      from a layer reading it (a pipeline sends one tensor per value:
+      :func:`crosses_as_tuple`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from cost_models.halo import axis_halos
 from cost_models.layout import Layout
 from cost_models.redistribution import part_range
 
-__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "inherent", "layer_refusal", "pipeline_refusal",
+__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "pipeline_refusal",
            "plan_refusals"]
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
@@ -309,6 +311,13 @@ def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
         return (f"staleness {list(pipeline.staleness)} grows from a stage to a later one; the stale schedule needs it "
                 f"non-increasing (DSP's is 2(K−1−k))")
     return None
+
+
+def crosses_as_tuple(graph: Any, layer: str, later: Any) -> bool:
+    """Whether ``layer`` makes several tensors (a tuple: ``x.chunk(2, dim=1)``) read by a layer ``later(name)``
+    says is past a pipeline cut: the pipeline runtime sends one tensor per value, so no cut may fall there."""
+    output = graph.nodes[layer]["output_shape"]
+    return bool(output) and isinstance(output[0], list) and any(later(reader) for reader in graph.successors(layer))
 
 
 def plan_refusals(plan: Any, graph: Any, *, sync_batchnorm: bool = False) -> Iterator[str]:

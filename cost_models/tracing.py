@@ -105,7 +105,8 @@ class _LocatingTracer(Tracer):
     """A tracer that knows which module it is inside and keeps chosen modules opaque.
 
     ``torch.as_tensor`` of a traced value is recorded as a call (torch.fx would fail inside it: MONAI
-    returns ``torch.as_tensor(self.blocks(x))``); of anything else it runs as usual.
+    returns ``torch.as_tensor(self.blocks(x))``); of anything else it runs as usual. ``torch.jit.isinstance``
+    of a traced value and ``torch.Tensor`` is true, as it is of the tensor it stands for.
     """
 
     def __init__(self, leaf_modules: tuple[str, ...]) -> None:
@@ -114,18 +115,25 @@ class _LocatingTracer(Tracer):
         self.stack: list[tuple[str, str]] = []
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> Graph:
-        original = torch.as_tensor
+        as_tensor, refine = torch.as_tensor, torch.jit.isinstance
 
-        def as_tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
+        def traced_as_tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(data, Proxy):
-                return data.tracer.create_proxy("call_function", original, (data, *args), kwargs)
-            return original(data, *args, **kwargs)
+                return data.tracer.create_proxy("call_function", as_tensor, (data, *args), kwargs)
+            return as_tensor(data, *args, **kwargs)
 
-        torch.as_tensor = as_tensor
+        def traced_isinstance(obj: Any, target_type: Any) -> bool:
+            """A traced value is a tensor (MONAI's ``torch.jit.isinstance(x, torch.Tensor)`` guards, which
+            would otherwise skip the branch the model takes on a real input)."""
+            if isinstance(obj, Proxy) and target_type is torch.Tensor:
+                return True
+            return refine(obj, target_type)
+
+        torch.as_tensor, torch.jit.isinstance = traced_as_tensor, traced_isinstance
         try:
             return super().trace(root, concrete_args)
         finally:
-            torch.as_tensor = original
+            torch.as_tensor, torch.jit.isinstance = as_tensor, refine
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or type(m).__name__ in self.leaf_names:

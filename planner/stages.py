@@ -11,7 +11,8 @@ and each allowed schedule:
   capped by ``max_staleness``; skipped when ``max_staleness`` is 0.
 
 Cuts are contiguous in the decisions' topological order and in the model's
-traced order (what the runtime cuts), chosen by dynamic programming to
+traced order (what the runtime cuts), never between a layer's tuple of
+tensors and its readers (``cost_models.capability.crosses_as_tuple``), chosen by dynamic programming to
 minimise the largest stage's floor (the sum of its decisions'
 cheapest options on the stage's devices) — a balance heuristic, not an exact
 search over cuts. Inside each stage the layouts are solved exactly
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 from math import ceil
 from typing import Any, Callable, Collection, Mapping, Sequence
 
+from cost_models.capability import crosses_as_tuple
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, estimate
@@ -245,7 +247,20 @@ def _model_order_cuts(config: _Config) -> set[int]:
         smallest = min(smallest, *span)
         after.append(smallest)
     after.reverse()
-    return {i for i in range(1, len(spans)) if before[i - 1] < after[i]}
+    return {i for i in range(1, len(spans)) if before[i - 1] < after[i]} - _tuple_crossings(config.graph, position,
+                                                                                             before)
+
+
+def _tuple_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
+    """Cut indices at which a layer's tuple of tensors would be sent to a later stage (the runtime refuses it):
+    the cut after model position ``last`` separates a tuple at ``p <= last`` from a reader past ``last``."""
+    cuts: set[int] = set()
+    for layer, p in position.items():
+        readers = [position[r] for r in graph.successors(layer) if r in position]
+        if not readers or not crosses_as_tuple(graph, layer, lambda reader: True):
+            continue
+        cuts |= {i for i in range(1, len(before) + 1) if p <= before[i - 1] < max(readers)}
+    return cuts
 
 
 def _solver_info(solutions: list[Solution]) -> SolverInfo:

@@ -13,9 +13,11 @@ unsplit program's, evaluated once from the traced shapes, and views with
 written sizes take this rank's extent (``runtime.shapes``); random layers
 draw keyed masks, the same on every rank as in the unsplit model
 (``runtime.random_ops``, keys by :attr:`DistributedModel.draw_key`).
-Layers computed from parameters and constants alone run whole on every rank
-whatever the plan says (:func:`held_plan`); element-wise layers read the part
-of such a tensor that broadcasts onto their box. A call that makes no traced
+Layers computed from parameters and constants alone, and those made from
+the batch's shapes but none of its values (``torch.arange(H)``), run whole on
+every rank whatever the plan says (:func:`held_plan`); element-wise layers
+read the part of such a tensor (of any tensor every rank holds whole) that
+broadcasts onto their box, other layers their box of it. A call that makes no traced
 tensor (a module returning ``(out, None)``) reads its tensor inputs where
 they are when they split samples only, otherwise whole; the layers reading
 its result move it to their own placement.
@@ -64,8 +66,8 @@ from runtime.layers import HANDLERS, Site, functional_batch_norm, input_placemen
 from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import CREATIONS, DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
-from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, nd_box, shape_refusals, static_nodes,
-                            static_values, tensor_names, view_form)
+from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, nd_box, shape_made_nodes, shape_refusals,
+                            static_nodes, static_values, tensor_names, view_form)
 from runtime.slicing import slice_parameters
 
 __all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "held_plan", "is_container",
@@ -238,7 +240,8 @@ class DistributedModel(nn.Module):
         op = self.random.get(node.name)
         if op is not None and (op.keyed or (op.switchable and self.switch_off_random)):
             return self._wrap(site, self._draw(node, site, env))
-        inputs = [n for n in node.all_input_nodes if n.name in self.layer_graph]
+        inputs = [n for n in node.all_input_nodes if n.name in self.layer_graph]  # the trace's input_shapes
+        inputs += [n for n in node.all_input_nodes if n not in inputs and isinstance(env[n.name], torch.Tensor)]
         if site.kind == "adaptive_avgpool" and self._pools_tiles(site, env[inputs[0].name]):
             return self._global_pool(site, env[inputs[0].name])
         form = view_form(node)
@@ -325,6 +328,8 @@ class DistributedModel(nn.Module):
 
         def value_of(node: Node) -> Any:
             value = env[node.name]
+            if box is not None and isinstance(value, _Value) and value.placement.layout.ranks == 1:
+                value = value.tensor  # whole on every rank (a layer made from shapes, …): as a whole operand
             if isinstance(value, _Value):
                 return self._fetch(value, wanted)
             if box is not None and isinstance(value, torch.Tensor) and value.dim() <= len(box):
@@ -551,21 +556,38 @@ def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Seque
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages,
                           static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
         _refuse_split_constant_crossings(cuts, plan, held)
+        _refuse_tuple_crossings(cuts, graph)
+
+
+def _refuse_tuple_crossings(cuts: Sequence[Any], graph: Any) -> None:
+    """The pipeline sends one tensor per crossing value: a layer's tuple of tensors (``x.chunk(2, dim=1)``)
+    cannot cross a cut (``runtime.pipeline``)."""
+    single = tensor_names(graph)
+    crossing = [c.name for cut in cuts for c in cut.sends if c.name in graph.nodes and c.name not in single]
+    if crossing:
+        shape = graph.nodes[crossing[0]]["output_shape"]
+        raise PlanError(f"layer(s) {', '.join(crossing[:3])} with several output tensors (e.g. {shape}) cross a "
+                        f"pipeline cut, and a pipeline sends one tensor per value; move the cut after the layers "
+                        f"reading their items (getitem), or plan with --max-stages 1")
 
 
 def _refuse_split_constant_crossings(cuts: Sequence[Any], plan: Plan, held: Plan) -> None:
-    """A constant layer is computed whole; crossing a pipeline cut it travels as its plan's layout places it."""
+    """A constant layer (or one made from shapes) is computed whole; crossing a pipeline cut it travels as its
+    plan's layout places it."""
     crossing = [c.name for cut in cuts for c in cut.sends
                 if c.name in plan.layers and plan.layers[c.name].layout != held.layers[c.name].layout]
     if crossing:
-        raise PlanError(f"layer(s) {', '.join(crossing[:3])} computed from parameters alone cross a pipeline cut "
-                        f"under a split layout; give them n1 or move the cut next to the layers reading them")
+        raise PlanError(f"layer(s) {', '.join(crossing[:3])} computed from parameters or shapes alone cross a "
+                        f"pipeline cut under a split layout; give them n1 or move the cut next to the layers reading "
+                        f"them")
 
 
 def held_plan(plan: Plan, nodes: Sequence[Node], graph: Any) -> Plan:
-    """``plan`` as the runtime executes it: constant layers (``runtime.shapes.constant_nodes``) whole (``n1``)."""
-    constants = constant_nodes(nodes, frozenset(graph.nodes))
-    layers = {name: (replace(assignment, layout=Layout()) if name in constants else assignment)
+    """``plan`` as the runtime executes it: constant layers and layers made from shapes alone
+    (``runtime.shapes.constant_nodes``, ``shape_made_nodes``) whole (``n1``)."""
+    layers_of = frozenset(graph.nodes)
+    whole = constant_nodes(nodes, layers_of) | shape_made_nodes(nodes, layers_of, tensor_names(graph))
+    layers = {name: (replace(assignment, layout=Layout()) if name in whole else assignment)
               for name, assignment in plan.layers.items()}
     return replace(plan, layers=layers)
 

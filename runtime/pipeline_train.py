@@ -278,8 +278,10 @@ def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: floa
 def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
     from runtime.train import fresh_model, reference_identity, sgd
-    from runtime.verify import Comparison, compare_gradients, compare_outputs, random_report, reference_step
+    from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
+                                reference_step)
 
+    keep_references_of(reference_identity(options), options.leaf_modules)
     if plan.pipeline.schedule == "stale":
         plan = _capped(plan, 0)
     stage = _build(options, plan, dtype, device, sync_batchnorm=True)

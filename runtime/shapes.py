@@ -36,9 +36,18 @@ every rank computes them whole, as the unsplit program does, whatever layout
 the plan gives them. An element-wise layer reads the part of such an operand
 that broadcasts onto its box (``runtime.placement.broadcast_part``); a view
 of one with sizes from the batch's shapes (``table[i].view(T, T, -1)``,
-``token.expand(n, -1, -1)``) is made whole and cut to its box; any other
-layer reads it whole, which is exact only when the layer splits samples
+``token.expand(n, -1, -1)``) is made whole (it is made from shapes, below);
+any other layer reads it whole, which is exact only when the layer splits samples
 alone, so :func:`shape_refusals` refuses it under a channel or spatial split.
+
+Tensors made from the batch's shapes but from none of its values —
+``torch.arange(H)`` of a height read from a shape, a positional encoding
+built from it and repeated ``B`` times, ``token.expand(n, -1, -1)`` — are the
+unsplit program's too (:func:`shape_made_nodes`): every rank computes them
+whole (no op of theirs sees a box, so no shape-derived value of theirs is
+ambiguous), and the layers reading them take their box of the whole tensor
+as of any value of the batch (element-wise layers: the part broadcasting
+onto their box).
 """
 
 from __future__ import annotations
@@ -53,12 +62,13 @@ from cost_models.capability import ANY_LAYOUT_KINDS
 from cost_models.layout import Layout
 from runtime.placement import Placement
 
-__all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "nd_box", "shape_refusals",
-           "static_nodes", "static_values",
-           "view_form"]
+__all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "nd_box", "shape_made_nodes",
+           "shape_refusals", "static_nodes", "static_values", "view_form"]
 
 _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
 _SHAPE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
+_METADATA_ATTRIBUTES = frozenset({"device", "dtype", "is_cuda", "layout"})
+"""What every box of a tensor shares: reading it does not make a tensor depend on the batch's values."""
 _SPATIAL_SIZES = frozenset({"upsample", "adaptive_avgpool", "adaptive_maxpool"})
 
 _RESHAPES = {("call_method", "reshape"), ("call_method", "view"), ("call_method", "unflatten"),
@@ -139,6 +149,33 @@ def constant_nodes(nodes: Sequence[Node], layers: Collection[str]) -> frozenset[
         elif node.name in layers and node.op in ("call_function", "call_method", "call_module"):
             constants.add(node.name)
     return frozenset(constants)
+
+
+def shape_made_nodes(nodes: Sequence[Node], layers: Collection[str], tensors: Collection[str]) -> frozenset[str]:
+    """The layers (names in ``layers``) computed from the batch's shapes, parameters and constants, but from no
+    value of the batch: ``torch.arange(H)`` of a height read from a shape, a positional encoding built from it,
+    ``token.expand(n, -1, -1)``.
+
+    Shape reads (:func:`static_nodes`) and reads of a tensor's device or dtype do not make what reads them
+    depend on the batch here (every rank has the unsplit program's values); :func:`constant_nodes` are not
+    included (they read no shape). Every rank computes these layers whole, as the unsplit program does.
+    """
+    free = {node.name for node in static_nodes(nodes, tensors)}
+    carried: set[str] = set()
+    made: set[str] = set()
+    for node in nodes:
+        if node.name in free or _reads_metadata(node):
+            continue
+        if node.op == "placeholder" or any(n.name in carried for n in node.all_input_nodes):
+            carried.add(node.name)
+        elif node.name in layers and node.op in ("call_function", "call_method", "call_module"):
+            made.add(node.name)
+    return frozenset(made) - constant_nodes(nodes, layers)
+
+
+def _reads_metadata(node: Node) -> bool:
+    return (node.op == "call_function" and node.target is getattr and len(node.args) == 2
+            and node.args[1] in _METADATA_ATTRIBUTES)
 
 
 def static_values(static: Sequence[Node], shape_of: Callable[[str], Sequence[int]]) -> dict[str, Any]:
@@ -258,7 +295,8 @@ def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layo
                    ) -> list[str]:
     """Why the ops of ``nodes`` cannot take the shape-derived values, sizes or whole operands they are given.
 
-    (The module docstring.) Constant layers (:func:`constant_nodes`) run whole and are not checked.
+    (The module docstring.) Constant layers (:func:`constant_nodes`) and layers made from shapes
+    (:func:`shape_made_nodes`) run whole, from the unsplit program's values, and are not checked.
 
     Args:
         nodes: The traced program's nodes (all of them: shape reads may precede a stage's nodes).
@@ -273,12 +311,13 @@ def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layo
     static = static_nodes(nodes, tensors)
     names = {node.name for node in static}
     constants = constant_nodes(nodes, frozenset(graph.nodes))
+    whole = constants | shape_made_nodes(nodes, frozenset(graph.nodes), tensors)
     exact = static_values(static, lambda name: graph.nodes[name]["output_shape"])
     local = [static_values(static, _local_shapes(graph, layouts, member)) for member in range(size)]
     refused = []
     for node in nodes:
         form = view_form(node)
-        if node.name in names or node.name in constants:
+        if node.name in names or node.name in whole:
             continue
         if node.name in layouts and form is None:
             refused += _operand_refusal(node, graph, layouts[node.name], constants, whole_shape)

@@ -199,8 +199,10 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
 
 def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One step of the split and of the unsplit model on the same batch and keyed draws (``runtime.verify``)."""
-    from runtime.verify import Comparison, compare_gradients, compare_outputs, random_report, reference_step
+    from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
+                                reference_step)
 
+    keep_references_of(reference_identity(options), options.leaf_modules)
     _, split = _build(RunOptions(**{**options.__dict__, "sync_batchnorm": True}), plan, dtype, device)
     key = DrawKey(options.seed, 0)
     split.draw_key, split.switch_off_random = key, True

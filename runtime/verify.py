@@ -40,7 +40,7 @@ from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, random_ops
 from runtime.shapes import nd_box
 
 __all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs", "floating_leaves",
-           "random_report", "reference_step"]
+           "keep_references_of", "random_report", "reference_step"]
 
 VERIFY_ATOL_EPS = 100
 """The rounding floor in units of the dtype's epsilon times the model's scale (its largest gradient).
@@ -105,6 +105,13 @@ def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequ
 
 _REUSED: dict[torch.dtype, tuple[Any, list[Any], Reference]] = {}
 """Per dtype, the last reference computed with ``reuse`` (its key, its batches, itself)."""
+
+
+def keep_references_of(reuse: Hashable | None, leaf_modules: Sequence[str] = ()) -> None:
+    """Drop the kept references of any other model (call before building the next split: their memory back)."""
+    key = (reuse, tuple(leaf_modules))
+    for dtype in [dtype for dtype, known in _REUSED.items() if known[0] != key]:
+        del _REUSED[dtype]
 
 
 def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str],

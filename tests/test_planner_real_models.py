@@ -80,3 +80,19 @@ def test_a_pipeline_whose_micro_batch_leaves_a_layer_no_layout_is_left_out() -> 
     assert set(result.plan.layers) == set(graph.compute_layers())
     pipelines = [considered.summary for considered in result.considered if "stage" in considered.summary]
     assert not any("sync M=2" in summary for summary in pipelines)  # one sample per micro-batch: not plannable
+
+
+def test_no_pipeline_cut_separates_a_tuple_of_tensors_from_its_readers() -> None:
+    """shufflenet's ``x.chunk(2, dim=1)`` makes a tuple; a pipeline sends one tensor per value, so the stage
+    search leaves every cut between a chunk and its getitems out, and the plan passes the runtime's pre-flight."""
+    import torchvision
+
+    from runtime.apply import check_runnable
+
+    model = torchvision.models.get_model("shufflenet_v2_x0_5", weights=None)
+    graph = trace(model, (4, 3, 32, 32))
+    assert any(isinstance(graph.nodes[n]["output_shape"][0], list) for n in graph.compute_layers())
+    for devices in (2, 4):
+        result = plan_model(graph, preset_profile("v100"), preset_cluster("v100", devices), max_stages=4)
+        assert result.plan.pipeline.stages > 1  # a pipeline is what the search picks here: the cuts were tried
+        check_runnable(model, result.plan, graph, (), sync_batchnorm=False, verify=True)

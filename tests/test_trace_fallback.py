@@ -240,3 +240,26 @@ def test_an_opaque_module_holding_batchnorm_takes_no_sample_split_when_statistic
     assert layer_refusal(layer, Layout(n=2)) is None  # each part's own statistics, as DDP trains
     assert "cannot synchronise" in layer_refusal(layer, Layout(n=2), sync_batchnorm=True)
     assert layer_refusal(layer, Layout(), sync_batchnorm=True) is None
+
+
+class _JitGuarded(nn.Module):
+    """MONAI's UpCat pattern: a skip connection concatenated under ``torch.jit.isinstance(skip, torch.Tensor)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = self.down(x)
+        if torch.jit.isinstance(skip, torch.Tensor):
+            skip = torch.cat([skip, skip.relu()], dim=1)
+        return self.head(skip)
+
+
+def test_torch_jit_isinstance_of_a_traced_tensor_takes_the_branch_a_real_input_takes() -> None:
+    model = _JitGuarded().double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    graph = trace(model, (2, 3, 8, 8))
+    assert any(graph.nodes[name]["kind"] == "cat" for name in graph.compute_layers())
+    assert torch.equal(symbolic_trace(model, ())(x), model(x))
+    assert torch.jit.isinstance(x, torch.Tensor) and not torch.jit.isinstance(3, torch.Tensor)  # restored

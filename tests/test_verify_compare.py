@@ -187,3 +187,9 @@ def test_a_reused_reference_is_the_one_computed_for_the_same_model_and_batches_a
     other_model = reference_step(build, (), torch.float64, batches, reuse=("net", 1))
     assert len({id(first), id(other_batch), id(other_key), id(other_model)}) == 4
     assert builds == [torch.float64] * 5
+    from runtime.verify import keep_references_of
+
+    keep_references_of(("net", 1))  # the other model's is kept, this one's too
+    assert reference_step(build, (), torch.float64, batches, reuse=("net", 1)) is other_model
+    keep_references_of(("net", 0))  # dropped: built again
+    assert reference_step(build, (), torch.float64, batches, reuse=("net", 1)) is not other_model
