@@ -171,7 +171,9 @@ def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, pa
                    (("kernel_size", 1), ("stride", None), ("dilation", 1)))
         s = s or k  # pooling's stride defaults to its kernel
         needed = (local_out - 1) * s + d * (k - 1) + 1
-        return needed if needed <= extent_in else None
+        pad = axis_value(attrs.get("padding", 0), axis)
+        pad = pad if isinstance(pad, int) else 0
+        return needed if needed <= extent_in + 2 * pad else None  # edge tiles read zero rows of the padding
     if kind == "conv_transpose":
         k, s, d = (axis_value(attrs.get(name, 1), axis) for name in ("kernel_size", "stride", "dilation"))
         halo = max(0, -(-(d * (k - 1) + 1 - s) // s))

@@ -100,3 +100,18 @@ def test_enumeration_deduplicates_and_counts(graph) -> None:  # noqa: ANN001
     assert sorted(id(m) for m in ordered) == sorted(id(m) for m in both)
     first_kinds = {(m.problem.kind, m.phase) for m in ordered[:8]}
     assert len(first_kinds) == 8  # round-robin over (kind, pass) groups first
+
+
+def test_a_tile_reading_zero_rows_of_its_padding_has_a_local_problem() -> None:
+    """alexnet's 5×5, padding-2 convolution on a 7×7 map under h2: a 4-row tile reads 8 rows, two of them the
+    padding's zeros (the capability predicate admits it and the runtime runs it, so the cost model prices it)."""
+    from cost_models.capability import layer_refusal
+    from cost_models.layout import Layout
+    from cost_models.local_problem import local_problem
+
+    layer = {"kind": "conv", "input_shapes": [[4, 64, 7, 7]], "output_shape": [4, 192, 7, 7],
+             "weight_shape": [192, 64, 5, 5], "attrs": {"kernel_size": [5, 5], "stride": [1, 1], "padding": [2, 2],
+                                                       "dilation": [1, 1], "groups": 1, "padding_mode": "zeros"}}
+    assert layer_refusal(layer, Layout(h=2)) is None
+    problem = local_problem(layer, Layout(h=2), 4, "float32")
+    assert problem is not None and problem.input_shapes == ((4, 64, 8, 7),) and problem.output_shape == (4, 192, 4, 7)
