@@ -68,10 +68,10 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     progress, records, wall_s = _train_segments(options, plan, stage, optimizer, dtype, device, recovery)
     stages = _stage_report(stage, plan, records, wall_s, device, options.extra.get("slow_stages", {}))
     layers = _layer_times(options, plan, stage, optimizer, dtype, device) if options.extra.get("per_layer") else None
-    memory = train._peak_memory_bytes(device)
+    memory = train.peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
-    document = train._document(options, plan, progress.per_step_s, progress.losses, memory, verified)
+    document = train.measurement_document(options, plan, progress.per_step_s, progress.losses, memory, verified)
     document["recovery"] = recovery.report()
     document["pipeline"] = {"schedule": plan.pipeline.schedule, "stages": plan.pipeline.stages,
                             "micro_batches": plan.pipeline.micro_batches, "order": _order(options, plan),
@@ -163,7 +163,7 @@ def _events(options: Any, plan: Any, stage: Any, batches: int = 1) -> tuple[Even
 def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, steps: range, dtype: torch.dtype,
            device: torch.device) -> tuple[list[float], list[Any], float]:
     """Run ``steps``; returns per-step seconds, this rank's event records and the wall time (slowest rank)."""
-    from runtime.train import _synchronise
+    from runtime.train import synchronise
 
     barrier("the barrier before the pipeline's first step")
     fault, rank = planned(), dist.get_rank()
@@ -186,7 +186,7 @@ def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
                 records += stage.run(_events(options, plan, stage), optimizer,
                                      lambda micro, s=step: _load(options, stage, s, micro, dtype, device),
                                      last_backward=plan.pipeline.micro_batches - 1, keys=_keys(options, stage, step))
-            _synchronise(device)
+            synchronise(device)
             per_step.append(_slowest(time.perf_counter() - begun, device))
     return per_step, records, _slowest(time.perf_counter() - started, device)
 

@@ -38,7 +38,8 @@ from runtime.checkpoint import Progress
 from runtime.random_ops import DrawKey
 from runtime.recovery import Recovery, training_state
 
-__all__ = ["PER_LAYER_STEPS", "RunOptions", "fresh_model", "worker"]
+__all__ = ["PER_LAYER_STEPS", "RunOptions", "fresh_model", "measurement_document", "peak_memory_bytes",
+           "reference_identity", "sgd", "synchronise", "worker"]
 
 PER_LAYER_STEPS = 3
 """Profiled steps after the timed ones when per-layer times are asked for (``extra["per_layer"]``)."""
@@ -106,10 +107,10 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     recovery = Recovery(options, training_state(split, optimizer), device)
     progress = _train(options, plan, split, optimizer, batch, device, recovery)
     layers = _layer_times(options, split, optimizer, batch, device) if options.extra.get("per_layer") else None
-    memory = _peak_memory_bytes(device)
+    memory = peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
-    document = _document(options, plan, progress.per_step_s, progress.losses, memory, verified)
+    document = measurement_document(options, plan, progress.per_step_s, progress.losses, memory, verified)
     document["recovery"] = recovery.report()
     if layers is not None:
         document["layers"] = layers
@@ -183,7 +184,7 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
           device: torch.device, key: DrawKey) -> tuple[float, float]:
     x, target = batch
     split.draw_key = key  # the step's random draws: the same on a resumed run
-    _synchronise(device)
+    synchronise(device)
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     with at("forward"):
@@ -191,7 +192,7 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
     with at("backward"):
         share.backward()
     optimizer.step()
-    _synchronise(device)
+    synchronise(device)
     elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
     all_reduce(elapsed, "the step-time allreduce", dist.ReduceOp.MAX)
     return float(elapsed.item()), split.global_value(share)
@@ -248,8 +249,9 @@ def _progress(options: RunOptions, step: int, seconds: float, loss: float, plan:
           flush=True)
 
 
-def _document(options: RunOptions, plan: Any, per_step: list[float], losses: list[float], memory: int,
-              verified: dict[str, Any] | None) -> dict[str, Any]:
+def measurement_document(options: RunOptions, plan: Any, per_step: list[float], losses: list[float], memory: int,
+                         verified: dict[str, Any] | None) -> dict[str, Any]:
+    """Rank 0's measurement of a run (also the pipeline worker's): per-step seconds, losses, memory, verify."""
     return {
         "format": "parplan.measurement/1",
         "model": {"spec": options.model, "input_shape": list(options.input_shape), "dtype": options.dtype,
@@ -277,12 +279,12 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _synchronise(device: torch.device) -> None:
+def synchronise(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _peak_memory_bytes(device: torch.device) -> int:
+def peak_memory_bytes(device: torch.device) -> int:
     """Largest over ranks: CUDA's peak allocation, or the process's peak resident size on CPU."""
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)

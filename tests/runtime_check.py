@@ -174,3 +174,19 @@ def _batch(shape: tuple[int, ...], graph: Any, dtype: Any) -> tuple[Any, Any]:
 
 def _shape4(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(shape) if len(shape) == 4 else (shape[0], shape[1], 1, 1)
+
+
+def assert_split_matches(split: Any, reference: Any, out: Any, expected: Any, context: str) -> None:
+    """``split`` (a DistributedModel after its backward, ``out`` its output box) equals the unsplit
+    ``reference`` (after its backward, ``expected`` its output): output, and every gradient (its slice)."""
+    import torch
+
+    torch.testing.assert_close(split.gather(out.detach()), expected.detach(), msg=lambda m: f"{context} output: {m}")
+    sliced = {piece.name: piece for piece in split.slices}
+    grads = dict(reference.named_parameters())
+    for parameter, param in split.model.named_parameters():
+        full = grads[parameter].grad
+        if parameter in sliced:
+            full = full.narrow(sliced[parameter].dim, sliced[parameter].start,
+                               sliced[parameter].stop - sliced[parameter].start)
+        torch.testing.assert_close(param.grad, full, msg=lambda m: f"{context} grad of {parameter}: {m}")

@@ -15,7 +15,6 @@ interpreter trace the model twice: fx names the constants differently each time)
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, Sequence
 
 import pytest
@@ -26,6 +25,7 @@ from torch import nn
 from cost_models.capability import layer_refusal
 from cost_models.layout import Layout
 from distributed import run_ranks
+from runtime_check import assert_split_matches
 
 SHAPE = (4, 3, 8, 8)
 
@@ -248,15 +248,8 @@ def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict
     expected = reference(x)
     F.cross_entropy(expected, target).backward()
     context = f"{name} under {layouts}"
-    torch.testing.assert_close(split.gather(out.detach()), expected.detach(), msg=lambda m: f"{context} output: {m}")
+    assert_split_matches(split, reference, out, expected, context)
     sliced = {piece.name: piece for piece in split.slices}
-    grads = dict(reference.named_parameters())
-    for parameter, param in split.model.named_parameters():
-        full = grads[parameter].grad
-        if parameter in sliced:
-            full = full.narrow(sliced[parameter].dim, sliced[parameter].start,
-                               sliced[parameter].stop - sliced[parameter].start)
-        torch.testing.assert_close(param.grad, full, msg=lambda m: f"{context} grad of {parameter}: {m}")
     buffers = dict(reference.named_buffers())
     for buffer, value in split.model.named_buffers():
         piece = sliced.get(buffer.rsplit(".", 1)[0] + ".weight")

@@ -29,6 +29,7 @@ from torch import nn
 from cost_models.errors import PlanError
 from cost_models.layout import Layout
 from distributed import run_ranks
+from runtime_check import assert_split_matches
 
 SHAPE = (4, 3, 8, 8)
 
@@ -183,15 +184,7 @@ def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict
     expected = reference(x)
     F.cross_entropy(expected, target).backward()
     context = f"{name} under {layouts}"
-    torch.testing.assert_close(split.gather(out.detach()), expected.detach(), msg=lambda m: f"{context} output: {m}")
-    sliced = {piece.name: piece for piece in split.slices}
-    grads = dict(reference.named_parameters())
-    for parameter, param in split.model.named_parameters():
-        full = grads[parameter].grad
-        if parameter in sliced:
-            full = full.narrow(sliced[parameter].dim, sliced[parameter].start,
-                               sliced[parameter].stop - sliced[parameter].start)
-        torch.testing.assert_close(param.grad, full, msg=lambda m: f"{context} grad of {parameter}: {m}")
+    assert_split_matches(split, reference, out, expected, context)
     return {layer: str(assignment.layout) for layer, assignment in plan.layers.items()}
 
 
