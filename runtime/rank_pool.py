@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Sequence
 
-__all__ = ["PRELOAD", "RankPool", "RankPools", "TaskOutcome", "one_line"]
+__all__ = ["LOW_MEMORY_SHARE", "PRELOAD", "RankPool", "RankPools", "TaskOutcome", "available_memory_share", "one_line"]
 
 PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.graph", "runtime.apply",
            "runtime.train", "runtime.pipeline_train")
@@ -50,6 +50,9 @@ PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models
 
 _INPUT_ERRORS = ("InputError", "TraceError", "PlanError")
 """``cost_models.errors``' classes, recognised by name: a rank that raised one refused its input."""
+
+LOW_MEMORY_SHARE = 0.5
+"""Below this share of the machine's memory available, ``RankPools`` stops idle pools before a task."""
 
 _POLL_S = 0.2
 _PARENT_POLL_S = 0.5
@@ -125,6 +128,8 @@ class RankPool:
         started = time.monotonic()
         deadline = started + timeout_s
         start_s = 0.0
+        if self.running and not all(map(_alive, self.pids)):  # a rank died idle (the OOM killer): start afresh
+            self.close()
         if not self.running:
             failure = self._start(deadline, timeout_s)
             start_s = time.monotonic() - started
@@ -237,14 +242,43 @@ class RankPools:
         self.close()
 
     def run(self, ranks: int, options: Any, *, timeout_s: float) -> TaskOutcome:
-        """``RankPool.run`` on the pool of ``ranks`` ranks."""
+        """``RankPool.run`` on the pool of ``ranks`` ranks.
+
+        When less than :data:`LOW_MEMORY_SHARE` of this machine's memory is available, the idle pools of other
+        sizes are stopped first: their ranks hold the last model they ran, and restarting them costs a fork.
+        """
         if ranks not in self.pools:
             self.pools[ranks] = RankPool(ranks, **self._settings)  # type: ignore[arg-type]
+        if available_memory_share() < LOW_MEMORY_SHARE:
+            for size, pool in self.pools.items():
+                if size != ranks:
+                    pool.close()
         return self.pools[ranks].run(options, timeout_s=timeout_s)
 
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
+
+
+def available_memory_share() -> float:
+    """``MemAvailable / MemTotal`` of ``/proc/meminfo``; 1.0 where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return 1.0
+
+
+def _release_memory() -> None:
+    """Collect the last task's garbage and hand freed heap pages back to the kernel (glibc keeps them)."""
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _signal_text(rank: int, code: int) -> str:
@@ -277,6 +311,8 @@ def _rank_main(rank: int, world: int, rendezvous: str, tasks: Any, results: Any,
         except BaseException as err:  # the parent tears the pool down: the group may be desynchronised
             status = "refused" if type(err).__name__ in _INPUT_ERRORS else "failed"
             _report_and_exit(results, (rank, task_id, status, one_line(err)))
+        del options
+        _release_memory()
         results.put((rank, task_id, "ok", document))
     dist.destroy_process_group()
 

@@ -142,6 +142,19 @@ def test_a_rank_that_dies_or_hangs_fails_its_check_and_the_pool_recovers(pools: 
     assert pools.pools[2].starts == starts + 1
 
 
+def test_a_rank_killed_while_idle_is_replaced_before_the_next_task(pools: RankPools) -> None:
+    assert _verify_n2(f"{HERE}:_tiny", pools).result == "pass"
+    pool = pools.pools[2]
+    starts, victim = pool.starts, pool.pids[1]
+    os.kill(victim, signal.SIGKILL)  # as the kernel's OOM killer does, between two tasks
+    deadline = time.monotonic() + 10.0
+    while _alive(victim) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check = _verify_n2(f"{HERE}:_tiny", pools)
+    assert check.result == "pass", check.reason
+    assert pool.starts == starts + 1
+
+
 def test_a_split_that_differs_from_the_unsplit_model_fails_with_its_error(pools: RankPools) -> None:
     check = _verify_n2(f"{HERE}:rank_one_differs", pools)
     assert check.result == "fail" and "verify error above tolerance" in check.reason, check.reason
