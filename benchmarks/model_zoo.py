@@ -19,7 +19,11 @@ implementation, two front ends): trace; plan on 2 and 4 devices of one node
 (the default search of ``parplan plan``); ``--verify`` of each plan; ``--verify``
 under n2, h2, w2, c2 (2 ranks) and h2·w2 (4 ranks) — on persistent pools of
 ranks (``runtime.rank_pool``). A model has at most ``--cap-s`` (300) seconds
-for all its checks; what is left when they run out fails as timed out.
+for all its checks; what is left when they run out fails as timed out. The
+cap is hard: the models run in a worker process, and a supervisor kills it
+with its ranks when a model is still running ``GRACE_S`` (60 s) past its cap,
+records the model as failed and starts a worker for the next
+(``benchmarks.zoo_supervisor``).
 
 Results go to ``--out`` (JSON, rewritten atomically after every model, so a
 crashed or stopped run resumes where it was; the chosen models are cached in
@@ -45,7 +49,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import re
 import sys
 import time
 import warnings
@@ -54,16 +57,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-ZOOS = ("torchvision", "timm", "monai")
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+if str(REPO) not in sys.path:  # run as a script, or imported by path in the ranks (a model spec)
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.zoo_table import COLUMNS, ZOOS, checks_of, markdown  # noqa: E402 - after the path above
+
 SIZES = (32, 64, 96, 128, 224)
 BATCH = 4
 MAX_PARAMS = 100_000_000
 CAP_S = 300.0
 FORMAT = "parplan.model-zoo/1"
-HERE = Path(__file__).resolve()
-REPO = HERE.parent.parent
-CONVOLUTIONAL = 0.5
-"""A model is convolutional when convolutions carry at least this share of its forward FLOPs."""
 
 MONAI_NETWORKS: dict[str, dict[str, Any]] = {
     "UNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "channels": (8, 16, 32), "strides": (2, 2),
@@ -300,8 +305,8 @@ def _build_for(entry: ZooModel, side: int, takes_img_size: bool) -> tuple[Any, b
 
 
 # ----------------------------------------------------------------------------------------------- running
-def run_model(entry: ZooModel, pools: Any, cap_s: float) -> dict[str, Any]:
-    """Every check of one model (``check_model``), as the results document's entry for it."""
+def run_model(entry: ZooModel, pools: Any, cap_s: float, on_check: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Every check of one model (``check_model``; ``on_check`` after each), as the results document's entry."""
     from cost_models.errors import InputError
     from planner.check_cli import CheckRequest, check_model
 
@@ -316,7 +321,7 @@ def run_model(entry: ZooModel, pools: Any, cap_s: float) -> dict[str, Any]:
     else:
         request = CheckRequest(spec, (BATCH, 3, side, side), timeout_s=cap_s, budget_s=cap_s)
         try:
-            result["report"] = check_model(request, pools).to_dict()
+            result["report"] = check_model(request, pools, on_check).to_dict()
         except InputError as err:
             result["report"] = _no_trace(f"the model does not build: {_first_line(err)}")
         except Exception as err:  # a bug of the harness or the tracer's caller: recorded, and the suite goes on
@@ -388,26 +393,72 @@ def machine() -> dict[str, Any]:
 
 
 def run_suite(args: argparse.Namespace) -> dict[str, Any]:
+    """The supervisor (``benchmarks.zoo_supervisor``): a worker runs the models; one stuck past the cap is killed."""
+    from benchmarks.zoo_supervisor import GRACE_S, supervise
+
+    out = Path(args.out)
+    results = load_results(out)
+    results["cap_s"] = args.cap_s
+    results.setdefault("commands", []).append(" ".join(["benchmarks/model_zoo.py", *args.argv]))
+    save_results(out, results)
+    since, started = _now(), time.perf_counter()
+    worker = [sys.executable, str(HERE), *args.argv, "--worker", "--since", since]
+    heartbeat = out.with_name(out.name + ".heartbeat")
+
+    def record(last: dict[str, Any], why: str) -> None:
+        document = load_results(out)
+        document["models"][last["key"]] = _stuck(last, why)
+        save_results(out, document)
+        print(f"[{last['key']}] {why}", file=sys.stderr, flush=True)
+
+    supervise(worker, heartbeat=heartbeat, limit_s=args.cap_s + GRACE_S, on_stuck=record)
+    heartbeat.unlink(missing_ok=True)
+    results = load_results(out)
+    results["wall_s"] = round(results.get("wall_s", 0.0) + time.perf_counter() - started, 1)
+    save_results(out, results)
+    return results
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """The models not yet done (with ``--rerun``: not done since ``--since``), one after another, on one pool."""
+    from benchmarks.zoo_supervisor import beat
     from runtime.rank_pool import RankPools
 
-    out = Path(args.out) if args.out else None
+    out = Path(args.out)
     results = load_results(out)
-    results.update({"machine": machine(), "cap_s": args.cap_s})
-    results.setdefault("commands", []).append(" ".join(sys.argv))
+    results["machine"] = machine()
     chosen = [select(catalogue(zoo, results, out), args.only, args.limit) for zoo in args.zoo]
-    todo = [e for e in _round_robin(chosen) if _key(e) not in results["models"] or args.rerun]
+    todo = [e for e in _round_robin(chosen) if _to_do(results["models"].get(_key(e)), args)]
     preload = [name for name, zoo in (("timm", "timm"), ("monai.networks.nets", "monai")) if zoo in args.zoo]
-    started = time.perf_counter()
+    heartbeat = out.with_name(out.name + ".heartbeat")
     with RankPools(group_timeout_s=args.cap_s, preload=preload) as pools:
         for index, entry in enumerate(todo, 1):
-            result = _skipped(entry) if entry.skip else run_model(entry, pools, args.cap_s)
+            last = {"key": _key(entry), "entry": asdict(entry), "started": time.time(), "checks": []}
+            beat(heartbeat, last)
+
+            def finished(check: Any, last: dict[str, Any] = last) -> None:
+                last["checks"].append(check.to_dict())
+                beat(heartbeat, last)
+
+            result = _skipped(entry) if entry.skip else run_model(entry, pools, args.cap_s, finished)
             result["finished"] = _now()
             results["models"][_key(entry)] = result
             save_results(out, results)
             print(f"[{index}/{len(todo)}] {_progress_line(result)}", file=sys.stderr, flush=True)
-    results["wall_s"] = round(results.get("wall_s", 0.0) + time.perf_counter() - started, 1)
-    save_results(out, results)
-    return results
+
+
+def _to_do(done: dict[str, Any] | None, args: argparse.Namespace) -> bool:
+    return done is None or (args.rerun and done.get("finished", "") < args.since)
+
+
+def _stuck(last: dict[str, Any], why: str) -> dict[str, Any]:
+    """The results entry of a model its worker was killed or died on: the checks it finished, then a failure."""
+    done = [check["name"] for check in last["checks"]]
+    running = next((column for column in COLUMNS if column not in done), "trace")
+    failed = {"name": running, "check": running.split()[0] if running != "trace" else "trace", "layout": None,
+              "devices": None, "result": "fail", "reason": why, "seconds": 0.0, "detail": {}}
+    return {**last["entry"], "side": None, "report": {"checks": [*last["checks"], failed]},
+            "seconds": round(time.time() - last["started"], 2), "finished": _now()}
 
 
 def _round_robin(lists: Sequence[Sequence[ZooModel]]) -> list[ZooModel]:
@@ -440,222 +491,41 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-# ----------------------------------------------------------------------------------------------- the table
-COLUMNS = ("trace", "plan 2", "verify plan 2", "plan 4", "verify plan 4", "verify n2", "verify h2", "verify w2",
-           "verify c2", "verify h2·w2")
-HEADINGS = ("trace", "plan 2", "verify plan 2", "plan 4", "verify plan 4", "n2", "h2", "w2", "c2", "h2·w2")
-
-
-class Notes:
-    """Numbered notes: one per cause (a reason with names and numbers taken out), with the models it hit."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix, self.causes, self.models = prefix, {}, {}
-
-    def mark(self, reason: str, model: str) -> str:
-        cause = cause_of(reason)
-        if cause not in self.causes:
-            self.causes[cause] = f"{self.prefix}{len(self.causes) + 1}"
-            self.models[cause] = []
-        if model not in self.models[cause]:
-            self.models[cause].append(model)
-        return self.causes[cause]
-
-    def lines(self) -> list[str]:
-        return [f"* **{label}** ({len(self.models[cause])}): {cause} — {', '.join(self.models[cause])}"
-                for cause, label in self.causes.items()]
-
-
-def cause_of(reason: str) -> str:
-    """A reason with quoted names, numbers and shapes replaced, so that one cause reads the same in every model."""
-    text = re.sub(r"'[^'\s]*'", "'…'", reason)
-    text = re.sub(r"\((?:\s*\d+\s*,)+\s*\d+\s*\)", "(shape)", text)
-    text = re.sub(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?!-D)", "N", text)
-    text = text if len(text) <= 400 else text[:400] + " …"
-    return text.replace("|", "\\|")
-
-
-def full_split(check: dict[str, Any]) -> bool:
-    """A passing layout check whose every whole layer cannot be split at all (no runtime gap)."""
-    detail = check.get("detail", {})
-    return check["result"] == "pass" and all(item["cannot_split"] for item in detail.get("whole", []))
-
-
-def _cell(check: dict[str, Any] | None, model: str, notes: dict[str, Notes]) -> str:
-    if check is None:
-        return "—"
-    if check["result"] == "pass":
-        gaps = [item for item in check.get("detail", {}).get("whole", []) if not item["cannot_split"]]
-        if not gaps:
-            return "pass"
-        labels = sorted({notes["gap"].mark(g["reason"], model) for g in gaps},
-                        key=lambda label: int(label[1:]))
-        return f"pass ({len(gaps)} whole: {', '.join(labels)})"
-    label = notes[check["result"]].mark(check["reason"], model)
-    return f"{check['result']} {label}"
-
-
-def markdown(results: dict[str, Any]) -> str:
-    """``docs/model-coverage.md``: counts, legend, the table per zoo, the causes, the skipped models."""
-    notes = {"fail": Notes("F"), "refused": Notes("R"), "gap": Notes("G")}
-    tables = [_zoo_table(zoo, rows, notes) for zoo, rows in _by_zoo(results).items()]
-    machine_info = results.get("machine", {})
-    lines = ["# Model coverage", "",
-             "Generated by `benchmarks/model_zoo.py` — do not edit by hand; rerun it. "
-             f"Last model finished {_last_finished(results)}; machine: {machine_info.get('cpu')} "
-             f"({machine_info.get('cores')} cores), Python {machine_info.get('python')}, torch "
-             f"{machine_info.get('torch')}, torchvision {machine_info.get('torchvision')}, timm "
-             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}; wall time of the runs "
-             f"{results.get('wall_s', 0):.0f} s; commands (one results file, resumed): "
-             + "; ".join(f"`{command}`" for command in results.get("commands", [])) + ".", "",
-             *_counts(results), "", *_legend(), ""]
-    for table in tables:
-        lines += [*table, ""]
-    for title, key in (("Failures, by cause", "fail"), ("Refusals, by cause", "refused"),
-                       ("Layers kept whole though they could be split (runtime gaps), by cause", "gap")):
-        if notes[key].causes:
-            lines += [f"## {title}", "", *notes[key].lines(), ""]
-    lines += _skipped_lines(results)
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _by_zoo(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for result in results["models"].values():
-        rows.setdefault(result["zoo"], []).append(result)
-    return {zoo: sorted(rows[zoo], key=lambda r: r["name"]) for zoo in ZOOS if zoo in rows}
-
-
-def _checks(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["name"]: c for c in (result.get("report") or {}).get("checks", [])}
-
-
-def _zoo_table(zoo: str, rows: list[dict[str, Any]], notes: dict[str, Notes]) -> list[str]:
-    lines = [f"## {zoo}", "", "| model | params | input | " + " | ".join(HEADINGS) + " | s |",
-             "|---|---:|---:|" + "---|" * len(HEADINGS) + "---:|"]
-    for row in rows:
-        if row.get("report") is None:
-            continue
-        checks = _checks(row)
-        name = f"{row['name']} ({row['family']})" if row.get("family") and row["family"] != row["name"] else row["name"]
-        cells = [_cell(checks.get(column), row["name"], notes) for column in COLUMNS]
-        lines.append(f"| {name} | {_millions(row['params'])} | {row['side'] or '—'} | " + " | ".join(cells)
-                     + f" | {row['seconds']:.0f} |")
-    if zoo == "monai":
-        lines += ["", "MONAI configurations: " + "; ".join(f"{r['name']}({r['config']})" for r in rows
-                                                         if r.get("report") is not None)]
-    return lines
-
-
-def _millions(params: int | None) -> str:
-    if params is None:
-        return "—"
-    return f"{params / 1e6:.1f} M" if params >= 1e6 else f"{params / 1e3:.0f} k"
-
-
-def _counts(results: dict[str, Any]) -> list[str]:
-    lines = ["## Counts", "",
-             "| zoo | models run | trace | plan on 2 and 4 | plan and verify their plan (2 and 4) | verify n2 | "
-             "verify h2 | verify w2 | verify c2 | verify h2·w2 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    convolutional: list[dict[str, dict[str, Any]]] = []
-    for zoo, rows in _by_zoo(results).items():
-        run = [_checks(r) for r in rows if r.get("report") is not None]
-        convolutional += [c for c in run if c.get("trace", {}).get("detail", {}).get("conv_flops_share", 0)
-                          >= CONVOLUTIONAL]
-        unit = {"torchvision": "models", "timm": "families", "monai": "networks"}[zoo]
-
-        def share(test: Callable[[dict[str, dict[str, Any]]], bool]) -> str:
-            hits = sum(test(c) for c in run)
-            return f"{hits} ({100 * hits / len(run):.0f}%)" if run else "—"
-
-        lines.append(f"| {zoo} | {len(run)} {unit} | {share(lambda c: _passed(c, 'trace'))} | "
-                     f"{share(lambda c: _passed(c, 'plan 2', 'plan 4'))} | "
-                     f"{share(lambda c: _passed(c, 'plan 2', 'plan 4', 'verify plan 2', 'verify plan 4'))} | "
-                     + " | ".join(share(lambda c, n=n: _passed(c, n)) for n in COLUMNS[5:]) + " |")
-    lines += ["", _convolutional_line(convolutional)]
-    return lines
-
-
-def _passed(checks: dict[str, dict[str, Any]], *names: str) -> bool:
-    return all(checks.get(name, {}).get("result") == "pass" for name in names)
-
-
-def _convolutional_line(models: list[dict[str, dict[str, Any]]]) -> str:
-    if not models:
-        return "No convolutional model was run."
-    parts = []
-    for name in ("verify h2", "verify h2·w2"):
-        full = sum(name in m and full_split(m[name]) for m in models)
-        passed = sum(_passed(m, name) for m in models)
-        parts.append(f"{name.split()[1]}: {full} of {len(models)} ({100 * full / len(models):.0f}%) verify with every "
-                     f"layer that can be split split ({passed} pass with some layers kept whole)")
-    return (f"Among the {len(models)} convolutional models (convolutions ≥ {CONVOLUTIONAL:.0%} of forward FLOPs): "
-            + "; ".join(parts) + ". A layer kept whole counts against a model unless it cannot be split at all "
-            "(its output too small for the layout, no height and width, a tile narrower than its window, softmax or "
-            "concatenation along the split dimension).")
-
-
-def _legend() -> list[str]:
-    return ["## Legend", "",
-            "Each model: batch 4, float32, the smallest square side of 32, 64, 96, 128, 224 it accepts in training "
-            "mode (input column). Checks (`parplan check`): **trace**; **plan D** — `parplan plan`'s default search "
-            "(pipelines on) on D devices of one node, v100 preset; **verify plan D** — `--verify` of that plan on D "
-            "ranks; **n2, h2, w2, c2** (2 ranks) and **h2·w2** (4 ranks) — `--verify` of `parplan run --layout L` "
-            "(each layer its first of L, n1 that it can take). `--verify`: one step of the split and the unsplit "
-            "model, largest relative error of the output and of every gradient at most 1e-3.", "",
-            "* **pass** — verified; for a layout, every layer took it or cannot be split at all;",
-            "* **pass (k whole: G…)** — verified, but k layers kept their output whole that a runtime could split "
-            "(causes G… below);",
-            "* **refused R…** — refused before any rank started (the planner, or `parplan run`'s pre-flight), "
-            "cause R… below;",
-            "* **fail F…** — an error above tolerance, a rank's exception or death, a timeout (300 s per model "
-            "for all its checks), or an internal error; cause F… below;",
-            "* **—** — not run (the trace or the plan before it did not pass)."]
-
-
-def _skipped_lines(results: dict[str, Any]) -> list[str]:
-    skipped = [r for r in results["models"].values() if r.get("report") is None]
-    if not skipped:
-        return []
-    return ["## Skipped (by rule)", "",
-            *[f"* {r['zoo']}/{r['name']}: {r['skip']}" for r in sorted(skipped, key=lambda r: (r["zoo"], r["name"]))]]
-
-
-def _last_finished(results: dict[str, Any]) -> str:
-    stamps = [r.get("finished", "") for r in results["models"].values()]
-    return max(stamps) if stamps else "never"
-
-
 # ----------------------------------------------------------------------------------------------- command line
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="The model-coverage suite (parplan check over model zoos).")
     parser.add_argument("--zoo", default=",".join(ZOOS), help="zoos to run, comma-separated (default all)")
     parser.add_argument("--only", nargs="+", default=[], metavar="NAME", help="only these models (name or family)")
     parser.add_argument("--limit", type=int, help="at most K models per zoo, evenly spaced in its sorted list")
-    parser.add_argument("--out", help="results JSON (incremental: a rerun resumes it)")
+    parser.add_argument("--out", default="model-zoo-results.json",
+                        help="results JSON (incremental: a rerun resumes it; default model-zoo-results.json)")
     parser.add_argument("--markdown", help="write the table here (e.g. docs/model-coverage.md)")
     parser.add_argument("--cap-s", type=float, default=CAP_S, help="seconds per model for all its checks (300)")
     parser.add_argument("--rerun", action="store_true", help="run models the results file already has again")
     parser.add_argument("--table-only", action="store_true", help="write --markdown from --out without running")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # the supervisor's child
+    parser.add_argument("--since", default="", help=argparse.SUPPRESS)  # with --rerun: models done since are done
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.zoo = [z.strip() for z in args.zoo.split(",") if z.strip()]
     unknown = sorted(set(args.zoo) - set(ZOOS))
     if unknown:
         parser.error(f"--zoo {','.join(unknown)}: choose from {','.join(ZOOS)}")
-    if args.table_only and not (args.out and args.markdown):
-        parser.error("--table-only needs --out (the results) and --markdown (the table)")
+    if args.table_only and not args.markdown:
+        parser.error("--table-only needs --markdown (where to write the table)")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     args = parse_args(argv)
+    if args.worker:
+        run_worker(args)
+        return 0
     results = load_results(Path(args.out)) if args.table_only else run_suite(args)
     if args.markdown:
         Path(args.markdown).write_text(markdown(results))
         print(f"wrote {args.markdown}", file=sys.stderr)
-    failed = any(c["result"] == "fail" for r in results["models"].values() for c in _checks(r).values())
+    failed = any(c["result"] == "fail" for r in results["models"].values() for c in checks_of(r).values())
     return 1 if failed else 0
 
 

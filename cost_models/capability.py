@@ -51,7 +51,8 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
     * Every part of the output holds at least one element; a layer with
       several output tensors is kept whole, and no pipeline cut separates it
       from a layer reading it (a pipeline sends one tensor per value:
-      :func:`crosses_as_tuple`).
+      :func:`crosses_as_tuple`), nor the calls of one module that holds
+      parameters (:func:`shared_modules`).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ from cost_models.layout import Layout
 from cost_models.redistribution import part_range
 
 __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "pipeline_refusal",
-           "plan_refusals"]
+           "plan_refusals", "shared_layout_refusal", "shared_module_refusal",
+           "shared_modules"]
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
 SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "upsample", "batchnorm", "cat", "softmax"})
@@ -127,6 +129,8 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(layer["output_shape"])):
         return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
     if kind in ("view", "flatten") and layout.n > 1 and (moved := _sample_view_refusal(layer, layout)):
+        return moved
+    if kind not in ("view", "flatten") and layout.n > 1 and (moved := _sample_dim_refusal(layer)):
         return moved
     if kind == "linear" and layout.c > 1 and any(len(s) != 2 for s in layer["input_shapes"]):
         return "a linear layer splits its filters on 2-D (N, features) inputs only"
@@ -194,7 +198,19 @@ def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return "softmax over the split channel dimension"
     if kind == "view":
         return _view_refusal(layer, layout)
+    if kind == "pad" and "pad" not in attrs:
+        return "a padding computed from tensor shapes may pad the split channel dimension"
+    if kind == "pad" and _pads_dimension(attrs["pad"], len(layer["output_shape"]), 1):
+        return "padding along the split channel dimension moves the split channels"
     return None
+
+
+def _pads_dimension(pad: Any, rank: int, dim: int) -> bool:
+    """Whether ``F.pad``'s ``pad`` (last dimension first: left, right, top, bottom, …) pads dimension ``dim``."""
+    if not isinstance(pad, (list, tuple)):
+        return False
+    first = 2 * (rank - 1 - dim)
+    return any(not isinstance(v, (int, float)) or v != 0 for v in pad[first:first + 2])  # unknown: it may
 
 
 def _view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
@@ -233,6 +249,21 @@ def _sample_view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None
                                                                      _part(target[0], layout.n, part)]:
             return (f"a view from {tuple(source)} to {tuple(target)} moves the split samples: part {part} of the "
                     f"input's samples is not part {part} of the output's first dimension")
+    return None
+
+
+def _sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
+    """Under a sample split a layer runs on its own samples: each tensor it reads holds them in dimension 0, as
+    its output does (or broadcasts one sample): every operand of an opaque call (``q @ k.T`` mixes samples when
+    ``k.T`` holds them in dimension 1), the first of any other layer (later ones may be its parameters).
+    ``qkv[0]`` of a ``(3, N, …)`` stack, a reduction over the batch, a padding of dimension 0 do not."""
+    target, sources = layer["output_shape"], layer["input_shapes"]
+    read = sources if layer["kind"] == "other" else sources[:1]  # a matmul's operands are all activations
+    for source in read:
+        if isinstance(source, list) and source and not isinstance(source[0], list) and source[0] not in (
+                1, target[0]):
+            return (f"it maps dimension 0 of its input {tuple(source)} onto dimension 0 of its output "
+                    f"{tuple(target)}, which moves the split samples")
     return None
 
 
@@ -282,20 +313,18 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
             f"batch-norm (--sync-batchnorm)")
 
 
-_INHERENT = ("concatenation along a split dimension", "softmax over the split channel dimension",
-              "softmax across tiles must be over the channels", "has no height and width to split",
-              "fewer elements than the", "has only", "moves the split channels", "moves the split samples",
-              "do not split evenly",
-              "a layer with several output tensors",
-              "a tensor of a layer with several output tensors")
+_INHERENT = ("has only", "has no height and width", "fewer elements than", "too fine for a window",
+             "cannot split an extent", "along a split dimension", "softmax across tiles",
+             "softmax over the split channel")
 
 
 def inherent(reason: str) -> bool:
     """Whether a refusal is the layer's own nature (no runtime could split it so), not a missing distributed form.
 
-    Concatenation or softmax along the split dimension, a tensor too small for the parts, a view that moves
-    the split dimension: a split there would need a redistribution first, which the planner prices as another
-    layout. Everything else is something the runtime does not implement yet.
+    Concatenation or softmax along the split dimension, a tensor too small for the parts or without height and
+    width, a tile narrower than a window: a split there needs a redistribution first, which the planner prices
+    as another layout. Everything else — a view that moves the split dimension, whose box a runtime could
+    track, and a layer with several output tensors included — is something this runtime does not implement yet.
     """
     return any(marker in reason for marker in _INHERENT)
 
@@ -320,10 +349,54 @@ def crosses_as_tuple(graph: Any, layer: str, later: Any) -> bool:
     return bool(output) and isinstance(output[0], list) and any(later(reader) for reader in graph.successors(layer))
 
 
+def shared_modules(graph: Any) -> dict[str, list[str]]:
+    """Modules with parameters that several layers call (one module used twice), each with its layers in order.
+
+    Their parameters are trained once, so no pipeline cut may separate those layers (the parameter would be
+    trained on two stages). Parameters tied across two modules are not visible in a LayerGraph; the pipeline
+    runtime refuses those when it builds its stages.
+    """
+    calls: dict[str, list[str]] = {}
+    holding: set[str] = set()
+    for name, data in graph.nodes(data=True):
+        module = data.get("module") or ""
+        if module and data.get("kind") != "input":
+            calls.setdefault(module, []).append(name)
+            if data.get("params", 0) > 0:
+                holding.add(module)
+    return {module: layers for module, layers in calls.items() if module in holding and len(layers) > 1}
+
+
+def shared_module_refusal(graph: Any, stage_of: Mapping[str, int]) -> str | None:
+    """Why stages ``stage_of`` (layer → stage) cannot run: a module with parameters called on two stages."""
+    for module, layers in shared_modules(graph).items():
+        stages = sorted({stage_of[layer] for layer in layers if layer in stage_of})
+        if len(stages) > 1:
+            return (f"module '{module}' (layers {', '.join(layers[:3])}) is called on stages {stages}: its parameters "
+                    f"would be trained on two stages; move the cut so that its calls share a stage")
+    return None
+
+
+def shared_layout_refusal(graph: Any, layers: Mapping[str, Any]) -> str | None:
+    """Why calls of one module with parameters cannot run under their layouts (``layers``: layer → assignment):
+    a channel split slices the module's weights, so every call must then have the same layout."""
+    for module, calls in shared_modules(graph).items():
+        layouts = {str(layers[name].layout): name for name in calls if name in layers}
+        if len(layouts) > 1 and any(layers[name].layout.c > 1 for name in layouts.values()):
+            named = ", ".join(f"'{name}' ({layout})" for layout, name in list(layouts.items())[:3])
+            return (f"module '{module}' is called by {named}: a channel split slices its weights, so all its calls "
+                    f"need one layout; give them one")
+    return None
+
+
 def plan_refusals(plan: Any, graph: Any, *, sync_batchnorm: bool = False) -> Iterator[str]:
     """Every reason the runtime would refuse ``plan`` for ``graph``: its pipeline, then layer by layer."""
     pipeline = plan.pipeline
     if pipeline.stages > 1 and (why := pipeline_refusal(pipeline, int(plan.input_shape[0]))):
+        yield why
+    if pipeline.stages > 1 and (why := shared_module_refusal(graph, {n: a.stage for n, a in plan.layers.items()})):
+        yield why
+    if (why := shared_layout_refusal(graph, plan.layers)):
         yield why
     micro = pipeline.micro_batches if pipeline.stages > 1 else 1
     for name, assignment in plan.layers.items():

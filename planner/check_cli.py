@@ -61,12 +61,6 @@ DEFAULT_DEVICES = (2, 4)
 DEFAULT_LAYOUTS = ("n2", "h2", "w2", "c2", "h2·w2")
 RESULTS = ("pass", "refused", "fail")
 
-_CANNOT_SPLIT = ("has only", "has no height and width", "fewer elements than", "too fine for a window",
-                 "cannot split an extent", "along a split dimension", "softmax across tiles",
-                 "softmax over the split channel")
-"""Phrases of ``cost_models.capability``'s reasons that mean no split of the layer exists under the layout."""
-
-
 _NO_LOCAL_PROBLEM = "cost_models.capability accepts it, but cost_models.local_problem gives it no local problem"
 """Why a layer kept its output whole when the capability predicate names no reason (the two disagree)."""
 
@@ -365,7 +359,9 @@ def split_summary(graph: Any, plan: Any, layout: Layout) -> dict[str, Any]:
 
 def cannot_split(reason: str) -> bool:
     """Whether a capability reason says no split of the layer exists (not merely one this runtime lacks)."""
-    return any(phrase in reason for phrase in _CANNOT_SPLIT)
+    from cost_models.capability import inherent
+
+    return inherent(reason)
 
 
 def _split_reason(summary: Mapping[str, Any], layout: Layout) -> str:

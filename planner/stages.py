@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from math import ceil
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from cost_models.capability import crosses_as_tuple
+from cost_models.capability import crosses_as_tuple, shared_modules
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, estimate
@@ -247,8 +247,8 @@ def _model_order_cuts(config: _Config) -> set[int]:
         smallest = min(smallest, *span)
         after.append(smallest)
     after.reverse()
-    return {i for i in range(1, len(spans)) if before[i - 1] < after[i]} - _tuple_crossings(config.graph, position,
-                                                                                             before)
+    return ({i for i in range(1, len(spans)) if before[i - 1] < after[i]}
+            - _tuple_crossings(config.graph, position, before) - _shared_crossings(config.graph, position, before))
 
 
 def _tuple_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
@@ -260,6 +260,17 @@ def _tuple_crossings(graph: Any, position: Mapping[str, int], before: Sequence[i
         if not readers or not crosses_as_tuple(graph, layer, lambda reader: True):
             continue
         cuts |= {i for i in range(1, len(before) + 1) if p <= before[i - 1] < max(readers)}
+    return cuts
+
+
+def _shared_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
+    """Cut indices that would put two calls of one module with parameters on two stages (the runtime refuses
+    it: ``cost_models.capability.shared_modules``)."""
+    cuts: set[int] = set()
+    for layers in shared_modules(graph).values():
+        spots = [position[layer] for layer in layers if layer in position]
+        if len(spots) > 1:
+            cuts |= {i for i in range(1, len(before) + 1) if min(spots) <= before[i - 1] < max(spots)}
     return cuts
 
 

@@ -59,7 +59,8 @@ def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module,
     owner: dict[int, tuple[int, ...]] = {}
     slices: list[ParameterSlice] = []
     size = 0
-    for site in sites:
+    sites = list(sites)
+    for site in _once_per_module(sites):
         size = len(site.ranks)
         if site.module is None or site.layout.c == 1 or site.kind not in _SLICED_DIM:
             continue
@@ -72,12 +73,35 @@ def slice_parameters(sites: Iterable[Site], member: int, model: nn.Module,
             if owner.setdefault(id(param), members) != members:
                 raise PlanError(f"parameter {piece.name} is shared by layers split differently; give them one layout")
             groups.setdefault(members, []).append(param)
+    size = max((len(site.ranks) for site in sites), default=size)
     everyone = tuple(range(size))
     for param in model.parameters() if params is None else params():
         if id(param) not in owner:
             owner[id(param)] = everyone
             groups.setdefault(everyone, []).append(param)
     return groups, slices
+
+
+def _once_per_module(sites: list[Site]) -> list[Site]:
+    """The sites, each module's first call only: a module called again (a shared block) is sliced once.
+
+    Raises:
+        PlanError: Calls of one module with parameters under different channel splits (its weights would have
+            to be whole for one and sliced for the other).
+    """
+    first: dict[int, Site] = {}
+    kept = []
+    for site in sites:
+        if site.module is None or site.kind not in _SLICED_DIM:
+            kept.append(site)
+            continue
+        known = first.setdefault(id(site.module), site)
+        if known is site:
+            kept.append(site)
+        elif (known.layout.c > 1 or site.layout.c > 1) and known.layout != site.layout:
+            raise PlanError(f"layers '{known.name}' ({known.layout}) and '{site.name}' ({site.layout}) call one module "
+                            f"with parameters under different channel splits; give them one layout")
+    return kept
 
 
 def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter | None]]:
@@ -89,6 +113,10 @@ def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter | No
         if not isinstance(tensor, torch.Tensor):
             continue
         along = dim if key == "weight" else 0
+        if tensor.shape[along] < site.layout.c:
+            raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}): its {key} {tuple(tensor.shape)} has "
+                            f"{tensor.shape[along]} along dimension {along}, fewer than the {site.layout.c} channel "
+                            f"parts (a module called again, already sliced?); give it a layout without c")
         start, stop = partition(tensor.shape[along], site.layout.c)[index]
         piece = tensor.detach().narrow(along, start, stop - start).clone()
         prefix = str(site.layer.get("module", site.name))

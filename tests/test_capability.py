@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 from conftest import build_model
 from cost_models.capability import inherent, layer_refusal, plan_refusals
@@ -105,3 +108,68 @@ def test_refusals_say_whether_the_layer_itself_cannot_be_split() -> None:
     _, functional = _graph("functional")
     assert not inherent(layer_refusal(functional.nodes["conv2d"], Layout(h=2)))  # a form not implemented yet
     assert not inherent(layer_refusal(functional.nodes["pad"], Layout(h=2)))
+
+
+class _Stacked(nn.Module):
+    """Attention's ``qkv`` stack: a permutation moves the samples to dimension 1, and ``stack[0]`` indexes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 12, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stack = self.conv(x).reshape(x.shape[0], 3, 4, 4, 4).permute(1, 0, 2, 3, 4)
+        padded = F.pad(x, (1, 1, 1, 1))  # rows and columns only
+        channels = F.pad(x, (0, 0, 0, 0, 2, 2))  # the channels
+        computed = F.pad(x, (0, x.shape[-1] % 3))  # from a shape: which dimensions it pads is not known
+        return (stack[0] + stack[1] * stack[2]).sum() + padded.mean() + channels.mean() + computed.mean()
+
+
+def test_a_layer_that_moves_the_split_samples_or_pads_split_channels_is_refused() -> None:
+    graph = trace(_Stacked(), (2, 3, 4, 4))
+    getitem = next(name for name in graph.nodes if graph.nodes[name]["kind"] == "getitem")
+    assert "moves the split samples" in layer_refusal(graph.nodes[getitem], Layout(n=2))
+    assert layer_refusal(graph.nodes[getitem], Layout()) is None
+    assert layer_refusal(graph.nodes["pad"], Layout(c=2)) is None
+    assert "split channel dimension" in layer_refusal(graph.nodes["pad_1"], Layout(c=2))
+    assert "computed from tensor shapes" in layer_refusal(graph.nodes["pad_2"], Layout(c=2))
+    assert not inherent(layer_refusal(graph.nodes[getitem], Layout(n=2)))  # a runtime could track the box
+
+
+class _Shared(nn.Module):
+    """One convolution called twice, another between the calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared, self.middle = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.head = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.shared(self.middle(self.shared(x))).relu())
+
+
+def test_no_pipeline_cut_separates_two_calls_of_one_module() -> None:
+    from cost_models.capability import shared_modules
+    from cost_models.uniform import staged
+
+    model = _Shared()
+    graph = trace(model, (4, 4, 8, 8))
+    assert shared_modules(graph) == {"shared": ["shared", "shared_1"]}
+    between = staged(uniform_plan(graph, _cluster(1), [Layout()]), graph, ["middle"])
+    assert any("module 'shared'" in why for why in plan_refusals(between, graph))
+    with pytest.raises(PlanError, match="module 'shared'"):
+        check_runnable(model, between, graph)
+    after = staged(uniform_plan(graph, _cluster(1), [Layout()]), graph, ["relu"])
+    assert list(plan_refusals(after, graph)) == []
+    from cost_models.plan import Plan, SolverInfo
+    from planner.stages import search_pipelines
+
+    def make(layers: dict, pipeline: object, info: SolverInfo) -> Plan:
+        return dataclasses.replace(between, layers=dict(layers), pipeline=pipeline, solver=info)
+
+    searched = search_pipelines(graph, preset_profile("v100", "float32"), _cluster(2), make, 2, "auto", None,
+                                prune=False)
+    assert searched.candidates  # the cut after the second call (or later) is allowed
+    for candidate in searched.candidates:
+        stages = {candidate.plan.layers[name].stage for name in ("shared", "middle", "shared_1")}
+        assert len(stages) == 1, candidate.plan.summary()

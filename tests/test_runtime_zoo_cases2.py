@@ -109,7 +109,24 @@ class BufferMlp(nn.Module):
         return self.head((tokens + bias).mean(dim=1))
 
 
-MODELS: dict[str, Callable[[], nn.Module]] = {"shape_made": ShapeMade, "shuffled": Shuffled, "buffer_mlp": BufferMlp}
+class SharedBlock(nn.Module):
+    """coat's shared convolutional position encoding: one (grouped) convolution called by two blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.shared = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = x + self.shared(x)
+        x = x + self.shared(torch.relu(x))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"shape_made": ShapeMade, "shuffled": Shuffled, "buffer_mlp": BufferMlp,
+                                              "shared": SharedBlock}
 
 
 def _model(name: str) -> nn.Module:
@@ -162,6 +179,20 @@ def test_a_tuple_crossing_a_pipeline_cut_is_refused_before_any_rank_starts() -> 
     check_runnable(_model("shuffled"), staged(plan, graph, ["cat"], "sync", 2), graph, verify=True)
 
 
+def test_calls_of_one_module_under_different_channel_splits_are_refused_before_any_rank_starts() -> None:
+    import dataclasses
+
+    from cost_models.plan import LayerAssignment
+    from runtime.apply import check_runnable
+
+    plan, graph = _plan("shared", 2, ["c2"])
+    assert plan.layers["shared"].layout == plan.layers["shared_1"].layout == Layout.parse("c2")
+    check_runnable(_model("shared"), plan, graph, verify=True)
+    mixed = dataclasses.replace(plan, layers={**plan.layers, "shared_1": LayerAssignment(Layout.parse("n2"))})
+    with pytest.raises(PlanError, match="module 'shared' is called by 'shared' \\(c2\\), 'shared_1' \\(n2\\)"):
+        check_runnable(_model("shared"), mixed, graph, verify=True)
+
+
 # --- several ranks ----------------------------------------------------------------------------------------
 
 
@@ -189,7 +220,7 @@ def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict
 
 
 CASES = {"shape_made": (["n2"], ["h2"], ["w2"], ["c2"]), "shuffled": (["n2"], ["h2"], ["c2"]),
-         "buffer_mlp": (["n2"], ["c2"])}
+         "buffer_mlp": (["n2"], ["c2"]), "shared": (["n2"], ["h2"], ["c2"])}
 
 
 def _cases(rank: int, world: int) -> dict[str, Any]:
@@ -206,3 +237,4 @@ def test_the_second_zoo_patterns_equal_the_unsplit_model_on_two_ranks() -> None:
     assert results["shuffled c2"]["branch"] == "c2" and results["shuffled h2"]["conv2"] == "h2"
     assert results["shuffled n2"]["getitem"] == "n1"  # the chunk's items are kept whole
     assert results["buffer_mlp c2"]["fc1"] == "c2" and results["buffer_mlp n2"]["add"] == "n2"  # fc1: held whole
+    assert results["shared c2"]["shared_1"] == "c2"  # the module's weights sliced once, for both calls
