@@ -12,7 +12,7 @@ The checks, in order (DESIGN.md, the command line):
   take) on as many ranks as ``L`` has.
 
 A verify check first runs the pre-flight of ``parplan run`` in this process
-(``runtime.apply.check_plan``, ``check_runnable``, ``runtime.pipeline.check_pipeline``);
+(``runtime.preflight.check_plan``, ``check_runnable``, ``runtime.pipeline.check_pipeline``);
 then one ``--verify`` run (``steps=0``, ``warmup=0``) on a persistent pool of
 ranks (``runtime.rank_pool``: started once per rank count, afresh after a
 failure), with the traced graph passed to the ranks. Each check ends as
@@ -313,7 +313,7 @@ def preflight(model: Any, plan: Any, graph: Any, ranks: int, leaf_modules: Seque
     Raises:
         PlanError: What ``parplan run`` would refuse, in its words.
     """
-    from runtime.apply import check_plan, check_runnable
+    from runtime.preflight import check_plan, check_runnable
     from runtime.pipeline import check_pipeline
 
     check_plan(plan, graph, ranks, "the plan")

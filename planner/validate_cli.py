@@ -113,7 +113,7 @@ def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
 def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
     from planner.candidates import validation_candidates
     from planner.cli_args import cluster_for
-    from runtime.apply import check_plan, check_runnable
+    from runtime.preflight import check_plan, check_runnable
     from runtime.pipeline import check_pipeline
 
     def refusal(plan: Any) -> str | None:

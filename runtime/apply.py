@@ -40,7 +40,6 @@ model returning a dict, tuple or list: summed over its floating outputs).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import replace
 from functools import cached_property, lru_cache
 from datetime import timedelta
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
@@ -51,11 +50,10 @@ from torch import nn
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
-from cost_models.capability import plan_refusals
 from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.layout import Layout
-from cost_models.plan import Plan, check_plan_for_graph
+from cost_models.plan import Plan
 from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
 from runtime.failures import at, exchange, place
@@ -64,14 +62,14 @@ from runtime.groups import GroupCache, blocks
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_batch_norm, input_placement, refusal
 from runtime.placement import Placement, box_extent, broadcast_part
-from runtime.random_ops import CREATIONS, DrawKey, keyed_call, random_ops, switched_off
+from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
-from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, nd_box, shape_made_nodes, shape_refusals,
-                            static_nodes, static_values, tensor_names, view_form)
+from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, module_attribute, nd_box, static_nodes,
+                            static_values, tensor_names, view_form)
+from runtime.preflight import check_plan, held_plan, refuse_shapes
 from runtime.slicing import slice_parameters
 
-__all__ = ["DistributedModel", "apply_plan", "check_plan", "check_runnable", "group_ranks", "held_plan", "is_container",
-           "local_shape", "output_loss", "parameters_of"]
+__all__ = ["DistributedModel", "apply_plan", "group_ranks", "is_container", "local_shape", "output_loss", "parameters_of"]
 
 
 class _Value:
@@ -160,7 +158,7 @@ class DistributedModel(nn.Module):
         held = held_plan(plan, nodes, graph)
         self.sites = _sites(self._nodes, model, held, graph, self.member, ranks, self.groups, sync_batchnorm)
         _refuse_unsupported(self.sites.values())
-        _refuse_shapes(nodes, model, held, graph, len(ranks))
+        refuse_shapes(nodes, model, held, graph, len(ranks))
         self.random = random_ops(self._nodes, model)
         """This model's random ops (``runtime.random_ops``); the keyed ones draw by :attr:`draw_key`."""
         self.random_seed = random_seed
@@ -210,7 +208,7 @@ class DistributedModel(nn.Module):
             if node.op == "placeholder":
                 env[node.name] = _Value(x, self.input_placement, self.layer_graph.input_shape)
             elif node.op == "get_attr":
-                env[node.name] = _attribute(self.model, str(node.target))
+                env[node.name] = module_attribute(self.model, str(node.target))
             elif node.op == "output":
                 env["(output)"] = _plain_args(node.args[0], env)
             elif self.layer_ranges and node.name in self.plan.layers:
@@ -514,84 +512,6 @@ def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[t
     yield ranks
 
 
-def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> None:
-    """Refuse a plan made for another model or input, or for another number of ranks (all its stages' devices).
-
-    Raises:
-        PlanError: Naming both fingerprints, or both counts, and what to do.
-    """
-    if graph.fingerprint != plan.fingerprint:
-        raise PlanError(f"{where} was made for model fingerprint {plan.fingerprint}, but this model at input "
-                        f"{list(graph.input_shape)} ({graph.graph['dtype']}) traces to {graph.fingerprint}; "
-                        f"make a new plan")
-    check_plan_for_graph(plan, graph)
-    devices = sum(plan.pipeline.devices_per_stage)
-    if ranks != devices:
-        raise PlanError(f"{where} is for {devices} devices but {ranks} ranks would run it; start {devices} ranks "
-                        f"(--nproc {devices}) or make a plan for {ranks} devices")
-
-
-def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Sequence[str] = (), *,
-                   sync_batchnorm: bool = False, verify: bool = False) -> None:
-    """Refuse, before any rank starts, a plan with a layer this runtime cannot execute under its layout.
-
-    The rules are ``cost_models.capability``'s, the planner's too. ``sync_batchnorm`` is the training run's
-    setting; ``verify`` adds the checks of ``--verify``'s run (batch-norm synchronised).
-
-    Raises:
-        PlanError: Naming up to three such layers, their layouts and why; a pipeline the runtime cannot run;
-            or pipeline stages that are not contiguous in the traced program.
-    """
-    nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
-    held = held_plan(plan, nodes, graph)
-    refused = list(dict.fromkeys([*plan_refusals(held, graph, sync_batchnorm=sync_batchnorm),
-                                  *(plan_refusals(held, graph, sync_batchnorm=True) if verify else ())]))
-    if refused:
-        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
-                        f"; give those layers a layout it supports (e.g. split them by sample only)")
-    _refuse_shapes(nodes, model, held, graph, plan.pipeline.devices_per_stage[0])
-    if plan.pipeline.stages > 1:  # stages must be contiguous in the traced program (named if not)
-        from runtime.stage_cut import cut_stages
-
-        cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages,
-                          static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
-        _refuse_split_constant_crossings(cuts, plan, held)
-        _refuse_tuple_crossings(cuts, graph)
-
-
-def _refuse_tuple_crossings(cuts: Sequence[Any], graph: Any) -> None:
-    """The pipeline sends one tensor per crossing value: a layer's tuple of tensors (``x.chunk(2, dim=1)``)
-    cannot cross a cut (``runtime.pipeline``)."""
-    single = tensor_names(graph)
-    crossing = [c.name for cut in cuts for c in cut.sends if c.name in graph.nodes and c.name not in single]
-    if crossing:
-        shape = graph.nodes[crossing[0]]["output_shape"]
-        raise PlanError(f"layer(s) {', '.join(crossing[:3])} with several output tensors (e.g. {shape}) cross a "
-                        f"pipeline cut, and a pipeline sends one tensor per value; move the cut after the layers "
-                        f"reading their items (getitem), or plan with --max-stages 1")
-
-
-def _refuse_split_constant_crossings(cuts: Sequence[Any], plan: Plan, held: Plan) -> None:
-    """A constant layer (or one made from shapes) is computed whole; crossing a pipeline cut it travels as its
-    plan's layout places it."""
-    crossing = [c.name for cut in cuts for c in cut.sends
-                if c.name in plan.layers and plan.layers[c.name].layout != held.layers[c.name].layout]
-    if crossing:
-        raise PlanError(f"layer(s) {', '.join(crossing[:3])} computed from parameters or shapes alone cross a "
-                        f"pipeline cut under a split layout; give them n1 or move the cut next to the layers reading "
-                        f"them")
-
-
-def held_plan(plan: Plan, nodes: Sequence[Node], graph: Any) -> Plan:
-    """``plan`` as the runtime executes it: constant layers and layers made from shapes alone
-    (``runtime.shapes.constant_nodes``, ``shape_made_nodes``) whole (``n1``)."""
-    layers_of = frozenset(graph.nodes)
-    whole = constant_nodes(nodes, layers_of) | shape_made_nodes(nodes, layers_of, tensor_names(graph))
-    layers = {name: (replace(assignment, layout=Layout()) if name in whole else assignment)
-              for name, assignment in plan.layers.items()}
-    return replace(plan, layers=layers)
-
-
 def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: int, ranks: tuple[int, ...],
            groups: GroupCache, sync_batchnorm: bool) -> dict[str, Site]:
     sites = {}
@@ -620,7 +540,7 @@ def parameters_of(nodes: list[Node], model: nn.Module) -> list[nn.Parameter]:
     for node in nodes:
         if node.op == "call_module":
             found.update((id(p), p) for p in model.get_submodule(str(node.target)).parameters())
-        elif node.op == "get_attr" and isinstance(value := _attribute(model, str(node.target)), nn.Parameter):
+        elif node.op == "get_attr" and isinstance(value := module_attribute(model, str(node.target)), nn.Parameter):
             found[id(value)] = value
     return list(found.values())
 
@@ -632,32 +552,12 @@ def _refuse_unsupported(sites: Any) -> None:
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
 
 
-def _refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, size: int) -> None:
-    """Refuse ops given sizes or shape-derived values this runtime cannot make right on a rank's box."""
-    def whole_shape(node: Node) -> tuple[int, ...] | None:
-        value = _attribute(model, str(node.target)) if node.op == "get_attr" else None
-        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
-
-    layouts = {name: assignment.layout for name, assignment in plan.layers.items()}
-    creations = [name for name, op in random_ops(nodes, model).items() if op.form in CREATIONS]
-    refused = shape_refusals(nodes, graph, layouts, size, whole_shape, localised=creations)
-    if refused:
-        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}")
-
-
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _attribute(model: nn.Module, target: str) -> Any:
-    value: Any = model
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _plain(value: Any) -> Any:

@@ -105,7 +105,7 @@ def _uniform(graph: Any, text: str, devices: int) -> Any:
 
 def _check_plan(args: argparse.Namespace, plan: Any, graph: Any, nproc: int | None) -> None:
     from cost_models.model_spec import load_model
-    from runtime.apply import check_plan, check_runnable
+    from runtime.preflight import check_plan, check_runnable
 
     check_plan(plan, graph, nproc or _mpi_size(), f"plan {args.plan}" if args.plan else "the --layout plan")
     check_runnable(load_model(args.model), plan, graph, args.leaf_module, sync_batchnorm=args.sync_batchnorm,

@@ -54,7 +54,8 @@ from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
-from runtime.apply import DistributedModel, check_plan, group_ranks, local_shape, parameters_of
+from runtime.apply import DistributedModel, group_ranks, local_shape, parameters_of
+from runtime.preflight import check_plan
 from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache
 from runtime.layers import Site, input_placement

@@ -62,7 +62,8 @@ from cost_models.capability import ANY_LAYOUT_KINDS
 from cost_models.layout import Layout
 from runtime.placement import Placement
 
-__all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "nd_box", "shape_made_nodes",
+__all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "module_attribute", "nd_box",
+           "shape_made_nodes",
            "shape_refusals", "static_nodes", "static_values", "view_form"]
 
 _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
@@ -481,3 +482,10 @@ def _label(node: Node) -> str:
         return f"Tensor.{node.target}"
     return str(getattr(node.target, "__qualname__", getattr(node.target, "__name__", node.target)))
 
+
+def module_attribute(model: torch.nn.Module, target: str) -> Any:
+    """``model``'s attribute at the dotted ``target`` (a ``get_attr`` node's)."""
+    value: Any = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value

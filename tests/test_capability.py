@@ -24,7 +24,7 @@ from calibrate.presets import preset_profile
 from distributed import run_ranks
 from planner.search import plan_model
 from planner.space import build_space
-from runtime.apply import check_runnable
+from runtime.preflight import check_runnable
 from runtime.layers import Site, refusal
 from runtime.groups import GroupCache
 from runtime_check import compare_plans

@@ -87,7 +87,7 @@ def test_no_pipeline_cut_separates_a_tuple_of_tensors_from_its_readers() -> None
     search leaves every cut between a chunk and its getitems out, and the plan passes the runtime's pre-flight."""
     import torchvision
 
-    from runtime.apply import check_runnable
+    from runtime.preflight import check_runnable
 
     model = torchvision.models.get_model("shufflenet_v2_x0_5", weights=None)
     graph = trace(model, (4, 3, 32, 32))

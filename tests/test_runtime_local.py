@@ -17,7 +17,8 @@ from cost_models.graph import trace
 from cost_models.layout import Layout
 from cost_models.plan import LayerAssignment
 from cost_models.uniform import uniform_plan
-from runtime.apply import apply_plan, check_runnable
+from runtime.apply import apply_plan
+from runtime.preflight import check_runnable
 from runtime.data import synthetic_input, synthetic_labels
 from runtime.placement import Placement
 from runtime.redistribute import moves

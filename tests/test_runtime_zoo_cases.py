@@ -158,7 +158,7 @@ def _plan(name: str, size: int, layouts: Sequence[str]) -> tuple[Any, Any]:
 
 def test_tensors_of_parameters_alone_are_constants_run_whole_whatever_the_plan_says() -> None:
     from cost_models.tracing import symbolic_trace
-    from runtime.apply import check_runnable, held_plan
+    from runtime.preflight import check_runnable, held_plan
     from runtime.shapes import constant_nodes
 
     for name, expected in (("attention", {"cat", "getitem_6"}),

@@ -150,7 +150,7 @@ def _plan(name: str, size: int, layouts: Sequence[str]) -> tuple[Any, Any]:
 
 def test_tensors_made_from_shapes_alone_run_whole_and_every_layout_passes_the_preflight() -> None:
     from cost_models.tracing import symbolic_trace
-    from runtime.apply import check_runnable, held_plan
+    from runtime.preflight import check_runnable, held_plan
     from runtime.shapes import constant_nodes, shape_made_nodes, tensor_names
 
     model = _model("shape_made")
@@ -169,7 +169,7 @@ def test_tensors_made_from_shapes_alone_run_whole_and_every_layout_passes_the_pr
 
 def test_a_tuple_crossing_a_pipeline_cut_is_refused_before_any_rank_starts() -> None:
     from cost_models.uniform import staged
-    from runtime.apply import check_runnable
+    from runtime.preflight import check_runnable
 
     plan, graph = _plan("shuffled", 1, [])
     assert isinstance(graph.nodes["chunk"]["output_shape"][0], list)
@@ -183,7 +183,7 @@ def test_calls_of_one_module_under_different_channel_splits_are_refused_before_a
     import dataclasses
 
     from cost_models.plan import LayerAssignment
-    from runtime.apply import check_runnable
+    from runtime.preflight import check_runnable
 
     plan, graph = _plan("shared", 2, ["c2"])
     assert plan.layers["shared"].layout == plan.layers["shared_1"].layout == Layout.parse("c2")

@@ -115,7 +115,7 @@ def test_a_view_is_exact_on_a_box_only_when_its_parts_are_the_same_elements() ->
 
 
 def test_an_op_given_a_split_extent_is_refused_before_any_rank_starts() -> None:
-    from runtime.apply import check_runnable
+    from runtime.preflight import check_runnable
 
     model = _model(HalfBatch)
     plan, graph = _plan(model, 2, ["n2"])

@@ -27,7 +27,7 @@ from cost_models.layout import Layout
 from cost_models.plan import LayerAssignment
 from cost_models.tracing import MAX_AUTOMATIC_LEAVES, symbolic_trace
 from cost_models.uniform import uniform_plan
-from runtime.apply import check_runnable
+from runtime.preflight import check_runnable
 
 SHAPE = (2, 3, 16, 16)
 

@@ -1,0 +1,121 @@
+"""The pre-flight of ``parplan run``: a plan refused before any rank starts, in one line, naming what and why.
+
+:func:`check_plan` refuses a plan made for another model, input or device
+count; :func:`check_runnable` every layer the runtime cannot execute under
+its layout (``cost_models.capability``'s rules, the planner's too, on the
+plan as the runtime holds it: :func:`held_plan`), the shape reads a rank's
+box cannot make right (``runtime.shapes``), and pipeline stages that are not
+contiguous in the traced program or that a value cannot cross (a tuple of
+tensors, a constant under a split layout). ``runtime.apply`` asks the same on
+every rank, for the layers of its stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch.fx import Node
+
+from cost_models.capability import plan_refusals
+from cost_models.errors import PlanError
+from cost_models.layout import Layout
+from cost_models.plan import Plan, check_plan_for_graph
+from cost_models.tracing import symbolic_trace
+from runtime.random_ops import CREATIONS, random_ops
+from runtime.shapes import constant_nodes, module_attribute, shape_made_nodes, shape_refusals, static_nodes, tensor_names
+
+__all__ = ["check_plan", "check_runnable", "held_plan", "refuse_shapes"]
+
+
+def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> None:
+    """Refuse a plan made for another model or input, or for another number of ranks (all its stages' devices).
+
+    Raises:
+        PlanError: Naming both fingerprints, or both counts, and what to do.
+    """
+    if graph.fingerprint != plan.fingerprint:
+        raise PlanError(f"{where} was made for model fingerprint {plan.fingerprint}, but this model at input "
+                        f"{list(graph.input_shape)} ({graph.graph['dtype']}) traces to {graph.fingerprint}; "
+                        f"make a new plan")
+    check_plan_for_graph(plan, graph)
+    devices = sum(plan.pipeline.devices_per_stage)
+    if ranks != devices:
+        raise PlanError(f"{where} is for {devices} devices but {ranks} ranks would run it; start {devices} ranks "
+                        f"(--nproc {devices}) or make a plan for {ranks} devices")
+
+
+def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Sequence[str] = (), *,
+                   sync_batchnorm: bool = False, verify: bool = False) -> None:
+    """Refuse, before any rank starts, a plan with a layer this runtime cannot execute under its layout.
+
+    The rules are ``cost_models.capability``'s, the planner's too. ``sync_batchnorm`` is the training run's
+    setting; ``verify`` adds the checks of ``--verify``'s run (batch-norm synchronised).
+
+    Raises:
+        PlanError: Naming up to three such layers, their layouts and why; a pipeline the runtime cannot run;
+            or pipeline stages that are not contiguous in the traced program.
+    """
+    nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
+    held = held_plan(plan, nodes, graph)
+    refused = list(dict.fromkeys([*plan_refusals(held, graph, sync_batchnorm=sync_batchnorm),
+                                  *(plan_refusals(held, graph, sync_batchnorm=True) if verify else ())]))
+    if refused:
+        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
+                        f"; give those layers a layout it supports (e.g. split them by sample only)")
+    refuse_shapes(nodes, model, held, graph, plan.pipeline.devices_per_stage[0])
+    if plan.pipeline.stages > 1:  # stages must be contiguous in the traced program (named if not)
+        from runtime.stage_cut import cut_stages
+
+        cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages,
+                          static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
+        _refuse_split_constant_crossings(cuts, plan, held)
+        _refuse_tuple_crossings(cuts, graph)
+
+
+def _refuse_tuple_crossings(cuts: Sequence[Any], graph: Any) -> None:
+    """The pipeline sends one tensor per crossing value: a layer's tuple of tensors (``x.chunk(2, dim=1)``)
+    cannot cross a cut (``runtime.pipeline``)."""
+    single = tensor_names(graph)
+    crossing = [c.name for cut in cuts for c in cut.sends if c.name in graph.nodes and c.name not in single]
+    if crossing:
+        shape = graph.nodes[crossing[0]]["output_shape"]
+        raise PlanError(f"layer(s) {', '.join(crossing[:3])} with several output tensors (e.g. {shape}) cross a "
+                        f"pipeline cut, and a pipeline sends one tensor per value; move the cut after the layers "
+                        f"reading their items (getitem), or plan with --max-stages 1")
+
+
+def _refuse_split_constant_crossings(cuts: Sequence[Any], plan: Plan, held: Plan) -> None:
+    """A constant layer (or one made from shapes) is computed whole; crossing a pipeline cut it travels as its
+    plan's layout places it."""
+    crossing = [c.name for cut in cuts for c in cut.sends
+                if c.name in plan.layers and plan.layers[c.name].layout != held.layers[c.name].layout]
+    if crossing:
+        raise PlanError(f"layer(s) {', '.join(crossing[:3])} computed from parameters or shapes alone cross a "
+                        f"pipeline cut under a split layout; give them n1 or move the cut next to the layers reading "
+                        f"them")
+
+
+def held_plan(plan: Plan, nodes: Sequence[Node], graph: Any) -> Plan:
+    """``plan`` as the runtime executes it: constant layers and layers made from shapes alone
+    (``runtime.shapes.constant_nodes``, ``shape_made_nodes``) whole (``n1``)."""
+    layers_of = frozenset(graph.nodes)
+    whole = constant_nodes(nodes, layers_of) | shape_made_nodes(nodes, layers_of, tensor_names(graph))
+    layers = {name: (replace(assignment, layout=Layout()) if name in whole else assignment)
+              for name, assignment in plan.layers.items()}
+    return replace(plan, layers=layers)
+
+
+def refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, size: int) -> None:
+    """Refuse ops given sizes or shape-derived values this runtime cannot make right on a rank's box."""
+    def whole_shape(node: Node) -> tuple[int, ...] | None:
+        value = module_attribute(model, str(node.target)) if node.op == "get_attr" else None
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+    layouts = {name: assignment.layout for name, assignment in plan.layers.items()}
+    creations = [name for name, op in random_ops(nodes, model).items() if op.form in CREATIONS]
+    refused = shape_refusals(nodes, graph, layouts, size, whole_shape, localised=creations)
+    if refused:
+        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}")
