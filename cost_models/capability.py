@@ -360,11 +360,19 @@ def shared_modules(graph: Any) -> dict[str, list[str]]:
     holding: set[str] = set()
     for name, data in graph.nodes(data=True):
         module = data.get("module") or ""
-        if module and data.get("kind") != "input":
+        if module and data.get("kind") != "input" and _calls_module(name, module):
             calls.setdefault(module, []).append(name)
             if data.get("params", 0) > 0:
                 holding.add(module)
     return {module: layers for module, layers in calls.items() if module in holding and len(layers) > 1}
+
+
+def _calls_module(name: str, module: str) -> bool:
+    """Whether layer ``name`` is a call of ``module`` itself, not a function called in its ``forward`` (whose
+    ``module`` is that scope): torch.fx names a module's call after its path, dots as underscores, and its
+    later calls with a suffix ``_1``, ``_2``, …"""
+    stem = module.replace(".", "_")
+    return name == stem or (name.startswith(stem + "_") and name[len(stem) + 1:].isdigit())
 
 
 def shared_module_refusal(graph: Any, stage_of: Mapping[str, int]) -> str | None:

@@ -210,7 +210,7 @@ def check_plan_for_graph(plan: Plan, graph: Any) -> None:
         raise PlanError(f"plan names {len(unknown)} layers the model does not have, e.g. {unknown[:3]}; re-plan")
     for name in order:  # execution order: the first offending layer is named
         layout, shape = plan.layers[name].layout, graph.nodes[name]["output_shape"]
-        if len(shape) == 4 and not layout.fits(tuple(shape)):
+        if len(shape) == 4 and not isinstance(shape[0], list) and not layout.fits(tuple(shape)):  # not 4 tensors
             raise PlanError(f"layout {layout} of layer '{name}' splits its output {tuple(shape)} into empty parts")
 
 

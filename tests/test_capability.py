@@ -136,16 +136,27 @@ def test_a_layer_that_moves_the_split_samples_or_pads_split_channels_is_refused(
     assert not inherent(layer_refusal(graph.nodes[getitem], Layout(n=2)))  # a runtime could track the box
 
 
+class _Scaled(nn.Module):
+    """A layer scale: functions of its parameter in its ``forward`` (their layers' scope), called once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.gamma = nn.Conv2d(4, 4, 1), nn.Parameter(torch.ones(4, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.gamma * self.conv(x).permute(0, 1, 3, 2)
+
+
 class _Shared(nn.Module):
     """One convolution called twice, another between the calls."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shared, self.middle = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
-        self.head = nn.Conv2d(4, 4, 1)
+        self.head, self.scaled = nn.Conv2d(4, 4, 1), _Scaled()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.shared(self.middle(self.shared(x))).relu())
+        return self.head(self.scaled(self.shared(self.middle(self.shared(x))).relu()))
 
 
 def test_no_pipeline_cut_separates_two_calls_of_one_module() -> None:
@@ -173,3 +184,22 @@ def test_no_pipeline_cut_separates_two_calls_of_one_module() -> None:
     for candidate in searched.candidates:
         stages = {candidate.plan.layers[name].stage for name in ("shared", "middle", "shared_1")}
         assert len(stages) == 1, candidate.plan.summary()
+
+
+class _FourWay(nn.Module):
+    """edgenext's ``torch.split`` into four: a layer whose output is four tensors (not a 4-D shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b, c, d = torch.split(self.conv(x), 2, dim=1)
+        return torch.cat([a * b, c + d], dim=1).mean(dim=(2, 3))
+
+
+def test_a_layer_with_four_output_tensors_is_planned_not_read_as_a_shape() -> None:
+    graph = trace(_FourWay(), (4, 3, 8, 8))
+    plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), max_stages=2).plan
+    assert plan.layers["split"].layout == Layout()  # kept whole
+    check_runnable(_FourWay(), plan, graph, verify=True)
