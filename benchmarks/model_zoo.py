@@ -279,12 +279,18 @@ def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
 
 
 def _fixed_side(entry: ZooModel) -> tuple[int, ...]:
-    """A timm model's own input side (its ``pretrained_cfg``), when it is none of ``SIZES``: the fixed size
-    of a model that accepts only it (crossvit_tiny_240)."""
-    if entry.zoo != "timm":
-        return ()
+    """The model's own input side, when it is none of ``SIZES``: a timm model's ``pretrained_cfg``, a torchvision
+    classifier's weights' crop size — the fixed size of a model that accepts only it (crossvit_tiny_240), or
+    nothing smaller in training mode (inception_v3 at 299)."""
     try:
-        side = int(timm_model(entry.name).pretrained_cfg["input_size"][-1])
+        if entry.zoo == "timm":
+            side = int(timm_model(entry.name).pretrained_cfg["input_size"][-1])
+        elif entry.zoo == "torchvision":
+            import torchvision
+
+            side = int(next(iter(torchvision.models.get_model_weights(entry.name))).transforms().crop_size[0])
+        else:
+            return ()
     except Exception:  # no configuration to read: only SIZES are tried
         return ()
     return () if side in SIZES else (side,)

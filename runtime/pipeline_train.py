@@ -279,7 +279,7 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
     from runtime.train import fresh_model, reference_identity, sgd
     from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
-                                reference_step)
+                                reference_step, shared_rounding)
 
     keep_references_of(reference_identity(options), options.leaf_modules)
     if plan.pipeline.schedule == "stale":
@@ -296,9 +296,11 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     reuse = reference_identity(options)
     reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
                                reuse=reuse)
-    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches,
-                           reuse=reuse) if dtype.itemsize < 8 else None)
-    comparison = Comparison.of(reference, dtype, options.tolerance, wide)
+    noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
+                                                               options.leaf_modules, torch.float64, batches,
+                                                               reuse=reuse), device)
+             if dtype.itemsize < 8 else None)
+    comparison = Comparison.of(reference, dtype, options.tolerance, noise=noise)
     for b in range(micro) if stage.last else ():
         compare_outputs(comparison, stage.model, stage.outputs[b], reference.outputs[b])
     compare_gradients(comparison, stage.model, reference.model)

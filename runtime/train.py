@@ -201,7 +201,7 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
 def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One step of the split and of the unsplit model on the same batch and keyed draws (``runtime.verify``)."""
     from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
-                                reference_step)
+                                reference_step, shared_rounding)
 
     keep_references_of(reference_identity(options), options.leaf_modules)
     _, split = _build(RunOptions(**{**options.__dict__, "sync_batchnorm": True}), plan, dtype, device)
@@ -215,9 +215,11 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     reuse = reference_identity(options)
     reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
                                reuse=reuse)
-    wide = (reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, torch.float64, batches,
-                           reuse=reuse) if dtype.itemsize < 8 else None)
-    comparison = Comparison.of(reference, dtype, options.tolerance, wide)
+    noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
+                                                               options.leaf_modules, torch.float64, batches,
+                                                               reuse=reuse), device)
+             if dtype.itemsize < 8 else None)
+    comparison = Comparison.of(reference, dtype, options.tolerance, noise=noise)
     compare_outputs(comparison, split, output, reference.outputs[0])
     compare_gradients(comparison, split, reference.model)
     return comparison.report(device) | random_report(reference.random)

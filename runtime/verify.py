@@ -39,8 +39,8 @@ from runtime.placement import Placement
 from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, random_ops
 from runtime.shapes import nd_box
 
-__all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs", "floating_leaves",
-           "keep_references_of", "random_report", "reference_step"]
+__all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs",
+           "floating_leaves", "keep_references_of", "random_report", "reference_step", "shared_rounding"]
 
 VERIFY_ATOL_EPS = 100
 """The rounding floor in units of the dtype's epsilon times the model's scale (its largest gradient).
@@ -164,14 +164,18 @@ class Comparison:
     _worst_excess: float = -1.0
 
     @classmethod
-    def of(cls, reference: Reference, dtype: torch.dtype, tolerance: float, wide: Reference | None) -> "Comparison":
+    def of(cls, reference: Reference, dtype: torch.dtype, tolerance: float, wide: Reference | None = None, *,
+           noise: tuple[float, float] | None = None) -> "Comparison":
         """A comparison with ``reference``'s scales; floors from ``dtype``'s epsilon and, given the float64
-        reference ``wide``, from the reference's own rounding error (:data:`ROUNDING_FACTOR`)."""
+        reference ``wide`` (or its ``noise``: :func:`shared_rounding`), from the reference's own rounding error
+        (:data:`ROUNDING_FACTOR`)."""
         gradients = _scale(p.grad for p in reference.model.parameters() if p.grad is not None)
         outputs = _scale(leaf for out in reference.outputs for leaf in floating_leaves(out))
         floors = [VERIFY_ATOL_EPS * torch.finfo(dtype).eps] * 2
-        if wide is not None:
-            output_noise, gradient_noise = _rounding(reference, wide)
+        if wide is not None and noise is None:
+            noise = _rounding(reference, wide)
+        if noise is not None:
+            output_noise, gradient_noise = noise
             floors = [max(floors[0], ROUNDING_FACTOR * output_noise / max(outputs, 1e-300)),
                       max(floors[1], ROUNDING_FACTOR * gradient_noise / max(gradients, 1e-300))]
         return cls(tolerance, outputs, gradients, floors[0], floors[1])
@@ -253,6 +257,18 @@ def floating_leaves(output: Any) -> list[torch.Tensor]:
     leaves: list[Any] = []
     map_aggregate(output, lambda value: leaves.append(value) or value)
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
+
+
+def shared_rounding(reference: Reference, wide: Callable[[], Reference], device: torch.device) -> tuple[float, float]:
+    """``reference``'s largest errors against its float64 twin ``wide()`` (outputs, gradients), computed on rank 0
+    only and shared: every rank holds the same unsplit reference (one seed, the whole batch), so one float64
+    run serves them all — on ranks sharing cores the others' copies cost time and memory only."""
+    distributed = dist.is_available() and dist.is_initialized()
+    first = not distributed or dist.get_rank() == 0
+    noise = torch.tensor(_rounding(reference, wide()) if first else (0.0, 0.0), dtype=torch.float64, device=device)
+    if distributed:
+        all_reduce(noise, "the --verify rounding broadcast", dist.ReduceOp.MAX)
+    return float(noise[0]), float(noise[1])
 
 
 def _rounding(reference: Reference, wide: Reference) -> tuple[float, float]:
