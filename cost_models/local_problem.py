@@ -140,6 +140,8 @@ def _split_shape(shape: Sequence[int], layout: Layout) -> list[int]:
 
 def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:
     local = list(shape)
+    if not local:  # a 0-D tensor (a mean of everything): whole
+        return local
     local[0] = -(-local[0] // layout.n)
     local[-1] = -(-local[-1] // layout.c)
     return local
@@ -149,7 +151,8 @@ def _local_input(kind: str, shape: list[int], output: list[int], local_out: list
                  attrs: dict[str, Any]) -> list[int] | None:
     if len(shape) != 4:
         local = list(shape)
-        local[0] = -(-local[0] // layout.n)
+        if local:  # a 0-D operand (a scalar tensor) is read whole
+            local[0] = -(-local[0] // layout.n)
         return local
     channels = shape[1] if kind in DENSE_KINDS else -(-shape[1] // layout.c)
     if kind == "conv" and attrs.get("groups", 1) > 1:

@@ -203,3 +203,22 @@ def test_a_layer_with_four_output_tensors_is_planned_not_read_as_a_shape() -> No
     plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), max_stages=2).plan
     assert plan.layers["split"].layout == Layout()  # kept whole
     check_runnable(_FourWay(), plan, graph, verify=True)
+
+
+class _ScalarGate(nn.Module):
+    """efficientvim's gate: a feature map scaled by a 0-D tensor computed from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return (y * y.mean()).mean(dim=(2, 3))
+
+
+def test_a_layer_reading_a_zero_dimensional_tensor_is_planned() -> None:
+    graph = trace(_ScalarGate(), (4, 3, 8, 8))
+    assert [] in graph.nodes["mul"]["input_shapes"]
+    plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), max_stages=2).plan
+    check_runnable(_ScalarGate(), plan, graph, verify=True)
