@@ -62,6 +62,8 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     plan = _capped(plan, options.extra.get("staleness"))
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
+    if options.verify and options.warmup + options.steps == 0:
+        return train.verify_only(options, plan, verified, device)
     stage = _build(options, plan, dtype, device)
     optimizer = train.sgd(stage.parameters(), lr=options.lr)
     recovery = Recovery(options, training_state(stage.model, optimizer, stage.buffers), device)
@@ -138,11 +140,10 @@ def _capped(plan: Any, bound: int | None) -> Any:
 
 
 def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sync_batchnorm: bool | None = None) -> Any:
-    from cost_models.model_spec import load_model
     from runtime.pipeline import apply_pipeline
+    from runtime.train import fresh_model
 
-    torch.manual_seed(options.seed)
-    model = load_model(options.model).to(device=device, dtype=dtype).train()
+    model = fresh_model(options, dtype, device)
     slowdown = float(options.extra.get("slow_stages", {}).get(str(dist.get_rank() // plan.pipeline.devices_per_stage[0]), 1.0))
     return apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
                           options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
@@ -278,8 +279,9 @@ def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: floa
 def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
     from runtime.train import fresh_model, reference_identity, sgd
+    from runtime.shared_reference import shared_reference, shared_rounding
     from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
-                                reference_step, shared_rounding)
+                                reference_step)
 
     keep_references_of(reference_identity(options), options.leaf_modules)
     if plan.pipeline.schedule == "stale":
@@ -294,8 +296,8 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
               lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1, keys=keys)
     batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
     reuse = reference_identity(options)
-    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                               reuse=reuse)
+    reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
+                                 reuse=reuse, device=device)
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
                                                                reuse=reuse), device)

@@ -101,6 +101,8 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
         return pipeline_worker(options, plan, device)
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
+    if options.verify and options.warmup + options.steps == 0:
+        return verify_only(options, plan, verified, device)
     _, split = _build(options, plan, dtype, device)
     optimizer = sgd(split.parameters(), lr=options.lr)
     batch = _data_source(options, split, dtype, device)
@@ -115,6 +117,13 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     if layers is not None:
         document["layers"] = layers
     return document
+
+
+def verify_only(options: RunOptions, plan: Any, verified: dict[str, Any] | None,
+                device: torch.device) -> dict[str, Any] | None:
+    """Rank 0's document of a run with no steps (``parplan check``'s verifies): the split is not built again."""
+    memory = peak_memory_bytes(device)
+    return measurement_document(options, plan, [], [], memory, verified) if dist.get_rank() == 0 else None
 
 
 def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Optimizer,
@@ -149,11 +158,9 @@ def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimiz
 
 
 def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, Any]:
-    from cost_models.model_spec import load_model
     from runtime.apply import apply_plan
 
-    torch.manual_seed(options.seed)  # the same initial weights on every rank
-    model = load_model(options.model).to(device=device, dtype=dtype).train()
+    model = fresh_model(options, dtype, device)  # the same initial weights on every rank
     return model, apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules,
                              graph=options.graph, timeout=options.timeout, random_seed=options.seed)
 
@@ -200,8 +207,9 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
 
 def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One step of the split and of the unsplit model on the same batch and keyed draws (``runtime.verify``)."""
+    from runtime.shared_reference import shared_reference, shared_rounding
     from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
-                                reference_step, shared_rounding)
+                                reference_step)
 
     keep_references_of(reference_identity(options), options.leaf_modules)
     _, split = _build(RunOptions(**{**options.__dict__, "sync_batchnorm": True}), plan, dtype, device)
@@ -213,8 +221,8 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     full_x, labels = _data_source(options, split, dtype, device, whole=True)(0)
     batches = [(full_x, labels, key)]
     reuse = reference_identity(options)
-    reference = reference_step(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                               reuse=reuse)
+    reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
+                                 reuse=reuse, device=device)
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
                                                                reuse=reuse), device)
@@ -232,11 +240,11 @@ def reference_identity(options: RunOptions) -> tuple[Any, ...] | None:
 
 
 def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """The user's model as every rank builds it (the seed's initial weights), in ``dtype``, training."""
-    from cost_models.model_spec import load_model
+    """The user's model as every rank builds it (the seed's initial weights), in ``dtype``, training; kept and
+    copied across the runs of a pool that reuses references (:func:`reference_identity`)."""
+    from runtime.seeded_model import seeded_model
 
-    torch.manual_seed(options.seed)
-    return load_model(options.model).to(device=device, dtype=dtype).train()
+    return seeded_model(options.model, options.seed, dtype, device, reuse=reference_identity(options))
 
 
 def _everything(shape: Any) -> tuple[slice, ...]:

@@ -40,7 +40,8 @@ from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, random_ops
 from runtime.shapes import nd_box
 
 __all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs",
-           "floating_leaves", "keep_references_of", "random_report", "reference_step", "shared_rounding"]
+           "floating_leaves", "held_reference", "keep_reference", "keep_references_of", "random_report",
+           "reference_step", "rounding_error"]
 
 VERIFY_ATOL_EPS = 100
 """The rounding floor in units of the dtype's epsilon times the model's scale (its largest gradient).
@@ -116,14 +117,29 @@ def keep_references_of(reuse: Hashable | None, leaf_modules: Sequence[str] = ())
 
 def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str],
             dtype: torch.dtype, batches: list[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
-    key = (reuse, tuple(leaf_modules))
-    known = _REUSED.get(dtype)
-    if known is not None and known[0] == key and _same_batches(known[1], batches):
-        return known[2]
+    held = held_reference(reuse, leaf_modules, dtype, batches)
+    if held is not None:
+        return held
     _REUSED.pop(dtype, None)  # its memory back before the next one is built
     reference = _reference(build, leaf_modules, dtype, batches)
-    _REUSED[dtype] = (key, [(x.clone(), labels.clone(), draw) for x, labels, draw in batches], reference)
+    keep_reference(reuse, leaf_modules, dtype, batches, reference)
     return reference
+
+
+def held_reference(reuse: Hashable, leaf_modules: Sequence[str], dtype: torch.dtype,
+                   batches: Sequence[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference | None:
+    """The reference kept for ``reuse``, ``leaf_modules``, ``dtype`` and these batches, if this process holds it."""
+    known = _REUSED.get(dtype)
+    if known is not None and known[0] == (reuse, tuple(leaf_modules)) and _same_batches(known[1], list(batches)):
+        return known[2]
+    return None
+
+
+def keep_reference(reuse: Hashable, leaf_modules: Sequence[str], dtype: torch.dtype,
+                   batches: Sequence[tuple[torch.Tensor, torch.Tensor, DrawKey]], reference: Reference) -> None:
+    """Keep ``reference`` (computed here or received) as :func:`reference_step` keeps what it computes."""
+    _REUSED[dtype] = ((reuse, tuple(leaf_modules)), [(x.clone(), labels.clone(), draw) for x, labels, draw in batches],
+                      reference)
 
 
 def _same_batches(known: list[Any], batches: list[Any]) -> bool:
@@ -167,13 +183,13 @@ class Comparison:
     def of(cls, reference: Reference, dtype: torch.dtype, tolerance: float, wide: Reference | None = None, *,
            noise: tuple[float, float] | None = None) -> "Comparison":
         """A comparison with ``reference``'s scales; floors from ``dtype``'s epsilon and, given the float64
-        reference ``wide`` (or its ``noise``: :func:`shared_rounding`), from the reference's own rounding error
-        (:data:`ROUNDING_FACTOR`)."""
+        reference ``wide`` (or its ``noise``: ``runtime.shared_reference.shared_rounding``), from the
+        reference's own rounding error (:data:`ROUNDING_FACTOR`)."""
         gradients = _scale(p.grad for p in reference.model.parameters() if p.grad is not None)
         outputs = _scale(leaf for out in reference.outputs for leaf in floating_leaves(out))
         floors = [VERIFY_ATOL_EPS * torch.finfo(dtype).eps] * 2
         if wide is not None and noise is None:
-            noise = _rounding(reference, wide)
+            noise = rounding_error(reference, wide)
         if noise is not None:
             output_noise, gradient_noise = noise
             floors = [max(floors[0], ROUNDING_FACTOR * output_noise / max(outputs, 1e-300)),
@@ -259,19 +275,7 @@ def floating_leaves(output: Any) -> list[torch.Tensor]:
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
 
 
-def shared_rounding(reference: Reference, wide: Callable[[], Reference], device: torch.device) -> tuple[float, float]:
-    """``reference``'s largest errors against its float64 twin ``wide()`` (outputs, gradients), computed on rank 0
-    only and shared: every rank holds the same unsplit reference (one seed, the whole batch), so one float64
-    run serves them all — on ranks sharing cores the others' copies cost time and memory only."""
-    distributed = dist.is_available() and dist.is_initialized()
-    first = not distributed or dist.get_rank() == 0
-    noise = torch.tensor(_rounding(reference, wide()) if first else (0.0, 0.0), dtype=torch.float64, device=device)
-    if distributed:
-        all_reduce(noise, "the --verify rounding broadcast", dist.ReduceOp.MAX)
-    return float(noise[0]), float(noise[1])
-
-
-def _rounding(reference: Reference, wide: Reference) -> tuple[float, float]:
+def rounding_error(reference: Reference, wide: Reference) -> tuple[float, float]:
     """The reference's largest error against the float64 one: over its outputs, over its gradients."""
     outputs = [_max_difference(a, b) for narrow, exact in zip(reference.outputs, wide.outputs)
                for a, b in zip(floating_leaves(narrow), floating_leaves(exact))]
@@ -286,9 +290,13 @@ def _scale(tensors: Iterable[torch.Tensor]) -> float:
 
 
 def _max_difference(value: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |value − expected|, subtracted in their dtype when they share it (two close floats subtract exactly,
+    and a far one is an error anyway: no float64 copies of a whole model's gradients)."""
     if not value.numel():
         return 0.0
-    return float((value.detach().double() - expected.detach().double()).abs().max())
+    if value.dtype != expected.dtype or value.dtype.itemsize < 4:  # half types: no overflow to inf
+        value, expected = value.double(), expected.double()
+    return float((value.detach() - expected.detach()).abs().max())
 
 
 def _magnitude(tensor: torch.Tensor) -> float:

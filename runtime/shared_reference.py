@@ -1,0 +1,150 @@
+"""``--verify``'s unsplit reference, computed once per run: on rank 0, with the cores its ranks share, and
+broadcast.
+
+Every rank compares its split against the same unsplit step (one seed, the whole batch). Computing it on
+every rank costs a whole model's step per rank; where ranks share cores (``parplan check`` on one machine)
+that is most of a verify's time. Rank 0 computes it with the threads of all the ranks on its node (the others
+wait in the broadcast), then sends the gradients (one flat buffer) and the outputs (their structure as JSON,
+then each tensor) to the others, who hold them on a fresh copy of the model.
+
+A reference kept from an earlier run of the same model (``runtime.verify``'s ``reuse``) is used only if every
+rank holds it — a rank replaced after a crash holds none, and then rank 0 sends it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime.failures import all_reduce, exchange
+from runtime.random_ops import DrawKey
+from runtime.verify import Reference, held_reference, keep_reference, reference_step, rounding_error
+
+__all__ = ["shared_reference", "shared_rounding"]
+
+Batches = Sequence[tuple[torch.Tensor, torch.Tensor, DrawKey]]
+
+
+def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
+                     batches: Batches, *, reuse: Hashable | None, device: torch.device) -> Reference:
+    """:func:`runtime.verify.reference_step`'s reference, computed on rank 0 and broadcast (module docstring)."""
+    batches = list(batches)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return reference_step(build, leaf_modules, dtype, batches, reuse=reuse)
+    held = held_reference(reuse, leaf_modules, dtype, batches) if reuse is not None else None
+    if _everywhere(held is not None, device):
+        return held  # type: ignore[return-value]
+    if dist.get_rank() == 0:
+        with _every_core():
+            reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse)
+        _send(reference, device)
+        return reference
+    reference = _receive(build(dtype), device)
+    if reuse is not None:
+        keep_reference(reuse, leaf_modules, dtype, batches, reference)
+    return reference
+
+
+def shared_rounding(reference: Reference, wide: Callable[[], Reference], device: torch.device) -> tuple[float, float]:
+    """``reference``'s largest errors against its float64 twin ``wide()`` (outputs, gradients), computed on rank 0
+    only, with the cores of its node, and shared: every rank holds the same unsplit reference."""
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed and dist.get_rank() != 0:
+        noise = torch.zeros(2, dtype=torch.float64, device=device)
+    else:
+        with _every_core():
+            noise = torch.tensor(rounding_error(reference, wide()), dtype=torch.float64, device=device)
+    if distributed:
+        all_reduce(noise, "the --verify rounding broadcast", dist.ReduceOp.MAX)
+    return float(noise[0]), float(noise[1])
+
+
+def _everywhere(true: bool, device: torch.device) -> bool:
+    flag = torch.tensor([1 if true else 0], dtype=torch.int64, device=device)
+    all_reduce(flag, "the --verify reference check", dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+@contextmanager
+def _every_core() -> Iterator[None]:
+    """The threads of all the ranks on this node for the duration (they wait for rank 0 meanwhile)."""
+    threads = torch.get_num_threads()
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(max(threads, min(os.cpu_count() or 1, threads * local)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _send(reference: Reference, device: torch.device) -> None:
+    params = list(reference.model.parameters())
+    leaves: list[torch.Tensor] = []
+    header = {"grads": [p.grad is not None for p in params],
+              "outputs": [_structure(out, leaves) for out in reference.outputs]}
+    _broadcast_text(json.dumps(header), device)
+    grads = [p.grad.reshape(-1) for p in params if p.grad is not None]
+    if grads:
+        _broadcast(torch.cat(grads).to(device), "the --verify reference gradients")
+    for leaf in leaves:
+        _broadcast(leaf.contiguous().to(device), "the --verify reference outputs")
+
+
+def _receive(model: nn.Module, device: torch.device) -> Reference:
+    header = json.loads(_broadcast_text("", device))
+    params = [p for p, has in zip(model.parameters(), header["grads"]) if has]
+    if params:
+        flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=device)
+        _broadcast(flat, "the --verify reference gradients")
+        offset = 0
+        for p in params:
+            p.grad, offset = flat[offset:offset + p.numel()].view_as(p), offset + p.numel()
+    return Reference(model, tuple(_rebuilt(out, device) for out in header["outputs"]))
+
+
+def _structure(value: Any, leaves: list[torch.Tensor]) -> Any:
+    """``value``'s shape as JSON: tensors by index into ``leaves`` (appended), containers as lists or pairs."""
+    if isinstance(value, torch.Tensor):
+        leaves.append(value.detach())
+        return {"tensor": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, (tuple, list)):
+        return {"items": [_structure(v, leaves) for v in value]}
+    if isinstance(value, dict):
+        return {"pairs": [[key, _structure(v, leaves)] for key, v in value.items()]}
+    return {"other": None}  # never compared (not a floating tensor)
+
+
+def _rebuilt(shape: dict[str, Any], device: torch.device) -> Any:
+    """The value :func:`_structure` described, each tensor received in turn (tuples for every sequence)."""
+    if "tensor" in shape:
+        tensor = torch.empty(shape["tensor"], dtype=getattr(torch, shape["dtype"]), device=device)
+        _broadcast(tensor, "the --verify reference outputs")
+        return tensor
+    if "items" in shape:
+        return tuple(_rebuilt(item, device) for item in shape["items"])
+    if "pairs" in shape:
+        return {key: _rebuilt(item, device) for key, item in shape["pairs"]}
+    return None
+
+
+def _broadcast_text(text: str, device: torch.device) -> str:
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8, device=device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    _broadcast(size, "the --verify reference header")
+    if dist.get_rank() != 0:
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    _broadcast(data, "the --verify reference header")
+    return bytes(data.cpu().tolist()).decode()
+
+
+def _broadcast(tensor: torch.Tensor, what: str) -> None:
+    with exchange(what):
+        dist.broadcast(tensor, src=0)
