@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Sequence
 
-__all__ = ["LOW_MEMORY_SHARE", "PRELOAD", "RankPool", "RankPools", "TaskOutcome", "available_memory_share", "one_line"]
+__all__ = ["LOW_MEMORY_SHARE", "MEMORY_MARGIN", "PRELOAD", "RankPool", "RankPools", "TaskOutcome",
+           "available_memory_bytes", "available_memory_share", "one_line"]
 
 PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.graph", "runtime.apply",
            "runtime.train", "runtime.pipeline_train")
@@ -50,6 +51,10 @@ PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models
 
 _INPUT_ERRORS = ("InputError", "TraceError", "PlanError")
 """``cost_models.errors``' classes, recognised by name: a rank that raised one refused its input."""
+
+MEMORY_MARGIN = 1.5
+"""A pool's next task is taken to need up to this many times what its last one grew by (the next check of the
+same model: another layout, another reference)."""
 
 LOW_MEMORY_SHARE = 0.5
 """Below this share of the machine's memory available, ``RankPools`` stops idle pools before a task."""
@@ -98,6 +103,8 @@ class RankPool:
         self.ranks, self.threads, self.group_timeout_s, self.max_tasks = ranks, threads, group_timeout_s, max_tasks
         self.preload = tuple(dict.fromkeys((*PRELOAD, *preload)))
         self.starts = 0
+        self.last_peak_bytes = 0
+        """The most its ranks held together during the last task (their peak resident sets summed; 0: none yet)."""
         self._processes: list[Any] = []
         self._tasks: list[Any] = []
         self._results: Any = None
@@ -114,6 +121,10 @@ class RankPool:
     @property
     def running(self) -> bool:
         return bool(self._processes)
+
+    def resident_bytes(self) -> int:
+        """What its ranks hold now (resident sets summed)."""
+        return _memory_of(self.pids)[0]
 
     @property
     def pids(self) -> list[int]:
@@ -138,9 +149,11 @@ class RankPool:
                 return TaskOutcome("timeout" if "timed out" in failure else "failed", None,
                                    f"the pool's ranks did not start: {failure}", start_s, start_s)
         self._next_id += 1
+        _memory_of(self.pids, reset_peak=True)
         for tasks in self._tasks:
             tasks.put((self._next_id, options))
         status, document, error = self._collect(self._next_id, deadline, timeout_s)
+        self.last_peak_bytes = _memory_of(self.pids)[1] or self.last_peak_bytes
         self._done += 1
         if status != "ok" or self._done >= self.max_tasks:
             self.close()
@@ -244,12 +257,15 @@ class RankPools:
     def run(self, ranks: int, options: Any, *, timeout_s: float) -> TaskOutcome:
         """``RankPool.run`` on the pool of ``ranks`` ranks.
 
-        When less than :data:`LOW_MEMORY_SHARE` of this machine's memory is available, the idle pools of other
-        sizes are stopped first: their ranks hold the last model they ran, and restarting them costs a fork.
+        The idle pools of other sizes are stopped first when less than :data:`LOW_MEMORY_SHARE` of this machine's
+        memory is available, or less than :data:`MEMORY_MARGIN` times what this pool grew by in its last task:
+        their ranks hold the last model they ran, and restarting them costs a fork.
         """
         if ranks not in self.pools:
             self.pools[ranks] = RankPool(ranks, **self._settings)  # type: ignore[arg-type]
-        if available_memory_share() < LOW_MEMORY_SHARE:
+        pool = self.pools[ranks]
+        growth = max(0, pool.last_peak_bytes - pool.resident_bytes())
+        if available_memory_share() < LOW_MEMORY_SHARE or available_memory_bytes() < MEMORY_MARGIN * growth:
             for size, pool in self.pools.items():
                 if size != ranks:
                     pool.close()
@@ -262,12 +278,39 @@ class RankPools:
 
 def available_memory_share() -> float:
     """``MemAvailable / MemTotal`` of ``/proc/meminfo``; 1.0 where it cannot be read."""
+    fields = _meminfo_kib()
+    return fields["MemAvailable"] / fields["MemTotal"] if fields.get("MemTotal") else 1.0
+
+
+def available_memory_bytes() -> float:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes; infinite where it cannot be read."""
+    return _meminfo_kib().get("MemAvailable", float("inf")) * 1024
+
+
+def _meminfo_kib() -> dict[str, float]:
     try:
         with open("/proc/meminfo") as meminfo:
-            fields = dict(line.split(":", 1) for line in meminfo if ":" in line)
-        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
-    except (OSError, KeyError, ValueError, ZeroDivisionError):
-        return 1.0
+            return {key: float(value.split()[0]) for key, value in (line.split(":", 1) for line in meminfo)}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+def _memory_of(pids: Sequence[int], *, reset_peak: bool = False) -> tuple[int, int]:
+    """The processes' resident and peak resident bytes, summed (``/proc/PID/status``: VmRSS, VmHWM; 0 where
+    unreadable); with ``reset_peak``, each peak is then reset to its present size (``clear_refs``)."""
+    resident = peak = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            resident += int(fields["VmRSS"].split()[0]) * 1024
+            peak += int(fields["VmHWM"].split()[0]) * 1024
+            if reset_peak:
+                with open(f"/proc/{pid}/clear_refs", "w") as clear:
+                    clear.write("5")
+        except (OSError, KeyError, ValueError, IndexError):
+            continue
+    return resident, peak
 
 
 def _release_memory() -> None:

@@ -155,6 +155,32 @@ def test_a_rank_killed_while_idle_is_replaced_before_the_next_task(pools: RankPo
     assert pool.starts == starts + 1
 
 
+def test_a_pool_knows_its_last_peak_and_others_stop_when_it_would_not_fit(pools: RankPools,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import rank_pool
+
+    assert _verify_n2(f"{HERE}:_tiny", pools).result == "pass"
+    pool = pools.pools[2]
+    assert pool.last_peak_bytes >= pool.resident_bytes() > 0
+
+    class Idle:  # another size's pool, idle between tasks
+        closed = 0
+
+        def close(self) -> None:
+            Idle.closed += 1
+
+    pools.pools[1] = Idle()  # type: ignore[assignment]
+    try:
+        assert _verify_n2(f"{HERE}:_tiny", pools).result == "pass"
+        assert Idle.closed == 0  # plenty of memory: kept for its next task
+        monkeypatch.setattr(rank_pool, "available_memory_bytes", lambda: pool.last_peak_bytes * 0.1)
+        pool.last_peak_bytes = pool.resident_bytes() + 10 * 2**30  # its last task grew by 10 GiB
+        assert _verify_n2(f"{HERE}:_tiny", pools).result == "pass"
+        assert Idle.closed == 1
+    finally:
+        del pools.pools[1]
+
+
 def test_a_split_that_differs_from_the_unsplit_model_fails_with_its_error(pools: RankPools) -> None:
     check = _verify_n2(f"{HERE}:rank_one_differs", pools)
     assert check.result == "fail" and "verify error above tolerance" in check.reason, check.reason
