@@ -279,6 +279,7 @@ def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: floa
 def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
     from runtime.train import fresh_model, reference_identity, sgd
+    from runtime.random_ops import inside_switched_off
     from runtime.shared_reference import shared_reference, shared_rounding
     from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
                                 reference_step)
@@ -292,8 +293,9 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     events = _events(options, plan, stage)
     micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
     keys = _keys(options, stage, 0)
-    stage.run([e for e in events if e.kind != "U"], sgd(stage.parameters(), lr=0.0),
-              lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1, keys=keys)
+    with inside_switched_off(stage.model.model, stage.model.random.values()):
+        stage.run([e for e in events if e.kind != "U"], sgd(stage.parameters(), lr=0.0),
+                  lambda b: _load(options, stage, 0, b, dtype, device), last_backward=micro - 1, keys=keys)
     batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,

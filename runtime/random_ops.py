@@ -31,8 +31,11 @@ Keyed forms (:func:`random_ops` finds them in a traced program):
 
 Other random ops cannot be keyed: ``nn.RReLU``/``F.rrelu`` can be switched
 off (``switch_off``: their evaluation form, what ``--verify`` runs on both
-sides), the rest (``torch.randint``, ``randperm``, ``multinomial``, …) draw
-from torch's generator per rank. :class:`KeyedInterpreter` runs an unsplit
+sides), and so can random modules inside an opaque module (a leaf of the
+trace, run as written: timm's ``DropPath`` in a block that does not trace),
+put in evaluation mode on both sides (:func:`inside_switched_off`); the
+rest (``torch.randint``, ``randperm``, ``multinomial``, …) draw from
+torch's generator per rank. :class:`KeyedInterpreter` runs an unsplit
 model with the same keyed ops.
 """
 
@@ -41,8 +44,9 @@ from __future__ import annotations
 import inspect
 import math
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +54,8 @@ from torch import nn
 from torch.fx import GraphModule, Interpreter, Node
 from torch.fx.node import _get_qualified_name
 
-__all__ = ["CREATIONS", "DrawKey", "KeyedInterpreter", "RandomOp", "created_shape", "keyed_call", "mix", "mix_int",
-           "normal", "random_ops", "switched_off", "uniform", "whole_box"]
+__all__ = ["CREATIONS", "DrawKey", "KeyedInterpreter", "RandomOp", "created_shape", "inside_switched_off", "keyed_call",
+           "mix", "mix_int", "normal", "random_ops", "switched_off", "uniform", "whole_box"]
 
 Box = tuple[tuple[int, int], ...]
 
@@ -74,6 +78,10 @@ class RandomOp:
     keyed: bool
     switchable: bool = False
     """An unkeyed op with an evaluation form (``switch_off``)."""
+    inside: str = ""
+    """For a random module inside an opaque module (a leaf of the trace): its qualified name. Its draws cannot
+    be keyed (the opaque module runs as written); ``--verify`` runs it in evaluation mode on both sides
+    (:func:`inside_switched_off`)."""
 
     def __str__(self) -> str:
         return f"{self.name} ({self.form})"
@@ -111,7 +119,48 @@ def random_ops(nodes: Sequence[Node], root: nn.Module) -> dict[str, RandomOp]:
         form = _form(node, root)
         if form is not None:
             found[node.name] = RandomOp(node.name, form, form in _KEYED, form in _SWITCHABLE)
+        elif node.op == "call_module":
+            found.update(_inside(node, root))
     return found
+
+
+_RANDOM_MODULES = ("DropPath", "DropBlock", "DropBlock2d", "StochasticDepth")
+"""Random layers known by class name (timm's, torchvision's) besides ``nn``'s dropouts and RReLU."""
+
+
+def _inside(node: Node, root: nn.Module) -> dict[str, RandomOp]:
+    """The random modules inside an opaque module (``node``'s), each a switchable unkeyed op named
+    ``node.submodule`` (never a node's name: fx names hold no dots)."""
+    found = {}
+    for name, module in root.get_submodule(str(node.target)).named_modules():
+        if name and _random_module(module):
+            where = f"{node.target}.{name}"
+            found[f"{node.name}.{name}"] = RandomOp(f"{node.name}.{name}", f"{type(module).__name__} inside opaque "
+                                                    f"{node.target}", keyed=False, switchable=True, inside=where)
+    return found
+
+
+def _random_module(module: nn.Module) -> bool:
+    kinds = tuple(kind for kind, _ in _MODULE_FORMS)
+    if not (isinstance(module, kinds) or type(module).__name__ in _RANDOM_MODULES):
+        return False
+    p = next((getattr(module, a) for a in ("p", "drop_prob", "drop_rate") if hasattr(module, a)), None)
+    return not isinstance(p, (int, float)) or p > 0
+
+
+@contextmanager
+def inside_switched_off(root: nn.Module, ops: Iterable[RandomOp]) -> Iterator[None]:
+    """The random modules inside opaque modules (``ops`` with :attr:`RandomOp.inside`) in evaluation mode for
+    the duration; their modes back afterwards."""
+    modules = [root.get_submodule(op.inside) for op in ops if op.inside]
+    modes = [module.training for module in modules]
+    for module in modules:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes):
+            module.training = mode
 
 
 def _form(node: Node, root: nn.Module) -> str | None:

@@ -207,6 +207,7 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tenso
 
 def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """One step of the split and of the unsplit model on the same batch and keyed draws (``runtime.verify``)."""
+    from runtime.random_ops import inside_switched_off
     from runtime.shared_reference import shared_reference, shared_rounding
     from runtime.verify import (Comparison, compare_gradients, compare_outputs, keep_references_of, random_report,
                                 reference_step)
@@ -216,8 +217,9 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     key = DrawKey(options.seed, 0)
     split.draw_key, split.switch_off_random = key, True
     x, target = _data_source(options, split, dtype, device)(0)
-    output = split(x)
-    split.loss(output, target).backward()
+    with inside_switched_off(split.model, split.random.values()):
+        output = split(x)
+        split.loss(output, target).backward()
     full_x, labels = _data_source(options, split, dtype, device, whole=True)(0)
     batches = [(full_x, labels, key)]
     reuse = reference_identity(options)

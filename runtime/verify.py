@@ -36,7 +36,7 @@ from cost_models.tracing import symbolic_trace
 from runtime.apply import output_loss
 from runtime.failures import all_reduce
 from runtime.placement import Placement
-from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, random_ops
+from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, inside_switched_off, random_ops
 from runtime.shapes import nd_box
 
 __all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs",
@@ -152,12 +152,14 @@ def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence
                batches: list[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
     model, outputs = build(dtype), []
     traced = symbolic_trace(model, tuple(leaf_modules))
+    ops = tuple(random_ops(list(traced.graph.nodes), model).values())
     for x, labels, key in batches:
         interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
-        out = interpreter.run(x.to(dtype))
-        (output_loss(out, labels) / len(batches)).backward()
+        with inside_switched_off(model, ops):
+            out = interpreter.run(x.to(dtype))
+            (output_loss(out, labels) / len(batches)).backward()
         outputs.append(map_aggregate(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v))
-    return Reference(model, tuple(outputs), tuple(random_ops(list(traced.graph.nodes), model).values()))
+    return Reference(model, tuple(outputs), ops)
 
 
 @dataclass

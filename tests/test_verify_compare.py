@@ -10,7 +10,10 @@ listed, and the switchable ones run switched off on the reference.
 Multi-rank, end to end: ``parplan run --verify`` split by rows passes
 exactly in float64 for a model with active ``Dropout``, ``Dropout2d``,
 ``StochasticDepth`` and ``RReLU`` (reported switched off), and for one
-returning a dict of two upsampled maps (its loss: the sum over both).
+returning a dict of two upsampled maps (its loss: the sum over both); split
+by samples, for a model whose opaque block holds a dropout and a drop-path
+(unkeyable: switched off on both sides and reported; nest_tiny differed by
+its drop-path before).
 """
 
 from __future__ import annotations
@@ -147,13 +150,47 @@ class Segmenter(nn.Module):
                 "aux": nn.functional.interpolate(self.aux(y), size=size, mode="nearest")}
 
 
+class DropPath(nn.Module):
+    """timm's drop-path: one Bernoulli draw per sample, from torch's generator."""
+
+    def __init__(self, drop_prob: float) -> None:
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1 - self.drop_prob)
+        return x * keep / (1 - self.drop_prob)
+
+
+class UntracedBlock(nn.Module):
+    """A residual block fx cannot trace (a loop over a shape): parplan keeps it opaque."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.drop, self.drop_path = nn.Conv2d(8, 8, 3, padding=1), nn.Dropout(0.3), DropPath(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(x.shape[1] // 8):  # once; a proxy for the tracer
+            x = x + self.drop_path(self.drop(self.conv(x)))
+        return x
+
+
+def opaque_random() -> nn.Module:
+    """Random modules inside an opaque block: unkeyable, so --verify switches them off on both sides."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), UntracedBlock(), nn.Conv2d(8, 4, 1))
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize(("model", "switched_off"), [("random_net", ["_1 (rrelu)"]), ("Segmenter", [])])
-def test_parplan_run_verify_keeps_random_layers_on_and_passes_exactly(repo: Path, model: str,
+@pytest.mark.parametrize(("model", "layout", "switched_off"), [
+    ("random_net", "h2", ["_1 (rrelu)"]), ("Segmenter", "h2", []),
+    ("opaque_random", "n2", ["_1.drop (Dropout inside opaque 1)", "_1.drop_path (DropPath inside opaque 1)"])])
+def test_parplan_run_verify_keeps_random_layers_on_and_passes_exactly(repo: Path, model: str, layout: str,
                                                                       switched_off: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo / "tests")}
     command = [str(Path(sys.executable).parent / "parplan"), "run", "--model", f"tests/test_verify_compare.py:{model}",
-               "--input-shape", "4,3,12,10", "--dtype", "float64", "--layout", "h2", "--nproc", "2", "--steps", "1",
+               "--input-shape", "4,3,12,10", "--dtype", "float64", "--layout", layout, "--nproc", "2", "--steps", "1",
                "--warmup", "0", "--verify", "--json"]
     run = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
@@ -162,7 +199,7 @@ def test_parplan_run_verify_keeps_random_layers_on_and_passes_exactly(repo: Path
     assert verified["passed"] and verified["grad_max_abs_err"] < 1e-13 and verified["output_max_abs_err"] < 1e-13
     assert verified["random_switched_off"] == switched_off and verified["random_left_on"] == []
     assert {"grad_max_rel_err", "output_max_rel_err", "grad_atol", "output_atol"} <= set(verified)
-    assert document["plan"]["summary"].startswith("h2")
+    assert document["plan"]["summary"].startswith(layout)
 
 
 def test_a_reused_reference_is_the_one_computed_for_the_same_model_and_batches_and_only_that() -> None:
