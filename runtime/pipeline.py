@@ -286,7 +286,8 @@ class PipelineStage:
     # --- computing -------------------------------------------------------------------------------------------
 
     def _compute(self, stash: _Stash) -> None:
-        env = {name: self.model.value(name, leaf, self.placements[name]) for name, leaf in stash.inputs.items()}
+        env = {name: self.model.value(name, _operand(leaf), self.placements[name])
+               for name, leaf in stash.inputs.items()}
         env = self.model.run_nodes(env, stash.x if self.first else None, stash.key)
         stash.outputs = {c.name: _tensor(env[c.name]) for c in self.cut.sends}
         if self.last and self.keep_outputs:
@@ -400,6 +401,12 @@ def _release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
 
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _operand(received: torch.Tensor) -> torch.Tensor:
+    """A received activation as the stage's layers take it: a copy when it is the leaf its gradient is read
+    from (a first layer may work in place — ``x += …``, ``ReLU(inplace=True)`` — which a leaf refuses)."""
+    return received.clone() if received.requires_grad else received
 
 
 def _tensor(value: Any) -> torch.Tensor:
