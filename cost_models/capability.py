@@ -35,7 +35,9 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       returned indices, average pooling counting its padding without a
       divisor override), transposed convolution, nearest/bilinear upsampling
       by an integer scale without ``align_corners``, batch-norm, softmax over
-      the channels, concatenation not along a split dimension. Every tile is
+      the channels, concatenation not along a split dimension. A slice of a
+      tensor made of slices only (``x[:, a:b]``, ghostnet's and rexnet's)
+      takes any layout that splits no dimension it slices. Every tile is
       at least as wide as the halo it sends (``cost_models.halo``), and a
       layer reading tiles of its input (convolution, pooling, upsampling)
       has at least one row (column) of its input per tile.
@@ -120,6 +122,8 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS:
         return None
+    if kind == "getitem" and "sliced_dims" in attrs:
+        return _slice_refusal(attrs["sliced_dims"], layout)
     if layout.c > 1 and kind not in CHANNEL_KINDS:
         return f"{_noun(kind)} cannot be split by channel"
     if spatial and kind not in SPATIAL_KINDS:
@@ -137,6 +141,12 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if spatial:
         return _spatial_refusal(layer, layout)
     return _channel_refusal(layer, layout) if layout.c > 1 else None
+
+
+def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
+    """``x[:, a:b, …]`` computes on every part what it computes on the whole when it slices no split dimension."""
+    cut = sorted({dim for dim, parts in enumerate(layout.parts()) if parts > 1} & set(sliced))
+    return f"it slices dimension {cut[0]}, which {layout} splits" if cut else None
 
 
 def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:

@@ -252,9 +252,22 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
         attrs["size"] = None  # computed from tensor shapes: the traced output shape says what it was
     if kind == "activation":
         attrs["function"] = getattr(node.target, "__name__", str(node.target))
+    if kind == "getitem":
+        attrs.update(_index_attrs(node))
     if kind in _FUNCTION_FIELDS or kind in ("linear", "dropout", "norm"):
         attrs["function_form"] = True
     return attrs
+
+
+def _index_attrs(node: Node) -> dict[str, Any]:
+    """``sliced_dims`` of a tensor's ``x[s0, s1, …]`` made of slices only (each keeps its dimension in place):
+    the dimensions whose slice is not ``:``. Nothing for another index (ints, ``None``, ``...``, tensors)."""
+    if len(node.args) != 2 or not isinstance(node.args[0], Node):
+        return {}
+    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+    if not all(isinstance(entry, slice) for entry in index):
+        return {}
+    return {"sliced_dims": [dim for dim, entry in enumerate(index) if entry != slice(None)]}
 
 
 def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:

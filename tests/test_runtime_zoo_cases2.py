@@ -9,6 +9,8 @@
   (``arange`` and ``repeat`` take a size computed from shapes) and ``c2`` (the encoding's ``flatten``).
 * vision_transformer_relpos's ``RelPosMlp``: linear layers of a buffer (no traced input: the distributed
   form read an input the trace does not list, an ``IndexError`` on every layout).
+* ghostnet's and rexnet's channel slices (``x[:, :k]``): each part's slice under a split of other
+  dimensions (they were kept whole under ``h2``: "a getitem layer cannot be split by height or width").
 * shufflenet's and skresnet's tuples: ``x.chunk(2, dim=1)`` read by ``getitem``, a channel shuffle — and a
   pipeline cut that the tuple crosses, which the pipeline cannot send: the pre-flight now refuses it in one
   line (it failed on the ranks with a ``TypeError``).
@@ -125,8 +127,25 @@ class SharedBlock(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+class ChannelSlices(nn.Module):
+    """ghostnet's ``out[:, :k, :, :]`` of a concatenation, rexnet's ``x[:, 0:k]`` residual, a crop of the map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.primary = nn.Conv2d(3, 6, 3, padding=1)
+        self.cheap = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.mix = nn.Conv2d(4, 4, 3, padding=1)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.primary(x)
+        ghost = torch.cat([y, self.cheap(y)], dim=1)[:, :8, :, :]
+        z = self.mix(ghost[:, 0:4]) + ghost[:, 4:]
+        return self.head(torch.relu(z)[:, :, 1:-1, 1:].mean(dim=(2, 3)))
+
+
 MODELS: dict[str, Callable[[], nn.Module]] = {"shape_made": ShapeMade, "shuffled": Shuffled, "buffer_mlp": BufferMlp,
-                                              "shared": SharedBlock}
+                                              "shared": SharedBlock, "sliced": ChannelSlices}
 
 
 def _model(name: str) -> nn.Module:
@@ -220,7 +239,8 @@ def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict
 
 
 CASES = {"shape_made": (["n2"], ["h2"], ["w2"], ["c2"]), "shuffled": (["n2"], ["h2"], ["c2"]),
-         "buffer_mlp": (["n2"], ["c2"]), "shared": (["n2"], ["h2"], ["c2"])}
+         "buffer_mlp": (["n2"], ["c2"]), "shared": (["n2"], ["h2"], ["c2"]),
+         "sliced": (["n2"], ["h2"], ["w2"], ["c2"])}
 
 
 def _cases(rank: int, world: int) -> dict[str, Any]:
@@ -238,3 +258,7 @@ def test_the_second_zoo_patterns_equal_the_unsplit_model_on_two_ranks() -> None:
     assert results["shuffled n2"]["getitem"] == "n1"  # the chunk's items are kept whole
     assert results["buffer_mlp c2"]["fc1"] == "c2" and results["buffer_mlp n2"]["add"] == "n2"  # fc1: held whole
     assert results["shared c2"]["shared_1"] == "c2"  # the module's weights sliced once, for both calls
+    for layout in ("h2", "w2"):  # channel slices of a tile: the tile's slices
+        assert [results[f"sliced {layout}"][f] for f in ("getitem", "getitem_1", "getitem_2")] == [layout] * 3
+    assert results["sliced h2"]["getitem_3"] == "n1" and results["sliced w2"]["getitem_3"] == "n1"  # the crop
+    assert results["sliced c2"]["getitem_3"] == "c2" and results["sliced c2"]["getitem"] == "n1"
