@@ -32,8 +32,7 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       tensor is 2-D or 4-D ``(N, C, H, W)``.
     * A height/width split needs a distributed form: convolution and
       pooling (halo exchange; explicit zero padding, no ``ceil_mode`` or
-      returned indices, average pooling counting its padding without a
-      divisor override), transposed convolution, nearest/bilinear upsampling
+      returned indices, average pooling without a divisor override), transposed convolution, nearest/bilinear upsampling
       by an integer scale without ``align_corners``, batch-norm, softmax over
       the channels, concatenation not along a split dimension. A slice of a
       tensor made of slices only (``x[:, a:b]``, ghostnet's and rexnet's)
@@ -155,9 +154,8 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return "only explicit zero padding can be split across tiles"
     if attrs.get("ceil_mode") or attrs.get("return_indices"):
         return "pooling with ceil_mode or return_indices cannot be split across tiles"
-    if kind == "avgpool" and ((not attrs.get("count_include_pad", True) and _any_nonzero(attrs.get("padding")))
-                              or attrs.get("divisor_override")):
-        return "average pooling without count_include_pad (or with a divisor override) cannot be split across tiles"
+    if kind == "avgpool" and attrs.get("divisor_override"):
+        return "average pooling with a divisor override cannot be split across tiles"
     if kind in _TILED_INPUT_KINDS and (small := _input_fit_refusal(layer, layout)):
         return small
     if kind == "upsample":
@@ -433,7 +431,3 @@ def _axis(value: Any, axis: int) -> Any:
     if isinstance(value, (list, tuple)):
         return value[axis] if axis < len(value) else (value[-1] if value else None)
     return value
-
-
-def _any_nonzero(value: Any) -> bool:
-    return any(_any_nonzero(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)

@@ -190,7 +190,7 @@ def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:
         return spatial.max_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
                                   options["padding"], options["dilation"])
     return spatial.avg_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
-                              options["padding"])
+                              options["padding"], options["count_include_pad"])
 
 
 def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:
@@ -206,11 +206,12 @@ def _pool_options(site: Site) -> dict[str, Any]:
     if site.module is not None:
         module = site.module
         return {"kernel_size": module.kernel_size, "stride": module.stride or module.kernel_size,
-                "padding": module.padding, "dilation": getattr(module, "dilation", 1)}
+                "padding": module.padding, "dilation": getattr(module, "dilation", 1),
+                "count_include_pad": getattr(module, "count_include_pad", True)}
     attrs = site.layer.get("attrs", {})
     kernel = attrs["kernel_size"]
     return {"kernel_size": kernel, "stride": attrs.get("stride") or kernel, "padding": attrs.get("padding", 0),
-            "dilation": attrs.get("dilation", 1)}
+            "dilation": attrs.get("dilation", 1), "count_include_pad": attrs.get("count_include_pad", True)}
 
 
 def _channel_index(site: Site) -> int:

@@ -96,17 +96,38 @@ def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
 
 
 def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
-               stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0) -> torch.Tensor:
-    """This tile of ``F.avg_pool2d`` of the global input (floor mode, padding counted in the average).
+               stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
+               count_include_pad: bool = True) -> torch.Tensor:
+    """This tile of ``F.avg_pool2d`` of the global input (floor mode).
 
-    Raises:
-        ValueError: On a split axis with padding (the tile cannot tell padding from halo zeros when
-            ``count_include_pad=False``; with ``True``, the default, zeros are exact and allowed).
+    The halos and the global padding (zeros) are put around the tile and the local windows average them.
+    Without ``count_include_pad`` a window's divisor counts its input elements only: the same average of a
+    mask of the tile's real rows (halos included, global padding not) divides it.
     """
     kernel = pair(kernel_size)
     stride_ = pair(stride) if stride is not None else kernel
     local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), pair(padding), 0.0)
-    return F.avg_pool2d(local, kernel, stride_, local_padding, count_include_pad=True)
+    average = F.avg_pool2d(local, kernel, stride_, local_padding, count_include_pad=True)
+    if count_include_pad:
+        return average
+    real = _real_positions(local, grid, full_hw, kernel, stride_, pair(padding))
+    return average / F.avg_pool2d(real, kernel, stride_, local_padding, count_include_pad=True)
+
+
+def _real_positions(local: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel: tuple[int, ...],
+                    stride: tuple[int, int], padding: tuple[int, int]) -> torch.Tensor:
+    """A ``(1, 1, H, W)`` mask of ``local`` (a tile with its halos and global padding): 1 where it holds an input
+    element, 0 in the global padding of a split axis."""
+    masks = []
+    for axis, parts in enumerate((grid.h, grid.w)):
+        mask = torch.ones(local.shape[2 + axis], dtype=local.dtype, device=local.device)
+        if parts > 1:
+            window = axis_window(full_hw[axis], parts, grid.tile[axis], kernel[axis], stride[axis], 1, padding[axis],
+                                 grid.neighbours(axis))
+            mask[:max(0, -window.read_start)] = 0
+            mask[mask.numel() - max(0, window.read_stop - full_hw[axis]):] = 0
+        masks.append(mask)
+    return (masks[0][:, None] * masks[1][None, :])[None, None]
 
 
 def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, int], group: Any = None) -> torch.Tensor:

@@ -69,6 +69,11 @@ def test_functional_forms_are_read_as_their_modules() -> None:
     assert layer_refusal(graph.nodes["avg_pool2d"], Layout(h=2)) is None
     assert "function call" in layer_refusal(graph.nodes["conv2d"], Layout(h=2))
     assert "cannot be split by height" in layer_refusal(graph.nodes["pad"], Layout(h=2))
+    pool = graph.nodes["avg_pool2d"]
+    excluding = {**pool, "attrs": {**pool["attrs"], "padding": 1, "count_include_pad": False}}
+    assert layer_refusal(excluding, Layout(h=2)) is None  # the divisor from a mask of the tile (runtime.spatial)
+    overridden = {**pool, "attrs": {**pool["attrs"], "divisor_override": 3}}
+    assert "divisor override" in layer_refusal(overridden, Layout(h=2))
 
 
 @pytest.mark.parametrize(("name", "shape"), [("functional", (2, 3, 16, 16)), ("norm_after_pool", (2, 3, 16, 16)),

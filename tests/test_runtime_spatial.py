@@ -22,6 +22,7 @@ CASES = (  # (operation, kwargs)
     ("conv", {"kernel": 2, "stride": 3, "padding": 0}),
     ("maxpool", {"kernel": 3, "stride": 2, "padding": 1}),
     ("avgpool", {"kernel": 3, "stride": 1, "padding": 1}),
+    ("avgpool", {"kernel": 3, "stride": 2, "padding": 1, "count_include_pad": False}),  # inception_v4's
     ("avgpool", {"kernel": 2, "stride": 2, "padding": 0}),
 )
 
@@ -50,7 +51,8 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
             elif operation == "maxpool":
                 reference = F.max_pool2d(x, kw["kernel"], kw["stride"], kw["padding"])
             else:
-                reference = F.avg_pool2d(x, kw["kernel"], kw["stride"], kw["padding"])
+                reference = F.avg_pool2d(x, kw["kernel"], kw["stride"], kw["padding"],
+                                         count_include_pad=kw.get("count_include_pad", True))
             upstream = torch.randn(reference.shape, dtype=dtype, generator=generator)
             reference.backward(upstream)
 
@@ -64,7 +66,8 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
                 elif operation == "maxpool":
                     out = max_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"])
                 else:
-                    out = avg_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"])
+                    out = avg_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"],
+                                     kw.get("count_include_pad", True))
             except ValueError:  # too fine for the window: the planner must refuse it too
                 assert not _planner_accepts(h, w, kw), f"runtime refused {operation} {kw} on {h}×{w}"
                 refused += 1
