@@ -31,7 +31,7 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       split filters of 2-D ``(N, features)`` tensors only, and every split
       tensor is 2-D or 4-D ``(N, C, H, W)``.
     * A height/width split needs a distributed form: convolution and
-      pooling (halo exchange; explicit zero padding, no ``ceil_mode`` or
+      pooling (halo exchange; explicit zero padding, ``ceil_mode`` too, no
       returned indices, average pooling without a divisor override), transposed convolution, nearest/bilinear upsampling
       by an integer scale without ``align_corners``, batch-norm, softmax over
       the channels, concatenation not along a split dimension. A slice of a
@@ -152,8 +152,8 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
     if isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros":
         return "only explicit zero padding can be split across tiles"
-    if attrs.get("ceil_mode") or attrs.get("return_indices"):
-        return "pooling with ceil_mode or return_indices cannot be split across tiles"
+    if attrs.get("return_indices"):
+        return "pooling that returns its indices cannot be split across tiles"
     if kind == "avgpool" and attrs.get("divisor_override"):
         return "average pooling with a divisor override cannot be split across tiles"
     if kind in _TILED_INPUT_KINDS and (small := _input_fit_refusal(layer, layout)):
@@ -186,7 +186,8 @@ def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         kernel, stride, dilation, padding = (_axis(attrs.get(key, default), axis) for key, default in
                                              (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
         try:
-            axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding)
+            axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding,
+                       bool(attrs.get("ceil_mode")))
         except InputError as err:
             return str(err)
     return None

@@ -10,6 +10,10 @@ split), so its halo is what it reads beyond them on each side: received from
 the neighbour before the forward pass, and — as the gradient of those rows —
 sent back and added to the neighbour's input gradient after backward-data.
 
+With pooling's ``ceil_mode`` the output has one more row when a last, partial
+window starts inside the input or its left padding; it reads what it overhangs
+of the input only (the rows past the right padding do not exist).
+
 Assumptions:
     * Parts are balanced (``torch.tensor_split``): sizes differ by at most one,
       the first ``E mod parts`` parts are the larger.
@@ -60,20 +64,26 @@ def partition(extent: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def window_output_extent(extent: int, kernel: int, stride: int, dilation: int, padding: int) -> int:
-    """Output extent of a window operation (floor mode), as ``torch.nn.Conv2d`` computes it."""
-    return (extent + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+def window_output_extent(extent: int, kernel: int, stride: int, dilation: int, padding: int,
+                         ceil_mode: bool = False) -> int:
+    """Output extent of a window operation, as ``torch.nn.Conv2d`` (floor) and pooling with ``ceil_mode``
+    compute it (ceil, and no window starting in the right padding)."""
+    span = extent + 2 * padding - dilation * (kernel - 1) - 1
+    if not ceil_mode:
+        return span // stride + 1
+    extent_out = -(-span // stride) + 1
+    return extent_out - 1 if (extent_out - 1) * stride >= extent + padding else extent_out
 
 
 def axis_halos(extent_in: int, parts: int, kernel: int, stride: int = 1, dilation: int = 1,
-               padding: int = 0) -> list[AxisHalo]:
-    """Per-tile halo widths on one axis.
+               padding: int = 0, ceil_mode: bool = False) -> list[AxisHalo]:
+    """Per-tile halo widths on one axis (``ceil_mode``: pooling's; the last window may overhang the padding).
 
     Raises:
         InputError: A tile would need rows beyond its adjacent tile, or the
             split leaves a tile without output rows.
     """
-    extent_out = window_output_extent(extent_in, kernel, stride, dilation, padding)
+    extent_out = window_output_extent(extent_in, kernel, stride, dilation, padding, ceil_mode)
     owned = partition(extent_in, parts)
     halos = []
     for tile, (o0, o1) in enumerate(partition(extent_out, parts)):

@@ -126,7 +126,8 @@ def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHa
     for axis, parts in ((0, layout.h), (1, layout.w)):
         kernel, stride, dilation, padding = (axis_value(attrs.get(key, default), axis) for key, default in
                                              (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
-        halos.append(_axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding))
+        halos.append(_axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding,
+                                 bool(attrs.get("ceil_mode"))))
     return halos[0], halos[1]
 
 
@@ -187,8 +188,9 @@ def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalPr
 
 
 @lru_cache(maxsize=65536)
-def _axis_halos(extent: int, parts: int, kernel: int, stride: int, dilation: int, padding: int) -> tuple[AxisHalo, ...]:
-    return tuple(axis_halos(extent, parts, kernel, stride, dilation, padding))
+def _axis_halos(extent: int, parts: int, kernel: int, stride: int, dilation: int, padding: int,
+                ceil_mode: bool = False) -> tuple[AxisHalo, ...]:
+    return tuple(axis_halos(extent, parts, kernel, stride, dilation, padding, ceil_mode))
 
 
 @lru_cache(maxsize=4096)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cost_models.halo import partition
+from cost_models.halo import partition, window_output_extent
 from runtime.failures import exchange, in_backward, place, wait_all
 
 __all__ = ["AxisWindow", "PendingHalo", "axis_window", "exchange_halo", "finish_halo", "start_halo", "window_of_reads"]
@@ -59,14 +59,16 @@ class AxisWindow:
 
 
 def axis_window(extent: int, parts: int, tile: int, kernel: int, stride: int, dilation: int, padding: int,
-                neighbours: tuple[int | None, int | None]) -> AxisWindow:
-    """The :class:`AxisWindow` of ``tile`` of ``parts`` along an axis of ``extent`` input rows.
+                neighbours: tuple[int | None, int | None], ceil_mode: bool = False) -> AxisWindow:
+    """The :class:`AxisWindow` of ``tile`` of ``parts`` along an axis of ``extent`` input rows (``ceil_mode``:
+    pooling's, whose last window may overhang the right padding: it reads up to the padding's end).
 
     Raises:
         ValueError: The split is too fine for the window (a halo beyond the adjacent tile).
     """
-    extent_out = (extent + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+    extent_out = window_output_extent(extent, kernel, stride, dilation, padding, ceil_mode)
     reads = [_read_range(o0, o1, kernel, stride, dilation, padding) for o0, o1 in partition(extent_out, parts)]
+    reads = [(start, min(stop, extent + padding)) for start, stop in reads]
     return window_of_reads(extent, reads, tile, neighbours,
                            f"a window of {kernel} (stride {stride}, dilation {dilation})")
 

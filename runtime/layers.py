@@ -188,9 +188,9 @@ def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:
     options = _pool_options(site)
     if site.kind == "maxpool":
         return spatial.max_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
-                                  options["padding"], options["dilation"])
+                                  options["padding"], options["dilation"], options["ceil_mode"])
     return spatial.avg_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
-                              options["padding"], options["count_include_pad"])
+                              options["padding"], options["count_include_pad"], options["ceil_mode"])
 
 
 def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:
@@ -207,11 +207,12 @@ def _pool_options(site: Site) -> dict[str, Any]:
         module = site.module
         return {"kernel_size": module.kernel_size, "stride": module.stride or module.kernel_size,
                 "padding": module.padding, "dilation": getattr(module, "dilation", 1),
-                "count_include_pad": getattr(module, "count_include_pad", True)}
+                "count_include_pad": getattr(module, "count_include_pad", True), "ceil_mode": module.ceil_mode}
     attrs = site.layer.get("attrs", {})
     kernel = attrs["kernel_size"]
     return {"kernel_size": kernel, "stride": attrs.get("stride") or kernel, "padding": attrs.get("padding", 0),
-            "dilation": attrs.get("dilation", 1), "count_include_pad": attrs.get("count_include_pad", True)}
+            "dilation": attrs.get("dilation", 1), "count_include_pad": attrs.get("count_include_pad", True),
+            "ceil_mode": bool(attrs.get("ceil_mode", False))}
 
 
 def _channel_index(site: Site) -> int:

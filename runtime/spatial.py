@@ -86,19 +86,23 @@ def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
 
 def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
                stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
-               dilation: int | Sequence[int] = 1) -> torch.Tensor:
-    """This tile of ``F.max_pool2d`` of the global input (floor mode)."""
+               dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> torch.Tensor:
+    """This tile of ``F.max_pool2d`` of the global input.
+
+    With ``ceil_mode`` every tile pools in ceil mode: a tile's windows but the global last fit its rows exactly
+    (ceil and floor agree), and the last tile holds the rows up to the padding's end, as the whole does.
+    """
     kernel = pair(kernel_size)
     stride_ = pair(stride) if stride is not None else kernel
     local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, pair(dilation), pair(padding),
-                                       float("-inf"))
-    return F.max_pool2d(local, kernel, stride_, local_padding, pair(dilation))
+                                       float("-inf"), ceil_mode)
+    return F.max_pool2d(local, kernel, stride_, local_padding, pair(dilation), ceil_mode=ceil_mode)
 
 
 def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
                stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
-               count_include_pad: bool = True) -> torch.Tensor:
-    """This tile of ``F.avg_pool2d`` of the global input (floor mode).
+               count_include_pad: bool = True, ceil_mode: bool = False) -> torch.Tensor:
+    """This tile of ``F.avg_pool2d`` of the global input (``ceil_mode`` as :func:`max_pool2d`'s).
 
     The halos and the global padding (zeros) are put around the tile and the local windows average them.
     Without ``count_include_pad`` a window's divisor counts its input elements only: the same average of a
@@ -106,16 +110,16 @@ def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
     """
     kernel = pair(kernel_size)
     stride_ = pair(stride) if stride is not None else kernel
-    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), pair(padding), 0.0)
-    average = F.avg_pool2d(local, kernel, stride_, local_padding, count_include_pad=True)
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), pair(padding), 0.0, ceil_mode)
+    average = F.avg_pool2d(local, kernel, stride_, local_padding, ceil_mode=ceil_mode, count_include_pad=True)
     if count_include_pad:
         return average
-    real = _real_positions(local, grid, full_hw, kernel, stride_, pair(padding))
-    return average / F.avg_pool2d(real, kernel, stride_, local_padding, count_include_pad=True)
+    real = _real_positions(local, grid, full_hw, kernel, stride_, pair(padding), ceil_mode)
+    return average / F.avg_pool2d(real, kernel, stride_, local_padding, ceil_mode=ceil_mode, count_include_pad=True)
 
 
 def _real_positions(local: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel: tuple[int, ...],
-                    stride: tuple[int, int], padding: tuple[int, int]) -> torch.Tensor:
+                    stride: tuple[int, int], padding: tuple[int, int], ceil_mode: bool) -> torch.Tensor:
     """A ``(1, 1, H, W)`` mask of ``local`` (a tile with its halos and global padding): 1 where it holds an input
     element, 0 in the global padding of a split axis."""
     masks = []
@@ -123,7 +127,7 @@ def _real_positions(local: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int
         mask = torch.ones(local.shape[2 + axis], dtype=local.dtype, device=local.device)
         if parts > 1:
             window = axis_window(full_hw[axis], parts, grid.tile[axis], kernel[axis], stride[axis], 1, padding[axis],
-                                 grid.neighbours(axis))
+                                 grid.neighbours(axis), ceil_mode)
             mask[:max(0, -window.read_start)] = 0
             mask[mask.numel() - max(0, window.read_stop - full_hw[axis]):] = 0
         masks.append(mask)
@@ -146,14 +150,14 @@ def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, int], group: Any =
 
 def _with_halos(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel: tuple[int, ...],
                 stride: tuple[int, int], dilation: tuple[int, int], padding: tuple[int, int],
-                fill: float) -> tuple[torch.Tensor, tuple[int, int]]:
+                fill: float, ceil_mode: bool = False) -> tuple[torch.Tensor, tuple[int, int]]:
     """The tile with its halos on every split axis, and the padding left for the local operation."""
     local, local_padding = tile, list(padding)
     for axis, parts in enumerate((grid.h, grid.w)):
         if parts == 1:
             continue
         window: AxisWindow = axis_window(full_hw[axis], parts, grid.tile[axis], kernel[axis], stride[axis],
-                                         dilation[axis], padding[axis], grid.neighbours(axis))
+                                         dilation[axis], padding[axis], grid.neighbours(axis), ceil_mode)
         local = exchange_halo(local, 2 + axis, window, fill)
         local_padding[axis] = 0
     return local, (local_padding[0], local_padding[1])

@@ -23,6 +23,10 @@ CASES = (  # (operation, kwargs)
     ("maxpool", {"kernel": 3, "stride": 2, "padding": 1}),
     ("avgpool", {"kernel": 3, "stride": 1, "padding": 1}),
     ("avgpool", {"kernel": 3, "stride": 2, "padding": 1, "count_include_pad": False}),  # inception_v4's
+    ("maxpool", {"kernel": 3, "stride": 2, "padding": 0, "ceil_mode": True}),  # squeezenet's: 13×14 → 6×7
+    ("maxpool", {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+    ("avgpool", {"kernel": 2, "stride": 2, "padding": 0, "ceil_mode": True, "count_include_pad": False}),  # avg_down
+    ("avgpool", {"kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
     ("avgpool", {"kernel": 2, "stride": 2, "padding": 0}),
 )
 
@@ -49,9 +53,11 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
             if operation == "conv":
                 reference = F.conv2d(x, weight, bias, **conv_args)
             elif operation == "maxpool":
-                reference = F.max_pool2d(x, kw["kernel"], kw["stride"], kw["padding"])
+                reference = F.max_pool2d(x, kw["kernel"], kw["stride"], kw["padding"],
+                                         ceil_mode=kw.get("ceil_mode", False))
             else:
                 reference = F.avg_pool2d(x, kw["kernel"], kw["stride"], kw["padding"],
+                                         ceil_mode=kw.get("ceil_mode", False),
                                          count_include_pad=kw.get("count_include_pad", True))
             upstream = torch.randn(reference.shape, dtype=dtype, generator=generator)
             reference.backward(upstream)
@@ -64,10 +70,11 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
                 if operation == "conv":
                     out = conv2d(tile, local_weight, local_bias, grid, (13, 14), **conv_args)
                 elif operation == "maxpool":
-                    out = max_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"])
+                    out = max_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"],
+                                     ceil_mode=kw.get("ceil_mode", False))
                 else:
                     out = avg_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"],
-                                     kw.get("count_include_pad", True))
+                                     kw.get("count_include_pad", True), kw.get("ceil_mode", False))
             except ValueError:  # too fine for the window: the planner must refuse it too
                 assert not _planner_accepts(h, w, kw), f"runtime refused {operation} {kw} on {h}×{w}"
                 refused += 1
@@ -118,7 +125,8 @@ def _planner_accepts(h: int, w: int, kw: dict) -> bool:
 
     try:
         for extent, parts in ((13, h), (14, w)):
-            axis_halos(extent, parts, kw["kernel"], kw["stride"], kw.get("dilation", 1), kw["padding"])
+            axis_halos(extent, parts, kw["kernel"], kw["stride"], kw.get("dilation", 1), kw["padding"],
+                       kw.get("ceil_mode", False))
     except InputError:
         return False
     return True
