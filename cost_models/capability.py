@@ -50,8 +50,11 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       batch (of a micro-batch in a pipeline) times every position of them —
       or the whole batch when synchronised. PyTorch refuses one value.
     * Every part of the output holds at least one element; a layer with
-      several output tensors is kept whole, and no pipeline cut separates it
-      from a layer reading it (a pipeline sends one tensor per value:
+      several output tensors is kept whole — unless it cuts a tensor into
+      pieces along a dimension the layout does not split and is read by its
+      items only (``left, right = x.chunk(2, dim=1)`` under ``h2``), each
+      item then in its layout (:func:`piece_layout_refusal`) — and no
+      pipeline cut separates it from a layer reading it (a pipeline sends one tensor per value:
       :func:`crosses_as_tuple`), nor the calls of one module that holds
       parameters (:func:`shared_modules`).
 """
@@ -65,9 +68,9 @@ from cost_models.halo import axis_halos
 from cost_models.layout import Layout
 from cost_models.redistribution import part_range
 
-__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "pipeline_refusal",
-           "plan_refusals", "shared_layout_refusal", "shared_module_refusal",
-           "shared_modules"]
+__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal",
+           "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
+           "shared_module_refusal", "shared_modules"]
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
 SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "upsample", "batchnorm", "cat", "softmax"})
@@ -93,11 +96,40 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
     if kind == "input":
         return None
     if not output or isinstance(output[0], list):
-        return None if layout.ranks == 1 else "a layer with several output tensors is kept whole"
+        return None if layout.ranks == 1 else _pieces_refusal(layer, layout)
     if layout.ranks > 1 and any(shape and isinstance(shape[0], list) for shape in layer["input_shapes"]):
-        return "it reads a tensor of a layer with several output tensors, which is kept whole"
+        if kind != "getitem":
+            return "it reads a layer with several output tensors other than by its items, so that layer is kept whole"
+        return _fit_refusal(output, layout)  # a piece, in the layout of the layer that cut it (piece_layout_refusal)
     return (_fit_refusal(output, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
+
+
+def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A layer with several output tensors: a cut into pieces along a dimension the layout does not split
+    (``x.chunk(2, dim=1)`` under ``h2``), read by its items only, gives each rank its part of every piece."""
+    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
+    shape = inputs[0] if inputs else []
+    if "pieces_along" not in attrs or not attrs.get("items_only") or not shape or isinstance(shape[0], list):
+        return "a layer with several output tensors is kept whole"
+    if _dim_split(layout, attrs["pieces_along"], len(shape)):
+        return f"it cuts dimension {attrs['pieces_along'] % len(shape)} into pieces, which {layout} splits"
+    return next((why for piece in layer["output_shape"] if (why := _fit_refusal(piece, layout))), None)
+
+
+def piece_layout_refusal(graph: Any, layers: Mapping[str, Any]) -> str | None:
+    """Why a plan's ``pieces[i]`` cannot run: it must take the layout of the layer that cut the pieces (its
+    value is that layer's local piece); ``None`` when every item does."""
+    for name, assignment in layers.items():
+        if name not in graph or graph.nodes[name]["kind"] != "getitem":
+            continue
+        for source in graph.predecessors(name):
+            produced = graph.nodes[source]["output_shape"]
+            if source in layers and produced and isinstance(produced[0], list) and \
+                    layers[source].layout != assignment.layout:
+                return (f"'{name}' (getitem, {assignment.layout}) reads a piece of '{source}' "
+                        f"({layers[source].layout}): an item takes the layout of the layer that made it")
+    return None
 
 
 def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
@@ -414,6 +446,8 @@ def plan_refusals(plan: Any, graph: Any, *, sync_batchnorm: bool = False) -> Ite
     if pipeline.stages > 1 and (why := shared_module_refusal(graph, {n: a.stage for n, a in plan.layers.items()})):
         yield why
     if (why := shared_layout_refusal(graph, plan.layers)):
+        yield why
+    if (why := piece_layout_refusal(graph, plan.layers)):
         yield why
     micro = pipeline.micro_batches if pipeline.stages > 1 else 1
     for name, assignment in plan.layers.items():

@@ -254,6 +254,8 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
         attrs["function"] = getattr(node.target, "__name__", str(node.target))
     if kind == "getitem":
         attrs.update(_index_attrs(node))
+    if kind == "other":
+        attrs.update(_pieces_attrs(node))
     if kind in _FUNCTION_FIELDS or kind in ("linear", "dropout", "norm"):
         attrs["function_form"] = True
     return attrs
@@ -268,6 +270,26 @@ def _index_attrs(node: Node) -> dict[str, Any]:
     if not all(isinstance(entry, slice) for entry in index):
         return {}
     return {"sliced_dims": [dim for dim, entry in enumerate(index) if entry != slice(None)]}
+
+
+_PIECES = frozenset({"chunk", "split", "tensor_split", "torch.chunk", "torch.split", "torch.tensor_split",
+                     "torch.functional.split"})
+"""Calls that cut a tensor into pieces along one dimension (``x.chunk(2, dim=1)``, ``torch.split(x, w, 1)``)."""
+
+
+def _pieces_attrs(node: Node) -> dict[str, Any]:
+    """For a call that cuts a tensor into pieces along one dimension: ``pieces_along`` (that dimension, as
+    written) and ``items_only`` (whether the program reads the pieces only by ``pieces[i]``)."""
+    name = str(node.target) if node.op == "call_method" else (
+        _get_qualified_name(node.target) if callable(node.target) else "")
+    if name not in _PIECES or not node.args or not isinstance(node.args[0], Node):
+        return {}
+    dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
+    if not isinstance(dim, int):
+        return {}
+    items_only = all(user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2
+                     and isinstance(user.args[1], int) for user in node.users)
+    return {"pieces_along": dim, "items_only": items_only}
 
 
 def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:

@@ -48,8 +48,11 @@ def layout_by_rule(graph: Any, rule: Rule) -> dict[str, Layout]:
     Raises:
         InputError: A layer can take none of its preferences (named, with what was tried).
     """
-    chosen = {}
+    chosen: dict[str, Layout] = {}
     for position, name in enumerate(graph.compute_layers()):
+        if (source := _cut_from(graph, name)) in chosen:
+            chosen[name] = chosen[source]  # an item of several outputs: their layout (piece_layout_refusal)
+            continue
         preferences = list(rule(name, position))
         fitting = [layout for layout in preferences if layout_applies(graph.nodes[name], layout)]
         if not fitting:
@@ -58,6 +61,15 @@ def layout_by_rule(graph: Any, rule: Rule) -> dict[str, Layout]:
                              f"{[str(layout) for layout in preferences]}; add n1 as the last preference")
         chosen[name] = fitting[0]
     return chosen
+
+
+def _cut_from(graph: Any, name: str) -> str | None:
+    """The layer with several outputs that ``name`` (a getitem) reads an item of; ``None`` for other layers."""
+    if graph.nodes[name]["kind"] != "getitem":
+        return None
+    sources = list(graph.predecessors(name))
+    produced = graph.nodes[sources[0]]["output_shape"] if len(sources) == 1 else None
+    return sources[0] if produced and isinstance(produced[0], list) else None
 
 
 def uniform_plan(graph: Any, cluster: Cluster, preferences: Sequence[Layout] | Rule, model_spec: str = "") -> Plan:

@@ -138,6 +138,8 @@ def _joined_head(graph: Any, name: str, inputs: list[str], head_of: Mapping[str,
     first = head_of[lead]
     if kind in FOLLOWER_KINDS and len(arguments) == 1:
         return first
+    if kind == "getitem" and len(arguments) == 1 and isinstance((graph.nodes[lead]["output_shape"] or [0])[0], list):
+        return first  # an item of a layer's several outputs: in that layer's layout (piece_layout_refusal)
     if kind not in MERGED_KINDS:
         return name
     others = {head_of[source] for source in inputs if source != lead} - {first}

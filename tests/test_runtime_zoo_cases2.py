@@ -11,9 +11,11 @@
   form read an input the trace does not list, an ``IndexError`` on every layout).
 * ghostnet's and rexnet's channel slices (``x[:, :k]``): each part's slice under a split of other
   dimensions (they were kept whole under ``h2``: "a getitem layer cannot be split by height or width").
-* shufflenet's and skresnet's tuples: ``x.chunk(2, dim=1)`` read by ``getitem``, a channel shuffle — and a
-  pipeline cut that the tuple crosses, which the pipeline cannot send: the pre-flight now refuses it in one
-  line (it failed on the ranks with a ``TypeError``).
+* shufflenet's and skresnet's tuples: ``x.chunk(2, dim=1)`` read by ``getitem`` (each rank's part of every
+  piece under a split of the other dimensions; res2net's ``torch.split`` of unequal widths too; an item in
+  another layout than its pieces is refused), a channel shuffle — and a pipeline cut that the tuple
+  crosses, which the pipeline cannot send: the pre-flight now refuses it in one line (it failed on the
+  ranks with a ``TypeError``).
 
 Single process: what the pre-flight says. Multi-rank (2 gloo ranks, float64, exact): each model under
 each layout family equals the unsplit model — output and every gradient.
@@ -144,8 +146,25 @@ class ChannelSlices(nn.Module):
         return self.head(torch.relu(z)[:, :, 1:-1, 1:].mean(dim=(2, 3)))
 
 
+class Scales(nn.Module):
+    """res2net's block: ``torch.split`` of the channels into unequal widths, each scale convolved and added to
+    the next, concatenated back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.first, self.second = nn.Conv2d(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b, c = torch.split(self.stem(x), [2, 2, 2], 1)
+        b = self.first(b)
+        c = self.second(c + b)
+        return self.head(torch.cat([a, b, c], 1).mean(dim=(2, 3)))
+
+
 MODELS: dict[str, Callable[[], nn.Module]] = {"shape_made": ShapeMade, "shuffled": Shuffled, "buffer_mlp": BufferMlp,
-                                              "shared": SharedBlock, "sliced": ChannelSlices}
+                                              "shared": SharedBlock, "sliced": ChannelSlices, "scales": Scales}
 
 
 def _model(name: str) -> nn.Module:
@@ -198,6 +217,19 @@ def test_a_tuple_crossing_a_pipeline_cut_is_refused_before_any_rank_starts() -> 
     check_runnable(_model("shuffled"), staged(plan, graph, ["cat"], "sync", 2), graph, verify=True)
 
 
+def test_an_item_in_another_layout_than_its_pieces_is_refused_before_any_rank_starts() -> None:
+    import dataclasses
+
+    from cost_models.plan import LayerAssignment
+    from runtime.preflight import check_runnable
+
+    plan, graph = _plan("scales", 2, ["h2"])
+    assert plan.layers["split"].layout == plan.layers["getitem"].layout == Layout(h=2)
+    mixed = dataclasses.replace(plan, layers={**plan.layers, "getitem": LayerAssignment(Layout())})
+    with pytest.raises(PlanError, match=r"'getitem' \(getitem, n1\) reads a piece of 'split' \(h2\)"):
+        check_runnable(_model("scales"), mixed, graph, verify=True)
+
+
 def test_calls_of_one_module_under_different_channel_splits_are_refused_before_any_rank_starts() -> None:
     import dataclasses
 
@@ -240,7 +272,7 @@ def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict
 
 CASES = {"shape_made": (["n2"], ["h2"], ["w2"], ["c2"]), "shuffled": (["n2"], ["h2"], ["c2"]),
          "buffer_mlp": (["n2"], ["c2"]), "shared": (["n2"], ["h2"], ["c2"]),
-         "sliced": (["n2"], ["h2"], ["w2"], ["c2"])}
+         "sliced": (["n2"], ["h2"], ["w2"], ["c2"]), "scales": (["n2"], ["h2"], ["w2"], ["c2"])}
 
 
 def _cases(rank: int, world: int) -> dict[str, Any]:
@@ -255,7 +287,10 @@ def test_the_second_zoo_patterns_equal_the_unsplit_model_on_two_ranks() -> None:
                           ("n2", "cat_1"), ("c2", "conv")):
         assert results[f"shape_made {layout}"][layer] == layout, (layout, layer)  # split, reading made tensors
     assert results["shuffled c2"]["branch"] == "c2" and results["shuffled h2"]["conv2"] == "h2"
-    assert results["shuffled n2"]["getitem"] == "n1"  # the chunk's items are kept whole
+    for layout in ("n2", "h2"):  # the chunk along the channels: each rank's part of both halves
+        assert [results[f"shuffled {layout}"][f] for f in ("chunk", "getitem", "getitem_1")] == [layout] * 3
+    assert results["shuffled c2"]["chunk"] == "n1"  # it cuts the split channels: kept whole
+    assert [results[f"scales {layout}"]["split"] for layout in ("n2", "h2", "w2", "c2")] == ["n2", "h2", "w2", "n1"]
     assert results["buffer_mlp c2"]["fc1"] == "c2" and results["buffer_mlp n2"]["add"] == "n2"  # fc1: held whole
     assert results["shared c2"]["shared_1"] == "c2"  # the module's weights sliced once, for both calls
     for layout in ("h2", "w2"):  # channel slices of a tile: the tile's slices
