@@ -89,6 +89,7 @@ class LayerGraph(nx.DiGraph):
             "format": GRAPH_FORMAT,
             **{key: self.graph[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")},
             "opaque_modules": self.graph.get("opaque_modules", []),
+            "held_together": self.graph.get("held_together", []),
             "layers": [{"name": name, **_jsonable(self.nodes[name])} for name in self.nodes],
             "edges": [{"src": u, "dst": v, **_jsonable(self.edges[u, v])}  # each layer's inputs in argument order
                       for v in self.nodes for u in self.predecessors(v)],
@@ -100,6 +101,7 @@ class LayerGraph(nx.DiGraph):
         graph = cls()
         graph.graph.update({key: data[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")})
         graph.graph["opaque_modules"] = list(data.get("opaque_modules", []))
+        graph.graph["held_together"] = [list(span) for span in data.get("held_together", [])]
         for layer in data["layers"]:
             attributes = {key: value for key, value in layer.items() if key != "name"}
             graph.add_node(layer["name"], **attributes)

@@ -333,8 +333,57 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
                 per_output = counted[node.name] / prod(metas[node.name][0][0])  # type: ignore[index]
                 info = replace(info, attrs={**info.attrs, "flops_per_output": per_output})
             _add_layer(graph, gm, node, info, metas[node.name], seen_params)  # type: ignore[arg-type]
+    graph.graph["held_together"] = held_together(gm, graph)
     graph.graph["fingerprint"] = compute_fingerprint(graph)
     return graph
+
+
+_METADATA_READS = frozenset({"size", "dim", "ndimension", "numel", "shape", "dtype", "device", "ndim", "is_cuda"})
+
+
+def held_together(gm: GraphModule, graph: LayerGraph) -> list[list[str]]:
+    """Layers that read one value the LayerGraph does not hold, each list to stay on one pipeline stage.
+
+    A call whose result is not a layer's tensor (an opaque module returning ``(x, (h, w))``: mvitv2's
+    attention) cannot be sent to another stage: the runtime computes it on the stage of its first reader, so
+    every layer reading it — directly or through other such calls — must be there too. Values made from
+    layers' metadata alone (``x.shape[2] // 2``) are computed on every stage and hold nothing back.
+    """
+    dynamic: set[str] = set()
+    spans = []
+    for node in gm.graph.nodes:
+        if node.name in graph or node.op in ("placeholder", "get_attr", "output") or _reads_metadata(node):
+            continue
+        if not any(n.name in graph or n.name in dynamic for n in node.all_input_nodes):
+            continue
+        dynamic.add(node.name)
+        readers = _layer_readers(node, graph)
+        if len(readers) > 1:
+            spans.append(sorted(readers))
+    return spans
+
+
+def _reads_metadata(node: Node) -> bool:
+    if node.op == "call_method":
+        return str(node.target) in _METADATA_READS
+    return node.op == "call_function" and (node.target is len or (
+        node.target is getattr and len(node.args) > 1 and node.args[1] in _METADATA_READS))
+
+
+def _layer_readers(node: Node, graph: LayerGraph) -> set[str]:
+    """The layers reading ``node``, directly or through calls that are not layers."""
+    readers: set[str] = set()
+    pending, seen = list(node.users), set()
+    while pending:
+        user = pending.pop()
+        if user.name in seen or user.op == "output":
+            continue
+        seen.add(user.name)
+        if user.name in graph:
+            readers.add(user.name)
+        else:
+            pending.extend(user.users)
+    return readers
 
 
 def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, meta: TensorMeta,

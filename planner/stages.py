@@ -248,7 +248,8 @@ def _model_order_cuts(config: _Config) -> set[int]:
         after.append(smallest)
     after.reverse()
     return ({i for i in range(1, len(spans)) if before[i - 1] < after[i]}
-            - _tuple_crossings(config.graph, position, before) - _shared_crossings(config.graph, position, before))
+            - _tuple_crossings(config.graph, position, before) - _shared_crossings(config.graph, position, before)
+            - _held_crossings(config.graph, position, before))
 
 
 def _tuple_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
@@ -263,15 +264,27 @@ def _tuple_crossings(graph: Any, position: Mapping[str, int], before: Sequence[i
     return cuts
 
 
-def _shared_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
-    """Cut indices that would put two calls of one module with parameters on two stages (the runtime refuses
-    it: ``cost_models.capability.shared_modules``)."""
+def _held_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
+    """Cut indices that would send a value no layer holds (an opaque call's ``(x, (h, w))``) to a later stage:
+    the layers of each of the trace's ``held_together`` spans stay on one stage (the runtime refuses it)."""
+    return _spanned_cuts([[position[layer] for layer in span if layer in position]
+                          for span in graph.graph.get("held_together", [])], before)
+
+
+def _spanned_cuts(spans: Sequence[Sequence[int]], before: Sequence[int]) -> set[int]:
+    """Cut indices that fall inside any of ``spans`` (model positions that must stay on one stage)."""
     cuts: set[int] = set()
-    for layers in shared_modules(graph).values():
-        spots = [position[layer] for layer in layers if layer in position]
+    for spots in spans:
         if len(spots) > 1:
             cuts |= {i for i in range(1, len(before) + 1) if min(spots) <= before[i - 1] < max(spots)}
     return cuts
+
+
+def _shared_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
+    """Cut indices that would put two calls of one module with parameters on two stages (the runtime refuses
+    it: ``cost_models.capability.shared_modules``)."""
+    return _spanned_cuts([[position[layer] for layer in layers if layer in position]
+                          for layers in shared_modules(graph).values()], before)
 
 
 def _solver_info(solutions: list[Solution]) -> SolverInfo:

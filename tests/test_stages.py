@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
 from calibrate.presets import preset_cluster, preset_profile
 from conftest import build_model
@@ -155,3 +158,54 @@ def test_stages_start_only_where_the_traced_program_can_be_cut() -> None:
         except Exception:
             runs = False
         assert runs == (cut in allowed), heads[cut]
+
+
+class _SizedAttention(nn.Module):
+    """mvitv2's attention: returns its output with the feature size, ``(x, (h, w))`` — no layer's tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor, size: Any) -> tuple[torch.Tensor, tuple[int, int]]:
+        return self.proj(x), (x.shape[2], x.shape[3])
+
+
+class _SizedBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 2, 1)
+        self.first, self.second, self.third = _SizedAttention(), _SizedAttention(), _SizedAttention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        x, size = self.first(x, None)
+        x, size = self.second(torch.relu(x), size)
+        x, _ = self.third(torch.sigmoid(x), None)
+        return self.head(x)
+
+
+def test_stages_never_start_where_a_value_no_layer_holds_would_cross() -> None:
+    from types import SimpleNamespace
+
+    from cost_models.tracing import symbolic_trace
+    from planner.space import decision_groups
+    from planner.stages import _model_order_cuts
+    from runtime.stage_cut import cut_stages
+
+    model, leaves = _SizedBlocks(), ("_SizedAttention",)
+    graph = trace(model, (4, 3, 8, 8), leaf_modules=leaves)
+    assert ["getitem", "getitem_2"] in graph.graph["held_together"]  # first's output and, by its size, second's
+    groups = decision_groups(graph)
+    allowed = _model_order_cuts(SimpleNamespace(graph=graph, groups=groups))
+    heads = list(groups)
+    nodes = list(symbolic_trace(model, leaves).graph.nodes)
+    for cut in range(1, len(heads)):
+        stages = {layer: int(index >= cut) for index, head in enumerate(heads) for layer in groups[head]}
+        try:
+            cut_stages(nodes, stages, 2)
+            runs = True
+        except Exception:
+            runs = False
+        assert runs == (cut in allowed), heads[cut]
+    assert len(allowed) >= 2  # before the first block, before the third (it takes no size): tensors only
