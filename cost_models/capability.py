@@ -297,8 +297,12 @@ def _sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
     """Under a sample split a layer runs on its own samples: each tensor it reads holds them in dimension 0, as
     its output does (or broadcasts one sample): every operand of an opaque call (``q @ k.T`` mixes samples when
     ``k.T`` holds them in dimension 1), the first of any other layer (later ones may be its parameters).
-    ``qkv[0]`` of a ``(3, N, …)`` stack, a reduction over the batch, a padding of dimension 0 do not."""
+    ``qkv[0]`` of a ``(3, N, …)`` stack, a reduction over the batch, a padding of dimension 0 do not, nor does
+    ``torch.stack(…, dim=0)`` (its dimension 0 counts the stacked tensors, whatever its extent)."""
     target, sources = layer["output_shape"], layer["input_shapes"]
+    stacked = layer.get("attrs", {}).get("stack_dim")
+    if stacked is not None and stacked % len(target) == 0:
+        return "it stacks its inputs along a new dimension 0, ahead of the samples (efficientvim's heads)"
     read = sources if layer["kind"] == "other" else sources[:1]  # a matmul's operands are all activations
     for source in read:
         if isinstance(source, list) and source and not isinstance(source[0], list) and source[0] not in (

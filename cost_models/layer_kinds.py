@@ -255,7 +255,7 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
     if kind == "getitem":
         attrs.update(_index_attrs(node))
     if kind == "other":
-        attrs.update(_pieces_attrs(node))
+        attrs.update(_pieces_attrs(node) or _stack_attrs(node))
     if kind in _FUNCTION_FIELDS or kind in ("linear", "dropout", "norm"):
         attrs["function_form"] = True
     return attrs
@@ -290,6 +290,14 @@ def _pieces_attrs(node: Node) -> dict[str, Any]:
     items_only = all(user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2
                      and isinstance(user.args[1], int) for user in node.users)
     return {"pieces_along": dim, "items_only": items_only}
+
+
+def _stack_attrs(node: Node) -> dict[str, Any]:
+    """``stack_dim`` of ``torch.stack(tensors, dim)``: where the new dimension goes (0 puts it before the samples)."""
+    if node.op != "call_function" or node.target is not torch.stack:
+        return {}
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+    return {"stack_dim": dim} if isinstance(dim, int) else {}
 
 
 def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:

@@ -141,6 +141,26 @@ def test_a_layer_that_moves_the_split_samples_or_pads_split_channels_is_refused(
     assert not inherent(layer_refusal(graph.nodes[getitem], Layout(n=2)))  # a runtime could track the box
 
 
+class _Heads(nn.Module):
+    """efficientvim's head outputs: ``torch.stack`` of four ``(N, F)`` tensors along a new dimension 0, and one
+    along dimension 1; with a batch of 4 the first reads as if it kept the samples in dimension 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x).mean(dim=(2, 3))
+        return torch.stack([y, 2 * y, 3 * y, 4 * y]).sum(0) + torch.stack([y, y], dim=1).sum(1)
+
+
+def test_a_stack_ahead_of_the_samples_is_refused_under_a_sample_split() -> None:
+    graph = trace(_Heads(), (4, 3, 6, 6))
+    assert graph.nodes["stack"]["attrs"]["stack_dim"] == 0
+    assert "ahead of the samples" in layer_refusal(graph.nodes["stack"], Layout(n=2))
+    assert layer_refusal(graph.nodes["stack_1"], Layout(n=2)) is None
+
+
 class _Scaled(nn.Module):
     """A layer scale: functions of its parameter in its ``forward`` (their layers' scope), called once."""
 
