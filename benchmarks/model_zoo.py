@@ -311,6 +311,19 @@ def _build_for(entry: ZooModel, side: int, takes_img_size: bool) -> tuple[Any, b
 
 
 # ----------------------------------------------------------------------------------------------- running
+def code_commit() -> str:
+    """The commit of the parplan checkout this file runs from (``unknown`` outside git): each model's row says
+    which code it was checked with, as a results file resumed across commits mixes them."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
 def run_model(entry: ZooModel, pools: Any, cap_s: float, on_check: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Every check of one model (``check_model``; ``on_check`` after each), as the results document's entry."""
     from cost_models.errors import InputError
@@ -318,7 +331,7 @@ def run_model(entry: ZooModel, pools: Any, cap_s: float, on_check: Callable[[Any
 
     started = time.perf_counter()
     side, spec, error = input_side(entry)
-    result = {**asdict(entry), "spec": spec, "side": side}
+    result = {**asdict(entry), "spec": spec, "side": side, "commit": code_commit()}
     if side is None and "No module named" in error:  # an optional dependency of the zoo is not installed here
         return {**result, "report": None, "seconds": round(time.perf_counter() - started, 2),
                 "skip": f"does not run here: {error.split(': ', 1)[-1]}"}

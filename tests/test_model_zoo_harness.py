@@ -76,6 +76,9 @@ def test_the_table_counts_each_zoo_and_names_each_cause_once() -> None:
     assert "fail F1" in table and "refused R1" in table
     assert "* **F1** (1): rank N died (SIGKILL) — bad" in table
     assert "killed with its ranks" in table  # the hard cap is stated in the legend
+    assert "| s |\n" in table and " at |" not in table  # one commit (or none recorded): no column for it
+    results["models"]["torchvision:good"]["commit"] = "abc1234"
+    assert "| s | at |" in markdown(results) and "| abc1234 |" in markdown(results)  # resumed across commits
 
 
 def test_a_cause_reads_the_same_in_every_model() -> None:
