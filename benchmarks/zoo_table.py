@@ -95,9 +95,9 @@ def markdown(results: dict[str, Any]) -> str:
              f"Last model finished {_last_finished(results)}; machine: {machine_info.get('cpu')} "
              f"({machine_info.get('cores')} cores), Python {machine_info.get('python')}, torch "
              f"{machine_info.get('torch')}, torchvision {machine_info.get('torchvision')}, timm "
-             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}; wall time of the runs "
-             f"{results.get('wall_s', 0):.0f} s; commands (one results file, resumed): "
-             + "; ".join(f"`{command}`" for command in results.get("commands", [])) + ".", "",
+             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}; {_runs(results)}; commands (one "
+             "results file, resumed): " + "; ".join(f"`{command}`" for command in results.get("commands", [])) + ".",
+             "",
              *_counts(results), "", *_legend(results.get("cap_s", 300.0)), ""]
     for table in tables:
         lines += [*table, ""]
@@ -107,6 +107,16 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"## {title}", "", *notes[key].lines(), ""]
     lines += _skipped_lines(results)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _runs(results: dict[str, Any]) -> str:
+    """The wall time of the runs; where results of several runs were merged (``runs``), each with its rows."""
+    runs = results.get("runs")
+    if not runs:
+        return f"wall time of the runs {results.get('wall_s') or 0:.0f} s"
+    return "merged runs: " + "; ".join(f"{run['what']} ({run['models']} entries, at {run['commit']}"
+                                       + (f", {run['wall_s']:.0f} s" if run.get("wall_s") else "") + ")"
+                                       for run in runs)
 
 
 def _by_zoo(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

@@ -79,6 +79,8 @@ def test_the_table_counts_each_zoo_and_names_each_cause_once() -> None:
     assert "| s |\n" in table and " at |" not in table  # one commit (or none recorded): no column for it
     results["models"]["torchvision:good"]["commit"] = "abc1234"
     assert "| s | at |" in markdown(results) and "| abc1234 |" in markdown(results)  # resumed across commits
+    results["runs"] = [{"what": "the first run", "models": 2, "commit": "abc1234", "wall_s": 10.0}]
+    assert "merged runs: the first run (2 entries, at abc1234, 10 s)" in markdown(results)
 
 
 def test_a_cause_reads_the_same_in_every_model() -> None:
