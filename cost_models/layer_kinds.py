@@ -262,13 +262,14 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
 
 
 def _index_attrs(node: Node) -> dict[str, Any]:
-    """``sliced_dims`` of a tensor's ``x[s0, s1, …]`` made of slices only (each keeps its dimension in place):
-    the dimensions whose slice is not ``:``. Nothing for another index (ints, ``None``, ``...``, tensors)."""
+    """``sliced_dims`` of a tensor's ``x[s0, s1, …]`` made of slices with constant bounds only (each keeps its
+    dimension in place): the dimensions whose slice is not ``:``. Nothing for another index (ints, ``None``,
+    ``...``, tensors, bounds computed from shapes)."""
     if len(node.args) != 2 or not isinstance(node.args[0], Node):
         return {}
     index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
-    if not all(isinstance(entry, slice) for entry in index):
-        return {}
+    if not all(isinstance(entry, slice) and not _has_node([entry.start, entry.stop, entry.step]) for entry in index):
+        return {}  # bounds computed from shapes (``x[:, :H]``) may read a split extent: kept as before
     return {"sliced_dims": [dim for dim, entry in enumerate(index) if entry != slice(None)]}
 
 

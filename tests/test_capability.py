@@ -161,6 +161,27 @@ def test_a_stack_ahead_of_the_samples_is_refused_under_a_sample_split() -> None:
     assert layer_refusal(graph.nodes["stack_1"], Layout(n=2)) is None
 
 
+class _Crops(nn.Module):
+    """A channel slice with constant bounds, and one with a bound computed from a shape (swinv2_cr's
+    ``x[:, :H, :W]`` of padded windows: the bound may read a split extent, which the pre-flight refuses)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y[:, :4] + y[:, : y.shape[1] - 2]
+
+
+def test_a_slice_takes_a_split_only_with_constant_bounds() -> None:
+    graph = trace(_Crops(), (2, 3, 4, 4))
+    constant, computed = (graph.nodes[name] for name in ("getitem", "getitem_2"))
+    assert constant["attrs"] == {"sliced_dims": [1]} and layer_refusal(constant, Layout(h=2)) is None
+    assert "it slices dimension 1" in layer_refusal(constant, Layout(c=2))
+    assert computed["attrs"] == {} and "cannot be split by height" in layer_refusal(computed, Layout(h=2))
+
+
 class _Scaled(nn.Module):
     """A layer scale: functions of its parameter in its ``forward`` (their layers' scope), called once."""
 
