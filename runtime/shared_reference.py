@@ -3,9 +3,12 @@ broadcast.
 
 Every rank compares its split against the same unsplit step (one seed, the whole batch). Computing it on
 every rank costs a whole model's step per rank; where ranks share cores (``parplan check`` on one machine)
-that is most of a verify's time. Rank 0 computes it with the threads of all the ranks on its node (the others
-wait in the broadcast), then sends the gradients (one flat buffer) and the outputs (their structure as JSON,
-then each tensor) to the others, who hold them on a fresh copy of the model.
+that is most of a verify's time. Rank 0 computes it (the others wait in the broadcast), then sends the
+gradients (one flat buffer) and the outputs (their structure as JSON, then each tensor) to the others, who
+hold them on a fresh copy of the model. It computes it with the threads each rank has, as the split does:
+with more threads its float32 sums come out in another order than the split's, and on an ill-conditioned
+float32 model (regnet_y_1_6gf) that difference exceeds the rounding floor. Its float64 twin, which only
+measures that floor, runs with the threads of all the ranks on the node.
 
 A reference kept from an earlier run of the same model (``runtime.verify``'s ``reuse``) is used only if every
 rank holds it — a rank replaced after a crash holds none, and then rank 0 sends it again.
@@ -42,8 +45,7 @@ def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Se
     if _everywhere(held is not None, device):
         return held  # type: ignore[return-value]
     if dist.get_rank() == 0:
-        with _every_core():
-            reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse)
+        reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse)  # with the ranks' threads
         _send(reference, device)
         return reference
     reference = _receive(build(dtype), device)
