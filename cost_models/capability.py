@@ -300,9 +300,12 @@ def _sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
     ``qkv[0]`` of a ``(3, N, …)`` stack, a reduction over the batch, a padding of dimension 0 do not, nor does
     ``torch.stack(…, dim=0)`` (its dimension 0 counts the stacked tensors, whatever its extent)."""
     target, sources = layer["output_shape"], layer["input_shapes"]
-    stacked = layer.get("attrs", {}).get("stack_dim")
+    stacked, reduced = layer.get("attrs", {}).get("stack_dim"), layer.get("attrs", {}).get("reduces", [])
     if stacked is not None and stacked % len(target) == 0:
         return "it stacks its inputs along a new dimension 0, ahead of the samples (efficientvim's heads)"
+    if sources and isinstance(sources[0], list) and sources[0] and not isinstance(sources[0][0], list) and any(
+            dim % len(sources[0]) == 0 for dim in reduced):
+        return "it reduces dimension 0 of its input, which holds the samples under a sample split"
     read = sources if layer["kind"] == "other" else sources[:1]  # a matmul's operands are all activations
     for source in read:
         if isinstance(source, list) and source and not isinstance(source[0], list) and source[0] not in (

@@ -255,7 +255,7 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
     if kind == "getitem":
         attrs.update(_index_attrs(node))
     if kind == "other":
-        attrs.update(_pieces_attrs(node) or _stack_attrs(node))
+        attrs.update(_pieces_attrs(node) or _stack_attrs(node) or _reduce_attrs(node))
     if kind in _FUNCTION_FIELDS or kind in ("linear", "dropout", "norm"):
         attrs["function_form"] = True
     return attrs
@@ -299,6 +299,21 @@ def _stack_attrs(node: Node) -> dict[str, Any]:
         return {}
     dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
     return {"stack_dim": dim} if isinstance(dim, int) else {}
+
+
+_REDUCTIONS = frozenset({"sum", "prod", "amax", "amin", "logsumexp", "std", "var"})
+
+
+def _reduce_attrs(node: Node) -> dict[str, Any]:
+    """``reduces``: the dimensions written in ``x.sum(0)``, ``torch.amax(x, dim=(0, 2))`` and the like."""
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if name not in _REDUCTIONS or not node.args or not isinstance(node.args[0], Node):
+        return {}
+    dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+    dims = [dims] if isinstance(dims, int) else dims
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) for d in dims):
+        return {}
+    return {"reduces": list(dims)}
 
 
 def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:
