@@ -291,7 +291,13 @@ class DistributedModel(nn.Module):
         if site.kind in HANDLERS:
             raise PlanError(f"layer '{site.name}' ({site.kind}) reads what a call the trace did not shape returned; "
                             f"make that call return tensors only (or keep it inside a --leaf-module)")
-        out = _call(node, self.model, *_resolve(node, lambda n: self._held_input(node, env[n.name], placement)))
+        args, kwargs = _resolve(node, lambda n: self._held_input(node, env[n.name], placement))
+        form = view_form(node)
+        if form is not None:  # sizes written in the call (mvitv2's x.reshape(B, H, W, C), H and W from its
+            extent = local_shape(site.layer["output_shape"], placement, self.member)  # attention): this rank's
+            return self._wrap(site, self._fetch(_Value(local_call(node, form, args, kwargs, extent), placement,
+                                                       site.layer["output_shape"]), Placement(site.layout)))
+        out = _call(node, self.model, args, kwargs)
         if not isinstance(out, torch.Tensor):
             return _Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
         return self._wrap(site, self._fetch(_Value(out, placement, site.layer["output_shape"]), Placement(site.layout)))

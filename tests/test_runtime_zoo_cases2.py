@@ -9,6 +9,8 @@
   (``arange`` and ``repeat`` take a size computed from shapes) and ``c2`` (the encoding's ``flatten``).
 * vision_transformer_relpos's ``RelPosMlp``: linear layers of a buffer (no traced input: the distributed
   form read an input the trace does not list, an ``IndexError`` on every layout).
+* mvitv2's reshape of an opaque attention's tokens by the feature size it returns, under a sample split:
+  this rank's samples (it took the whole batch and failed).
 * ghostnet's and rexnet's channel slices (``x[:, :k]``): each part's slice under a split of other
   dimensions (they were kept whole under ``h2``: "a getitem layer cannot be split by height or width").
 * shufflenet's and skresnet's tuples: ``x.chunk(2, dim=1)`` read by ``getitem`` (each rank's part of every
@@ -163,8 +165,38 @@ class Scales(nn.Module):
         return self.head(torch.cat([a, b, c], 1).mean(dim=(2, 3)))
 
 
+class _SizedAttention(nn.Module):
+    """mvitv2's attention, kept opaque (a loop over a shape): returns its tokens and the feature size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+        for _ in range(x.shape[2] // 4):
+            x = self.proj(x)
+        return x, size
+
+
+class SizedTokens(nn.Module):
+    """mvitv2's block: tokens through an opaque attention that returns the feature size, reshaped to a map by
+    that size and the batch read from a shape (n2 failed: the reshape took the whole batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.attn, self.head = nn.Conv2d(3, 4, 2, stride=2), _SizedAttention(), nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.embed(x)
+        b, c, h, w = y.shape
+        tokens, size = self.attn(y.flatten(2).transpose(1, 2), (h, w))
+        grid = tokens.reshape(b, size[0], size[1], c).permute(0, 3, 1, 2)
+        return self.head(grid.mean(dim=(2, 3)))
+
+
 MODELS: dict[str, Callable[[], nn.Module]] = {"shape_made": ShapeMade, "shuffled": Shuffled, "buffer_mlp": BufferMlp,
-                                              "shared": SharedBlock, "sliced": ChannelSlices, "scales": Scales}
+                                              "shared": SharedBlock, "sliced": ChannelSlices, "scales": Scales,
+                                              "sized": SizedTokens}
 
 
 def _model(name: str) -> nn.Module:
@@ -272,7 +304,7 @@ def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict
 
 CASES = {"shape_made": (["n2"], ["h2"], ["w2"], ["c2"]), "shuffled": (["n2"], ["h2"], ["c2"]),
          "buffer_mlp": (["n2"], ["c2"]), "shared": (["n2"], ["h2"], ["c2"]),
-         "sliced": (["n2"], ["h2"], ["w2"], ["c2"]), "scales": (["n2"], ["h2"], ["w2"], ["c2"])}
+         "sliced": (["n2"], ["h2"], ["w2"], ["c2"]), "scales": (["n2"], ["h2"], ["w2"], ["c2"]), "sized": (["n2"],)}
 
 
 def _cases(rank: int, world: int) -> dict[str, Any]:
@@ -290,6 +322,7 @@ def test_the_second_zoo_patterns_equal_the_unsplit_model_on_two_ranks() -> None:
     for layout in ("n2", "h2"):  # the chunk along the channels: each rank's part of both halves
         assert [results[f"shuffled {layout}"][f] for f in ("chunk", "getitem", "getitem_1")] == [layout] * 3
     assert results["shuffled c2"]["chunk"] == "n1"  # it cuts the split channels: kept whole
+    assert results["sized n2"]["reshape"] == "n2"  # its sizes from the opaque call: this rank's samples
     assert [results[f"scales {layout}"]["split"] for layout in ("n2", "h2", "w2", "c2")] == ["n2", "h2", "w2", "n1"]
     assert results["buffer_mlp c2"]["fc1"] == "c2" and results["buffer_mlp n2"]["add"] == "n2"  # fc1: held whole
     assert results["shared c2"]["shared_1"] == "c2"  # the module's weights sliced once, for both calls
