@@ -131,6 +131,21 @@ def test_balanced_cuts_start_stages_only_where_allowed() -> None:
         balanced_cuts([1.0, 1.0, 1.0], 3, allowed={1})
 
 
+def _assert_allowed_cuts_are_the_runnable_ones(nodes: Any, groups: Any, allowed: Any) -> None:
+    """For every cut between decisions: the stage search allows it exactly when the runtime's cut runs."""
+    from runtime.stage_cut import cut_stages
+
+    heads = list(groups)
+    for cut in range(1, len(heads)):
+        stages = {layer: int(index >= cut) for index, head in enumerate(heads) for layer in groups[head]}
+        try:
+            cut_stages(nodes, stages, 2)
+            runs = True
+        except Exception:
+            runs = False
+        assert runs == (cut in allowed), heads[cut]
+
+
 def test_stages_start_only_where_the_traced_program_can_be_cut() -> None:
     # A residual block's shortcut convolution is traced after its main branch, but the decisions'
     # topological order puts it first: a cut between them would not be contiguous for the runtime.
@@ -139,7 +154,6 @@ def test_stages_start_only_where_the_traced_program_can_be_cut() -> None:
     from cost_models.tracing import symbolic_trace
     from planner.space import decision_groups
     from planner.stages import _model_order_cuts
-    from runtime.stage_cut import cut_stages
 
     model = build_model("resnet18")
     graph = trace(model, (8, 3, 64, 64))
@@ -150,14 +164,7 @@ def test_stages_start_only_where_the_traced_program_can_be_cut() -> None:
     shortcut = heads.index("layer2_0_downsample_0")
     assert shortcut + 1 not in allowed  # right after the shortcut, the block's main branch is still to come
     nodes = list(symbolic_trace(model, ()).graph.nodes)
-    for cut in range(1, len(heads)):
-        stages = {layer: int(index >= cut) for index, head in enumerate(heads) for layer in groups[head]}
-        try:
-            cut_stages(nodes, stages, 2)
-            runs = True
-        except Exception:
-            runs = False
-        assert runs == (cut in allowed), heads[cut]
+    _assert_allowed_cuts_are_the_runnable_ones(nodes, groups, allowed)
 
 
 class _SizedAttention(nn.Module):
@@ -191,21 +198,12 @@ def test_stages_never_start_where_a_value_no_layer_holds_would_cross() -> None:
     from cost_models.tracing import symbolic_trace
     from planner.space import decision_groups
     from planner.stages import _model_order_cuts
-    from runtime.stage_cut import cut_stages
 
     model, leaves = _SizedBlocks(), ("_SizedAttention",)
     graph = trace(model, (4, 3, 8, 8), leaf_modules=leaves)
     assert ["getitem", "getitem_2"] in graph.graph["held_together"]  # first's output and, by its size, second's
     groups = decision_groups(graph)
     allowed = _model_order_cuts(SimpleNamespace(graph=graph, groups=groups))
-    heads = list(groups)
     nodes = list(symbolic_trace(model, leaves).graph.nodes)
-    for cut in range(1, len(heads)):
-        stages = {layer: int(index >= cut) for index, head in enumerate(heads) for layer in groups[head]}
-        try:
-            cut_stages(nodes, stages, 2)
-            runs = True
-        except Exception:
-            runs = False
-        assert runs == (cut in allowed), heads[cut]
+    _assert_allowed_cuts_are_the_runnable_ones(nodes, groups, allowed)
     assert len(allowed) >= 2  # before the first block, before the third (it takes no size): tensors only
