@@ -27,11 +27,13 @@ records the model as failed and starts a worker for the next
 
 Results go to ``--out`` (JSON, rewritten atomically after every model, so a
 crashed or stopped run resumes where it was; the chosen models are cached in
-it too) and the table to ``--markdown`` (``docs/model-coverage.md``: generated,
+it too, and shipped in ``benchmarks/zoo_catalogue.json`` for the library versions they were chosen at:
+choosing anew counts every timm model's parameters, about 10 minutes on 2 cores; ``--save-catalogue``
+rewrites it) and the table to ``--markdown`` (``docs/model-coverage.md``: generated,
 never edited by hand). Usage::
 
     .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,monai] [--only NAME ...] [--limit K]
-        [--out results.json] [--markdown docs/model-coverage.md] [--cap-s 300] [--table-only]
+        [--out results.json] [--markdown docs/model-coverage.md] [--cap-s 300] [--table-only] [--save-catalogue]
 
 ``--limit K`` takes K models of each zoo, evenly spaced in its sorted list; the zoos take turns, so that a run
 stopped early (Ctrl-C; a rerun with the same ``--out`` resumes) has a sample of each.
@@ -69,6 +71,9 @@ BATCH = 4
 MAX_PARAMS = 100_000_000
 CAP_S = 300.0
 FORMAT = "parplan.model-zoo/1"
+CATALOGUE = HERE.with_name("zoo_catalogue.json")
+"""The models the rule chose, shipped so that a run need not count timm's parameters again (same versions)."""
+CATALOGUE_FORMAT = "parplan.model-zoo-catalogue/1"
 
 MONAI_NETWORKS: dict[str, dict[str, Any]] = {
     "UNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "channels": (8, 16, 32), "strides": (2, 2),
@@ -379,16 +384,49 @@ def save_results(path: Path | None, document: dict[str, Any]) -> None:
 
 
 def catalogue(zoo: str, results: dict[str, Any], out: Path | None) -> list[ZooModel]:
-    """The zoo's entries, from the results file when it has them (the same library versions), else counted."""
+    """The zoo's entries, from the results file or the shipped catalogue when either has them for the same
+    library versions, else chosen anew by the rule (timm's takes about 10 minutes on 2 cores)."""
     versions = library_versions()
-    cached = results["catalogue"].get(zoo)
-    if cached and cached.get("versions") == versions:
-        return [ZooModel(**{**entry, "spec": _this_file(entry["spec"])}) for entry in cached["entries"]]
+    for cached in (results["catalogue"].get(zoo), shipped_catalogue().get(zoo)):
+        if cached and cached.get("versions") == versions:
+            results["catalogue"][zoo] = cached
+            return [ZooModel(**{**entry, "spec": _this_file(entry["spec"])}) for entry in cached["entries"]]
     print(f"choosing the {zoo} models …", file=sys.stderr, flush=True)
     entries = {"torchvision": torchvision_catalogue, "timm": timm_catalogue, "monai": monai_catalogue}[zoo]()
     results["catalogue"][zoo] = {"versions": versions, "entries": [asdict(e) for e in entries]}
     save_results(out, results)
     return entries
+
+
+def shipped_catalogue() -> dict[str, Any]:
+    """The catalogue shipped beside this file (``--save-catalogue``), by zoo; empty when there is none."""
+    return read_catalogue(CATALOGUE)
+
+
+def read_catalogue(path: Path) -> dict[str, Any]:
+    """A catalogue file's zoos; empty when the file does not exist."""
+    if not path.exists():
+        return {}
+    document = json.loads(path.read_text())
+    if document.get("format") != CATALOGUE_FORMAT:
+        raise SystemExit(f"{path}: format {document.get('format')!r}, expected {CATALOGUE_FORMAT!r}; delete it, "
+                         f"or rewrite it with --save-catalogue")
+    return dict(document["zoos"])
+
+
+def save_catalogue(results: dict[str, Any], path: Path = CATALOGUE) -> None:
+    """Ship the results file's catalogue (the models the rule chose, with the library versions it chose them at)."""
+    from cost_models.jsonio import write_json_atomic
+
+    zoos = {zoo: {**cached, "entries": [{**entry, "spec": _relative(entry["spec"])} for entry in cached["entries"]]}
+            for zoo, cached in results["catalogue"].items()}
+    write_json_atomic(path, {"format": CATALOGUE_FORMAT, "zoos": zoos})
+
+
+def _relative(spec: str) -> str:
+    """A spec of one of this file's factories with the file's path from the repository root (machine-independent)."""
+    source, _, factory = spec.rpartition(":")
+    return f"benchmarks/model_zoo.py:{factory}" if source.endswith("benchmarks/model_zoo.py") else spec
 
 
 def _this_file(spec: str) -> str:
@@ -528,6 +566,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cap-s", type=float, default=CAP_S, help="seconds per model for all its checks (300)")
     parser.add_argument("--rerun", action="store_true", help="run models the results file already has again")
     parser.add_argument("--table-only", action="store_true", help="write --markdown from --out without running")
+    parser.add_argument("--save-catalogue", action="store_true",
+                        help=f"write --out's catalogue to {CATALOGUE.name} (shipped: later runs skip choosing)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # the supervisor's child
     parser.add_argument("--since", default="", help=argparse.SUPPRESS)  # with --rerun: models done since are done
     args = parser.parse_args(argv)
@@ -536,7 +576,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.zoo) - set(ZOOS))
     if unknown:
         parser.error(f"--zoo {','.join(unknown)}: choose from {','.join(ZOOS)}")
-    if args.table_only and not args.markdown:
+    if args.table_only and not args.markdown and not args.save_catalogue:
         parser.error("--table-only needs --markdown (where to write the table)")
     return args
 
@@ -547,6 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_worker(args)
         return 0
     results = load_results(Path(args.out)) if args.table_only else run_suite(args)
+    if args.save_catalogue:
+        save_catalogue(results)
+        print(f"wrote {CATALOGUE}", file=sys.stderr)
     if args.markdown:
         Path(args.markdown).write_text(markdown(results))
         print(f"wrote {args.markdown}", file=sys.stderr)

@@ -129,3 +129,25 @@ def test_a_float32_failure_that_passes_in_float64_counts_as_verified_and_is_mark
     table = markdown({"models": {"torchvision:a": _model("a", [_check("trace", "pass"), rounding]),
                                  "torchvision:b": _model("b", [_check("trace", "pass"), wrong])}, "cap_s": 300.0})
     assert "| pass (f64) |" in table and "fail F1" in table
+
+
+def test_the_shipped_catalogue_serves_its_library_versions_and_other_versions_are_chosen_anew(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import model_zoo
+
+    versions = {"torch": "1", "torchvision": "2", "timm": "3", "monai": "4"}
+    entry = {"zoo": "monai", "name": "UNet", "spec": "/elsewhere/benchmarks/model_zoo.py:monai__UNet", "params": 9,
+             "family": "", "config": "", "skip": ""}
+    shipped = tmp_path / "catalogue.json"
+    model_zoo.save_catalogue({"catalogue": {"monai": {"versions": versions, "entries": [entry]}}}, shipped)
+    assert '"benchmarks/model_zoo.py:monai__UNet"' in shipped.read_text()  # no machine's path shipped
+    monkeypatch.setattr(model_zoo, "shipped_catalogue", lambda: model_zoo.read_catalogue(shipped))
+    monkeypatch.setattr(model_zoo, "library_versions", lambda: versions)
+    counted: list[str] = []
+    monkeypatch.setattr(model_zoo, "monai_catalogue", lambda: counted.append("monai") or [])
+    results: dict[str, Any] = {"catalogue": {}, "models": {}}
+    (unet,) = model_zoo.catalogue("monai", results, None)
+    assert (unet.name, unet.spec, counted) == ("UNet", model_zoo.spec_of("monai__UNet"), [])
+    assert results["catalogue"]["monai"]["versions"] == versions  # cached in the results file too
+    monkeypatch.setattr(model_zoo, "library_versions", lambda: {**versions, "monai": "5"})
+    assert model_zoo.catalogue("monai", {"catalogue": {}, "models": {}}, None) == [] and counted == ["monai"]
