@@ -32,7 +32,9 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       tensor is 2-D or 4-D ``(N, C, H, W)``.
     * A height/width split needs a distributed form: convolution and
       pooling (halo exchange; explicit zero padding, ``ceil_mode`` too, no
-      returned indices, average pooling without a divisor override), transposed convolution, nearest/bilinear upsampling
+      returned indices, average pooling without a divisor override), adaptive
+      average pooling (each output tile reads its windows' rows), transposed
+      convolution, nearest/bilinear upsampling
       by an integer scale without ``align_corners``, batch-norm, softmax over
       the channels, concatenation not along a split dimension. A slice of a
       tensor made of slices only (``x[:, a:b]``, ghostnet's and rexnet's)
@@ -61,10 +63,11 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Iterator, Mapping
 
 from cost_models.errors import InputError
-from cost_models.halo import axis_halos
+from cost_models.halo import adaptive_reads, axis_halos, reads_beyond_neighbours
 from cost_models.layout import Layout
 from cost_models.redistribution import part_range
 
@@ -73,12 +76,13 @@ __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tup
            "shared_module_refusal", "shared_modules"]
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
-SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "upsample", "batchnorm", "cat", "softmax"})
+SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm",
+                           "cat", "softmax"})
 CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
                            "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad"})
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
-_TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample"}  # they read tiles of their input (halos)
+_TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgpool"}  # read tiles of their input
 _CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
 _PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxes", "Tensor.swapdims",
                            "Tensor.movedim", "Tensor.moveaxis", "torch.permute", "torch.transpose"})
@@ -111,7 +115,9 @@ def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
     shape = inputs[0] if inputs else []
     if "pieces_along" not in attrs or not attrs.get("items_only") or not shape or isinstance(shape[0], list):
-        return "a layer with several output tensors is kept whole"
+        unfit = next((why for piece in layer["output_shape"] if piece and not isinstance(piece[0], list)
+                      and (why := _fit_refusal(piece, layout))), None)
+        return unfit or "a layer with several output tensors is kept whole"  # (N, classes) logits have no h, w
     if _dim_split(layout, attrs["pieces_along"], len(shape)):
         return f"it cuts dimension {attrs['pieces_along'] % len(shape)} into pieces, which {layout} splits"
     return next((why for piece in layer["output_shape"] if (why := _fit_refusal(piece, layout))), None)
@@ -192,6 +198,8 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return small
     if kind == "upsample":
         return _upsample_refusal(layer)
+    if kind == "adaptive_avgpool":
+        return _adaptive_refusal(layer, layout)
     if kind == "softmax" and attrs.get("dim") not in (1, -3):
         return "softmax across tiles must be over the channels (dim=1)"
     if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
@@ -339,6 +347,17 @@ def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
     (_, _, h_in, w_in), (_, _, h_out, w_out) = layer["input_shapes"][0], layer["output_shape"]
     if h_out % h_in or w_out % w_in:
         return f"upsampling {h_in}×{w_in} to {h_out}×{w_out} is not an integer scale"
+    return None
+
+
+def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """Adaptive average pooling's output tiles read their windows' rows; no tile may read past its neighbours'."""
+    (_, _, *extents_in), (_, _, *extents_out) = layer["input_shapes"][0], layer["output_shape"]
+    for extent_in, extent_out, parts, name in zip(extents_in, extents_out, (layout.h, layout.w), ("rows", "columns")):
+        if parts > 1 and reads_beyond_neighbours(extent_in, extent_out, parts, partial(adaptive_reads, extent_in,
+                                                                                         extent_out)) is not None:
+            return (f"a {parts}-way split of {extent_in} {name} is too fine for a window of adaptive pooling to "
+                    f"{extent_out} {name}: a tile would read beyond its neighbours")
     return None
 
 

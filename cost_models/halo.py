@@ -26,11 +26,12 @@ Assumptions:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from cost_models.errors import InputError
 
-__all__ = ["AxisHalo", "HaloMessage", "axis_halos", "halo_messages", "partition", "window_output_extent"]
+__all__ = ["AxisHalo", "HaloMessage", "adaptive_reads", "axis_halos", "halo_messages", "partition",
+           "reads_beyond_neighbours", "window_output_extent"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,25 @@ def partition(extent: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((start, stop))
         start = stop
     return bounds
+
+
+def adaptive_reads(extent_in: int, extent_out: int, o0: int, o1: int) -> tuple[int, int]:
+    """The input rows ``[i0, i1)`` that adaptive pooling's output rows ``[o0, o1)`` read: output row ``o`` averages
+    rows ``⌊o·I/O⌋ … ⌈(o+1)·I/O⌉ − 1`` (PyTorch's windows)."""
+    return o0 * extent_in // extent_out, -(-o1 * extent_in // extent_out)
+
+
+def reads_beyond_neighbours(extent_in: int, extent_out: int, parts: int,
+                            reads: Callable[[int, int], tuple[int, int]]) -> int | None:
+    """The first tile of ``parts`` whose output rows read input rows beyond its adjacent tiles' (``None``: none)."""
+    owned = partition(extent_in, parts)
+    for index, (o0, o1) in enumerate(partition(extent_out, parts)):
+        start, stop = reads(o0, o1)
+        low = owned[index - 1][0] if index > 0 else 0
+        high = owned[index + 1][1] if index + 1 < parts else extent_in
+        if max(start, 0) < low or min(stop, extent_in) > high:
+            return index
+    return None
 
 
 def window_output_extent(extent: int, kernel: int, stride: int, dilation: int, padding: int,

@@ -19,7 +19,8 @@ Assumptions:
       halo: the same size). Transposed convolutions read ``⌈I/parts⌉`` input rows
       plus ``⌈(dilation·(k−1)+1−stride)/stride⌉`` halo rows when the kernel is
       wider than the stride. Global (1×1) adaptive pooling reduces each tile to
-      one value per channel. Linear layers take 2-D inputs and cannot split
+      one value per channel; adaptive pooling to ``O`` rows reads
+      ``⌈o·I/O⌉ + 1`` rows for ``o`` local output rows. Linear layers take 2-D inputs and cannot split
       ``h``/``w``.
     * Layers that only move or view data (``flatten``, ``view``, ``getitem``,
       ``identity``, ``input``) have no local problem.
@@ -181,6 +182,8 @@ def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, pa
         k, s, d = (axis_value(attrs.get(name, 1), axis) for name in ("kernel_size", "stride", "dilation"))
         halo = max(0, -(-(d * (k - 1) + 1 - s) // s))
         return -(-extent_in // parts) + halo
+    if kind == "adaptive_avgpool":  # its windows' rows, one more where a window straddles two tiles
+        return min(extent_in, -(-local_out * extent_in // extent_out) + 1)
     if kind == "upsample" and extent_out != extent_in:
         scaled = -(-local_out * extent_in // extent_out)
         return scaled + (1 if attrs.get("mode") in ("bilinear", "bicubic") else 0)

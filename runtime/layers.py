@@ -6,8 +6,9 @@ kind, :func:`input_placement` says in which placement the layer reads its
 tensor inputs (the executor redistributes them when they are held otherwise)
 and :data:`HANDLERS` computes the layer's output box:
 
-* convolution, transposed convolution, pooling and upsampling split by height
-  or width exchange halos (``runtime.spatial``, ``runtime.resample``);
+* convolution, transposed convolution, pooling (adaptive average pooling
+  too) and upsampling split by height or width exchange halos
+  (``runtime.spatial``, ``runtime.resample``);
 * convolution, transposed convolution and linear layers split by ``c`` hold a
   slice of the filters and read every input channel (``Placement(L, "c")``);
   the adjoint of that redistribution sums the input gradients over the slices;
@@ -202,6 +203,14 @@ def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:
     return resample.interpolate(x, site.grid(), (h_in, w_in), (h_out // h_in, w_out // w_in), mode)
 
 
+def _adaptive_avgpool(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    x = fetch(0, input_placement(site))
+    if not site.spatial_split:
+        return None
+    output = site.layer["output_shape"]
+    return resample.adaptive_avg_pool2d(x, site.grid(), site.input_hw(), (int(output[2]), int(output[3])))
+
+
 def _pool_options(site: Site) -> dict[str, Any]:
     if site.module is not None:
         module = site.module
@@ -223,7 +232,7 @@ def _channel_index(site: Site) -> int:
 
 HANDLERS: dict[str, Callable[[Site, Fetch], torch.Tensor | None]] = {
     "conv": _conv, "conv_transpose": _conv_transpose, "linear": _linear, "batchnorm": _batchnorm,
-    "maxpool": _pool, "avgpool": _pool, "upsample": _upsample,
+    "maxpool": _pool, "avgpool": _pool, "adaptive_avgpool": _adaptive_avgpool, "upsample": _upsample,
 }
 """Kinds with a distributed form. A handler returns ``None`` when the layer needs none here (unsplit in the
 way that matters): the executor then runs the user's module or function on the local boxes."""

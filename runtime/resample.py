@@ -21,21 +21,23 @@ Output row ``o`` reads, along one axis:
     * bilinear (``align_corners=False``), integer scale ``s``: rows around
       ``(o + ½)/s − ½``, at most one row beyond ``⌊o/s⌋`` on each side;
     * transposed convolution (kernel ``k``, stride ``s``, dilation ``d``,
-      padding ``p``): rows ``i`` with ``i·s − p ≤ o ≤ i·s − p + d(k−1)``.
+      padding ``p``): rows ``i`` with ``i·s − p ≤ o ≤ i·s − p + d(k−1)``;
+    * adaptive average pooling to ``O`` of ``I`` rows: ``⌊o·I/O⌋ … ⌈(o+1)·I/O⌉ − 1``.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from cost_models.halo import partition
+from cost_models.halo import adaptive_reads, partition
 from runtime.halo_exchange import exchange_halo, window_of_reads
 from runtime.spatial import TileGrid, pair
 
-__all__ = ["conv_transpose2d", "interpolate"]
+__all__ = ["adaptive_avg_pool2d", "conv_transpose2d", "interpolate"]
 
 Reads = Callable[[int, int], tuple[int, int]]  # output rows [o0, o1) -> input rows [i0, i1) (may leave [0, I))
 
@@ -86,6 +88,37 @@ def conv_transpose2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     origins = tuple(start * s - p for start, s, p in zip(starts, stride_, padding_))
     result = _crop(result, grid, outputs, origins)
     return result if bias is None else result + bias.view(1, -1, 1, 1)
+
+
+def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int],
+                        output_hw: tuple[int, int]) -> torch.Tensor:
+    """This tile of ``F.adaptive_avg_pool2d(x, output_hw)`` of the global input (spatial extent ``full_hw``).
+
+    Output row ``o`` averages input rows ``⌊o·I/O⌋ … ⌈(o+1)·I/O⌉ − 1`` (:func:`cost_models.halo.adaptive_reads`);
+    the tile receives its windows' rows and averages them with one matrix per axis (windows may overlap when
+    ``I`` is not a multiple of ``O``, or repeat rows when ``O > I``).
+    """
+    def reads(axis: int) -> Reads:
+        return partial(adaptive_reads, full_hw[axis], output_hw[axis])
+
+    local, starts = _gather_reads(tile, grid, full_hw, output_hw, (reads(0), reads(1)))
+    rows, cols = (_averaging(full_hw[a], output_hw[a], _own(output_hw[a], parts, grid.tile[a]), starts[a],
+                             local.shape[2 + a], local) for a, parts in enumerate((grid.h, grid.w)))
+    return torch.einsum("oh,nchw,pw->ncop", rows, local, cols)
+
+
+def _own(extent: int, parts: int, tile: int) -> tuple[int, int]:
+    return partition(extent, parts)[tile] if parts > 1 else (0, extent)
+
+
+def _averaging(extent_in: int, extent_out: int, outputs: tuple[int, int], start: int, held: int,
+               like: torch.Tensor) -> torch.Tensor:
+    """``(o1 − o0) × held``: row ``o`` averages the held rows (global ``start …``) of output row ``o``'s window."""
+    matrix = torch.zeros(outputs[1] - outputs[0], held, dtype=like.dtype, device=like.device)
+    for row, o in enumerate(range(*outputs)):
+        i0, i1 = adaptive_reads(extent_in, extent_out, o, o + 1)
+        matrix[row, i0 - start:i1 - start] = 1.0 / (i1 - i0)
+    return matrix
 
 
 def _gather_reads(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], outputs: tuple[int, ...],

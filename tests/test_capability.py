@@ -271,3 +271,22 @@ def test_a_layer_reading_a_zero_dimensional_tensor_is_planned() -> None:
     assert [] in graph.nodes["mul"]["input_shapes"]
     plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), max_stages=2).plan
     check_runnable(_ScalarGate(), plan, graph, verify=True)
+
+
+def test_a_tuple_of_logits_has_no_height_to_split_and_adaptive_pooling_splits_by_its_windows() -> None:
+    """googlenet's and inception_v3's (logits, aux) outputs cannot take h2 at all (no runtime gap); adaptive
+    average pooling to more than one row splits by height (its aux head: 2×2 to 4×4) unless a tile would read
+    past its neighbours."""
+    from cost_models.capability import inherent, layer_refusal
+
+    outputs = {"kind": "other", "output_shape": [[4, 1000], [4, 1000]], "input_shapes": [[4, 1000], [4, 1000]],
+               "attrs": {}}
+    assert inherent(layer_refusal(outputs, Layout(h=2)) or "")
+    assert layer_refusal(outputs, Layout(n=2)) == "a layer with several output tensors is kept whole"
+    pool = {"kind": "adaptive_avgpool", "output_shape": [4, 8, 4, 4], "input_shapes": [[4, 8, 2, 2]],
+            "attrs": {"output_size": [4, 4]}}
+    assert layer_refusal(pool, Layout(h=2)) is None and layer_refusal(pool, Layout(h=2, w=2)) is None
+    assert layer_refusal({**pool, "output_shape": [4, 8, 3, 3], "input_shapes": [[4, 8, 13, 7]]}, Layout(h=2)) is None
+    one_row = layer_refusal({**pool, "output_shape": [4, 8, 1, 1], "input_shapes": [[4, 8, 7, 7]]}, Layout(h=2))
+    assert one_row and inherent(one_row)  # a global pool: its input's tiles are summed (runtime.spatial)
+    assert inherent(layer_refusal(outputs, Layout(w=2)) or "")

@@ -1,4 +1,5 @@
-"""Tier 3: upsampling and transposed convolution on height/width tiles equal the unsplit operation (gloo).
+"""Tier 3: upsampling, transposed convolution and adaptive average pooling on height/width tiles equal the unsplit
+operation (gloo).
 
 Extents of 13 and 7 rows split into 2 or 4 tiles are uneven, so a tile's
 output rows are not the image of its input rows and halos cross the borders.
@@ -18,6 +19,8 @@ CASES = (  # (operation, kwargs)
     ("transpose", {"kernel": 3, "stride": 2, "padding": 1, "output_padding": 1}),
     ("transpose", {"kernel": 3, "stride": 1, "padding": 1}),
     ("transpose", {"kernel": 1, "stride": 2, "padding": 0}),
+    ("adaptive", {"size": (5, 3)}),  # windows straddle tiles and overlap (13 rows to 5, 7 columns to 3)
+    ("adaptive", {"size": (26, 9)}),  # more outputs than inputs: rows repeat (googlenet's aux head: 2×2 to 4×4)
 )
 
 
@@ -26,7 +29,7 @@ def _check(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from runtime.resample import conv_transpose2d, interpolate
+    from runtime.resample import adaptive_avg_pool2d, conv_transpose2d, interpolate
     from runtime.spatial import TileGrid
 
     dtype = getattr(torch, dtype_name)
@@ -42,6 +45,8 @@ def _check(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name:
             conv = {key: kw.get(key, 0) for key in ("stride", "padding", "output_padding")}
             if operation == "transpose":
                 reference = F.conv_transpose2d(x, weight, bias, **conv)
+            elif operation == "adaptive":
+                reference = F.adaptive_avg_pool2d(x, kw["size"])
             else:
                 reference = F.interpolate(x, scale_factor=kw["scale"], mode=operation,
                                           align_corners=False if operation == "bilinear" else None)
@@ -52,6 +57,8 @@ def _check(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name:
             local_weight, local_bias = (t.detach().clone().requires_grad_(True) for t in (weight, bias))
             if operation == "transpose":
                 out = conv_transpose2d(tile, local_weight, local_bias, grid, (13, 7), **conv)
+            elif operation == "adaptive":
+                out = adaptive_avg_pool2d(tile, grid, (13, 7), kw["size"])
             else:
                 out = interpolate(tile, grid, (13, 7), (kw["scale"], kw["scale"]), operation)
             context = f"{operation} {kw} on {h}×{w}, tile {grid.tile}"
