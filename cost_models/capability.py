@@ -40,8 +40,10 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       tensor made of slices only (``x[:, a:b]``, ghostnet's and rexnet's)
       takes any layout that splits no dimension it slices. Every tile is
       at least as wide as the halo it sends (``cost_models.halo``), and a
-      layer reading tiles of its input (convolution, pooling, upsampling)
-      has at least one row (column) of its input per tile.
+      layer reading tiles of its input (convolution, pooling, transposed
+      convolution) has at least one row (column) of its input per tile;
+      upsampling and adaptive pooling read an input with fewer rows than
+      tiles whole (deeplabv3's pooled branch: 1×1 upsampled to the map).
     * Convolution and linear layers split by channel or space, and batch-norm
       by channel, only as modules (a function call has no module whose
       weights can be sliced); ``F.batch_norm`` sums its statistics over tiles
@@ -83,6 +85,7 @@ CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "max
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
 _TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgpool"}  # read tiles of their input
+_READ_WHOLE_WHEN_SHORT = frozenset({"upsample", "adaptive_avgpool"})  # fewer input rows than tiles: read whole
 _CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
 _PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxes", "Tensor.swapdims",
                            "Tensor.movedim", "Tensor.moveaxis", "torch.permute", "torch.transpose"})
@@ -194,7 +197,7 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return "pooling that returns its indices cannot be split across tiles"
     if kind == "avgpool" and attrs.get("divisor_override"):
         return "average pooling with a divisor override cannot be split across tiles"
-    if kind in _TILED_INPUT_KINDS and (small := _input_fit_refusal(layer, layout)):
+    if kind in _TILED_INPUT_KINDS - _READ_WHOLE_WHEN_SHORT and (small := _input_fit_refusal(layer, layout)):
         return small
     if kind == "upsample":
         return _upsample_refusal(layer)

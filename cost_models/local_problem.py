@@ -184,9 +184,9 @@ def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, pa
         return -(-extent_in // parts) + halo
     if kind == "adaptive_avgpool":  # its windows' rows, one more where a window straddles two tiles
         return min(extent_in, -(-local_out * extent_in // extent_out) + 1)
-    if kind == "upsample" and extent_out != extent_in:
+    if kind == "upsample" and extent_out != extent_in:  # an input shorter than the tiles is read whole
         scaled = -(-local_out * extent_in // extent_out)
-        return scaled + (1 if attrs.get("mode") in ("bilinear", "bicubic") else 0)
+        return min(extent_in, scaled + (1 if attrs.get("mode") in ("bilinear", "bicubic") else 0))
     return -(-extent_in // parts)
 
 

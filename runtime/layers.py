@@ -195,20 +195,32 @@ def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:
 
 
 def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:
-    x = fetch(0, input_placement(site))
     if not site.spatial_split:
         return None
+    whole = _short_axes(site)
+    x = fetch(0, _reading_whole(site, whole))
     (_, _, h_in, w_in), (_, _, h_out, w_out) = site.layer["input_shapes"][0], site.layer["output_shape"]
     mode = site.layer.get("attrs", {}).get("mode", "nearest")
-    return resample.interpolate(x, site.grid(), (h_in, w_in), (h_out // h_in, w_out // w_in), mode)
+    return resample.interpolate(x, site.grid(), (h_in, w_in), (h_out // h_in, w_out // w_in), mode, whole)
+
+
+def _short_axes(site: Site) -> tuple[bool, bool]:
+    """The split axes along which the input has fewer rows (columns) than tiles: it is read whole there."""
+    return tuple(parts > 1 and extent < parts for extent, parts in  # type: ignore[return-value]
+                 zip(site.input_hw(), (site.layout.h, site.layout.w)))
+
+
+def _reading_whole(site: Site, whole: tuple[bool, bool]) -> Placement:
+    return Placement(site.layout, "".join(axis for axis, short in zip("hw", whole) if short))
 
 
 def _adaptive_avgpool(site: Site, fetch: Fetch) -> torch.Tensor | None:
-    x = fetch(0, input_placement(site))
     if not site.spatial_split:
         return None
+    whole = _short_axes(site)
+    x = fetch(0, _reading_whole(site, whole))
     output = site.layer["output_shape"]
-    return resample.adaptive_avg_pool2d(x, site.grid(), site.input_hw(), (int(output[2]), int(output[3])))
+    return resample.adaptive_avg_pool2d(x, site.grid(), site.input_hw(), (int(output[2]), int(output[3])), whole)
 
 
 def _pool_options(site: Site) -> dict[str, Any]:

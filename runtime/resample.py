@@ -43,8 +43,11 @@ Reads = Callable[[int, int], tuple[int, int]]  # output rows [o0, o1) -> input r
 
 
 def interpolate(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], scale: Sequence[int],
-                mode: str = "nearest") -> torch.Tensor:
+                mode: str = "nearest", whole: tuple[bool, bool] = (False, False)) -> torch.Tensor:
     """This tile of ``F.interpolate(x, scale_factor=scale, mode=mode)`` of the global input (integer scales).
+
+    ``whole[a]``: ``tile`` holds every row of axis ``a`` (an input with fewer rows than tiles: deeplabv3's
+    pooled 1×1 branch); each tile then reads its rows from it instead of exchanging halos.
 
     Raises:
         ValueError: A mode other than ``nearest`` or ``bilinear`` (``align_corners=False``) on a split axis.
@@ -59,7 +62,7 @@ def interpolate(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], sc
         return lambda o0, o1: (o0 // s - margin, (o1 - 1) // s + 1 + margin)
 
     outputs = tuple(extent * s for extent, s in zip(full_hw, scale_hw))
-    local, starts = _gather_reads(tile, grid, full_hw, outputs, (reads(0), reads(1)))
+    local, starts = _gather_reads(tile, grid, full_hw, outputs, (reads(0), reads(1)), whole)
     result = F.interpolate(local, scale_factor=scale_hw, mode=mode, align_corners=False if mode == "bilinear" else None)
     origins = tuple(start * s for start, s in zip(starts, scale_hw))
     return _crop(result, grid, outputs, origins)
@@ -90,9 +93,10 @@ def conv_transpose2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return result if bias is None else result + bias.view(1, -1, 1, 1)
 
 
-def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int],
-                        output_hw: tuple[int, int]) -> torch.Tensor:
-    """This tile of ``F.adaptive_avg_pool2d(x, output_hw)`` of the global input (spatial extent ``full_hw``).
+def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], output_hw: tuple[int, int],
+                        whole: tuple[bool, bool] = (False, False)) -> torch.Tensor:
+    """This tile of ``F.adaptive_avg_pool2d(x, output_hw)`` of the global input (spatial extent ``full_hw``;
+    ``whole`` as :func:`interpolate`'s).
 
     Output row ``o`` averages input rows ``⌊o·I/O⌋ … ⌈(o+1)·I/O⌉ − 1`` (:func:`cost_models.halo.adaptive_reads`);
     the tile receives its windows' rows and averages them with one matrix per axis (windows may overlap when
@@ -101,7 +105,7 @@ def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, 
     def reads(axis: int) -> Reads:
         return partial(adaptive_reads, full_hw[axis], output_hw[axis])
 
-    local, starts = _gather_reads(tile, grid, full_hw, output_hw, (reads(0), reads(1)))
+    local, starts = _gather_reads(tile, grid, full_hw, output_hw, (reads(0), reads(1)), whole)
     rows, cols = (_averaging(full_hw[a], output_hw[a], _own(output_hw[a], parts, grid.tile[a]), starts[a],
                              local.shape[2 + a], local) for a, parts in enumerate((grid.h, grid.w)))
     return torch.einsum("oh,nchw,pw->ncop", rows, local, cols)
@@ -122,13 +126,19 @@ def _averaging(extent_in: int, extent_out: int, outputs: tuple[int, int], start:
 
 
 def _gather_reads(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], outputs: tuple[int, ...],
-                  reads: tuple[Reads, Reads]) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The tile extended by the rows its outputs read (clipped to the tensor), and the first row held per axis."""
+                  reads: tuple[Reads, Reads], whole: tuple[bool, bool] = (False, False)
+                  ) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The tile extended by the rows its outputs read (clipped to the tensor), and the first row held per axis;
+    along an axis ``whole`` holds entirely, the rows read are cut from it."""
     local, starts = tile, [0, 0]
     for axis, parts in enumerate((grid.h, grid.w)):
         if parts == 1:
             continue
         ranges = [_clip(reads[axis](o0, o1), full_hw[axis]) for o0, o1 in partition(outputs[axis], parts)]
+        if whole[axis]:
+            start, stop = ranges[grid.tile[axis]]
+            local, starts[axis] = local.narrow(2 + axis, start, stop - start), start
+            continue
         window = window_of_reads(full_hw[axis], ranges, grid.tile[axis], grid.neighbours(axis), "this upsampling")
         local = exchange_halo(local, 2 + axis, window)
         starts[axis] = window.read_start

@@ -21,6 +21,9 @@ CASES = (  # (operation, kwargs)
     ("transpose", {"kernel": 1, "stride": 2, "padding": 0}),
     ("adaptive", {"size": (5, 3)}),  # windows straddle tiles and overlap (13 rows to 5, 7 columns to 3)
     ("adaptive", {"size": (26, 9)}),  # more outputs than inputs: rows repeat (googlenet's aux head: 2×2 to 4×4)
+    ("bilinear", {"scale": 4, "rows": 1}),  # fewer input rows than tiles: read whole (deeplabv3's pooled branch)
+    ("nearest", {"scale": 2, "rows": 3}),  # 3 rows: whole under 4 tiles, halos under 2
+    ("adaptive", {"size": (4, 3), "rows": 1}),
 )
 
 
@@ -38,7 +41,9 @@ def _check(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name:
         grid = TileGrid.of_rank(h, w, list(range(world_size)), rank)
         for index, (operation, kw) in enumerate(CASES):
             generator = torch.Generator().manual_seed(100 * h + 10 * w + index)
-            x = torch.randn(2, 4, 13, 7, dtype=dtype, generator=generator, requires_grad=True)
+            rows = kw.get("rows", 13)
+            x = torch.randn(2, 4, rows, 7, dtype=dtype, generator=generator, requires_grad=True)
+            whole = (rows < h, False)
             weight = torch.randn(4, 3, kw.get("kernel", 1), kw.get("kernel", 1), dtype=dtype, generator=generator,
                                  requires_grad=True)
             bias = torch.randn(3, dtype=dtype, generator=generator, requires_grad=True)
@@ -53,24 +58,34 @@ def _check(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name:
             upstream = torch.randn(reference.shape, dtype=dtype, generator=generator)
             reference.backward(upstream)
             i, j = grid.tile
-            tile = _tile(x.detach(), h, w, i, j).requires_grad_(True)
+            tile = _tile(x.detach(), 1 if whole[0] else h, w, 0 if whole[0] else i, j).requires_grad_(True)
             local_weight, local_bias = (t.detach().clone().requires_grad_(True) for t in (weight, bias))
             if operation == "transpose":
                 out = conv_transpose2d(tile, local_weight, local_bias, grid, (13, 7), **conv)
             elif operation == "adaptive":
-                out = adaptive_avg_pool2d(tile, grid, (13, 7), kw["size"])
+                out = adaptive_avg_pool2d(tile, grid, (rows, 7), kw["size"], whole)
             else:
-                out = interpolate(tile, grid, (13, 7), (kw["scale"], kw["scale"]), operation)
+                out = interpolate(tile, grid, (rows, 7), (kw["scale"], kw["scale"]), operation, whole)
             context = f"{operation} {kw} on {h}×{w}, tile {grid.tile}"
             torch.testing.assert_close(out, _tile(reference.detach(), h, w, i, j), msg=lambda m: f"{context}: {m}")
             out.backward(_tile(upstream, h, w, i, j))
-            torch.testing.assert_close(tile.grad, _tile(x.grad, h, w, i, j), msg=lambda m: f"{context} dx: {m}")
+            if whole[0]:  # every tile read a part of the whole input: the parts' gradients sum to x's
+                dist.all_reduce(tile.grad, group=_column_group(grid, w, j))
+            expected = _tile(x.grad, 1 if whole[0] else h, w, 0 if whole[0] else i, j)
+            torch.testing.assert_close(tile.grad, expected, msg=lambda m: f"{context} dx: {m}")
             if operation == "transpose":
                 for mine, full in ((local_weight.grad, weight.grad), (local_bias.grad, bias.grad)):
                     dist.all_reduce(mine)
                     torch.testing.assert_close(mine, full, msg=lambda m: f"{context} dW: {m}")
             checked += 1
     return checked
+
+
+def _column_group(grid, w: int, j: int):  # noqa: ANN001, ANN202 - the ranks of the tiles in column j (one new group)
+    import torch.distributed as dist
+
+    groups = [dist.new_group([r for r in range(dist.get_world_size()) if r % w == column]) for column in range(w)]
+    return groups[j]
 
 
 def _tile(tensor, h: int, w: int, i: int, j: int):  # noqa: ANN001, ANN202
