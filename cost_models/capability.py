@@ -69,7 +69,7 @@ from functools import partial
 from typing import Any, Iterator, Mapping
 
 from cost_models.errors import InputError
-from cost_models.halo import adaptive_reads, axis_halos, reads_beyond_neighbours
+from cost_models.halo import adaptive_reads, axis_halos, partition, reads_beyond_neighbours
 from cost_models.layout import Layout
 from cost_models.redistribution import part_range
 
@@ -79,12 +79,12 @@ __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tup
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
 SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm",
-                           "cat", "softmax"})
+                           "cat", "softmax", "pad"})
 CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
                            "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad"})
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
-_TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgpool"}  # read tiles of their input
+_TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgpool", "pad"}  # read input tiles
 _READ_WHOLE_WHEN_SHORT = frozenset({"upsample", "adaptive_avgpool"})  # fewer input rows than tiles: read whole
 _CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
 _PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxes", "Tensor.swapdims",
@@ -192,7 +192,7 @@ def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
 def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
     if isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros":
-        return "only explicit zero padding can be split across tiles"
+        return "only zero padding, explicit or a symmetric 'same', can be split across tiles"
     if attrs.get("return_indices"):
         return "pooling that returns its indices cannot be split across tiles"
     if kind == "avgpool" and attrs.get("divisor_override"):
@@ -203,6 +203,8 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return _upsample_refusal(layer)
     if kind == "adaptive_avgpool":
         return _adaptive_refusal(layer, layout)
+    if kind == "pad":
+        return _pad_refusal(layer, layout)
     if kind == "softmax" and attrs.get("dim") not in (1, -3):
         return "softmax across tiles must be over the channels (dim=1)"
     if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
@@ -361,6 +363,27 @@ def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
                                                                                          extent_out)) is not None:
             return (f"a {parts}-way split of {extent_in} {name} is too fine for a window of adaptive pooling to "
                     f"{extent_out} {name}: a tile would read beyond its neighbours")
+    return None
+
+
+def _pad_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """Constant padding of known amounts splits by height and width: each output tile reads its rows shifted by the
+    padding before it, every tile at least one row of the input and none past its neighbours'."""
+    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+    if attrs.get("mode", "constant") != "constant":
+        return f"{attrs.get('mode')} padding cannot be split across tiles yet (constant padding can)"
+    if not isinstance(attrs.get("pad"), list) or len(shape) != 4:
+        return "a padding of amounts unknown when traced cannot be split across tiles"
+    for axis, parts in ((0, layout.h), (1, layout.w)):
+        before, after = (attrs["pad"] + [0, 0, 0, 0])[2 - 2 * axis:4 - 2 * axis]
+        if parts == 1 or before == after == 0:
+            continue
+        extent, padded = shape[2 + axis], shape[2 + axis] + before + after
+        reads = [(o0 - before, o1 - before) for o0, o1 in partition(padded, parts)]
+        beyond = reads_beyond_neighbours(extent, padded, parts, lambda o0, o1: (o0 - before, o1 - before))
+        if before < 0 or after < 0 or beyond is not None or any(min(b, extent) <= max(a, 0) for a, b in reads):
+            return (f"a {parts}-way split of {extent} {('rows', 'columns')[axis]} padded by {before} and {after} is too "
+                    f"fine for a window: a tile would read past its neighbours, or padding only")
     return None
 
 

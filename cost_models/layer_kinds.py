@@ -165,6 +165,8 @@ _PAD_MODES = {"ZeroPad2d": "constant", "ConstantPad2d": "constant", "ReflectionP
 def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
     if kind in ("conv", "conv_transpose"):
         attrs = {name: _jsonable(getattr(module, name)) for name in _CONV_FIELDS}
+        if isinstance(attrs["padding"], str):
+            attrs["padding_spec"], attrs["padding"] = attrs["padding"], explicit_padding(attrs)
         attrs["transposed"] = kind == "conv_transpose"
         attrs["bias"] = module.bias is not None
         if kind == "conv_transpose":
@@ -202,6 +204,17 @@ def _norm_attrs(module: nn.Module) -> dict[str, Any]:
     else:
         attrs.update(affine=module.affine, track_running_stats=module.track_running_stats)
     return attrs
+
+
+def explicit_padding(attrs: dict[str, Any]) -> Any:
+    """A convolution's ``padding='valid'``, or ``'same'`` when it pads both sides alike (an even reach
+    ``dilation·(kernel−1)``: every odd kernel), as the explicit padding PyTorch applies; an asymmetric ``'same'``
+    stays the string (PyTorch pads it one row more at the end)."""
+    kernel, dilation = attrs["kernel_size"], attrs["dilation"]
+    if attrs["padding"] == "valid":
+        return [0 for _ in kernel]
+    reach = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    return [r // 2 for r in reach] if all(r % 2 == 0 for r in reach) else attrs["padding"]
 
 
 def _pool_defaults(attrs: dict[str, Any]) -> dict[str, Any]:

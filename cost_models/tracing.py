@@ -33,6 +33,7 @@ from math import prod
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeCopyMode, FakeTensorMode
 from torch.fx import Graph, GraphModule, Interpreter, Node, Proxy, Tracer
@@ -75,6 +76,7 @@ def build_layer_graph(
     propagator = _FakePropagator(fake_traced, fake_mode, _opaque_layers(fake_traced, names))
     metas = propagator.propagate(input_shape, dtype)
     graph = _assemble(fake_traced, metas, propagator.flops, names, input_shape, str(dtype).removeprefix("torch."))
+    _record_pads(graph, propagator.pads)
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
     graph.graph["opaque_modules"] = opaque
     return graph
@@ -248,6 +250,7 @@ class _FakePropagator(Interpreter):
         self.counted = counted
         self.metas: dict[str, TensorMeta | None] = {}
         self.flops: dict[str, int] = {}  # forward FLOPs of the ``counted`` nodes (torch.utils.flop_counter)
+        self.pads: dict[str, list[int]] = {}  # F.pad's amounts as the call received them (computed from shapes too)
 
     def propagate(self, input_shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, TensorMeta | None]:
         with self.fake_mode:
@@ -259,6 +262,11 @@ class _FakePropagator(Interpreter):
         return super().call_module(target, args, kwargs) if shortcut is None else shortcut
 
     def run_node(self, n: Node) -> Any:
+        if n.op == "call_function" and n.target is F.pad:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            amounts = args[1] if len(args) > 1 else kwargs.get("pad")
+            if isinstance(amounts, (list, tuple)) and all(isinstance(v, int) for v in amounts):
+                self.pads[n.name] = [int(v) for v in amounts]
         try:
             result = self._counted_run(n) if n.name in self.counted else super().run_node(n)
         except DataDependentOutputException as err:
@@ -336,6 +344,16 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
     graph.graph["held_together"] = held_together(gm, graph)
     graph.graph["fingerprint"] = compute_fingerprint(graph)
     return graph
+
+
+def _record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
+    """``F.pad`` amounts computed from shapes (timm's ``pad_same``) as the traced call received them: the unsplit
+    program's, which the runtime's distributed padding and the capability predicate read (``attrs["pad"]``)."""
+    computed = {name: amounts for name, amounts in pads.items() if name in graph and "pad" not in graph.nodes[name]["attrs"]}
+    for name, amounts in computed.items():
+        graph.nodes[name]["attrs"] = {**graph.nodes[name]["attrs"], "pad": amounts, "pad_from_shapes": True}
+    if computed:
+        graph.graph["fingerprint"] = compute_fingerprint(graph)
 
 
 _METADATA_READS = frozenset({"size", "dim", "ndimension", "numel", "shape", "dtype", "device", "ndim", "is_cuda"})

@@ -110,7 +110,8 @@ def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
         x, groups = x[:, start:stop], groups // site.layout.c
     if not site.spatial_split:
         return F.conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation, groups)
-    return spatial.conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride, module.padding,
+    padding = site.layer["attrs"]["padding"] if isinstance(module.padding, str) else module.padding  # 'same': explicit
+    return spatial.conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride, padding,
                           module.dilation, groups)
 
 
@@ -223,6 +224,14 @@ def _adaptive_avgpool(site: Site, fetch: Fetch) -> torch.Tensor | None:
     return resample.adaptive_avg_pool2d(x, site.grid(), site.input_hw(), (int(output[2]), int(output[3])), whole)
 
 
+def _pad(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    attrs = site.layer.get("attrs", {})
+    if not site.spatial_split or not any((list(attrs["pad"]) + [0, 0, 0, 0])[:4]):  # channels' only: on the box
+        return None
+    x = fetch(0, input_placement(site))
+    return resample.pad2d(x, site.grid(), site.input_hw(), attrs["pad"], float(attrs.get("value") or 0.0))
+
+
 def _pool_options(site: Site) -> dict[str, Any]:
     if site.module is not None:
         module = site.module
@@ -244,7 +253,7 @@ def _channel_index(site: Site) -> int:
 
 HANDLERS: dict[str, Callable[[Site, Fetch], torch.Tensor | None]] = {
     "conv": _conv, "conv_transpose": _conv_transpose, "linear": _linear, "batchnorm": _batchnorm,
-    "maxpool": _pool, "avgpool": _pool, "adaptive_avgpool": _adaptive_avgpool, "upsample": _upsample,
+    "maxpool": _pool, "avgpool": _pool, "adaptive_avgpool": _adaptive_avgpool, "upsample": _upsample, "pad": _pad,
 }
 """Kinds with a distributed form. A handler returns ``None`` when the layer needs none here (unsplit in the
 way that matters): the executor then runs the user's module or function on the local boxes."""

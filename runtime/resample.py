@@ -37,7 +37,7 @@ from cost_models.halo import adaptive_reads, partition
 from runtime.halo_exchange import exchange_halo, window_of_reads
 from runtime.spatial import TileGrid, pair
 
-__all__ = ["adaptive_avg_pool2d", "conv_transpose2d", "interpolate"]
+__all__ = ["adaptive_avg_pool2d", "conv_transpose2d", "interpolate", "pad2d"]
 
 Reads = Callable[[int, int], tuple[int, int]]  # output rows [o0, o1) -> input rows [i0, i1) (may leave [0, I))
 
@@ -111,6 +111,27 @@ def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, 
     return torch.einsum("oh,nchw,pw->ncop", rows, local, cols)
 
 
+def pad2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], pad: Sequence[int],
+          value: float = 0.0) -> torch.Tensor:
+    """This tile of ``F.pad(x, pad, value=value)`` (constant mode) of the global input: output row ``o`` is input
+    row ``o − top``, or ``value`` where that row lies outside the input. ``pad`` is ``F.pad``'s: left, right, top,
+    bottom, then the channels' and samples' (applied on the box as they are)."""
+    amounts = list(pad) + [0] * max(0, 4 - len(pad))
+    before, after = (amounts[2], amounts[0]), (amounts[3], amounts[1])
+    outputs = tuple(extent + b + a for extent, b, a in zip(full_hw, before, after))
+
+    def reads(axis: int) -> Reads:
+        return lambda o0, o1: (o0 - before[axis], o1 - before[axis])
+
+    local, starts = _gather_reads(tile, grid, full_hw, outputs, (reads(0), reads(1)))
+    split = (grid.h > 1, grid.w > 1)
+    here = [0 if split[1] else amounts[0], 0 if split[1] else amounts[1], 0 if split[0] else amounts[2],
+            0 if split[0] else amounts[3], *amounts[4:]]
+    result = F.pad(local, here, value=value)
+    origins = tuple(start + b for start, b in zip(starts, before))
+    return _crop(result, grid, outputs, origins, value)
+
+
 def _own(extent: int, parts: int, tile: int) -> tuple[int, int]:
     return partition(extent, parts)[tile] if parts > 1 else (0, extent)
 
@@ -145,8 +166,10 @@ def _gather_reads(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], 
     return local, (starts[0], starts[1])
 
 
-def _crop(result: torch.Tensor, grid: TileGrid, outputs: tuple[int, ...], origins: tuple[int, ...]) -> torch.Tensor:
-    """Rows ``partition(outputs, parts)[tile]`` of ``result``, whose first row is global row ``origins``."""
+def _crop(result: torch.Tensor, grid: TileGrid, outputs: tuple[int, ...], origins: tuple[int, ...],
+          fill: float = 0.0) -> torch.Tensor:
+    """Rows ``partition(outputs, parts)[tile]`` of ``result``, whose first row is global row ``origins`` (rows it
+    does not hold are ``fill``)."""
     for axis, parts in enumerate((grid.h, grid.w)):
         if parts == 1:
             continue
@@ -155,7 +178,7 @@ def _crop(result: torch.Tensor, grid: TileGrid, outputs: tuple[int, ...], origin
         before, after = max(0, origin - o0), max(0, o1 - (origin + result.shape[dim]))
         pads = [0, 0, 0, 0]  # rows no input reaches (a stride wider than the kernel, output padding)
         pads[2 * (1 - axis)], pads[2 * (1 - axis) + 1] = before, after
-        result = F.pad(result, pads)  # on every tile, even when zero: every rank's autograd graph has one shape
+        result = F.pad(result, pads, value=fill)  # on every tile, even when zero: every rank's graph has one shape
         result = result.narrow(dim, o0 - origin + before, o1 - o0)
     return result
 

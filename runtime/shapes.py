@@ -70,7 +70,9 @@ _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
 _SHAPE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
 _METADATA_ATTRIBUTES = frozenset({"device", "dtype", "is_cuda", "layout"})
 """What every box of a tensor shares: reading it does not make a tensor depend on the batch's values."""
-_SPATIAL_SIZES = frozenset({"upsample", "adaptive_avgpool", "adaptive_maxpool"})
+_SPATIAL_SIZES = frozenset({"upsample", "adaptive_avgpool", "adaptive_maxpool", "pad"})
+"""Kinds whose sizes computed from shapes are the unsplit program's, as their distributed forms take them (a
+padding's amounts are recorded when traced: ``cost_models.tracing``)."""
 
 _RESHAPES = {("call_method", "reshape"), ("call_method", "view"), ("call_method", "unflatten"),
              ("call_function", torch.reshape)}
