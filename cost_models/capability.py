@@ -35,7 +35,8 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       returned indices, average pooling without a divisor override), adaptive
       average pooling (each output tile reads its windows' rows), transposed
       convolution, nearest/bilinear upsampling
-      by an integer scale without ``align_corners``, batch-norm, softmax over
+      by an integer scale without ``align_corners``, batch-norm, group-norm and
+      instance-norm modules, softmax over
       the channels, concatenation not along a split dimension. A slice of a
       tensor made of slices only (``x[:, a:b]``, ghostnet's and rexnet's)
       takes any layout that splits no dimension it slices. Every tile is
@@ -79,7 +80,7 @@ __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tup
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
 SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm",
-                           "cat", "softmax", "pad"})
+                           "cat", "softmax", "pad", "norm"})
 CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
                            "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad"})
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
@@ -205,6 +206,8 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return _adaptive_refusal(layer, layout)
     if kind == "pad":
         return _pad_refusal(layer, layout)
+    if kind == "norm":
+        return _norm_refusal(layer)
     if kind == "softmax" and attrs.get("dim") not in (1, -3):
         return "softmax across tiles must be over the channels (dim=1)"
     if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
@@ -363,6 +366,17 @@ def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
                                                                                          extent_out)) is not None:
             return (f"a {parts}-way split of {extent_in} {name} is too fine for a window of adaptive pooling to "
                     f"{extent_out} {name}: a tile would read beyond its neighbours")
+    return None
+
+
+def _norm_refusal(layer: Mapping[str, Any]) -> str | None:
+    """Group-norm and instance-norm modules of ``(N, C, H, W)`` tensors split by height and width: their statistics
+    per sample and group are summed over the tiles (``runtime.norm.group_norm``)."""
+    attrs = layer.get("attrs", {})
+    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d") or attrs.get("function_form"):
+        return f"{attrs.get('norm', 'this norm')} cannot be split by height or width yet (GroupNorm and InstanceNorm2d can)"
+    if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) != 4:
+        return "an instance-norm tracking running statistics, or of other than (N, C, H, W), cannot be split by space"
     return None
 
 

@@ -19,7 +19,8 @@ Assumptions (beyond those of the modules used):
       data parallelism computes them): one allreduce of ``2·C`` float64 sums
       forward and one backward. Synchronised batch-norm (over the whole batch,
       ``parplan run --sync-batchnorm``) is not priced: it adds the same two
-      allreduces over the ``n·h·w`` ranks.
+      allreduces over the ``n·h·w`` ranks. Group-norm and instance-norm split
+      by space do the same with ``2·N·G`` sums (per sample and group).
     * A filter (``c``) split of a convolution or linear layer needs the full
       input on every rank (an edge redistribution provides it) and sums the
       partial input gradients over the ``c`` group: one allreduce of the local
@@ -169,9 +170,11 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
-    if layer["kind"] != "batchnorm" or layout.spatial == 1:
+    if layer["kind"] not in ("batchnorm", "norm") or layout.spatial == 1:
         return 0.0
-    stats_bytes = 2 * problem.output_shape[1] * 8  # Σx and Σx² per channel in float64 (runtime.norm)
+    shape, attrs = problem.output_shape, layer.get("attrs", {})
+    sums = shape[1] if layer["kind"] == "batchnorm" else shape[0] * attrs.get("num_groups", shape[1])
+    stats_bytes = 2 * sums * 8  # Σx and Σx² per channel (per sample and group: group-norm) in float64 (runtime.norm)
     return 2 * allreduce_s(profile, cluster, list(range(layout.spatial)), stats_bytes)
 
 

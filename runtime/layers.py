@@ -12,6 +12,8 @@ and :data:`HANDLERS` computes the layer's output box:
 * convolution, transposed convolution and linear layers split by ``c`` hold a
   slice of the filters and read every input channel (``Placement(L, "c")``);
   the adjoint of that redistribution sums the input gradients over the slices;
+* group-norm and instance-norm modules sum their statistics per sample and
+  group over the tiles of the same samples (``runtime.norm.group_norm``);
 * batch-norm sums its statistics over the tiles of the same samples and
   channels (``runtime.norm``) — over the whole batch when synchronised; as a
   module, or called as ``F.batch_norm`` with whole statistics, weight and bias
@@ -179,6 +181,18 @@ def _tiled_batch_norm(site: Site, x: torch.Tensor, running_mean: torch.Tensor | 
                            count)
 
 
+def _norm(site: Site, fetch: Fetch) -> torch.Tensor | None:
+    """Group-norm and instance-norm modules over spatial tiles: statistics per sample and group over the tiles."""
+    x = fetch(0, input_placement(site))
+    if site.module is None or not site.spatial_split:
+        return None
+    module, shape = site.module, site.layer["input_shapes"][0]
+    groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(shape[1])  # instance: a channel each
+    count = int(shape[1]) // groups * math.prod(shape[2:])
+    return norm.group_norm(x, groups, module.weight, module.bias, module.eps, site.groups.get(site.block("spatial")),
+                           count)
+
+
 def _statistics_group(site: Site) -> tuple[int, ...]:
     return site.block("samples" if site.sync_batchnorm else "spatial")
 
@@ -252,7 +266,7 @@ def _channel_index(site: Site) -> int:
 
 
 HANDLERS: dict[str, Callable[[Site, Fetch], torch.Tensor | None]] = {
-    "conv": _conv, "conv_transpose": _conv_transpose, "linear": _linear, "batchnorm": _batchnorm,
+    "conv": _conv, "conv_transpose": _conv_transpose, "linear": _linear, "batchnorm": _batchnorm, "norm": _norm,
     "maxpool": _pool, "avgpool": _pool, "adaptive_avgpool": _adaptive_avgpool, "upsample": _upsample, "pad": _pad,
 }
 """Kinds with a distributed form. A handler returns ``None`` when the layer needs none here (unsplit in the

@@ -1,4 +1,5 @@
-"""Batch-norm over a tensor split by space (and, if asked, by sample): statistics summed over the group.
+"""Batch-norm over a tensor split by space (and, if asked, by sample): statistics summed over the group;
+group-norm (and instance-norm) over a tensor split by space: statistics per sample and group, summed over the tiles.
 
 Each rank holds a tile ``(N_local, C, H_tile, W_tile)`` (or ``(N_local, C)``, ``(N_local, C, L)``).
 The per-channel mean and variance of the unsplit layer are sums over every
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 
 from runtime.failures import exchange, in_backward, place
 
-__all__ = ["batch_norm"]
+__all__ = ["batch_norm", "group_norm"]
 
 
 def batch_norm(tile: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
@@ -90,6 +91,54 @@ class _BatchNorm(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
 
 
+def group_norm(tile: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float, group: Any, count: int) -> torch.Tensor:
+    """This tile of ``F.group_norm(x, num_groups, weight, bias, eps)`` of the tensor the tiles of ``group`` (the
+    ranks holding the other tiles of the same samples) make up; ``count``: values per (sample, group) in it.
+
+    Each (sample, group) is normalised by the mean and variance of its channels at every position of every
+    tile: the tiles' ``Σx`` and ``Σx²`` per (sample, group), in float64, are added in one allreduce; backward
+    adds ``Σ g·γ`` and ``Σ g·γ·x̂`` the same way (batch-norm's closed form, per sample and group). Instance-norm
+    is the case of one channel a group. The weight and bias gradients returned are this tile's shares.
+    """
+    channels = tile.shape[1]
+    weight = weight if weight is not None else tile.new_ones(channels)
+    bias = bias if bias is not None else tile.new_zeros(channels)
+    return _GroupNorm.apply(tile, weight, bias, num_groups, eps, group, count)
+
+
+_GROUP_NORM = "the group-norm statistics allreduce"
+
+
+class _GroupNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int,
+                eps: float, group: Any, count: int) -> torch.Tensor:
+        wide = _accumulator(tile)
+        x = tile.to(wide).reshape(tile.shape[0], num_groups, -1)
+        sums = _summed(torch.stack([x.sum(dim=2), (x * x).sum(dim=2)]), group, what=_GROUP_NORM)
+        mean = sums[0] / count
+        var = (sums[1] / count - mean * mean).clamp(min=0)
+        inv_std = torch.rsqrt(var + eps)
+        normalised = ((x - mean[..., None]) * inv_std[..., None]).to(tile.dtype).reshape(tile.shape)
+        ctx.save_for_backward(normalised, weight, inv_std.to(tile.dtype))
+        ctx.num_groups, ctx.group, ctx.count, ctx.where = num_groups, group, count, place()
+        return normalised * _channel(weight, tile) + _channel(bias, tile)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        normalised, weight, inv_std = ctx.saved_tensors
+        wide, dims = _accumulator(grad), _reduced(grad)
+        grad_bias, grad_weight = grad.sum(dim=dims, dtype=wide), (grad * normalised).sum(dim=dims, dtype=wide)
+        scaled = (grad * _channel(weight, grad)).to(wide).reshape(grad.shape[0], ctx.num_groups, -1)
+        flat = normalised.to(wide).reshape(scaled.shape)
+        sums = _summed(torch.stack([scaled.sum(dim=2), (scaled * flat).sum(dim=2)]), ctx.group,
+                       in_backward(ctx.where), _GROUP_NORM) / ctx.count
+        grad_input = (scaled - sums[0][..., None] - flat * sums[1][..., None]) * inv_std.to(wide)[..., None]
+        return (grad_input.to(grad.dtype).reshape(grad.shape), grad_weight.to(grad.dtype), grad_bias.to(grad.dtype),
+                None, None, None, None)
+
+
 def _accumulator(like: torch.Tensor) -> torch.dtype:
     """The dtype sums are accumulated in: float64 for floating types below it, as PyTorch's CPU kernels do."""
     return torch.float64 if like.is_floating_point() and like.dtype != torch.float64 else like.dtype
@@ -105,10 +154,11 @@ def _channel(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(1, -1, *([1] * (like.dim() - 2)))
 
 
-def _summed(tensor: torch.Tensor, group: Any, where: tuple[str, ...] | None = None) -> torch.Tensor:
+def _summed(tensor: torch.Tensor, group: Any, where: tuple[str, ...] | None = None,
+            what: str = "the batch-norm statistics allreduce") -> torch.Tensor:
     if not (dist.is_available() and dist.is_initialized()):
         return tensor  # one process: the tile is the whole tensor
     summed = tensor.contiguous().clone()
-    with exchange("the batch-norm statistics allreduce", where=where):
+    with exchange(what, where=where):
         dist.all_reduce(summed, group=group)
     return summed

@@ -8,7 +8,9 @@ sample), each in a tiny model, each split equal to the unsplit model in float64 
   to the feature map's size — an input with fewer rows than tiles, read whole;
 * convmixer's ``Conv2d(padding="same")`` with odd kernels: the explicit padding PyTorch applies;
 * hgnetv2's ``F.pad(x, (0, 1, 0, 1))``, timm's ``MaxPool2dSame`` (a ``-inf`` padding computed from the input's
-  shape) and MONAI HighResNet's padding of the channels: constant padding splits by height and width.
+  shape) and MONAI HighResNet's padding of the channels: constant padding splits by height and width;
+* MONAI's UNets and SegResNet: group-norm and instance-norm over spatial tiles (statistics per sample and group
+  summed over the tiles).
 """
 
 from __future__ import annotations
@@ -92,7 +94,23 @@ class Paddings(nn.Module):
         return self.after(x).mean(dim=(2, 3))
 
 
-MODELS = {"aux": AuxHead, "pooled": PooledBranch, "paddings": Paddings}
+class Norms(nn.Module):
+    """MONAI's UNets and SegResNet, diffusion UNets: group-norm and instance-norm (with and without affine)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2, self.conv3 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 6, 3, padding=1), \
+            nn.Conv2d(6, 5, 3, stride=2, padding=1)
+        self.group = nn.GroupNorm(2, 4)
+        self.instance, self.plain = nn.InstanceNorm2d(6, affine=True), nn.InstanceNorm2d(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.silu(self.group(self.conv1(x)))
+        x = torch.relu(self.instance(self.conv2(x)))
+        return self.plain(self.conv3(x)).amax(dim=(2, 3))
+
+
+MODELS = {"aux": AuxHead, "pooled": PooledBranch, "paddings": Paddings, "norms": Norms}
 
 
 def _model(name: str) -> nn.Module:
@@ -116,7 +134,8 @@ def test_these_layers_take_height_and_width_splits_in_the_capability_predicate()
 
     graphs = {name: trace(_model(name), SHAPE, torch.float64) for name in MODELS}
     for name, layer in (("aux", "adaptive_avg_pool2d"), ("pooled", "interpolate"), ("paddings", "pad"),
-                        ("paddings", "pad_1"), ("paddings", "pad_2"), ("paddings", "same")):
+                        ("paddings", "pad_1"), ("paddings", "pad_2"), ("paddings", "same"), ("norms", "group"),
+                        ("norms", "instance"), ("norms", "plain")):
         for layout in ("h2", "w2", "h2·w2"):
             assert layer_refusal(graphs[name].nodes[layer], Layout.parse(layout)) is None, (name, layer, layout)
     assert graphs["paddings"].nodes["pad_1"]["attrs"]["pad"] == [1, 1, 1, 1]  # computed from 9×9 when traced
@@ -164,6 +183,7 @@ def test_the_third_zoo_patterns_equal_the_unsplit_model_on_two_ranks() -> None:
         assert results[f"pooled {layout}"]["interpolate"] == layout
         assert [results[f"paddings {layout}"][name] for name in ("same", "dilated", "pad", "pad_1", "pad_2")] == \
             [layout] * 5
+        assert [results[f"norms {layout}"][name] for name in ("group", "instance", "plain")] == [layout] * 3
 
 
 @pytest.mark.multirank
