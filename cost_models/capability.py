@@ -362,8 +362,10 @@ def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """Adaptive average pooling's output tiles read their windows' rows; no tile may read past its neighbours'."""
     (_, _, *extents_in), (_, _, *extents_out) = layer["input_shapes"][0], layer["output_shape"]
     for extent_in, extent_out, parts, name in zip(extents_in, extents_out, (layout.h, layout.w), ("rows", "columns")):
-        if parts > 1 and reads_beyond_neighbours(extent_in, extent_out, parts, partial(adaptive_reads, extent_in,
-                                                                                         extent_out)) is not None:
+        if parts == 1 or extent_in < parts:  # an input shorter than the tiles is read whole
+            continue
+        if reads_beyond_neighbours(extent_in, extent_out, parts,
+                                   partial(adaptive_reads, extent_in, extent_out)) is not None:
             return (f"a {parts}-way split of {extent_in} {name} is too fine for a window of adaptive pooling to "
                     f"{extent_out} {name}: a tile would read beyond its neighbours")
     return None

@@ -68,7 +68,9 @@ def test_functional_forms_are_read_as_their_modules() -> None:
     assert graph.nodes["pad"]["kind"] == "pad" and graph.nodes["pad"]["attrs"]["pad"] == [1, 1, 1, 1]
     assert layer_refusal(graph.nodes["avg_pool2d"], Layout(h=2)) is None
     assert "function call" in layer_refusal(graph.nodes["conv2d"], Layout(h=2))
-    assert "cannot be split by height" in layer_refusal(graph.nodes["pad"], Layout(h=2))
+    assert layer_refusal(graph.nodes["pad"], Layout(h=2)) is None  # constant padding splits across tiles
+    reflect = {**graph.nodes["pad"], "attrs": {**graph.nodes["pad"]["attrs"], "mode": "reflect"}}
+    assert "reflect padding cannot be split across tiles" in (layer_refusal(reflect, Layout(h=2)) or "")
     pool = graph.nodes["avg_pool2d"]
     excluding = {**pool, "attrs": {**pool["attrs"], "padding": 1, "count_include_pad": False}}
     assert layer_refusal(excluding, Layout(h=2)) is None  # the divisor from a mask of the tile (runtime.spatial)
@@ -112,7 +114,8 @@ def test_refusals_say_whether_the_layer_itself_cannot_be_split() -> None:
     assert not inherent(layer_refusal(graph.nodes["norm"], Layout(n=2)))
     _, functional = _graph("functional")
     assert not inherent(layer_refusal(functional.nodes["conv2d"], Layout(h=2)))  # a form not implemented yet
-    assert not inherent(layer_refusal(functional.nodes["pad"], Layout(h=2)))
+    reflect = {**functional.nodes["pad"], "attrs": {**functional.nodes["pad"]["attrs"], "mode": "reflect"}}
+    assert not inherent(layer_refusal(reflect, Layout(h=2)))  # a form not implemented yet
 
 
 class _Stacked(nn.Module):
@@ -137,7 +140,8 @@ def test_a_layer_that_moves_the_split_samples_or_pads_split_channels_is_refused(
     assert layer_refusal(graph.nodes[getitem], Layout()) is None
     assert layer_refusal(graph.nodes["pad"], Layout(c=2)) is None
     assert "split channel dimension" in layer_refusal(graph.nodes["pad_1"], Layout(c=2))
-    assert "computed from tensor shapes" in layer_refusal(graph.nodes["pad_2"], Layout(c=2))
+    assert graph.nodes["pad_2"]["attrs"]["pad"] == [0, 1]  # computed from a shape: recorded when traced
+    assert layer_refusal(graph.nodes["pad_2"], Layout(c=2)) is None  # it pads the width only
     assert not inherent(layer_refusal(graph.nodes[getitem], Layout(n=2)))  # a runtime could track the box
 
 
@@ -287,6 +291,8 @@ def test_a_tuple_of_logits_has_no_height_to_split_and_adaptive_pooling_splits_by
             "attrs": {"output_size": [4, 4]}}
     assert layer_refusal(pool, Layout(h=2)) is None and layer_refusal(pool, Layout(h=2, w=2)) is None
     assert layer_refusal({**pool, "output_shape": [4, 8, 3, 3], "input_shapes": [[4, 8, 13, 7]]}, Layout(h=2)) is None
+    alexnet = {**pool, "output_shape": [4, 8, 6, 6], "input_shapes": [[4, 8, 1, 1]]}  # 1×1 read whole by each tile
+    assert layer_refusal(alexnet, Layout(h=2)) is None and layer_refusal(alexnet, Layout(h=2, w=2)) is None
     one_row = layer_refusal({**pool, "output_shape": [4, 8, 1, 1], "input_shapes": [[4, 8, 7, 7]]}, Layout(h=2))
     assert one_row and inherent(one_row)  # a global pool: its input's tiles are summed (runtime.spatial)
     assert inherent(layer_refusal(outputs, Layout(w=2)) or "")

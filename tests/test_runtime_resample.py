@@ -24,6 +24,7 @@ CASES = (  # (operation, kwargs)
     ("bilinear", {"scale": 4, "rows": 1}),  # fewer input rows than tiles: read whole (deeplabv3's pooled branch)
     ("nearest", {"scale": 2, "rows": 3}),  # 3 rows: whole under 4 tiles, halos under 2
     ("adaptive", {"size": (4, 3), "rows": 1}),
+    ("adaptive", {"size": (6, 6), "rows": 1}),  # alexnet at 64: its 1×1 map pooled to 6×6
 )
 
 
