@@ -190,3 +190,22 @@ def assert_split_matches(split: Any, reference: Any, out: Any, expected: Any, co
             full = full.narrow(sliced[parameter].dim, sliced[parameter].start,
                                sliced[parameter].stop - sliced[parameter].start)
         torch.testing.assert_close(param.grad, full, msg=lambda m: f"{context} grad of {parameter}: {m}")
+
+
+def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: Sequence[int], context: str) -> None:
+    """One step of the model ``build()`` makes, under ``plan`` (batch-norm synchronised) and unsplit, on one float64
+    batch of ``shape`` (5 classes): the outputs and every gradient equal (the loss of every floating output)."""
+    import torch
+
+    from runtime.apply import apply_plan, output_loss
+
+    split, reference = apply_plan(build(), plan, graph=graph, sync_batchnorm=True), build()
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(tuple(shape), dtype=torch.float64, generator=generator)
+    target = torch.randint(0, 5, (shape[0],), generator=generator)
+    out = split(split.shard(x))
+    split.loss(out, target[split.target_box(tuple(target.shape))]).backward()
+    expected = reference(x)
+    output_loss(expected, target).backward()
+    first = (lambda value: value[0] if isinstance(value, tuple) else value)  # noqa: E731 - (logits, aux): the logits
+    assert_split_matches(split, reference, first(out), first(expected), context)

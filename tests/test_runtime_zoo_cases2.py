@@ -35,7 +35,7 @@ from torch import nn
 from cost_models.errors import PlanError
 from cost_models.layout import Layout
 from distributed import run_ranks
-from runtime_check import assert_split_matches
+from runtime_check import split_step_matches
 
 SHAPE = (4, 3, 8, 8)
 
@@ -279,26 +279,10 @@ def test_calls_of_one_module_under_different_channel_splits_are_refused_before_a
 # --- several ranks ----------------------------------------------------------------------------------------
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(3)
-    return (torch.randn(SHAPE, dtype=torch.float64, generator=generator),
-            torch.randint(0, 5, (SHAPE[0],), generator=generator))
-
-
 def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict[str, str]:
     """One step of ``name`` under ``layouts`` (batch-norm synchronised) against the unsplit model, exactly."""
-    from runtime.apply import apply_plan
-
     plan, graph = _plan(name, world, layouts)
-    split = apply_plan(_model(name), plan, graph=graph, sync_batchnorm=True)
-    reference = _model(name)
-    x, target = _batch()
-    out = split(split.shard(x))
-    split.loss(out, target[split.target_box(tuple(target.shape))]).backward()
-    expected = reference(x)
-    F.cross_entropy(expected, target).backward()
-    context = f"{name} under {layouts}"
-    assert_split_matches(split, reference, out, expected, context)
+    split_step_matches(lambda: _model(name), plan, graph, SHAPE, f"{name} under {layouts}")
     return {layer: str(assignment.layout) for layer, assignment in plan.layers.items()}
 
 

@@ -26,7 +26,7 @@ from torch import nn
 from cost_models.capability import inherent, layer_refusal
 from cost_models.layout import Layout
 from distributed import run_ranks
-from runtime_check import assert_split_matches
+from runtime_check import split_step_matches
 
 SHAPE = (4, 3, 8, 8)
 
@@ -147,26 +147,10 @@ def test_these_layers_take_height_and_width_splits_in_the_capability_predicate()
 # --- several ranks ----------------------------------------------------------------------------------------
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(3)
-    return (torch.randn(SHAPE, dtype=torch.float64, generator=generator),
-            torch.randint(0, 5, (SHAPE[0],), generator=generator))
-
-
 def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict[str, str]:
-    """One step of ``name`` under ``layouts`` against the unsplit model, exactly (every floating output's loss)."""
-    from runtime.apply import apply_plan, output_loss
-
+    """One step of ``name`` under ``layouts`` (batch-norm synchronised) against the unsplit model, exactly."""
     plan, graph = _plan(name, world, layouts)
-    split = apply_plan(_model(name), plan, graph=graph, sync_batchnorm=True)
-    reference = _model(name)
-    x, target = _batch()
-    out = split(split.shard(x))
-    split.loss(out, target[split.target_box(tuple(target.shape))]).backward()
-    expected = reference(x)
-    output_loss(expected, target).backward()
-    first = (lambda value: value[0] if isinstance(value, tuple) else value)
-    assert_split_matches(split, reference, first(out), first(expected), f"{name} under {layouts}")
+    split_step_matches(lambda: _model(name), plan, graph, SHAPE, f"{name} under {layouts}")
     return {layer: str(assignment.layout) for layer, assignment in plan.layers.items()}
 
 
