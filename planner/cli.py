@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = f"parplan {args.command}"
     try:
+        _check_input_shapes(args)
         return args.handler(args)
     except InputError as err:
         if args.debug:
@@ -46,6 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"{command}: {_failure(err)}", file=sys.stderr)
         return _stop_mpi_job(1)
+
+
+def _check_input_shapes(args: argparse.Namespace) -> None:
+    """Refuse malformed ``--input-shape`` values, or inputs of different batches, before a command does any work."""
+    if getattr(args, "input_shape", None) is not None:
+        from cost_models.graph import parse_input_shapes
+
+        parse_input_shapes(args.input_shape)
 
 
 def _failure(err: Exception) -> str:
@@ -460,10 +469,10 @@ def _profile_warnings(profile: Any) -> list[str]:
 
 
 def _trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
-    """Parse the shape first (cheap), then load and trace the model; also returns the seconds each took."""
-    from cost_models.graph import parse_input_shape
+    """Parse the shapes first (cheap), then load and trace the model; also returns the seconds each took."""
+    from cost_models.graph import parse_input_shapes
 
-    shape = parse_input_shape(args.input_shape)
+    shape = parse_input_shapes(args.input_shape)
     started = time.perf_counter()
     import torch
 

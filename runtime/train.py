@@ -73,6 +73,14 @@ class RunOptions:
     graph: Any = field(default=None, repr=False)
     """The model's LayerGraph at ``input_shape``, traced by the command; ranks then skip tracing with fake
     tensors (and importing torch._dynamo: seconds per process). ``None``: each rank traces."""
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+    """Every model input's shape in the forward's argument order (the first is ``input_shape``); empty: the one
+    ``input_shape``."""
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Every model input's global shape, in argument order."""
+        return tuple(tuple(shape) for shape in self.input_shapes) or (tuple(self.input_shape),)
 
     @property
     def timeout(self) -> timedelta:
@@ -267,7 +275,8 @@ def measurement_document(options: RunOptions, plan: Any, per_step: list[float], 
     return {
         "format": "parplan.measurement/1",
         "model": {"spec": options.model, "input_shape": list(options.input_shape), "dtype": options.dtype,
-                  "fingerprint": plan.fingerprint},
+                  "fingerprint": plan.fingerprint,
+                  **({"input_shapes": [list(s) for s in options.shapes]} if len(options.shapes) > 1 else {})},
         "plan": {"summary": plan.summary(), "devices": plan.cluster.devices},
         "nproc": dist.get_world_size(), "backend": dist.get_backend(), "launcher": options.launcher,
         "steps": options.steps, "warmup": options.warmup,

@@ -8,15 +8,21 @@ the first convolution's feature map.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_SHAPE, build_model
-from cost_models.errors import InputError
+from conftest import REPO, SMALL_SHAPE, build_model
+from cost_models.cluster import Cluster, Link
+from cost_models.errors import InputError, PlanError
 from cost_models.graph import LayerGraph, compute_fingerprint, parse_input_shapes, trace
+from cost_models.layout import Layout
+from cost_models.plan import Plan, load_plan, save_plan
+from cost_models.uniform import uniform_plan
 from examples.conditioned_cnn import conditioned_cnn
 
 SHAPES = ((4, 3, 16, 16), (4, 8))
+CLUSTER = Cluster(devices=2, devices_per_node=2, memory_bytes=2**34, intra=Link(1e-6, 1e9), inter=Link(1e-6, 1e9))
 
 
 def build_model_with_condition(size: int):  # noqa: ANN201 - an nn.Module
@@ -75,3 +81,79 @@ def test_shapes_must_fit_the_forward() -> None:
         trace(conditioned_cnn(), SHAPES[0])
     with pytest.raises(InputError, match="takes 2 tensor argument"):
         trace(conditioned_cnn(), (*SHAPES, (4, 2)))
+
+
+MODEL = "examples/conditioned_cnn.py:conditioned_cnn"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from planner.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("command", [
+    ["inspect"], ["plan", "--profile", "v100", "--devices", "2", "--out", "unwritten.json"],
+    ["estimate", "--plan", "missing.json", "--profile", "v100"], ["run", "--layout", "n2", "--nproc", "2"],
+    ["whatif", "--profile", "v100", "--devices", "1,2"], ["check"], ["validate", "--profile", "v100", "--nproc", "2"],
+    ["calibrate", "--out", "unwritten.json"],
+])
+def test_a_batch_mismatch_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], command: list[str],
+                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, *command, "--model", f"{REPO}/{MODEL}", "--input-shape", "4,3,16,16",
+                             "--input-shape", "2,8")
+    assert code == 2 and out == "", (code, out, err)
+    assert err.count("\n") == 1 and "2,8" in err and "4,3,16,16" in err and "batch" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_inspect_json_shows_every_input_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "inspect", "--model", f"{REPO}/{MODEL}", "--input-shape", "4,3,16,16",
+                             "--input-shape", "4,8", "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["input_shape"] == [4, 3, 16, 16] and document["input_shapes"] == [[4, 3, 16, 16], [4, 8]]
+    assert [layer["name"] for layer in document["layers"] if layer["kind"] == "input"] == ["x", "cond"]
+
+
+def test_plan_file_records_every_input_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_file = tmp_path / "plan.json"
+    code, _, err = run_cli(capsys, "plan", "--model", f"{REPO}/{MODEL}", "--input-shape", "4,3,16,16",
+                           "--input-shape", "4,8", "--profile", "v100", "--devices", "2", "--max-stages", "1",
+                           "--out", str(out_file), "--json")
+    assert code == 0, err
+    graph = trace(conditioned_cnn(), SHAPES)
+    plan = load_plan(out_file, expected_fingerprint=graph.fingerprint)
+    assert plan.input_shapes == plan.shapes == SHAPES
+    assert json.loads(out_file.read_text())["model"]["input_shapes"] == [[4, 3, 16, 16], [4, 8]]
+    with pytest.raises(PlanError, match=r"input 4,3,16,16 and 4,8\)"):
+        load_plan(out_file, expected_fingerprint=trace(build_model_with_condition(5), ((4, 3, 16, 16), (4, 5))).fingerprint)
+
+
+def test_plan_round_trip_with_input_shapes_and_single_input_plans_unchanged(tmp_path: Path) -> None:
+    graph = trace(conditioned_cnn(), SHAPES)
+    plan = uniform_plan(graph, CLUSTER, [Layout(n=2), Layout()])
+    assert plan.input_shapes == SHAPES
+    save_plan(plan, tmp_path / "two.json")
+    assert load_plan(tmp_path / "two.json", expected_fingerprint=graph.fingerprint) == plan
+    single = uniform_plan(trace(build_model("resnet18"), SMALL_SHAPE), CLUSTER, [Layout(n=2), Layout()])
+    assert single.input_shapes == () and single.shapes == (SMALL_SHAPE,)
+    assert "input_shapes" not in single.to_dict()["model"]
+    assert Plan.from_dict(json.loads(json.dumps(single.to_dict()))) == single
+
+
+@pytest.mark.parametrize(("shapes", "words"), [
+    ([[4, 3, 16, 16]], r"input_shapes: \[\[4, 3, 16, 16\]\] is too short"),
+    ([[4, 3, 16, 8], [4, 8]], "the first equal to input_shape"),
+    ([[4, 3, 16, 16], [2, 8]], "another batch"),
+])
+def test_inconsistent_input_shapes_in_a_plan_file_are_refused(tmp_path: Path, shapes: list[list[int]],
+                                                              words: str) -> None:
+    document = uniform_plan(trace(conditioned_cnn(), SHAPES), CLUSTER, [Layout(n=2), Layout()]).to_dict()
+    document["model"]["input_shapes"] = shapes
+    (tmp_path / "plan.json").write_text(json.dumps(document))
+    with pytest.raises(PlanError, match=words):
+        load_plan(tmp_path / "plan.json")
