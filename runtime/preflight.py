@@ -58,7 +58,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Seque
         PlanError: Naming up to three such layers, their layouts and why; a pipeline the runtime cannot run;
             or pipeline stages that are not contiguous in the traced program.
     """
-    nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
+    nodes = list(symbolic_trace(model, tuple(leaf_modules), inputs=len(graph.input_shapes)).graph.nodes)
     held = held_plan(plan, nodes, graph)
     refused = list(dict.fromkeys([*plan_refusals(held, graph, sync_batchnorm=sync_batchnorm),
                                   *(plan_refusals(held, graph, sync_batchnorm=True) if verify else ())]))

@@ -157,3 +157,38 @@ def test_inconsistent_input_shapes_in_a_plan_file_are_refused(tmp_path: Path, sh
     (tmp_path / "plan.json").write_text(json.dumps(document))
     with pytest.raises(PlanError, match=words):
         load_plan(tmp_path / "plan.json")
+
+
+def test_an_unsplit_plan_on_one_process_takes_every_input_and_is_the_model_itself() -> None:
+    import copy
+
+    import torch
+
+    from runtime.apply import apply_plan
+
+    model = conditioned_cnn().double()
+    graph = trace(model, SHAPES, torch.float64)
+    reference = copy.deepcopy(model)
+    one = Cluster(devices=1, devices_per_node=1, memory_bytes=2**34, intra=Link(1e-6, 1e9), inter=Link(1e-6, 1e9))
+    split = apply_plan(model, uniform_plan(graph, one, [Layout()]), graph=graph)
+    generator = torch.Generator().manual_seed(3)
+    x, cond = (torch.randn(shape, dtype=torch.float64, generator=generator) for shape in SHAPES)
+    assert split.input_boxes() == (tuple(slice(0, e) for e in SHAPES[0]), tuple(slice(0, e) for e in SHAPES[1]))
+    assert split.input_box() == split.input_boxes()[0]
+    assert torch.equal(split(*split.shard_inputs((x, cond))), reference(x, cond))
+    with pytest.raises(PlanError, match=r"takes 2 input\(s\) \(x, cond\).*given 1"):
+        split(x)
+
+
+def test_synthetic_inputs_differ_and_every_box_is_a_box_of_the_whole() -> None:
+    import torch
+
+    from runtime.data import synthetic_input, synthetic_inputs
+
+    whole = synthetic_inputs(SHAPES, [[slice(None)] * len(shape) for shape in SHAPES], seed=5, dtype=torch.float64)
+    assert torch.equal(whole[0], synthetic_input(SHAPES[0], [slice(None)] * 4, seed=5, dtype=torch.float64))
+    same_seed = synthetic_input(SHAPES[1], [slice(None)] * 2, seed=5, dtype=torch.float64)
+    assert not torch.allclose(whole[1], same_seed)  # not the numbers of the first input's seed
+    boxes = ((slice(2, 4), slice(0, 3), slice(0, 8), slice(0, 16)), (slice(2, 4), slice(0, 8)))
+    parts = synthetic_inputs(SHAPES, boxes, seed=5, dtype=torch.float64)
+    assert all(torch.equal(part, full[box]) for part, full, box in zip(parts, whole, boxes))
