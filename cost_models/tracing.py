@@ -83,8 +83,10 @@ def build_layer_graph(
 
 
 def _check_arguments(traced: GraphModule, input_shapes: tuple[tuple[int, ...], ...]) -> None:
-    """Refuse more input shapes than the forward has tensor arguments, or a required argument left without one."""
-    placeholders = [node for node in traced.graph.nodes if node.op == "placeholder"]
+    """Refuse more input shapes than the forward has named arguments, or a required argument left without one
+    (``*args`` and ``**kwargs`` take no input shape: they are traced empty)."""
+    placeholders = [node for node in traced.graph.nodes
+                    if node.op == "placeholder" and not str(node.target).startswith("*")]
     names = ", ".join(str(node.target) for node in placeholders)
     if len(input_shapes) > len(placeholders):
         raise InputError(f"{len(input_shapes)} input shapes were given but the model's forward takes "

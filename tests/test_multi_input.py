@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO, SMALL_SHAPE, build_model
 from cost_models.cluster import Cluster, Link
@@ -162,8 +163,6 @@ def test_inconsistent_input_shapes_in_a_plan_file_are_refused(tmp_path: Path, sh
 def test_an_unsplit_plan_on_one_process_takes_every_input_and_is_the_model_itself() -> None:
     import copy
 
-    import torch
-
     from runtime.apply import apply_plan
 
     model = conditioned_cnn().double()
@@ -181,8 +180,6 @@ def test_an_unsplit_plan_on_one_process_takes_every_input_and_is_the_model_itsel
 
 
 def test_synthetic_inputs_differ_and_every_box_is_a_box_of_the_whole() -> None:
-    import torch
-
     from runtime.data import synthetic_input, synthetic_inputs
 
     whole = synthetic_inputs(SHAPES, [[slice(None)] * len(shape) for shape in SHAPES], seed=5, dtype=torch.float64)
@@ -192,3 +189,28 @@ def test_synthetic_inputs_differ_and_every_box_is_a_box_of_the_whole() -> None:
     boxes = ((slice(2, 4), slice(0, 3), slice(0, 8), slice(0, 16)), (slice(2, 4), slice(0, 8)))
     parts = synthetic_inputs(SHAPES, boxes, seed=5, dtype=torch.float64)
     assert all(torch.equal(part, full[box]) for part, full, box in zip(parts, whole, boxes))
+
+
+class _OptionalCondition(torch.nn.Module):
+    """``forward(x, t=None)``: the condition is used only when given (a diffusion UNet's timestep)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.lin = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+        h = self.conv(x) * scale
+        if t is not None:
+            h = h + self.lin(t)[:, :, None, None]
+        return h
+
+
+def test_an_optional_argument_is_an_input_when_given_a_shape_and_its_default_otherwise() -> None:
+    from runtime.preflight import check_runnable
+
+    model = _OptionalCondition()
+    alone, both = trace(model, SHAPES[0]), trace(model, SHAPES)
+    assert alone.inputs() == ["x"] and "lin" not in alone.nodes
+    assert both.inputs() == ["x", "t"] and list(both.predecessors("lin")) == ["t"]
+    for graph in (alone, both):  # the runtime's own trace has the same layers as the plan's
+        check_runnable(model, uniform_plan(graph, CLUSTER, [Layout(n=2), Layout()]), graph)
