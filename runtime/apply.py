@@ -163,7 +163,7 @@ class DistributedModel(nn.Module):
         self.sites = _sites(self._nodes, model, held, graph, self.member, ranks, self.groups, sync_batchnorm)
         placements = input_placements(nodes, {name: a.layout for name, a in held.layers.items()}, graph, len(ranks))
         self.input_placements: tuple[Placement, ...] = tuple(placements.values())
-        """Where each model input is loaded, in argument order: the placement its first layer reads (``runtime.inputs``)."""
+        """Where each model input is loaded, in argument order: where its first layer reads it (``runtime.inputs``)."""
         self._inputs = placeholder_inputs(nodes, len(graph.input_shapes))  # placeholder -> the input it is fed
         self._reads_inputs = any(node.op == "placeholder" for node in self._nodes)
         _refuse_unsupported(self.sites.values())
@@ -237,9 +237,9 @@ class DistributedModel(nn.Module):
         shapes = self.layer_graph.input_shapes
         if len(inputs) != len(shapes):
             boxes = [tuple(s.stop - s.start for s in box) for box in self.input_boxes()]
-            raise PlanError(f"the model takes {len(shapes)} input(s) ({', '.join(input_names(self._nodes, len(shapes)))}"
-                            f"), this rank's boxes of them {boxes}, but it was given {len(inputs)}; pass each input's "
-                            f"box (input_boxes()) in argument order")
+            names = ", ".join(input_names(self._nodes, len(shapes)))
+            raise PlanError(f"the model takes {len(shapes)} input(s) ({names}), this rank's boxes of them {boxes}, "
+                            f"but it was given {len(inputs)}; pass each input's box (input_boxes()) in argument order")
 
     def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Any:
         """Wrap this rank's box ``tensor`` of the value ``name`` (under ``placement``) for :meth:`run_nodes`."""

@@ -78,7 +78,8 @@ def input_boxes(placements: Sequence[Placement], shapes: Sequence[Sequence[int]]
 
 def _first_reader_placement(nodes: Sequence[Node], name: str, layouts: Mapping[str, Layout],
                             graph: Any) -> Placement:
-    reader = next((node for node in nodes if node.name in layouts and any(n.name == name for n in node.all_input_nodes)),
+    reader = next((node for node in nodes
+                   if node.name in layouts and any(n.name == name for n in node.all_input_nodes)),
                   None)  # a layer: shape reads of the input come first in some programs
     if reader is None:
         return Placement(Layout())

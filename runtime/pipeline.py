@@ -243,7 +243,8 @@ class PipelineStage:
         ``key``: the key of its random draws (default: as :meth:`run`'s for this run).
         """
         received = {c.name: self._receive(c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
-        stash = _Stash(batch, received, as_inputs(x) if x is not None else (), target, key or self._default_keys()(batch), torch.get_rng_state())
+        inputs = as_inputs(x) if x is not None else ()
+        stash = _Stash(batch, received, inputs, target, key or self._default_keys()(batch), torch.get_rng_state())
         with torch.set_grad_enabled(not self.stale):
             self._compute(stash)
         for crossing in self.cut.sends:

@@ -5,8 +5,9 @@ built with the same seed, traced by the same tracer (the same node names)
 and run under an fx interpreter that draws its random ops with the same keys
 as the split model (``runtime.random_ops``): random layers stay on on both
 sides. It is called with every whole input (a batch's ``x`` is one tensor, or
-a tuple of them for a model taking several, in argument order). Unkeyed random ops that can be switched off are switched off on both
-sides, the others are listed (:func:`random_report`).
+a tuple of them for a model taking several, in argument order). Unkeyed
+random ops that can be switched off are switched off on both sides, the
+others are listed (:func:`random_report`).
 
 Each tensor — every output the split model returns (this rank's box of it)
 and every gradient this rank trains (its slice) — passes when::
@@ -148,7 +149,8 @@ def keep_reference(reuse: Hashable, leaf_modules: Sequence[str], dtype: torch.dt
 
 def _same_batches(known: list[Any], batches: list[Any]) -> bool:
     return len(known) == len(batches) and all(
-        a[2] == b[2] and _same_tensors((*as_inputs(a[0]), a[1]), (*as_inputs(b[0]), b[1])) for a, b in zip(known, batches))
+        a[2] == b[2] and _same_tensors((*as_inputs(a[0]), a[1]), (*as_inputs(b[0]), b[1]))
+        for a, b in zip(known, batches))
 
 
 def _same_tensors(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> bool:

@@ -62,7 +62,8 @@ def test_single_input_graph_hashes_as_before() -> None:
     assert trace(model, [SMALL_SHAPE]).fingerprint == graph.fingerprint
     del graph.graph["input_shapes"]  # a graph as older code wrote it
     assert compute_fingerprint(graph) == graph.fingerprint
-    assert LayerGraph.from_dict({**graph.to_dict()} | {"input_shapes": [list(SMALL_SHAPE)]}).input_shapes == (SMALL_SHAPE,)
+    older = {key: value for key, value in graph.to_dict().items() if key != "input_shapes"}  # no input_shapes
+    assert LayerGraph.from_dict(older).input_shapes == (SMALL_SHAPE,)
 
 
 @pytest.mark.parametrize(("shapes", "words"), [
@@ -131,7 +132,8 @@ def test_plan_file_records_every_input_shape(capsys: pytest.CaptureFixture[str],
     assert plan.input_shapes == plan.shapes == SHAPES
     assert json.loads(out_file.read_text())["model"]["input_shapes"] == [[4, 3, 16, 16], [4, 8]]
     with pytest.raises(PlanError, match=r"input 4,3,16,16 and 4,8\)"):
-        load_plan(out_file, expected_fingerprint=trace(build_model_with_condition(5), ((4, 3, 16, 16), (4, 5))).fingerprint)
+        other = trace(build_model_with_condition(5), ((4, 3, 16, 16), (4, 5)))
+        load_plan(out_file, expected_fingerprint=other.fingerprint)
 
 
 def test_plan_round_trip_with_input_shapes_and_single_input_plans_unchanged(tmp_path: Path) -> None:
