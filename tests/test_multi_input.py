@@ -216,3 +216,13 @@ def test_an_optional_argument_is_an_input_when_given_a_shape_and_its_default_oth
     assert both.inputs() == ["x", "t"] and list(both.predecessors("lin")) == ["t"]
     for graph in (alone, both):  # the runtime's own trace has the same layers as the plan's
         check_runnable(model, uniform_plan(graph, CLUSTER, [Layout(n=2), Layout()]), graph)
+
+
+def test_run_refuses_a_plan_of_other_input_shapes_before_any_rank_starts(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    save_plan(uniform_plan(trace(conditioned_cnn(), SHAPES), CLUSTER, [Layout(n=2), Layout()]), plan)
+    code, out, err = run_cli(capsys, "run", "--model", f"{REPO}/{MODEL}", "--input-shape", "4,3,16,8",
+                             "--input-shape", "4,8", "--plan", str(plan), "--steps", "1")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "at input [4, 3, 16, 8] and [4, 8]" in err and "make a new plan" in err, err
