@@ -182,7 +182,8 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="batch-norm statistics over the whole batch, as the unsplit model (default: per group "
                              "of samples, as data parallelism; not priced by the cost model)")
     parser.add_argument("--data", metavar="module:function",
-                        help="data factory: function(input_box, target_box, step) -> (input, target) of this rank")
+                        help="data factory: function(input_box, target_box, step) -> (input, target) of this rank; "
+                             "with several inputs input_box is a tuple of boxes and input a tuple of tensors")
     parser.add_argument("--threads", type=positive_int, metavar="T",
                         help="CPU threads per rank (default: cores / ranks)")
     parser.add_argument("--per-layer", action="store_true",

@@ -216,7 +216,7 @@ def _batch(options: Any, output_shape: Sequence[int], x_boxes: tuple[tuple[slice
     from runtime.train import factory_batches
 
     if options.data:
-        return factory_batches(options.data, x_boxes, t_box, device)(step)
+        return factory_batches(options.data, x_boxes, t_box, dtype, device)(step)
     seed = options.seed * 1000 + step
     label_shape = (options.input_shape[0], *output_shape[2:])
     return (synthetic_inputs(options.shapes, x_boxes, seed, dtype, device),

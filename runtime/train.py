@@ -186,7 +186,7 @@ def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: to
     if whole:
         input_boxes, label_box = tuple(_everything(shape) for shape in options.shapes), _everything(label_shape)
     if options.data:
-        return factory_batches(options.data, input_boxes, label_box, device)
+        return factory_batches(options.data, input_boxes, label_box, dtype, device)
 
     def synthetic(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         seed = options.seed * 1000 + step
@@ -197,9 +197,10 @@ def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: to
 
 
 def factory_batches(spec: str, input_boxes: tuple[tuple[slice, ...], ...], label_box: tuple[slice, ...],
-                    device: torch.device) -> Batch:
+                    dtype: torch.dtype, device: torch.device) -> Batch:
     """Step → the ``--data`` factory's (inputs, target) for these boxes (``runtime.data``'s contract): one input
-    box and one input tensor for a single-input model, a tuple of each for a model taking several."""
+    box and one input tensor for a single-input model, a tuple of each for a model taking several. Floating
+    inputs are cast to the run's ``dtype``."""
     from cost_models.model_spec import resolve_factory
 
     factory = resolve_factory(spec)
@@ -207,9 +208,13 @@ def factory_batches(spec: str, input_boxes: tuple[tuple[slice, ...], ...], label
 
     def load(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         inputs, target = factory(input_boxes if several else input_boxes[0], label_box, step)
-        return tuple(t.to(device) for t in (inputs if several else (inputs,))), target.to(device)
+        return tuple(_as_input(t, dtype, device) for t in (inputs if several else (inputs,))), target.to(device)
 
     return load
+
+
+def _as_input(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return tensor.to(device=device, dtype=dtype) if tensor.is_floating_point() else tensor.to(device)
 
 
 def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[tuple[torch.Tensor, ...], torch.Tensor],

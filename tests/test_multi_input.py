@@ -226,3 +226,25 @@ def test_run_refuses_a_plan_of_other_input_shapes_before_any_rank_starts(capsys:
                              "--input-shape", "4,8", "--plan", str(plan), "--steps", "1")
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "at input [4, 3, 16, 8] and [4, 8]" in err and "make a new plan" in err, err
+
+
+@pytest.mark.parametrize("data", ["", "examples.pattern_data:conditioned_batch"])
+def test_one_rank_trains_and_verifies_two_inputs(data: str, tmp_path: Path) -> None:
+    """``parplan run``'s worker in this process (a gloo group of one): synthetic data per input, or a factory
+    given a tuple of boxes; ``--verify`` runs the unsplit model on both whole inputs."""
+    import torch.distributed as dist
+
+    from runtime.train import RunOptions, worker
+
+    graph = trace(conditioned_cnn(), SHAPES, "float64")
+    one = Cluster(devices=1, devices_per_node=1, memory_bytes=2**34, intra=Link(1e-6, 1e9), inter=Link(1e-6, 1e9))
+    options = RunOptions(model=f"{REPO}/{MODEL}", input_shape=SHAPES[0], input_shapes=SHAPES,  # type: ignore[arg-type]
+                         dtype="float64", plan=uniform_plan(graph, one, [Layout()]).to_dict(), steps=2, warmup=0,
+                         verify=True, tolerance=1e-9, graph=graph, quiet=True, data=data)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        document = worker(options)
+    finally:
+        dist.destroy_process_group()
+    assert document is not None and document["model"]["input_shapes"] == [list(shape) for shape in SHAPES]
+    assert document["verify"]["passed"] and len(document["loss"]) == 2
