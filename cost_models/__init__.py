@@ -11,7 +11,8 @@ from cost_models.cluster import Cluster, Link
 from cost_models.errors import InputError, PlanError, TraceError
 from cost_models.estimate import Estimate, estimate
 from cost_models.flops import Flops, layer_flops
-from cost_models.graph import LayerGraph, compute_fingerprint, dtype_itemsize, parse_input_shape, trace
+from cost_models.graph import (LayerGraph, compute_fingerprint, dtype_itemsize, parse_input_shape, parse_input_shapes,
+                                trace)
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem, local_problem
 from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo, load_plan, save_plan
@@ -43,6 +44,7 @@ __all__ = [
     "load_profile",
     "local_problem",
     "parse_input_shape",
+    "parse_input_shapes",
     "save_plan",
     "save_profile",
     "trace",

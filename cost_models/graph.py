@@ -1,4 +1,4 @@
-"""The traced model: ``trace(model, input_shape) -> LayerGraph``.
+"""The traced model: ``trace(model, input_shape) -> LayerGraph`` (or ``trace(model, [shape, …])``).
 
 A :class:`LayerGraph` is a ``networkx.DiGraph`` whose nodes are the model's
 layers in execution (topological) order, keyed by their torch.fx node name
@@ -25,7 +25,9 @@ layers in execution (topological) order, keyed by their torch.fx node name
 ==================  ==========================================================
 
 Edges ``(producer, consumer)`` carry ``bytes`` (the tensor passed) and
-``shape``. ``graph.graph`` holds ``input_shape``, ``dtype``, ``outputs`` and
+``shape``. ``graph.graph`` holds ``input_shape`` (the first input's),
+``input_shapes`` (every input's, in the order of the forward's positional
+arguments; one ``kind == "input"`` node each), ``dtype``, ``outputs`` and
 ``fingerprint``: a stable hash of everything above, so a plan made for one
 model and input shape is refused on another.
 
@@ -41,7 +43,7 @@ from typing import Any, Iterable, Sequence
 
 import networkx as nx
 
-__all__ = ["LayerGraph", "compute_fingerprint", "dtype_itemsize", "parse_input_shape", "trace"]
+__all__ = ["LayerGraph", "compute_fingerprint", "dtype_itemsize", "parse_input_shape", "parse_input_shapes", "trace"]
 
 GRAPH_FORMAT = "parplan.graph/1"
 _ITEMSIZE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
@@ -68,8 +70,17 @@ class LayerGraph(nx.DiGraph):
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """The global input shape the model was traced with."""
+        """The global shape of the model's first input (the ``N,C,H,W`` one)."""
         return tuple(self.graph["input_shape"])
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The global shape of every model input, in the order of the forward's positional arguments."""
+        return tuple(tuple(shape) for shape in self.graph.get("input_shapes", [self.graph["input_shape"]]))
+
+    def inputs(self) -> list[str]:
+        """The input nodes' names, in argument order (one per input shape)."""
+        return [name for name, data in self.nodes(data=True) if data["kind"] == "input"]
 
     def totals(self) -> dict[str, int]:
         """Sums over layers: parameters, FLOPs, activation bytes (aliasing outputs excluded)."""
@@ -88,6 +99,7 @@ class LayerGraph(nx.DiGraph):
         return {
             "format": GRAPH_FORMAT,
             **{key: self.graph[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")},
+            "input_shapes": [list(shape) for shape in self.input_shapes],
             "opaque_modules": self.graph.get("opaque_modules", []),
             "held_together": self.graph.get("held_together", []),
             "layers": [{"name": name, **_jsonable(self.nodes[name])} for name in self.nodes],
@@ -100,6 +112,7 @@ class LayerGraph(nx.DiGraph):
         """Inverse of :meth:`to_dict` (shapes come back as lists)."""
         graph = cls()
         graph.graph.update({key: data[key] for key in ("input_shape", "dtype", "outputs", "fingerprint")})
+        graph.graph["input_shapes"] = [list(shape) for shape in data.get("input_shapes", [data["input_shape"]])]
         graph.graph["opaque_modules"] = list(data.get("opaque_modules", []))
         graph.graph["held_together"] = [list(span) for span in data.get("held_together", [])]
         for layer in data["layers"]:
@@ -120,13 +133,17 @@ def dtype_itemsize(dtype: str) -> int:
 
 
 def compute_fingerprint(graph: nx.DiGraph) -> str:
-    """A stable hash of a traced graph: layers, their shapes and attributes, edges, input shape, dtype.
+    """A stable hash of a traced graph: layers, their shapes and attributes, edges, input shape(s), dtype.
 
     Independent of Python's hash seed, the process and the machine; two traces
-    of the same model class at the same input shape and dtype agree.
+    of the same model class at the same input shape and dtype agree. The
+    shapes of a second and later inputs enter only when there are several, so
+    a single-input model hashes as it always has.
     """
+    shapes = [list(shape) for shape in graph.graph.get("input_shapes", [graph.graph["input_shape"]])]
     canonical = {
         "input_shape": list(graph.graph["input_shape"]),
+        **({"input_shapes": shapes} if len(shapes) > 1 else {}),
         "dtype": graph.graph["dtype"],
         "layers": [[name, [_jsonable(graph.nodes[name].get(k)) for k in _FINGERPRINT_NODE_KEYS]] for name in graph.nodes],
         "edges": sorted([u, v] for u, v in graph.edges),
@@ -143,11 +160,7 @@ def parse_input_shape(text: str | Sequence[int]) -> tuple[int, int, int, int]:
     """
     from cost_models.errors import InputError
 
-    parts: Iterable[Any] = text.replace("x", ",").split(",") if isinstance(text, str) else text
-    try:
-        shape = tuple(int(str(p).strip()) for p in parts)
-    except ValueError as err:
-        raise InputError(f"input shape {text!r} is not a list of integers; write it as N,C,H,W, e.g. 8,3,224,224") from err
+    shape = _integers(text, "write it as N,C,H,W, e.g. 8,3,224,224")
     if len(shape) != 4:
         raise InputError(
             f"input shape {text!r} has {len(shape)} dimensions; parplan plans 2-D CNNs and needs N,C,H,W, "
@@ -158,23 +171,82 @@ def parse_input_shape(text: str | Sequence[int]) -> tuple[int, int, int, int]:
     return shape  # type: ignore[return-value]
 
 
-def trace(model: Any, input_shape: Sequence[int], dtype: Any = None, leaf_modules: Iterable[str] = ()) -> LayerGraph:
+def parse_input_shapes(texts: str | Sequence[str | Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """Read the model's input shapes, one per ``forward`` positional argument, in order.
+
+    The first is ``N,C,H,W`` (:func:`parse_input_shape`); later ones are any number (at least one) of
+    positive extents whose first is the batch ``N`` of the first (``4,16`` for a ``(N, D)`` condition).
+
+    Raises:
+        InputError: A shape that is not such a list, or a batch extent other than the first input's
+            (both shapes named).
+    """
+    items = [texts] if isinstance(texts, str) else list(texts)
+    if items and not isinstance(items[0], str) and not isinstance(items[0], Sequence):
+        items = [items]  # one shape given as a sequence of ints
+    if not items:
+        from cost_models.errors import InputError
+
+        raise InputError("no input shape given; give --input-shape N,C,H,W (repeat it for each further input)")
+    first = parse_input_shape(items[0])  # type: ignore[arg-type]
+    shapes: list[tuple[int, ...]] = [first, *(_later_shape(item) for item in items[1:])]
+    for item, shape in zip(items[1:], shapes[1:]):
+        _check_batch(items[0], first, item, shape)
+    return tuple(shapes)
+
+
+def _later_shape(text: str | Sequence[int]) -> tuple[int, ...]:
+    """A second or later input's shape: at least one positive extent."""
+    from cost_models.errors import InputError
+
+    shape = _integers(text, "write it as comma-separated extents, batch first, e.g. 8,16")
+    if not shape or any(extent < 1 for extent in shape):
+        raise InputError(f"input shape {text!r} needs one or more positive extents, the batch first, e.g. 8,16")
+    return shape
+
+
+def _check_batch(first_text: Any, first: Sequence[int], text: Any, shape: Sequence[int]) -> None:
+    from cost_models.errors import InputError
+
+    if shape[0] != first[0]:
+        raise InputError(f"input shape {_shape_text(text)} has batch {shape[0]} but the first input "
+                         f"{_shape_text(first_text)} has batch {first[0]}; every input's first extent is the batch N "
+                         f"of the first, e.g. {','.join(map(str, (first[0], *shape[1:])))}")
+
+
+def _shape_text(value: Any) -> str:
+    return value if isinstance(value, str) else ",".join(str(v) for v in value)
+
+
+def _integers(text: str | Sequence[int], hint: str) -> tuple[int, ...]:
+    from cost_models.errors import InputError
+
+    parts: Iterable[Any] = text.replace("x", ",").split(",") if isinstance(text, str) else text
+    try:
+        return tuple(int(str(p).strip()) for p in parts)
+    except ValueError as err:
+        raise InputError(f"input shape {text!r} is not a list of integers; {hint}") from err
+
+
+def trace(model: Any, input_shape: Sequence[int] | Sequence[Sequence[int]], dtype: Any = None,
+          leaf_modules: Iterable[str] = ()) -> LayerGraph:
     """Trace ``model`` at ``input_shape`` into a :class:`LayerGraph`.
 
     Args:
         model: An ``nn.Module``; traced in training mode (its modes are restored).
-        input_shape: Global input shape ``(N, C, H, W)``.
+        input_shape: Global input shape ``(N, C, H, W)``; or, for a model taking several tensors, a sequence
+            of shapes, one per positional argument of its forward in order (:func:`parse_input_shapes`).
         dtype: Element type of the input and activations, a ``torch.dtype`` or its name (default ``float32``).
         leaf_modules: Qualified names or class names of modules to keep opaque
             (not traced into), for modules torch.fx cannot trace.
 
     Raises:
         TraceError: torch.fx cannot trace a module (named), or the model rejects the input.
-        InputError: The input shape is not four positive integers.
+        InputError: The input shape is not four positive integers, or the shapes do not fit the forward.
     """
     from cost_models.tracing import build_layer_graph
 
-    return build_layer_graph(model, parse_input_shape(input_shape), dtype, tuple(leaf_modules))
+    return build_layer_graph(model, parse_input_shapes(input_shape), dtype, tuple(leaf_modules))
 
 
 def _jsonable(value: Any) -> Any:

@@ -4,7 +4,9 @@ A :class:`Plan` is saved as versioned JSON (``"format": "parplan.plan/1"``),
 validated on load against ``schemas/plan-1.schema.json``, and written
 atomically. It records the fingerprint of the traced model it was made for;
 :func:`load_plan` refuses a plan whose fingerprint differs from the model it is
-applied to, naming both.
+applied to, naming both. A plan for a model taking several tensors also
+records every input's shape (``model.input_shapes``, in argument order); a
+single-input plan is written without it, as it always was.
 
 Consistency rules checked on construction (:meth:`Plan.__post_init__`):
     * ``pipeline.stages`` equals the lengths of ``devices_per_stage`` and
@@ -12,7 +14,9 @@ Consistency rules checked on construction (:meth:`Plan.__post_init__`):
     * the stages use at most the cluster's devices;
     * a ``sync`` schedule has zero staleness everywhere;
     * each layer's ``Layout.ranks`` divides its stage's device count (the
-      remaining factor holds copies computing the same thing).
+      remaining factor holds copies computing the same thing);
+    * ``input_shapes``, when recorded, has several shapes, the first one
+      ``input_shape``, every one of the same batch.
 :func:`check_plan_for_graph` adds the checks that need the model: every layer
 has an assignment, no unknown names, and each layout fits its layer's tensor.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import PlanError
@@ -32,7 +36,7 @@ from cost_models.schema import check_document
 
 __all__ = [
     "PLAN_FORMAT", "LayerAssignment", "Pipeline", "Plan", "Prediction", "SolverInfo",
-    "check_plan_for_graph", "load_plan", "save_plan",
+    "check_plan_for_graph", "load_plan", "recorded_shapes", "save_plan",
 ]
 
 PLAN_FORMAT = "parplan.plan/1"
@@ -100,11 +104,19 @@ class Plan:
     solver: SolverInfo | None = None
     model_spec: str = ""
     created: str = ""
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+    """Every input's shape for a model taking several (:func:`recorded_shapes`); empty: one, ``input_shape``."""
 
     def __post_init__(self) -> None:
         _check_pipeline(self.pipeline, self.cluster)
+        _check_input_shapes(self.input_shape, self.input_shapes)
         for name, assignment in self.layers.items():
             _check_assignment(name, assignment, self.pipeline)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Every model input's global shape, in the forward's argument order."""
+        return self.input_shapes or (tuple(self.input_shape),)
 
     def summary(self) -> str:
         """One line: the distinct layouts by frequency and the pipeline, e.g. ``n4·h2 (52), n8 (3); 1 stage``."""
@@ -119,7 +131,8 @@ class Plan:
         return {
             "format": PLAN_FORMAT,
             "model": {"spec": self.model_spec, "fingerprint": self.fingerprint,
-                      "input_shape": list(self.input_shape), "dtype": self.dtype},
+                      "input_shape": list(self.input_shape), "dtype": self.dtype,
+                      **({"input_shapes": [list(shape) for shape in self.input_shapes]} if self.input_shapes else {})},
             "cluster": self.cluster.to_dict(),
             "layers": [{"name": name, "layout": a.layout.to_dict(), "stage": a.stage} for name, a in self.layers.items()],
             "pipeline": {"schedule": self.pipeline.schedule, "stages": self.pipeline.stages,
@@ -160,6 +173,7 @@ class Plan:
                     solver["name"], solver["status"], solver["seconds"], solver.get("objective"), solver.get("gap")),
                 model_spec=document["model"].get("spec", ""),
                 created=document.get("created", ""),
+                input_shapes=tuple(tuple(shape) for shape in document["model"].get("input_shapes", ())),
             )
         except PlanError as err:
             raise PlanError(f"{source}: {err}") from err
@@ -188,7 +202,8 @@ def load_plan(path: str | os.PathLike[str], expected_fingerprint: str | None = N
     plan = Plan.from_dict(read_json(path, "plan"), source=str(path))
     if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
         raise PlanError(
-            f"plan {path} was made for model fingerprint {plan.fingerprint} (input {_shape(plan.input_shape)}), "
+            f"plan {path} was made for model fingerprint {plan.fingerprint} (input "
+            f"{' and '.join(_shape(shape) for shape in plan.shapes)}), "
             f"but this model traces to {expected_fingerprint}; make a new plan for this model and input shape"
         )
     return plan
@@ -212,6 +227,24 @@ def check_plan_for_graph(plan: Plan, graph: Any) -> None:
         layout, shape = plan.layers[name].layout, graph.nodes[name]["output_shape"]
         if len(shape) == 4 and not isinstance(shape[0], list) and not layout.fits(tuple(shape)):  # not 4 tensors
             raise PlanError(f"layout {layout} of layer '{name}' splits its output {tuple(shape)} into empty parts")
+
+
+def recorded_shapes(shapes: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """What a plan records of a model's input shapes (``Plan.input_shapes``): every one when there are
+    several, none for a single input (whose plan is written as it always was)."""
+    return tuple(tuple(int(e) for e in shape) for shape in shapes) if len(shapes) > 1 else ()
+
+
+def _check_input_shapes(first: Sequence[int], shapes: Sequence[Sequence[int]]) -> None:
+    if not shapes:
+        return
+    if len(shapes) < 2 or tuple(shapes[0]) != tuple(first):
+        raise PlanError(f"input_shapes {[list(s) for s in shapes]} must list two or more shapes, the first equal to "
+                        f"input_shape {list(first)}; write input_shapes only for a model taking several tensors")
+    wrong = [list(shape) for shape in shapes if not shape or shape[0] != first[0]]
+    if wrong:
+        raise PlanError(f"input_shapes {wrong[0]} has another batch than input_shape {list(first)}; every input's "
+                        f"first extent is the batch {first[0]}")
 
 
 def _check_pipeline(pipeline: Pipeline, cluster: Cluster) -> None:

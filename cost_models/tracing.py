@@ -54,16 +54,17 @@ TensorMeta = list[tuple[tuple[int, ...], int]]
 
 
 def build_layer_graph(
-    model: nn.Module, input_shape: tuple[int, ...], dtype: torch.dtype | str | None, leaf_modules: tuple[str, ...]
+    model: nn.Module, input_shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype | str | None,
+    leaf_modules: tuple[str, ...]
 ) -> LayerGraph:
-    """Trace ``model`` and assemble its :class:`LayerGraph` (see ``graph.trace``)."""
+    """Trace ``model`` and assemble its :class:`LayerGraph` (see ``graph.trace``); one shape per model input."""
     if not isinstance(model, nn.Module):
         raise InputError(f"expected a torch.nn.Module to trace, got {type(model).__name__}")
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
     modes = {module: module.training for module in model.modules()}
     model.train()
     try:
-        traced = symbolic_trace(model, leaf_modules)
+        traced = symbolic_trace(model, leaf_modules, inputs=len(input_shapes))
         fake_mode = FakeTensorMode()
         with FakeCopyMode(fake_mode):
             fake_traced = copy.deepcopy(traced)
@@ -74,12 +75,29 @@ def build_layer_graph(
     opaque = [dict(entry) for entry in traced.meta["opaque_modules"]]
     names = frozenset(entry["module"] for entry in opaque)
     propagator = _FakePropagator(fake_traced, fake_mode, _opaque_layers(fake_traced, names))
-    metas = propagator.propagate(input_shape, dtype)
-    graph = _assemble(fake_traced, metas, propagator.flops, names, input_shape, str(dtype).removeprefix("torch."))
+    _check_arguments(traced, input_shapes)
+    metas = propagator.propagate(input_shapes, dtype)
+    graph = _assemble(fake_traced, metas, propagator.flops, names, input_shapes, str(dtype).removeprefix("torch."))
     _record_pads(graph, propagator.pads)
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
     graph.graph["opaque_modules"] = opaque
     return graph
+
+
+def _check_arguments(traced: GraphModule, input_shapes: tuple[tuple[int, ...], ...]) -> None:
+    """Refuse more input shapes than the forward has named arguments, or a required argument left without one
+    (``*args`` and ``**kwargs`` take no input shape: they are traced empty)."""
+    placeholders = [node for node in traced.graph.nodes
+                    if node.op == "placeholder" and not str(node.target).startswith("*")]
+    names = ", ".join(str(node.target) for node in placeholders)
+    if len(input_shapes) > len(placeholders):
+        raise InputError(f"{len(input_shapes)} input shapes were given but the model's forward takes "
+                         f"{len(placeholders)} tensor argument(s) ({names}); give one --input-shape per argument")
+    missing = [str(node.target) for node in placeholders[len(input_shapes):] if not node.args]
+    if missing:
+        raise InputError(f"the model's forward takes {len(placeholders)} tensor arguments ({names}) but "
+                         f"{len(input_shapes)} input shape(s) were given; add --input-shape for {', '.join(missing)}, "
+                         f"in argument order (every one batch first)")
 
 
 def _opaque_layers(gm: GraphModule, automatic: frozenset[str]) -> frozenset[str]:
@@ -149,8 +167,11 @@ class _LocatingTracer(Tracer):
         return result
 
 
-def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...]) -> GraphModule:
+def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: int = 1) -> GraphModule:
     """``torch.fx`` trace of ``model`` whose node names are the layer names of :func:`build_layer_graph`.
+
+    ``inputs``: how many of the forward's positional arguments are tensor inputs (the first ``inputs``);
+    the optional arguments after them take their defaults.
 
     A submodule torch.fx cannot trace is kept opaque and the model traced again (see the module docstring);
     the modules so kept are the result's ``meta["opaque_modules"]``: ``{module, class, reason}`` each.
@@ -160,7 +181,7 @@ def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...]) -> GraphModu
             ``MAX_AUTOMATIC_LEAVES`` modules would be.
     """
     opaque: list[dict[str, str]] = []
-    defaults = _optional_defaults(model)
+    defaults = _optional_defaults(model, inputs)
     while True:
         tracer = _LocatingTracer((*leaf_modules, *(entry["module"] for entry in opaque)))
         try:
@@ -168,7 +189,7 @@ def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...]) -> GraphModu
         except Exception as err:  # user model code: any failure is located, and kept opaque where it can be
             opaque.append(_opaque_entry(tracer, model, err, opaque))
             continue
-        _drop_specialized(graph)
+        _drop_specialized(graph, inputs)
         traced = GraphModule(tracer.root, graph, type(model).__name__)
         traced.meta["opaque_modules"] = opaque
         return traced
@@ -178,26 +199,28 @@ _SPECIALIZED_TYPES = (bool, int, float, str, type(None))
 _GUARDS = frozenset({"_assert_is_none", "_assert", "eq"})  # torch.fx's checks of a specialised argument
 
 
-def _optional_defaults(model: nn.Module) -> dict[str, Any]:
-    """The forward's optional arguments after the input, at their defaults: parplan calls ``model(x)``.
+def _optional_defaults(model: nn.Module, inputs: int) -> dict[str, Any]:
+    """The forward's optional arguments after the ``inputs`` inputs, at their defaults: parplan calls
+    ``model(x)`` (``model(x, y)`` for two inputs).
 
     Traced as constants (``if mask is not None`` takes the branch ``model(x)`` takes), not as inputs.
     """
     try:
-        parameters = list(inspect.signature(model.forward).parameters.values())[1:]
+        parameters = list(inspect.signature(model.forward).parameters.values())[inputs:]
     except (TypeError, ValueError):  # no signature to read (a C-implemented forward)
         return {}
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {p.name: p.default for p in parameters if p.kind in kinds and type(p.default) in _SPECIALIZED_TYPES}
 
 
-def _drop_specialized(graph: Graph) -> None:
+def _drop_specialized(graph: Graph, inputs: int) -> None:
     """Remove the placeholders of specialised arguments and the guards torch.fx checks them with.
 
-    Only the input remains a placeholder (the runtime feeds it every placeholder); a specialised
-    argument whose placeholder feeds anything but a guard is left as traced.
+    Only the first ``inputs`` placeholders (the model inputs) remain (the runtime feeds the first input to a
+    placeholder kept after them); a specialised argument whose placeholder feeds anything but a guard is
+    left as traced.
     """
-    for placeholder in [node for node in graph.nodes if node.op == "placeholder"][1:]:
+    for placeholder in [node for node in graph.nodes if node.op == "placeholder"][inputs:]:
         reached = _reached_from(placeholder)
         if reached and all(node.op == "call_function" and getattr(node.target, "__name__", "") in _GUARDS
                            for node in reached):
@@ -252,9 +275,9 @@ class _FakePropagator(Interpreter):
         self.flops: dict[str, int] = {}  # forward FLOPs of the ``counted`` nodes (torch.utils.flop_counter)
         self.pads: dict[str, list[int]] = {}  # F.pad's amounts as the call received them (computed from shapes too)
 
-    def propagate(self, input_shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, TensorMeta | None]:
+    def propagate(self, input_shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype) -> dict[str, TensorMeta | None]:
         with self.fake_mode:
-            self.run(torch.empty(input_shape, dtype=dtype))
+            self.run(*(torch.empty(shape, dtype=dtype) for shape in input_shapes))
         return self.metas
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
@@ -329,8 +352,9 @@ def _tensor_meta(value: Any) -> TensorMeta | None:
 
 
 def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dict[str, int],
-              opaque: frozenset[str], input_shape: tuple[int, ...], dtype: str) -> LayerGraph:
-    graph = LayerGraph(input_shape=list(input_shape), dtype=dtype, outputs=[])
+              opaque: frozenset[str], input_shapes: tuple[tuple[int, ...], ...], dtype: str) -> LayerGraph:
+    graph = LayerGraph(input_shape=list(input_shapes[0]), input_shapes=[list(shape) for shape in input_shapes],
+                       dtype=dtype, outputs=[])
     seen_params: set[int] = set()
     for node in gm.graph.nodes:
         if node.op == "output":

@@ -19,7 +19,7 @@ from cost_models.errors import InputError
 from cost_models.capability import layer_refusal
 from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
-from cost_models.plan import LayerAssignment, Pipeline, Plan
+from cost_models.plan import LayerAssignment, Pipeline, Plan, recorded_shapes
 
 __all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "balanced_starts", "layout_by_rule", "staged", "uniform_plan"]
 
@@ -79,7 +79,8 @@ def uniform_plan(graph: Any, cluster: Cluster, preferences: Sequence[Layout] | R
     return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
                 {name: LayerAssignment(layout) for name, layout in layouts.items()},
                 Pipeline(1, (cluster.devices,)), model_spec=model_spec,
-                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                input_shapes=recorded_shapes(graph.input_shapes))
 
 
 def staged(plan: Plan, graph: Any, starts: Sequence[str], schedule: str = "sync", micro_batches: int = 1,
@@ -113,7 +114,7 @@ def staged(plan: Plan, graph: Any, starts: Sequence[str], schedule: str = "sync"
     return Plan(plan.fingerprint, plan.input_shape, plan.dtype, replace(plan.cluster, devices=devices * stages),
                 {name: LayerAssignment(a.layout, stage_of[name]) for name, a in plan.layers.items()},
                 Pipeline(stages, (devices,) * stages, schedule, micro_batches, lags), model_spec=plan.model_spec,
-                created=plan.created)
+                created=plan.created, input_shapes=plan.input_shapes)
 
 
 def balanced_starts(graph: Any, stages: int) -> list[str]:

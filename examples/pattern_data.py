@@ -8,13 +8,18 @@ smooth pattern of the global pixel coordinates instead, and a label per sample
 (``(N,)`` targets) or per pixel (``(N, H, W)`` targets, a segmentation).
 With ``--verify`` the unsplit model's batch comes from the same function
 called with whole boxes.
+
+A model taking several tensors gets a tuple of boxes, one per input in the
+forward's argument order, and returns a tuple of inputs:
+``conditioned_batch`` feeds ``examples/conditioned_cnn.py``'s
+``forward(x, cond)`` (``--data examples/pattern_data.py:conditioned_batch``).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["batch"]
+__all__ = ["batch", "conditioned_batch"]
 
 CLASSES = 2
 
@@ -30,6 +35,16 @@ def batch(input_box: tuple[slice, ...], target_box: tuple[slice, ...], step: int
     rows, cols = _positions(target_box[1]), _positions(target_box[2])
     labels = (rows.view(1, -1, 1) + cols.view(1, 1, -1) + samples.view(-1, 1, 1) + step) % CLASSES
     return image, labels.long()
+
+
+def conditioned_batch(input_boxes: tuple[tuple[slice, ...], ...], target_box: tuple[slice, ...],
+                      step: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """This rank's image ``(n, c, h, w)``, condition ``(n, d)`` and labels for one step (two inputs)."""
+    image_box, cond_box = input_boxes
+    image, labels = batch(image_box, target_box, step)
+    samples, features = _positions(cond_box[0]), _positions(cond_box[1])
+    cond = torch.cos(samples.view(-1, 1) * 0.7 + features.view(1, -1) * 1.3 + step)
+    return (image, cond), labels
 
 
 def _positions(part: slice) -> torch.Tensor:

@@ -84,6 +84,12 @@ class CheckRequest:
     tolerance: float | None = None  # default: parplan run's (1e-3; 1e-9 in float64)
     budget_s: float | None = None  # all checks of the model together (the suite's cap); None: no cap
     verify_dtype: str | None = None  # the verify runs' dtype (float64: exact); None: ``dtype``
+    input_shapes: tuple[tuple[int, ...], ...] = ()  # every input's, for a model taking several; () = input_shape
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Every model input's shape, in argument order."""
+        return self.input_shapes or (tuple(self.input_shape),)
 
     @property
     def verify_tolerance(self) -> float:
@@ -204,7 +210,7 @@ def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
     started = time.perf_counter()
     try:
         with deadline(request.timeout_s):
-            graph = trace(model, request.input_shape, request.dtype, request.leaf_modules)
+            graph = trace(model, request.shapes, request.dtype, request.leaf_modules)
     except Exception as err:
         return None, Check("trace", "trace", None, None, "fail", _failure_reason(err, request.timeout_s),
                            time.perf_counter() - started)
@@ -221,8 +227,8 @@ def _plan_check(request: CheckRequest, graph: Any, devices: int) -> tuple[Any, C
     from planner.cli import build_parser, search_plan
 
     name, started = f"plan {devices}", time.perf_counter()
-    args = build_parser().parse_args(["plan", "--model", request.model, "--input-shape",
-                                      ",".join(map(str, request.input_shape)), "--dtype", request.dtype,
+    shapes = [word for shape in request.shapes for word in ("--input-shape", ",".join(map(str, shape)))]
+    args = build_parser().parse_args(["plan", "--model", request.model, *shapes, "--dtype", request.dtype,
                                       "--profile", request.profile, "--devices", str(devices), "--out", os.devnull])
     try:
         with deadline(request.timeout_s):
@@ -325,7 +331,8 @@ def preflight(model: Any, plan: Any, graph: Any, ranks: int, leaf_modules: Seque
 def _run_options(request: CheckRequest, plan: Any, graph: Any, ranks: int, timeout_s: float) -> Any:
     from runtime.train import RunOptions
 
-    return RunOptions(model=request.model, input_shape=request.input_shape, dtype=request.verify_as,
+    return RunOptions(model=request.model, input_shape=request.input_shape, input_shapes=request.shapes,
+                      dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
                       quiet=True, timeout_s=timeout_s, graph=graph, extra={"reuse_reference": True})
@@ -462,16 +469,17 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace) -> CheckRequest:
-    from cost_models.graph import parse_input_shape
+    from cost_models.graph import parse_input_shapes
     from planner.cli import load_profile_argument
     from planner.whatif_cli import parse_devices
 
-    shape = parse_input_shape(args.input_shape)
+    shapes = parse_input_shapes(args.input_shape)
     devices = tuple(parse_devices(args.devices)) if args.devices.strip() else ()
     layouts = tuple(Layout.parse(text) for text in args.layouts.split(",") if text.strip())
     load_profile_argument(args.profile, args.dtype)  # an unknown profile is bad input, before any work
-    return CheckRequest(args.model, shape, args.dtype, devices, layouts, args.profile, args.timeout_s,
-                        tuple(args.leaf_module), args.tolerance, verify_dtype=args.verify_dtype)
+    return CheckRequest(args.model, shapes[0], args.dtype, devices, layouts, args.profile,  # type: ignore[arg-type]
+                        args.timeout_s, tuple(args.leaf_module), args.tolerance, verify_dtype=args.verify_dtype,
+                        input_shapes=shapes)
 
 
 def _print_check(check: Check) -> None:

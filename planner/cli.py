@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = f"parplan {args.command}"
     try:
+        _check_input_shapes(args)
         return args.handler(args)
     except InputError as err:
         if args.debug:
@@ -46,6 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"{command}: {_failure(err)}", file=sys.stderr)
         return _stop_mpi_job(1)
+
+
+def _check_input_shapes(args: argparse.Namespace) -> None:
+    """Refuse malformed ``--input-shape`` values, or inputs of different batches, before a command does any work."""
+    if getattr(args, "input_shape", None) is not None:
+        from cost_models.graph import parse_input_shapes
+
+        parse_input_shapes(args.input_shape)
 
 
 def _failure(err: Exception) -> str:
@@ -173,7 +182,8 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="batch-norm statistics over the whole batch, as the unsplit model (default: per group "
                              "of samples, as data parallelism; not priced by the cost model)")
     parser.add_argument("--data", metavar="module:function",
-                        help="data factory: function(input_box, target_box, step) -> (input, target) of this rank")
+                        help="data factory: function(input_box, target_box, step) -> (input, target) of this rank; "
+                             "with several inputs input_box is a tuple of boxes and input a tuple of tensors")
     parser.add_argument("--threads", type=positive_int, metavar="T",
                         help="CPU threads per rank (default: cores / ranks)")
     parser.add_argument("--per-layer", action="store_true",
@@ -460,10 +470,10 @@ def _profile_warnings(profile: Any) -> list[str]:
 
 
 def _trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
-    """Parse the shape first (cheap), then load and trace the model; also returns the seconds each took."""
-    from cost_models.graph import parse_input_shape
+    """Parse the shapes first (cheap), then load and trace the model; also returns the seconds each took."""
+    from cost_models.graph import parse_input_shapes
 
-    shape = parse_input_shape(args.input_shape)
+    shape = parse_input_shapes(args.input_shape)
     started = time.perf_counter()
     import torch
 

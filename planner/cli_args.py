@@ -29,7 +29,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model``, ``--input-shape``, ``--dtype`` and ``--leaf-module``."""
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
-    parser.add_argument("--input-shape", required=True, metavar="N,C,H,W", help="global input shape, e.g. 64,3,224,224")
+    parser.add_argument("--input-shape", required=True, action="append", metavar="N,C,H,W",
+                        help="global input shape, e.g. 64,3,224,224; repeatable: a model whose forward takes several "
+                             "tensors gets one per positional argument, in order, each batch first (e.g. "
+                             "--input-shape 64,3,224,224 --input-shape 64,16)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "float64"),
                         help="element type of inputs and activations (default float32)")
     parser.add_argument("--leaf-module", action="append", default=[], metavar="NAME",

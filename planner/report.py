@@ -40,7 +40,8 @@ def print_layer_table(document: dict[str, Any], console: Console | None = None) 
         console: Where to print (stdout by default).
     """
     console = console or Console(width=None if sys.stdout.isatty() else 160)
-    table = Table(title=f"{document.get('model', 'model')} at {_shape(document['input_shape'])} ({document['dtype']})")
+    shapes = _shape(document.get("input_shapes") or document["input_shape"])  # "4×3×32×32 4×8" for two inputs
+    table = Table(title=f"{document.get('model', 'model')} at {shapes} ({document['dtype']})")
     for header, justify in (("#", "right"), ("layer", "left"), ("kind", "left"), ("module", "left"),
                             ("output", "left"), ("params", "right"), ("FLOP fwd", "right"), ("activation", "right")):
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
@@ -264,7 +265,7 @@ def _print_stages(pipeline: dict[str, Any], console: Console) -> None:
 def print_whatif(document: dict[str, Any], console: Console | None = None) -> None:
     """``parplan whatif``'s table: per device count the best plan's time, throughput, speedups and memory."""
     console = console or Console()
-    shape = "×".join(str(s) for s in document["input_shape"])
+    shape = _shape(document.get("input_shapes") or document["input_shape"])
     table = Table("devices", "batch", "iter ms", "samples/s", "speedup", "eff.", "vs sample", "mem/device", "plan",
                   title=f"{document['model']} {shape} {document['dtype']} — {document['scaling']} scaling on "
                         f"{document['device']}, {document['devices_per_node']} per node", box=box.SIMPLE_HEAD)

@@ -28,7 +28,7 @@ from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
 from cost_models.estimate import CostMemo, Estimate, estimate
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo
+from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo, recorded_shapes
 from cost_models.profile import Profile
 from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
@@ -166,7 +166,7 @@ def _plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignmen
                                                            dict(predicted.breakdown_s))
     return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
                 dict(assignments), pipeline, prediction, solver, model_spec,
-                _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), recorded_shapes(graph.input_shapes))
 
 
 def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, optimizer: str,

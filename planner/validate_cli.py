@@ -102,10 +102,10 @@ def _threads(args: argparse.Namespace) -> int:
 
 
 def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
-    from cost_models.graph import parse_input_shape, trace
+    from cost_models.graph import parse_input_shapes, trace
     from cost_models.model_spec import load_model
 
-    shape = parse_input_shape(args.input_shape)
+    shape = parse_input_shapes(args.input_shape)
     model = load_model(args.model)
     return trace(model, shape, args.dtype, leaf_modules=args.leaf_module), model
 
@@ -145,6 +145,7 @@ def _measure(args: argparse.Namespace, candidates: list[Any], graph: Any) -> lis
     order = [(r, i) for r in range(rounds)
              for i in (range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates))))]
     runs = [RunOptions(model=args.model, input_shape=tuple(graph.input_shape),  # type: ignore[arg-type]
+                       input_shapes=graph.input_shapes,
                        dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
                        warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,
                        quiet=True, timeout_s=args.timeout_s, graph=graph,

@@ -104,7 +104,7 @@ def run_sweep(args: argparse.Namespace, devices: list[int]) -> dict[str, Any]:
                        args.dtype, args.solver, args.jobs or None, tuple(args.leaf_module))
 
 
-def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devices: Sequence[int],
+def sweep_model(model: str, input_shape: str | Sequence[Any], profile: str, devices: Sequence[int],
                 devices_per_node: int | None = None, scale_inter_bw: float = 1.0, scale_intra_bw: float = 1.0,
                 memory_gb: float | None = None, weak_scaling: bool = False, max_stages: int = 4,
                 dtype: str = "float32", solver: str = "cbc", jobs: int | None = None,
@@ -114,6 +114,8 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
     Args:
         model: A model spec (``torchvision:resnet50``, ``path/file.py:factory``).
         input_shape: ``"N,C,H,W"`` or a sequence; N is global (strong scaling) or per device (``weak_scaling``).
+            A model taking several tensors: a sequence of such shapes, one per input, each batch first (every
+            input's batch scales alike).
         profile: A preset name (``v100``, ``a100``, ``h100``) or a profile JSON path.
         memory_gb: Device memory in GiB instead of the profile's.
         jobs: Processes planning in parallel (default: one per core).
@@ -123,13 +125,14 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
     """
     from dataclasses import asdict, replace
 
-    from cost_models.graph import parse_input_shape, trace
+    from cost_models.graph import parse_input_shapes, trace
     from cost_models.model_spec import load_model
     from planner.cli_args import cluster_for
     from planner.cli import load_profile_argument
     from planner.whatif import scaled_profile, sweep
 
-    shape = parse_input_shape(input_shape if isinstance(input_shape, str) else ",".join(map(str, input_shape)))
+    shapes = parse_input_shapes(input_shape)
+    shape = shapes[0]
     memory = int(memory_gb * 2**30) if memory_gb else None
     scaled = scaled_profile(load_profile_argument(profile, dtype), scale_intra_bw, scale_inter_bw, memory)
     network = load_model(model)
@@ -137,7 +140,8 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
 
     def graph_for(batch: int) -> Any:
         if batch not in graphs:
-            graphs[batch] = trace(network, (batch, *shape[1:]), dtype, leaf_modules=list(leaf_modules))
+            graphs[batch] = trace(network, [(batch, *each[1:]) for each in shapes], dtype,
+                                  leaf_modules=list(leaf_modules))
         return graphs[batch]
 
     def cluster_at(count: int) -> Any:
@@ -146,7 +150,9 @@ def sweep_model(model: str, input_shape: str | Sequence[int], profile: str, devi
 
     rows, reference = sweep(graph_for, scaled, cluster_at, devices, shape[0], weak_scaling, max_stages, solver, jobs,
                             model)
-    return {"format": FORMAT, "model": model, "input_shape": list(shape), "dtype": dtype, "profile": profile,
+    return {"format": FORMAT, "model": model, "input_shape": list(shape),
+            **({"input_shapes": [list(each) for each in shapes]} if len(shapes) > 1 else {}),
+            "dtype": dtype, "profile": profile,
             "device": scaled.device.name, "scaling": "weak" if weak_scaling else "strong",
             "devices_per_node": cluster_at(max(devices)).devices_per_node,
             "scale_inter_bw": scale_inter_bw, "scale_intra_bw": scale_intra_bw,

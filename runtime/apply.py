@@ -30,7 +30,10 @@ ranks that hold it at the end of backward.
 
 Data helpers keep the training loop ordinary: :meth:`DistributedModel.input_box`
 says which part of the global batch this rank must load (large samples are
-never loaded whole), :meth:`~DistributedModel.shard` cuts it from a full batch,
+never loaded whole; :meth:`~DistributedModel.input_boxes`: of each input, for a
+model taking several tensors, ``forward(x, cond)``, which :meth:`forward` then
+takes in the same order — ``runtime.inputs``), :meth:`~DistributedModel.shard`
+cuts it from a full batch,
 :meth:`~DistributedModel.gather` returns the whole output, and
 :meth:`~DistributedModel.loss` gives this rank's share of the unsplit
 (global-batch mean) loss — their sum over the ranks is the unsplit loss (for a
@@ -59,6 +62,7 @@ from cost_models.tracing import symbolic_trace
 from runtime.failures import at, exchange, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
+from runtime.inputs import input_boxes, input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_batch_norm, input_placement, refusal
 from runtime.placement import Placement, box_extent, broadcast_part
@@ -123,7 +127,7 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
         PlanError: The plan was made for another model or input, has pipeline stages, needs another number of
             ranks, or asks for a split this runtime cannot execute (each named).
     """
-    graph = graph if graph is not None else trace(model, plan.input_shape, getattr(torch, plan.dtype), leaf_modules)
+    graph = graph if graph is not None else trace(model, plan.shapes, getattr(torch, plan.dtype), leaf_modules)
     world = tuple(ranks) if ranks is not None else tuple(range(_world_size()))
     check_plan(plan, graph, len(world))
     if plan.pipeline.stages != 1:
@@ -149,7 +153,7 @@ class DistributedModel(nn.Module):
         self.model = model
         self.plan, self.layer_graph, self.ranks = plan, graph, ranks
         self.member = ranks.index(_rank()) if dist.is_initialized() else 0
-        nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
+        nodes = list(symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes)).graph.nodes)
         self._nodes = nodes if stage_nodes is None else _stage_nodes(nodes, stage_nodes)
         self._output_node = next(node for node in nodes if node.op == "output")
         self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
@@ -157,6 +161,11 @@ class DistributedModel(nn.Module):
         """Layers computed from parameters and constants alone: whole on every rank (``runtime.shapes``)."""
         held = held_plan(plan, nodes, graph)
         self.sites = _sites(self._nodes, model, held, graph, self.member, ranks, self.groups, sync_batchnorm)
+        placements = input_placements(nodes, {name: a.layout for name, a in held.layers.items()}, graph, len(ranks))
+        self.input_placements: tuple[Placement, ...] = tuple(placements.values())
+        """Where each model input is loaded, in argument order: where its first layer reads it (``runtime.inputs``)."""
+        self._inputs = placeholder_inputs(nodes, len(graph.input_shapes))  # placeholder -> the input it is fed
+        self._reads_inputs = any(node.op == "placeholder" for node in self._nodes)
         _refuse_unsupported(self.sites.values())
         refuse_shapes(nodes, model, held, graph, len(ranks))
         self.random = random_ops(self._nodes, model)
@@ -185,18 +194,20 @@ class DistributedModel(nn.Module):
 
     # --- forward -------------------------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor) -> Any:
-        """This rank's box of the output, from its box of the input (:meth:`input_box`)."""
-        return self.run_nodes({}, x)["(output)"]
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        """This rank's box of the output, from its box of each input (:meth:`input_boxes`), in argument order."""
+        return self.run_nodes({}, inputs)["(output)"]
 
-    def run_nodes(self, env: dict[str, Any], x: torch.Tensor | None = None, key: DrawKey | None = None
+    def run_nodes(self, env: dict[str, Any], inputs: Sequence[torch.Tensor] = (), key: DrawKey | None = None
                   ) -> dict[str, Any]:
         """Run this model's nodes on ``env`` (values by node name, :meth:`value` for received ones); returns it.
 
-        The model input ``x`` (this rank's box) is needed when the nodes include the placeholder; the
-        output node's value is stored under ``"(output)"``. Random ops draw by ``key`` (default:
-        :attr:`draw_key`).
+        The model's ``inputs`` (this rank's box of each, in argument order) are needed when the nodes
+        include the placeholders; the output node's value is stored under ``"(output)"``. Random ops draw by
+        ``key`` (default: :attr:`draw_key`).
         """
+        if self._reads_inputs:
+            self._check_inputs(inputs)
         self._key = key or self.draw_key or DrawKey(self.random_seed, self._forwards)
         self._forwards += 1
         self.gradients.where = place()  # backward may run on other threads (CUDA), outside the forward's labels
@@ -206,7 +217,9 @@ class DistributedModel(nn.Module):
             if node.name in self._static:
                 continue
             if node.op == "placeholder":
-                env[node.name] = _Value(x, self.input_placement, self.layer_graph.input_shape)
+                index = self._inputs[node.name]
+                env[node.name] = _Value(inputs[index], self.input_placements[index],
+                                        self.layer_graph.input_shapes[index])
             elif node.op == "get_attr":
                 env[node.name] = module_attribute(self.model, str(node.target))
             elif node.op == "output":
@@ -218,6 +231,15 @@ class DistributedModel(nn.Module):
                 with at(f"layer {node.name}"):
                     env[node.name] = self._run(node, env)
         return env
+
+    def _check_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Refuse another number of inputs than the model takes (naming them and this rank's boxes)."""
+        shapes = self.layer_graph.input_shapes
+        if len(inputs) != len(shapes):
+            boxes = [tuple(s.stop - s.start for s in box) for box in self.input_boxes()]
+            names = ", ".join(input_names(self._nodes, len(shapes)))
+            raise PlanError(f"the model takes {len(shapes)} input(s) ({names}), this rank's boxes of them {boxes}, "
+                            f"but it was given {len(inputs)}; pass each input's box (input_boxes()) in argument order")
 
     def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Any:
         """Wrap this rank's box ``tensor`` of the value ``name`` (under ``placement``) for :meth:`run_nodes`."""
@@ -403,13 +425,10 @@ class DistributedModel(nn.Module):
 
     # --- data helpers --------------------------------------------------------------------------------------
 
-    @cached_property
+    @property
     def input_placement(self) -> Placement:
-        """The placement of the model's input: the one its first layer reads (loading it there is free)."""
-        placeholder = next(node for node in self._nodes if node.op == "placeholder")
-        first = next((user for user in self._nodes if placeholder in user.all_input_nodes and user.name in self.sites),
-                     None)  # a layer: shape reads of the input come first in some programs
-        return input_placement(self.sites[first.name]) if first is not None else Placement(Layout())
+        """The placement of the model's (first) input: the one its first layer reads (loading it there is free)."""
+        return self.input_placements[0]
 
     @property
     def output_placement(self) -> Placement:
@@ -428,13 +447,20 @@ class DistributedModel(nn.Module):
         return next((name for name in leaves if name in self.layer_graph.nodes), self.layer_graph.graph["outputs"][0])
 
     def input_box(self) -> tuple[slice, ...]:
-        """The slices of the global ``(N, C, H, W)`` batch this rank must load."""
-        box = self.input_placement.box(self.layer_graph.input_shape, self.member)
-        return tuple(slice(start, stop) for start, stop in box)
+        """The slices of the global ``(N, C, H, W)`` batch (the first input) this rank must load."""
+        return self.input_boxes()[0]
+
+    def input_boxes(self) -> tuple[tuple[slice, ...], ...]:
+        """The slices of each global input this rank must load, in the forward's argument order."""
+        return input_boxes(self.input_placements, self.layer_graph.input_shapes, self.member)
 
     def shard(self, batch: torch.Tensor) -> torch.Tensor:
-        """This rank's box of a full global batch."""
+        """This rank's box of a full global batch (the first input)."""
         return batch[self.input_box()].contiguous()
+
+    def shard_inputs(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """This rank's box of each full global input, in argument order (what :meth:`forward` takes)."""
+        return tuple(whole[box].contiguous() for whole, box in zip(inputs, self.input_boxes()))
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """The whole output on every rank, from this rank's box of it (differentiable)."""

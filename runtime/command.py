@@ -26,7 +26,7 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     """The ``parplan run`` handler (``planner.cli`` passes the profile's prediction and the table printer)."""
     import torch
 
-    from cost_models.graph import parse_input_shape, trace
+    from cost_models.graph import parse_input_shapes, trace
     from cost_models.model_spec import load_model
     from runtime.launch import launch, started_by_mpi
     from runtime.train import RunOptions
@@ -36,9 +36,9 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
 
     check_writable(args.out, "--out")
     planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
-    shape = parse_input_shape(args.input_shape)
+    shapes = parse_input_shapes(args.input_shape)
     plan = _read_plan(args) if args.plan else None
-    graph = trace(load_model(args.model), shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    graph = trace(load_model(args.model), shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
     mpi = started_by_mpi()
     nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
     if nproc is None and not mpi:
@@ -49,7 +49,8 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     _check_recovery(args, plan, mpi)
     backend = backend_for(args.backend, nproc or _mpi_size(), mpi)
     options = RunOptions(
-        model=args.model, input_shape=shape, dtype=args.dtype, plan=_predicted(plan, graph, predict).to_dict(),
+        model=args.model, input_shape=shapes[0], input_shapes=shapes, dtype=args.dtype,  # type: ignore[arg-type]
+        plan=_predicted(plan, graph, predict).to_dict(),
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",

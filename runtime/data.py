@@ -6,13 +6,20 @@ in float64), so a rank makes exactly its part of the batch without ever
 holding the whole — large samples stay split from the start — and the unsplit
 model (``parplan run --verify``) sees the same numbers. Inputs are uniform
 with unit variance; labels are uniform over the classes, per sample for a
-``(N, K)`` output and per pixel for an ``(N, K, H, W)`` one.
+``(N, K)`` output and per pixel for an ``(N, K, H, W)`` one. A model taking
+several tensors gets one synthetic tensor per input (:func:`synthetic_inputs`),
+input ``k`` hashed with the seed shifted by ``k ·`` :data:`INPUT_SEED_STRIDE`, so
+that the inputs differ from each other while every rank's box of each is still
+the box of the whole tensor.
 
 A user data factory (``parplan run --data module:function``) replaces this:
 ``function(input_box, target_box, step)`` returns this rank's input and
 target, each box a tuple of slices (with explicit bounds) of the global
 tensor; ``--verify`` calls it with whole boxes for the unsplit model
-(``examples/pattern_data.py`` is an example).
+(``examples/pattern_data.py`` is an example). For a model taking several
+tensors, ``input_box`` is a tuple of such boxes, one per input in the
+forward's argument order, and the factory returns ``(inputs, target)`` with
+``inputs`` a tuple of this rank's tensors in the same order.
 """
 
 from __future__ import annotations
@@ -21,7 +28,11 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["synthetic_input", "synthetic_labels"]
+__all__ = ["INPUT_SEED_STRIDE", "synthetic_input", "synthetic_inputs", "synthetic_labels"]
+
+INPUT_SEED_STRIDE = 104_729
+"""How far apart the seeds of a model's inputs are (input 0 keeps the step's seed; a prime, far from the
+label offset and from the steps of a run)."""
 
 
 def synthetic_input(shape: Sequence[int], box: Sequence[slice], seed: int, dtype: torch.dtype,
@@ -29,6 +40,14 @@ def synthetic_input(shape: Sequence[int], box: Sequence[slice], seed: int, dtype
     """The ``box`` of the global synthetic input of ``shape`` for ``seed`` (unit variance, zero mean)."""
     uniform = _hash(_linear_index(shape, box), seed)
     return ((uniform * 2 - 1) * 3**0.5).to(dtype=dtype, device=device)
+
+
+def synthetic_inputs(shapes: Sequence[Sequence[int]], boxes: Sequence[Sequence[slice]], seed: int,
+                     dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Each input's ``box`` of its global synthetic tensor for ``seed``, in argument order (the first one is
+    :func:`synthetic_input`'s)."""
+    return tuple(synthetic_input(shape, box, seed + index * INPUT_SEED_STRIDE, dtype, device)
+                 for index, (shape, box) in enumerate(zip(shapes, boxes)))
 
 
 def synthetic_labels(shape: Sequence[int], box: Sequence[slice], classes: int, seed: int,

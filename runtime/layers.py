@@ -45,7 +45,7 @@ from runtime import norm, resample, spatial
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement
 
-__all__ = ["HANDLERS", "Site", "functional_batch_norm", "input_placement", "refusal"]
+__all__ = ["HANDLERS", "Site", "functional_batch_norm", "input_placement", "read_placement", "refusal"]
 
 DENSE = frozenset({"conv", "conv_transpose", "linear"})
 
@@ -85,9 +85,14 @@ class Site:
 
 def input_placement(site: Site) -> Placement:
     """The placement in which the layer reads its tensor inputs."""
-    if site.kind in DENSE and site.layout.c > 1:
-        return Placement(site.layout, "c")
-    return Placement(site.layout)
+    return read_placement(site.kind, site.layout)
+
+
+def read_placement(kind: str, layout: Layout) -> Placement:
+    """The placement in which a layer of ``kind`` under ``layout`` reads its tensor inputs."""
+    if kind in DENSE and layout.c > 1:
+        return Placement(layout, "c")
+    return Placement(layout)
 
 
 def refusal(site: Site) -> str | None:

@@ -11,7 +11,9 @@ crossings go back the same way. Sends are non-blocking, receives wait.
 
 Events (``runtime.schedules``):
 
-* ``F b`` receives the inputs of batch (micro-batch) ``b``, runs the stage,
+* ``F b`` receives the inputs of batch (micro-batch) ``b`` (the first stage
+  loads the model's inputs — each of them, for a model taking several — and
+  sends those a later stage reads, as it sends activations), runs the stage,
   sends its outputs; on the last stage it also evaluates the loss share. The
   ``sync`` schedule keeps the autograd graph; the ``stale`` one runs without
   it and stashes only the stage's inputs (and the key of its random draws,
@@ -55,10 +57,10 @@ from cost_models.graph import trace
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime.apply import DistributedModel, group_ranks, local_shape, parameters_of
-from runtime.preflight import check_plan
+from runtime.inputs import Inputs, as_inputs, placeholder_placements
+from runtime.preflight import check_plan, held_plan
 from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache
-from runtime.layers import Site, input_placement
 from runtime.placement import Placement
 from runtime.random_ops import DrawKey
 from runtime.schedules import Event
@@ -89,13 +91,13 @@ def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, l
     Raises:
         PlanError: The plan does not match the model, the ranks or what the pipeline runtime executes.
     """
-    graph = graph if graph is not None else trace(model, plan.input_shape, getattr(torch, plan.dtype), leaf_modules)
+    graph = graph if graph is not None else trace(model, plan.shapes, getattr(torch, plan.dtype), leaf_modules)
     world = dist.get_world_size() if dist.is_initialized() else 1
     check_plan(plan, graph, world)
     check_pipeline(plan)
     micro = plan.pipeline.micro_batches
-    shape = (plan.input_shape[0] // micro, *plan.input_shape[1:])
-    micro_graph = graph if micro == 1 else trace(model, shape, getattr(torch, plan.dtype), leaf_modules)
+    shapes = [(shape[0] // micro, *shape[1:]) for shape in plan.shapes]  # every input's micro-batch
+    micro_graph = graph if micro == 1 else trace(model, shapes, getattr(torch, plan.dtype), leaf_modules)
     return PipelineStage(model, plan, micro_graph, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown, timeout,
                          random_seed=random_seed)
 
@@ -123,7 +125,7 @@ class _Stash:
 
     batch: int
     inputs: dict[str, torch.Tensor]
-    x: torch.Tensor | None
+    x: tuple[torch.Tensor, ...]  # the model's inputs (the first stage's boxes of them); () on other stages
     target: torch.Tensor | None
     key: DrawKey
     rng: torch.Tensor
@@ -150,7 +152,7 @@ class PipelineStage:
         self.size = plan.pipeline.devices_per_stage[0]
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.index, self.member = divmod(rank, self.size)
-        nodes = list(symbolic_trace(model, leaf_modules).graph.nodes)
+        nodes = list(symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes)).graph.nodes)
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages,
                           static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
         self.cut: StageCut = cuts[self.index]
@@ -161,7 +163,7 @@ class PipelineStage:
         self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
                                       frozenset(self.cut.nodes), groups, random_seed=random_seed)
         self._buffers = _buffers_of(self.cut.nodes, nodes, model)
-        self.placements = _crossing_placements(nodes, cuts, model, plan, graph)
+        self.placements = _crossing_placements(nodes, cuts, plan, graph)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.slowdown = slowdown
         self.loss_scale = 1.0 / plan.pipeline.micro_batches
@@ -199,9 +201,10 @@ class PipelineStage:
         return self.model.own_parameters
 
     def run(self, events: Sequence[Event], optimizer: torch.optim.Optimizer,
-            data: Callable[[int], tuple[torch.Tensor | None, torch.Tensor | None]],
+            data: Callable[[int], tuple[Inputs | None, torch.Tensor | None]],
             last_backward: int | None = None, keys: Callable[[int], DrawKey] | None = None) -> list[EventRecord]:
-        """Execute ``events``; ``data(b)`` gives this rank's input box and target box of batch ``b``.
+        """Execute ``events``; ``data(b)`` gives this rank's input box (a tuple of them, one per input, for a model
+        taking several) and target box of batch ``b``.
 
         ``last_backward``: under ``sync``, the batch whose backward ends the accumulation (sums gradients
         over the stage's replicas); every backward syncs when it is ``None``. ``keys(b)``: the key of batch
@@ -232,14 +235,16 @@ class PipelineStage:
         seed, run, size = self.model.random_seed, self._runs, int(self.model.layer_graph.input_shape[0])
         return lambda batch: DrawKey(seed, run, batch * size)
 
-    def forward(self, batch: int, x: torch.Tensor | None = None, target: torch.Tensor | None = None,
+    def forward(self, batch: int, x: Inputs | None = None, target: torch.Tensor | None = None,
                 key: DrawKey | None = None) -> None:
         """Receive ``batch``'s inputs, run this stage on them, send its outputs (the ``F`` event).
 
+        ``x``: the first stage's box of the model's input (a tuple of boxes for a model taking several).
         ``key``: the key of its random draws (default: as :meth:`run`'s for this run).
         """
         received = {c.name: self._receive(c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
-        stash = _Stash(batch, received, x, target, key or self._default_keys()(batch), torch.get_rng_state())
+        inputs = as_inputs(x) if x is not None else ()
+        stash = _Stash(batch, received, inputs, target, key or self._default_keys()(batch), torch.get_rng_state())
         with torch.set_grad_enabled(not self.stale):
             self._compute(stash)
         for crossing in self.cut.sends:
@@ -276,8 +281,12 @@ class PipelineStage:
         self._sending = []
 
     def input_box(self) -> tuple[slice, ...]:
-        """The first stage's slices of a (micro-)batch it loads."""
+        """The first stage's slices of a (micro-)batch it loads (of the first input)."""
         return self.model.input_box()
+
+    def input_boxes(self) -> tuple[tuple[slice, ...], ...]:
+        """The first stage's slices of each input of a (micro-)batch it loads, in argument order."""
+        return self.model.input_boxes()
 
     def target_box(self, target_shape: Sequence[int]) -> tuple[slice, ...]:
         """The last stage's slices of a (micro-)batch's target."""
@@ -288,7 +297,7 @@ class PipelineStage:
     def _compute(self, stash: _Stash) -> None:
         env = {name: self.model.value(name, _operand(leaf), self.placements[name])
                for name, leaf in stash.inputs.items()}
-        env = self.model.run_nodes(env, stash.x if self.first else None, stash.key)
+        env = self.model.run_nodes(env, stash.x if self.first else (), stash.key)
         stash.outputs = {c.name: _tensor(env[c.name]) for c in self.cut.sends}
         if self.last and self.keep_outputs:
             self.outputs[stash.batch] = map_aggregate(env["(output)"], _detached)
@@ -352,21 +361,13 @@ class PipelineStage:
 _PHASES = {"F": "forward", "B": "backward", "U": "update"}
 
 
-def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], model: nn.Module, plan: Plan,
-                         graph: Any) -> dict[str, Placement]:
-    """Each crossing's placement on the wire: its producer's (the input's: the one its first reader reads)."""
-    placements = {}
-    for crossing in (c for cut in cuts for c in cut.sends):
-        if crossing.name in plan.layers:
-            placements[crossing.name] = Placement(plan.layers[crossing.name].layout)
-            continue
-        placeholder = next(node for node in nodes if node.name == crossing.name)
-        first = next(node for node in nodes if placeholder in node.all_input_nodes and node.name in plan.layers)
-        module = model.get_submodule(str(first.target)) if first.op == "call_module" else None
-        site = Site(first.name, graph.nodes[first.name]["kind"], plan.layers[first.name].layout,
-                    graph.nodes[first.name], module, 0, tuple(range(plan.pipeline.devices_per_stage[0])), None, False)
-        placements[crossing.name] = input_placement(site)
-    return placements
+def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], plan: Plan, graph: Any) -> dict[str, Placement]:
+    """Each crossing's placement on the wire: its producer's (a model input's: the one the first stage loads it
+    in, ``runtime.inputs``)."""
+    held = {name: assignment.layout for name, assignment in held_plan(plan, nodes, graph).layers.items()}
+    loaded = placeholder_placements(nodes, held, graph, plan.pipeline.devices_per_stage[0])
+    return {crossing.name: Placement(plan.layers[crossing.name].layout) if crossing.name in plan.layers
+            else loaded[crossing.name] for crossing in (c for cut in cuts for c in cut.sends)}
 
 
 def _refuse_shared_parameters(model: nn.Module, nodes: list[Any], cuts: Sequence[StageCut]) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,7 +52,7 @@ from runtime.schedules import Event, dsp, gpipe, one_f_one_b, staleness_of
 
 __all__ = ["pipeline_worker"]
 
-Loader = Callable[[int], tuple[torch.Tensor | None, torch.Tensor | None]]
+Loader = Callable[[int], tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]]
 
 
 def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, Any] | None:
@@ -170,7 +170,7 @@ def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
     fault, rank = planned(), dist.get_rank()
     started = time.perf_counter()
     if plan.pipeline.schedule == "stale":
-        def batch_data(batch: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        def batch_data(batch: int) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
             strike(fault, rank, steps[batch] + 1)
             return _load(options, stage, steps[batch], 0, dtype, device)
 
@@ -193,27 +193,34 @@ def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
 
 
 def _load(options: Any, stage: Any, step: int, micro: int, dtype: torch.dtype, device: torch.device
-          ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """This rank's input box (first stage) and target box (last stage) of micro-batch ``micro`` of ``step``."""
-    from runtime.data import synthetic_input, synthetic_labels
-
+          ) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
+    """This rank's input boxes (first stage: one per model input) and target box (last stage) of micro-batch
+    ``micro`` of ``step``."""
     if not (stage.first or stage.last):
         return None, None
     graph = stage.model.layer_graph
     output_shape = graph.nodes[stage.model.output_name]["output_shape"]
     size = graph.input_shape[0]
-    label_shape = (options.input_shape[0], *output_shape[2:])
-    x_box = _shifted(stage.input_box(), micro * size) if stage.first else None
+    x_boxes = tuple(_shifted(box, micro * size) for box in stage.input_boxes()) if stage.first else None
     t_box = _shifted(stage.target_box((size, *output_shape[2:])), micro * size) if stage.last else None
-    if options.data:
-        from cost_models.model_spec import resolve_factory
+    inputs, target = _batch(options, output_shape, x_boxes or _empty_boxes(options),
+                            t_box or _empty(1 + len(output_shape[2:])), step, dtype, device)
+    return (inputs if x_boxes else None), (target if t_box else None)
 
-        factory = resolve_factory(options.data)
-        x, target = factory(x_box or _empty(4), t_box or _empty(len(label_shape)), step)
-        return (x.to(device) if x_box else None), (target.to(device) if t_box else None)
+
+def _batch(options: Any, output_shape: Sequence[int], x_boxes: tuple[tuple[slice, ...], ...], t_box: tuple[slice, ...],
+           step: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The inputs' and the target's boxes of ``step`` (boxes of the global batch): the ``--data`` factory's, or
+    synthetic."""
+    from runtime.data import synthetic_inputs, synthetic_labels
+    from runtime.train import factory_batches
+
+    if options.data:
+        return factory_batches(options.data, x_boxes, t_box, dtype, device)(step)
     seed = options.seed * 1000 + step
-    return (synthetic_input(options.input_shape, x_box, seed, dtype, device) if x_box else None,
-            synthetic_labels(label_shape, t_box, output_shape[1], seed, device) if t_box else None)
+    label_shape = (options.input_shape[0], *output_shape[2:])
+    return (synthetic_inputs(options.shapes, x_boxes, seed, dtype, device),
+            synthetic_labels(label_shape, t_box, output_shape[1], seed, device))
 
 
 def _keys(options: Any, stage: Any, step: int) -> Callable[[int], DrawKey]:
@@ -228,6 +235,11 @@ def _shifted(box: tuple[slice, ...], offset: int) -> tuple[slice, ...]:
 
 def _empty(dims: int) -> tuple[slice, ...]:
     return tuple(slice(0, 1) for _ in range(dims))
+
+
+def _empty_boxes(options: Any) -> tuple[tuple[slice, ...], ...]:
+    """A one-element box of each input (what a last stage that loads no input asks the factory for)."""
+    return tuple(_empty(len(shape)) for shape in options.shapes)
 
 
 def _update_intervals(stage: Any, records: list[Any], started: float, device: torch.device) -> list[float]:
@@ -311,20 +323,12 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     return comparison.report(device) | random_report(reference.random)
 
 
-def _whole(options: Any, stage: Any, micro: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The whole micro-batch ``micro`` of step 0 and its labels (the unsplit model's)."""
-    from runtime.data import synthetic_input, synthetic_labels
-
+def _whole(options: Any, stage: Any, micro: int, dtype: torch.dtype, device: torch.device
+           ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The whole micro-batch ``micro`` of step 0 (every input) and its labels (the unsplit model's)."""
     graph = stage.model.layer_graph
     size, output_shape = graph.input_shape[0], graph.nodes[stage.model.output_name]["output_shape"]
-    x_box = (slice(micro * size, (micro + 1) * size), *(slice(0, e) for e in options.input_shape[1:]))
-    t_box = (x_box[0], *(slice(0, e) for e in output_shape[2:]))
-    label_shape = (options.input_shape[0], *output_shape[2:])
-    if options.data:
-        from cost_models.model_spec import resolve_factory
-
-        x, target = resolve_factory(options.data)(x_box, t_box, 0)
-        return x.to(device), target.to(device)
-    seed = options.seed * 1000
-    return (synthetic_input(options.input_shape, x_box, seed, dtype, device),
-            synthetic_labels(label_shape, t_box, output_shape[1], seed, device))
+    samples = slice(micro * size, (micro + 1) * size)
+    x_boxes = tuple((samples, *(slice(0, e) for e in shape[1:])) for shape in options.shapes)
+    t_box = (samples, *(slice(0, e) for e in output_shape[2:]))
+    return _batch(options, output_shape, x_boxes, t_box, 0, dtype, device)

@@ -37,9 +37,9 @@ def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> N
         PlanError: Naming both fingerprints, or both counts, and what to do.
     """
     if graph.fingerprint != plan.fingerprint:
+        shapes = " and ".join(str(list(shape)) for shape in graph.input_shapes)
         raise PlanError(f"{where} was made for model fingerprint {plan.fingerprint}, but this model at input "
-                        f"{list(graph.input_shape)} ({graph.graph['dtype']}) traces to {graph.fingerprint}; "
-                        f"make a new plan")
+                        f"{shapes} ({graph.graph['dtype']}) traces to {graph.fingerprint}; make a new plan")
     check_plan_for_graph(plan, graph)
     devices = sum(plan.pipeline.devices_per_stage)
     if ranks != devices:
@@ -58,7 +58,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Seque
         PlanError: Naming up to three such layers, their layouts and why; a pipeline the runtime cannot run;
             or pipeline stages that are not contiguous in the traced program.
     """
-    nodes = list(symbolic_trace(model, tuple(leaf_modules)).graph.nodes)
+    nodes = list(symbolic_trace(model, tuple(leaf_modules), inputs=len(graph.input_shapes)).graph.nodes)
     held = held_plan(plan, nodes, graph)
     refused = list(dict.fromkeys([*plan_refusals(held, graph, sync_batchnorm=sync_batchnorm),
                                   *(plan_refusals(held, graph, sync_batchnorm=True) if verify else ())]))

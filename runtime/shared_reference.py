@@ -28,11 +28,12 @@ from torch import nn
 
 from runtime.failures import all_reduce, exchange
 from runtime.random_ops import DrawKey
+from runtime.inputs import Inputs
 from runtime.verify import Reference, held_reference, keep_reference, reference_step, rounding_error
 
 __all__ = ["shared_reference", "shared_rounding"]
 
-Batches = Sequence[tuple[torch.Tensor, torch.Tensor, DrawKey]]
+Batches = Sequence[tuple[Inputs, torch.Tensor, DrawKey]]
 
 
 def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,

@@ -2,14 +2,15 @@
 
 A layer runs on the stage the plan gives it. Stages must be contiguous in
 the traced (topological) order: a layer may not sit on an earlier stage than
-a layer before it. The model's input belongs to stage 0 and the output node
+a layer before it. The model's inputs (every one, for a model taking several
+tensors) belong to stage 0 and the output node
 to the last stage. Nodes that are not layers (``x.size(0)``, attribute reads)
 run on the stage of their first user; one that nothing reads (the discarded
 half of ``x, _ = attention(x)``) runs on the stage of its latest input. A
 value crossing a cut — an activation, a skip connection over any number of
-stages, the model input read by a later stage — is sent by its producer
+stages, a model input read by a later stage — is sent by its producer
 straight to every later stage that reads it; its gradient comes back the
-same way. Only tensors the plan places (layers and the input) may cross —
+same way. Only tensors the plan places (layers and the inputs) may cross —
 and values computed from traced shapes alone (``runtime.shapes``: every
 stage evaluates them, nothing is sent).
 """

@@ -31,15 +31,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.data import synthetic_input, synthetic_labels
+from runtime.data import synthetic_inputs, synthetic_labels
 from runtime.failures import all_reduce, at
 from runtime.faults import planned, strike
 from runtime.checkpoint import Progress
 from runtime.random_ops import DrawKey
 from runtime.recovery import Recovery, training_state
 
-__all__ = ["PER_LAYER_STEPS", "RunOptions", "fresh_model", "measurement_document", "peak_memory_bytes",
-           "reference_identity", "sgd", "synchronise", "worker"]
+__all__ = ["PER_LAYER_STEPS", "Batch", "RunOptions", "factory_batches", "fresh_model", "measurement_document",
+           "peak_memory_bytes", "reference_identity", "sgd", "synchronise", "worker"]
 
 PER_LAYER_STEPS = 3
 """Profiled steps after the timed ones when per-layer times are asked for (``extra["per_layer"]``)."""
@@ -73,6 +73,14 @@ class RunOptions:
     graph: Any = field(default=None, repr=False)
     """The model's LayerGraph at ``input_shape``, traced by the command; ranks then skip tracing with fake
     tensors (and importing torch._dynamo: seconds per process). ``None``: each rank traces."""
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+    """Every model input's shape in the forward's argument order (the first is ``input_shape``); empty: the one
+    ``input_shape``."""
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Every model input's global shape, in argument order."""
+        return tuple(tuple(shape) for shape in self.input_shapes) or (tuple(self.input_shape),)
 
     @property
     def timeout(self) -> timedelta:
@@ -126,8 +134,12 @@ def verify_only(options: RunOptions, plan: Any, verified: dict[str, Any] | None,
     return measurement_document(options, plan, [], [], memory, verified) if dist.get_rank() == 0 else None
 
 
-def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Optimizer,
-           batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+Batch = Callable[[int], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
+"""Step → this rank's boxes of the model's inputs (in argument order) and of the labels."""
+
+
+def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
+           device: torch.device,
            recovery: Recovery) -> Progress:
     """The warm-up and timed steps not done yet (``recovery`` says where to start), a checkpoint when due."""
     progress = recovery.start()
@@ -145,8 +157,8 @@ def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Op
     return progress
 
 
-def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer,
-                 batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> list[dict[str, Any]]:
+def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
+                 device: torch.device) -> list[dict[str, Any]]:
     """Per layer forward/backward seconds over ``PER_LAYER_STEPS`` further steps under the profiler."""
     from runtime.layer_times import profiled_layer_times
 
@@ -166,36 +178,54 @@ def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.dev
 
 
 def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
-                 whole: bool = False) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
-    """Step → this rank's (input, labels); with ``whole``, the whole batch (the unsplit model's, for --verify)."""
+                 whole: bool = False) -> Batch:
+    """Step → this rank's (inputs, labels); with ``whole``, the whole batch (the unsplit model's, for --verify)."""
     output_shape = split.layer_graph.nodes[split.output_name]["output_shape"]
     label_shape = (output_shape[0], *output_shape[2:])
-    input_box, label_box = split.input_box(), split.target_box(label_shape)
+    input_boxes, label_box = split.input_boxes(), split.target_box(label_shape)
     if whole:
-        input_box, label_box = _everything(options.input_shape), _everything(label_shape)
+        input_boxes, label_box = tuple(_everything(shape) for shape in options.shapes), _everything(label_shape)
     if options.data:
-        from cost_models.model_spec import resolve_factory
+        return factory_batches(options.data, input_boxes, label_box, dtype, device)
 
-        factory = resolve_factory(options.data)
-        return lambda step: tuple(t.to(device) for t in factory(input_box, label_box, step))  # type: ignore[return-value]
-
-    def synthetic(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def synthetic(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         seed = options.seed * 1000 + step
-        return (synthetic_input(options.input_shape, input_box, seed, dtype, device),
+        return (synthetic_inputs(options.shapes, input_boxes, seed, dtype, device),
                 synthetic_labels(label_shape, label_box, output_shape[1], seed, device))
 
     return synthetic
 
 
-def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
+def factory_batches(spec: str, input_boxes: tuple[tuple[slice, ...], ...], label_box: tuple[slice, ...],
+                    dtype: torch.dtype, device: torch.device) -> Batch:
+    """Step → the ``--data`` factory's (inputs, target) for these boxes (``runtime.data``'s contract): one input
+    box and one input tensor for a single-input model, a tuple of each for a model taking several. Floating
+    inputs are cast to the run's ``dtype``."""
+    from cost_models.model_spec import resolve_factory
+
+    factory = resolve_factory(spec)
+    several = len(input_boxes) > 1
+
+    def load(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        inputs, target = factory(input_boxes if several else input_boxes[0], label_box, step)
+        return tuple(_as_input(t, dtype, device) for t in (inputs if several else (inputs,))), target.to(device)
+
+    return load
+
+
+def _as_input(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return tensor.to(device=device, dtype=dtype) if tensor.is_floating_point() else tensor.to(device)
+
+
+def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[tuple[torch.Tensor, ...], torch.Tensor],
           device: torch.device, key: DrawKey) -> tuple[float, float]:
-    x, target = batch
+    inputs, target = batch
     split.draw_key = key  # the step's random draws: the same on a resumed run
     synchronise(device)
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     with at("forward"):
-        share = split.loss(split(x), target)
+        share = split.loss(split(*inputs), target)
     with at("backward"):
         share.backward()
     optimizer.step()
@@ -216,12 +246,12 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     _, split = _build(RunOptions(**{**options.__dict__, "sync_batchnorm": True}), plan, dtype, device)
     key = DrawKey(options.seed, 0)
     split.draw_key, split.switch_off_random = key, True
-    x, target = _data_source(options, split, dtype, device)(0)
+    inputs, target = _data_source(options, split, dtype, device)(0)
     with inside_switched_off(split.model, split.random.values()):
-        output = split(x)
+        output = split(*inputs)
         split.loss(output, target).backward()
-    full_x, labels = _data_source(options, split, dtype, device, whole=True)(0)
-    batches = [(full_x, labels, key)]
+    full_inputs, labels = _data_source(options, split, dtype, device, whole=True)(0)
+    batches = [(full_inputs, labels, key)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
                                  reuse=reuse, device=device)
@@ -267,7 +297,8 @@ def measurement_document(options: RunOptions, plan: Any, per_step: list[float], 
     return {
         "format": "parplan.measurement/1",
         "model": {"spec": options.model, "input_shape": list(options.input_shape), "dtype": options.dtype,
-                  "fingerprint": plan.fingerprint},
+                  "fingerprint": plan.fingerprint,
+                  **({"input_shapes": [list(s) for s in options.shapes]} if len(options.shapes) > 1 else {})},
         "plan": {"summary": plan.summary(), "devices": plan.cluster.devices},
         "nproc": dist.get_world_size(), "backend": dist.get_backend(), "launcher": options.launcher,
         "steps": options.steps, "warmup": options.warmup,

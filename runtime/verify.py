@@ -4,8 +4,10 @@ The unsplit reference (:func:`reference_step`) is the user's model, freshly
 built with the same seed, traced by the same tracer (the same node names)
 and run under an fx interpreter that draws its random ops with the same keys
 as the split model (``runtime.random_ops``): random layers stay on on both
-sides. Unkeyed random ops that can be switched off are switched off on both
-sides, the others are listed (:func:`random_report`).
+sides. It is called with every whole input (a batch's ``x`` is one tensor, or
+a tuple of them for a model taking several, in argument order). Unkeyed
+random ops that can be switched off are switched off on both sides, the
+others are listed (:func:`random_report`).
 
 Each tensor — every output the split model returns (this rank's box of it)
 and every gradient this rank trains (its slice) — passes when::
@@ -35,6 +37,7 @@ from torch.fx.node import map_aggregate
 from cost_models.tracing import symbolic_trace
 from runtime.apply import output_loss
 from runtime.failures import all_reduce
+from runtime.inputs import Inputs, as_inputs
 from runtime.placement import Placement
 from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, inside_switched_off, random_ops
 from runtime.shapes import nd_box
@@ -86,9 +89,10 @@ class Reference:
 
 
 def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
-                   batches: Iterable[tuple[torch.Tensor, torch.Tensor, DrawKey]], *,
+                   batches: Iterable[tuple[Inputs, torch.Tensor, DrawKey]], *,
                    reuse: Hashable | None = None) -> Reference:
-    """The unsplit model ``build(dtype)`` after forward and backward of each ``(x, labels, key)``.
+    """The unsplit model ``build(dtype)`` after forward and backward of each ``(x, labels, key)``; ``x`` is the
+    whole input, or a tuple of the whole inputs of a model taking several.
 
     Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches);
     the loss is :func:`runtime.apply.output_loss` (cross-entropy over the floating outputs).
@@ -116,7 +120,7 @@ def keep_references_of(reuse: Hashable | None, leaf_modules: Sequence[str] = ())
 
 
 def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str],
-            dtype: torch.dtype, batches: list[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
+            dtype: torch.dtype, batches: list[tuple[Inputs, torch.Tensor, DrawKey]]) -> Reference:
     held = held_reference(reuse, leaf_modules, dtype, batches)
     if held is not None:
         return held
@@ -127,7 +131,7 @@ def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_mod
 
 
 def held_reference(reuse: Hashable, leaf_modules: Sequence[str], dtype: torch.dtype,
-                   batches: Sequence[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference | None:
+                   batches: Sequence[tuple[Inputs, torch.Tensor, DrawKey]]) -> Reference | None:
     """The reference kept for ``reuse``, ``leaf_modules``, ``dtype`` and these batches, if this process holds it."""
     known = _REUSED.get(dtype)
     if known is not None and known[0] == (reuse, tuple(leaf_modules)) and _same_batches(known[1], list(batches)):
@@ -136,27 +140,32 @@ def held_reference(reuse: Hashable, leaf_modules: Sequence[str], dtype: torch.dt
 
 
 def keep_reference(reuse: Hashable, leaf_modules: Sequence[str], dtype: torch.dtype,
-                   batches: Sequence[tuple[torch.Tensor, torch.Tensor, DrawKey]], reference: Reference) -> None:
+                   batches: Sequence[tuple[Inputs, torch.Tensor, DrawKey]], reference: Reference) -> None:
     """Keep ``reference`` (computed here or received) as :func:`reference_step` keeps what it computes."""
-    _REUSED[dtype] = ((reuse, tuple(leaf_modules)), [(x.clone(), labels.clone(), draw) for x, labels, draw in batches],
+    _REUSED[dtype] = ((reuse, tuple(leaf_modules)),
+                      [(tuple(t.clone() for t in as_inputs(x)), labels.clone(), draw) for x, labels, draw in batches],
                       reference)
 
 
 def _same_batches(known: list[Any], batches: list[Any]) -> bool:
     return len(known) == len(batches) and all(
-        a[2] == b[2] and a[0].shape == b[0].shape and a[1].shape == b[1].shape and torch.equal(a[0], b[0])
-        and torch.equal(a[1], b[1]) for a, b in zip(known, batches))
+        a[2] == b[2] and _same_tensors((*as_inputs(a[0]), a[1]), (*as_inputs(b[0]), b[1]))
+        for a, b in zip(known, batches))
+
+
+def _same_tensors(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(first, second))
 
 
 def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
-               batches: list[tuple[torch.Tensor, torch.Tensor, DrawKey]]) -> Reference:
+               batches: list[tuple[Inputs, torch.Tensor, DrawKey]]) -> Reference:
     model, outputs = build(dtype), []
-    traced = symbolic_trace(model, tuple(leaf_modules))
+    traced = symbolic_trace(model, tuple(leaf_modules), inputs=len(as_inputs(batches[0][0])) if batches else 1)
     ops = tuple(random_ops(list(traced.graph.nodes), model).values())
     for x, labels, key in batches:
         interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
         with inside_switched_off(model, ops):
-            out = interpreter.run(x.to(dtype))
+            out = interpreter.run(*(tensor.to(dtype) for tensor in as_inputs(x)))
             (output_loss(out, labels) / len(batches)).backward()
         outputs.append(map_aggregate(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v))
     return Reference(model, tuple(outputs), ops)
