@@ -85,6 +85,7 @@ class CheckRequest:
     budget_s: float | None = None  # all checks of the model together (the suite's cap); None: no cap
     verify_dtype: str | None = None  # the verify runs' dtype (float64: exact); None: ``dtype``
     input_shapes: tuple[tuple[int, ...], ...] = ()  # every input's, for a model taking several; () = input_shape
+    output: str | None = None  # the part of the model's output the loss is taken of (--output); None: every one
 
     @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -167,6 +168,7 @@ def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = No
         return check
 
     model = load_model(request.model)
+    _check_output(model, request)
     graph, traced = _trace_check(_within(request, ends), model)
     record(traced)
     for devices in request.devices if graph is not None else ():
@@ -183,6 +185,16 @@ def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = No
                or _layout_check(_within(request, ends), model, graph, layout, pools))
     return CheckReport(request.model, request.input_shape, request.dtype, tuple(checks),
                        time.perf_counter() - started)
+
+
+def _check_output(model: Any, request: CheckRequest) -> None:
+    """``--output KEY`` names a part of what the model returns (``runtime.outputs``), or is bad input (exit 2)."""
+    if request.output is not None:
+        from cost_models.tracing import symbolic_trace
+        from runtime.outputs import select_nodes
+
+        nodes = symbolic_trace(model, request.leaf_modules).graph.nodes
+        select_nodes(next(node for node in nodes if node.op == "output").args[0], request.output)
 
 
 _LEAST_S = 5.0
@@ -335,7 +347,8 @@ def _run_options(request: CheckRequest, plan: Any, graph: Any, ranks: int, timeo
                       dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
-                      quiet=True, timeout_s=timeout_s, graph=graph, extra={"reuse_reference": True})
+                      quiet=True, timeout_s=timeout_s, graph=graph, output=request.output,
+                      extra={"reuse_reference": True})
 
 
 def layout_plan(graph: Any, layout: Layout, model_spec: str = "") -> Any:
@@ -446,6 +459,9 @@ def add_check(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=positive_float, default=300.0, metavar="T",
                         help="seconds per check (tracing, planning, a verify run); a check that runs longer fails "
                              "as timed out (default 300)")
+    parser.add_argument("--output", metavar="KEY",
+                        help="a model returning a dict, tuple or named tuple: verify the loss of this part only (a "
+                             "key, field or index); default: the sum over every floating output")
     parser.set_defaults(handler=check_command)
 
 
@@ -479,7 +495,7 @@ def _request(args: argparse.Namespace) -> CheckRequest:
     load_profile_argument(args.profile, args.dtype)  # an unknown profile is bad input, before any work
     return CheckRequest(args.model, shapes[0], args.dtype, devices, layouts, args.profile,  # type: ignore[arg-type]
                         args.timeout_s, tuple(args.leaf_module), args.tolerance, verify_dtype=args.verify_dtype,
-                        input_shapes=shapes)
+                        input_shapes=shapes, output=args.output)
 
 
 def _print_check(check: Check) -> None:

@@ -178,6 +178,9 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
     parser.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default 0.01)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
+    parser.add_argument("--output", metavar="KEY",
+                        help="a model returning a dict, tuple or named tuple: take the loss of this part only (a key, "
+                             "field or index); default: the sum over every floating output")
     parser.add_argument("--sync-batchnorm", action="store_true",
                         help="batch-norm statistics over the whole batch, as the unsplit model (default: per group "
                              "of samples, as data parallelism; not priced by the cost model)")

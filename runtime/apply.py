@@ -65,6 +65,7 @@ from runtime.groups import GroupCache, blocks
 from runtime.inputs import input_boxes, input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_batch_norm, input_placement, refusal
+from runtime.outputs import Everywhere, is_container, output_loss, paired, select_nodes, select_value
 from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
@@ -103,7 +104,7 @@ class _Held:
 
 def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
                leaf_modules: Sequence[str] = (), graph: Any = None, timeout: timedelta | None = None, *,
-               random_seed: int = 0) -> "DistributedModel":
+               random_seed: int = 0, output: str | None = None) -> "DistributedModel":
     """Prepare ``model`` to train under ``plan`` on ``ranks`` (default: every rank of the default group).
 
     Collective: every rank of the default process group must call it (it creates process groups).
@@ -122,6 +123,8 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
         timeout: How long the process groups this creates may wait for a peer (default: torch's).
         random_seed: The seed of the random layers' keyed draws (``runtime.random_ops``): the same on every
             rank, and on the unsplit model they are compared with.
+        output: The part of the model's output the loss is taken of (``--output``: a dict key, a named tuple
+            field or an index; ``runtime.outputs``); ``None``: every floating output.
 
     Raises:
         PlanError: The plan was made for another model or input, has pipeline stages, needs another number of
@@ -133,8 +136,10 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
     if plan.pipeline.stages != 1:
         raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; run it with "
                         f"runtime.pipeline.apply_pipeline (parplan run does), or make one with --max-stages 1")
-    return DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules), timeout=timeout,
-                            random_seed=random_seed)
+    split = DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules), timeout=timeout,
+                             random_seed=random_seed)
+    split.output_key = output
+    return split
 
 
 class DistributedModel(nn.Module):
@@ -156,6 +161,7 @@ class DistributedModel(nn.Module):
         nodes = list(symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes)).graph.nodes)
         self._nodes = nodes if stage_nodes is None else _stage_nodes(nodes, stage_nodes)
         self._output_node = next(node for node in nodes if node.op == "output")
+        self._output_key: str | None = None
         self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
         self.constants = constant_nodes(nodes, frozenset(graph.nodes))
         """Layers computed from parameters and constants alone: whole on every rank (``runtime.shapes``)."""
@@ -439,11 +445,24 @@ class DistributedModel(nn.Module):
     def _output_name(self) -> str:
         return self.output_name
 
+    @property
+    def output_key(self) -> str | None:
+        """The part of the output the loss is taken of (``--output``, ``runtime.outputs``); ``None``: all of it."""
+        return self._output_key
+
+    @output_key.setter
+    def output_key(self, key: str | None) -> None:
+        select_nodes(self._output_node.args[0], key)  # a key naming no part is refused (PlanError, the parts named)
+        self._output_key = key
+        self.__dict__.pop("output_name", None)
+
     @cached_property
     def output_name(self) -> str:
         """The layer whose output the loss's target is shaped for: the model's first output tensor (the first
-        one inside a returned (named) tuple, as torchvision's GoogLeNet returns its logits and auxiliaries)."""
-        leaves = [name for name, _ in _paired(self._output_node.args[0], _Everywhere())]
+        one inside a returned (named) tuple, as torchvision's GoogLeNet returns its logits and auxiliaries), or
+        the first of the part :attr:`output_key` names."""
+        chosen = select_nodes(self._output_node.args[0], self._output_key)
+        leaves = [name for name, _ in paired(chosen, Everywhere())]
         return next((name for name in leaves if name in self.layer_graph.nodes), self.layer_graph.graph["outputs"][0])
 
     def input_box(self) -> tuple[slice, ...]:
@@ -489,7 +508,8 @@ class DistributedModel(nn.Module):
         default ``reduction="mean"``. ``local_target`` is ``target[target_box(target.shape)]``.
 
         A model returning a dict, tuple or list (what :meth:`forward` returns): the loss is the sum of
-        ``loss_fn`` over its floating tensor outputs, each against the same target (:func:`output_loss`).
+        ``loss_fn`` over its floating tensor outputs (those of the part :attr:`output_key` names), each against
+        the same target (:func:`runtime.outputs.output_loss`).
         """
         loss_fn = loss_fn or nn.functional.cross_entropy
         shares = [self._loss_share(name, tensor, local_target, loss_fn) for name, tensor in self.outputs(local_output)]
@@ -498,11 +518,14 @@ class DistributedModel(nn.Module):
         return sum(shares[1:], shares[0])
 
     def outputs(self, local_output: Any) -> list[tuple[str, torch.Tensor]]:
-        """The floating tensor outputs in ``local_output`` (what :meth:`forward` returns), with their layer names."""
-        if isinstance(local_output, torch.Tensor):
-            return [(self._output_name, local_output)]
-        return [(name, value) for name, value in _paired(self._output_node.args[0], local_output)
-                if isinstance(value, torch.Tensor) and value.is_floating_point()]
+        """The floating tensor outputs in ``local_output`` (what :meth:`forward` returns; of its part
+        :attr:`output_key`), with their layer names."""
+        local = select_value(local_output, self._output_key)
+        if isinstance(local, torch.Tensor):
+            return [(self._output_name, local)]
+        return [(name, value) for name, value in paired(select_nodes(self._output_node.args[0], self._output_key),
+                                                         local) if isinstance(value, torch.Tensor)
+                and value.is_floating_point()]
 
     def _loss_share(self, name: str, local: torch.Tensor, local_target: torch.Tensor,
                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -602,54 +625,6 @@ def _plain(value: Any) -> Any:
 
 def _plain_args(args: Any, env: dict[str, Any]) -> Any:
     return map_aggregate(args, lambda a: _plain(env[a.name]) if isinstance(a, Node) else a)
-
-
-def output_loss(output: Any, target: torch.Tensor,
-                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """The unsplit model's loss as :meth:`DistributedModel.loss` defines it: ``loss_fn`` summed over the floating
-    tensors of ``output`` (a tensor, or a dict/tuple/list of them), each against ``target``."""
-    loss_fn = loss_fn or nn.functional.cross_entropy
-    leaves: list[Any] = []
-    map_aggregate(output, lambda value: leaves.append(value) or value)
-    floating = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
-    if not floating:
-        raise PlanError(f"the model's output ({type(output).__name__}) holds no floating tensor to take a loss of")
-    return sum((loss_fn(leaf, target) for leaf in floating[1:]), loss_fn(floating[0], target))
-
-
-def is_container(node: Node) -> bool:
-    """Whether ``node`` only packs values: a call of ``tuple``/``list`` or of a named tuple's class."""
-    target = node.target
-    return node.op == "call_function" and isinstance(target, type) and (
-        target in (tuple, list) or (issubclass(target, tuple) and hasattr(target, "_fields")))
-
-
-class _Everywhere:
-    """Stands for any value in :func:`_paired` (each item of it is itself)."""
-
-    def __getitem__(self, _key: Any) -> "_Everywhere":
-        return self
-
-    def __iter__(self) -> Iterator["_Everywhere"]:
-        while True:
-            yield self
-
-
-def _paired(nodes: Any, values: Any) -> Iterator[tuple[str, Any]]:
-    """``(node name, value)`` for each node leaf of ``nodes`` and the value at the same place in ``values``;
-    a container node (:func:`is_container`) is looked through."""
-    if isinstance(nodes, Node) and is_container(nodes):
-        packed = nodes.args[0] if nodes.target in (tuple, list) else (
-            [*nodes.args, *(nodes.kwargs[f] for f in nodes.target._fields[len(nodes.args):] if f in nodes.kwargs)])
-        yield from _paired(list(packed), values)
-    elif isinstance(nodes, Node):
-        yield nodes.name, values
-    elif isinstance(nodes, (tuple, list)):
-        for node, value in zip(nodes, values):
-            yield from _paired(node, value)
-    elif isinstance(nodes, dict):
-        for key, node in nodes.items():
-            yield from _paired(node, values[key])
 
 
 def _resolve(node: Node, value_of: Callable[[Node], Any]) -> tuple[Any, Any]:

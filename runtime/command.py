@@ -1,7 +1,8 @@
 """``parplan run``: check everything a user can get wrong before any rank starts, launch, report.
 
 Order of checks (each a one-line error and exit code 2): the input shape, the
-plan file (format, schema), the model (loads and traces), the plan against
+plan file (format, schema), the model (loads and traces; ``--output`` names a
+part of what it returns), the plan against
 the model (fingerprint, layers, layouts the runtime executes), the rank count
 against the plan's devices, the backend against this machine. Then the ranks
 run (``runtime.launch``); rank 0's measurement is written atomically to
@@ -38,7 +39,9 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
     shapes = parse_input_shapes(args.input_shape)
     plan = _read_plan(args) if args.plan else None
-    graph = trace(load_model(args.model), shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    model = load_model(args.model)
+    _check_output(model, args)
+    graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
     mpi = started_by_mpi()
     nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
     if nproc is None and not mpi:
@@ -56,7 +59,7 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
         threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or _mpi_size())), quiet=args.json,
         timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
-        resume=args.resume, graph=graph,
+        resume=args.resume, graph=graph, output=args.output,
         extra={"order": args.order, "staleness": args.staleness, "per_layer": getattr(args, "per_layer", False),
                "slow_stages": {str(k): v for k, v in args.slow_stages.items()}})
     document = launch(options, nproc, backend, args.max_restarts)
@@ -65,6 +68,17 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     _report(args, document, report)
     verified = document.get("verify")
     return 1 if verified is not None and not verified["passed"] else 0
+
+
+def _check_output(model: Any, args: argparse.Namespace) -> None:
+    """``--output KEY`` must name a part of what the model returns (``runtime.outputs``); refused here otherwise."""
+    if args.output is None:
+        return
+    from cost_models.tracing import symbolic_trace
+    from runtime.outputs import select_nodes
+
+    output = next(node for node in symbolic_trace(model, args.leaf_module).graph.nodes if node.op == "output")
+    select_nodes(output.args[0], args.output)
 
 
 def _read_plan(args: argparse.Namespace) -> Any:

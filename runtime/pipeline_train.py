@@ -145,9 +145,11 @@ def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sy
 
     model = fresh_model(options, dtype, device)
     slowdown = float(options.extra.get("slow_stages", {}).get(str(dist.get_rank() // plan.pipeline.devices_per_stage[0]), 1.0))
-    return apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
-                          options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
-                          random_seed=options.seed)
+    stage = apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
+                           options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
+                           random_seed=options.seed)
+    stage.model.output_key = options.output  # the part of the output the last stage takes the loss of
+    return stage
 
 
 def _order(options: Any, plan: Any) -> str:
@@ -311,10 +313,10 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                                 reuse=reuse, device=device)
+                                 reuse=reuse, device=device, output=options.output)
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
-                                                               reuse=reuse), device)
+                                                               reuse=reuse, output=options.output), device)
              if dtype.itemsize < 8 else None)
     comparison = Comparison.of(reference, dtype, options.tolerance, noise=noise)
     for b in range(micro) if stage.last else ():

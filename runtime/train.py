@@ -69,6 +69,7 @@ class RunOptions:
     checkpoint_every: int = 0
     checkpoint_dir: str = ""
     resume: bool = False
+    output: str | None = None  # the part of the model's output the loss is taken of (runtime.outputs); None: all
     extra: dict[str, Any] = field(default_factory=dict)
     graph: Any = field(default=None, repr=False)
     """The model's LayerGraph at ``input_shape``, traced by the command; ranks then skip tracing with fake
@@ -174,7 +175,8 @@ def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.dev
 
     model = fresh_model(options, dtype, device)  # the same initial weights on every rank
     return model, apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules,
-                             graph=options.graph, timeout=options.timeout, random_seed=options.seed)
+                             graph=options.graph, timeout=options.timeout, random_seed=options.seed,
+                             output=options.output)
 
 
 def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
@@ -254,10 +256,10 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     batches = [(full_inputs, labels, key)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                                 reuse=reuse, device=device)
+                                 reuse=reuse, device=device, output=options.output)
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
-                                                               reuse=reuse), device)
+                                                               reuse=reuse, output=options.output), device)
              if dtype.itemsize < 8 else None)
     comparison = Comparison.of(reference, dtype, options.tolerance, noise=noise)
     compare_outputs(comparison, split, output, reference.outputs[0])
@@ -266,9 +268,9 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
 
 
 def reference_identity(options: RunOptions) -> tuple[Any, ...] | None:
-    """What identifies the unsplit reference's model, when the caller lets ranks reuse it across runs
+    """What identifies the unsplit reference's model and loss, when the caller lets ranks reuse it across runs
     (``extra["reuse_reference"]``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
-    return (options.model, options.seed, options.data) if options.extra.get("reuse_reference") else None
+    return (options.model, options.seed, options.data, options.output) if options.extra.get("reuse_reference") else None
 
 
 def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:

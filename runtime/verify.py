@@ -35,7 +35,7 @@ from torch import nn
 from torch.fx.node import map_aggregate
 
 from cost_models.tracing import symbolic_trace
-from runtime.apply import output_loss
+from runtime.outputs import output_loss
 from runtime.failures import all_reduce
 from runtime.inputs import Inputs, as_inputs
 from runtime.placement import Placement
@@ -90,22 +90,24 @@ class Reference:
 
 def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                    batches: Iterable[tuple[Inputs, torch.Tensor, DrawKey]], *,
-                   reuse: Hashable | None = None) -> Reference:
+                   reuse: Hashable | None = None, output: str | None = None) -> Reference:
     """The unsplit model ``build(dtype)`` after forward and backward of each ``(x, labels, key)``; ``x`` is the
     whole input, or a tuple of the whole inputs of a model taking several.
 
     Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches);
-    the loss is :func:`runtime.apply.output_loss` (cross-entropy over the floating outputs).
+    the loss is :func:`runtime.outputs.output_loss` (cross-entropy over the floating outputs, or over those of
+    the part ``output`` names).
 
-    ``reuse``: what identifies ``build``'s model (its spec and seed). Given, the last reference this process
-    computed for the same ``reuse``, dtype, leaf modules and batches (tensors equal element for element, the
-    same keys) is returned instead of computing it again — a pool of ranks verifying one model under several
-    plans (``parplan check``) computes its reference once. The reference is only read by the comparison.
+    ``reuse``: what identifies ``build``'s model and loss (its spec, seed and ``output``). Given, the last
+    reference this process computed for the same ``reuse``, dtype, leaf modules and batches (tensors equal
+    element for element, the same keys) is returned instead of computing it again — a pool of ranks verifying
+    one model under several plans (``parplan check``) computes its reference once. The reference is only read
+    by the comparison.
     """
     batches = list(batches)
     if reuse is not None:
-        return _reused(reuse, build, leaf_modules, dtype, batches)
-    return _reference(build, leaf_modules, dtype, batches)
+        return _reused(reuse, build, leaf_modules, dtype, batches, output)
+    return _reference(build, leaf_modules, dtype, batches, output)
 
 
 _REUSED: dict[torch.dtype, tuple[Any, list[Any], Reference]] = {}
@@ -120,12 +122,13 @@ def keep_references_of(reuse: Hashable | None, leaf_modules: Sequence[str] = ())
 
 
 def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str],
-            dtype: torch.dtype, batches: list[tuple[Inputs, torch.Tensor, DrawKey]]) -> Reference:
+            dtype: torch.dtype, batches: list[tuple[Inputs, torch.Tensor, DrawKey]],
+            output: str | None = None) -> Reference:
     held = held_reference(reuse, leaf_modules, dtype, batches)
     if held is not None:
         return held
     _REUSED.pop(dtype, None)  # its memory back before the next one is built
-    reference = _reference(build, leaf_modules, dtype, batches)
+    reference = _reference(build, leaf_modules, dtype, batches, output)
     keep_reference(reuse, leaf_modules, dtype, batches, reference)
     return reference
 
@@ -158,7 +161,7 @@ def _same_tensors(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor])
 
 
 def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
-               batches: list[tuple[Inputs, torch.Tensor, DrawKey]]) -> Reference:
+               batches: list[tuple[Inputs, torch.Tensor, DrawKey]], output: str | None = None) -> Reference:
     model, outputs = build(dtype), []
     traced = symbolic_trace(model, tuple(leaf_modules), inputs=len(as_inputs(batches[0][0])) if batches else 1)
     ops = tuple(random_ops(list(traced.graph.nodes), model).values())
@@ -166,7 +169,7 @@ def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence
         interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
         with inside_switched_off(model, ops):
             out = interpreter.run(*(tensor.to(dtype) for tensor in as_inputs(x)))
-            (output_loss(out, labels) / len(batches)).backward()
+            (output_loss(out, labels, key=output) / len(batches)).backward()
         outputs.append(map_aggregate(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v))
     return Reference(model, tuple(outputs), ops)
 
@@ -258,18 +261,20 @@ def compare_outputs(comparison: Comparison, split: Any, local: Any, whole: Any) 
 
 
 def compare_gradients(comparison: Comparison, split: Any, reference: nn.Module) -> None:
-    """Compare every gradient ``split`` trains (a stage: only its own) with the reference's (its slice)."""
+    """Compare every gradient ``split`` trains (a stage: only its own) with the reference's (its slice); a
+    parameter the loss does not reach (``--output`` of another head) has no gradient or a zero one on either."""
     sliced = {piece.name: piece for piece in split.slices}
     mine = {id(param) for param in split.own_parameters}
     expected = dict(reference.named_parameters())
     for name, param in split.model.named_parameters():
         full = expected[name].grad
-        if id(param) not in mine or full is None or param.grad is None:
+        if id(param) not in mine or (full is None and param.grad is None):
             continue
+        full = full if full is not None else torch.zeros_like(expected[name])
         if name in sliced:
             piece = sliced[name]
             full = full.narrow(piece.dim, piece.start, piece.stop - piece.start)
-        comparison.gradient(name, param.grad, full)
+        comparison.gradient(name, param.grad if param.grad is not None else torch.zeros_like(param), full)
 
 
 def random_report(ops: Iterable[RandomOp]) -> dict[str, list[str]]:

@@ -45,10 +45,10 @@ def run_ranks(fn: RankFunction, world_size: int, args: tuple[Any, ...] = (), tim
         context = mp.get_context(start)
         if start == "forkserver":
             context.set_forkserver_preload(PRELOAD)
-        queue = context.Queue()
+        queue, received = context.Queue(), context.Event()
         processes = [
-            context.Process(target=_entry, args=(fn, rank, world_size, f"file://{scratch}/rendezvous", queue, args),
-                            daemon=True)
+            context.Process(target=_entry, args=(fn, rank, world_size, f"file://{scratch}/rendezvous", queue, args,
+                                                 received), daemon=True)
             for rank in range(world_size)
         ]
         for process in processes:
@@ -56,6 +56,7 @@ def run_ranks(fn: RankFunction, world_size: int, args: tuple[Any, ...] = (), tim
         try:
             results = _collect(queue, processes, timeout_s)
         finally:
+            received.set()
             for process in processes:
                 process.join(5.0)
                 if process.is_alive():
@@ -84,7 +85,8 @@ def _collect(queue: Any, processes: list[Any], timeout_s: float) -> dict[int, An
     return results
 
 
-def _entry(fn: RankFunction, rank: int, world_size: int, rendezvous: str, queue: Any, args: tuple[Any, ...]) -> None:
+def _entry(fn: RankFunction, rank: int, world_size: int, rendezvous: str, queue: Any, args: tuple[Any, ...],
+           received: Any) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -96,3 +98,4 @@ def _entry(fn: RankFunction, rank: int, world_size: int, rendezvous: str, queue:
             dist.destroy_process_group()
     except BaseException:  # reported to the parent with the full traceback, then the rank exits
         queue.put((rank, False, traceback.format_exc()))
+    received.wait(60.0)  # tensors travel as this process's shared memory: it lives until the parent has read them

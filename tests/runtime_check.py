@@ -186,26 +186,40 @@ def assert_split_matches(split: Any, reference: Any, out: Any, expected: Any, co
     grads = dict(reference.named_parameters())
     for parameter, param in split.model.named_parameters():
         full = grads[parameter].grad
+        if full is None and param.grad is not None:  # no loss reaches it (another head): zero, or no gradient
+            full = torch.zeros_like(grads[parameter])
         if parameter in sliced:
             full = full.narrow(sliced[parameter].dim, sliced[parameter].start,
                                sliced[parameter].stop - sliced[parameter].start)
         torch.testing.assert_close(param.grad, full, msg=lambda m: f"{context} grad of {parameter}: {m}")
 
 
-def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: Sequence[int], context: str) -> None:
+def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: Sequence[int], context: str, *,
+                       output: str | None = None) -> None:
     """One step of the model ``build()`` makes, under ``plan`` (batch-norm synchronised) and unsplit, on one float64
-    batch of ``shape`` (5 classes): the outputs and every gradient equal (the loss of every floating output)."""
+    batch of ``shape`` (5 classes): the outputs and every gradient equal (the loss of every floating output, or of
+    the part ``output`` names)."""
     import torch
 
-    from runtime.apply import apply_plan, output_loss
+    from runtime.apply import apply_plan
+    from runtime.outputs import output_loss, select_value
 
-    split, reference = apply_plan(build(), plan, graph=graph, sync_batchnorm=True), build()
+    split, reference = apply_plan(build(), plan, graph=graph, sync_batchnorm=True, output=output), build()
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(tuple(shape), dtype=torch.float64, generator=generator)
     target = torch.randint(0, 5, (shape[0],), generator=generator)
     out = split(split.shard(x))
     split.loss(out, target[split.target_box(tuple(target.shape))]).backward()
     expected = reference(x)
-    output_loss(expected, target).backward()
-    first = (lambda value: value[0] if isinstance(value, tuple) else value)  # noqa: E731 - (logits, aux): the logits
-    assert_split_matches(split, reference, first(out), first(expected), context)
+    output_loss(expected, target, key=output).backward()
+    assert_split_matches(split, reference, _first(select_value(out, output)), _first(select_value(expected, output)),
+                         context)
+
+
+def _first(value: Any) -> Any:
+    """The first tensor of an output (the logits of ``(logits, aux)``, ``out`` of ``{"out": …, "aux": …}``)."""
+    import torch
+
+    while not isinstance(value, torch.Tensor):
+        value = next(iter(value.values())) if isinstance(value, dict) else value[0]
+    return value

@@ -96,6 +96,8 @@ def test_verify_beyond_its_tolerance_exits_one(repo: Path, tmp_path: Path) -> No
     (["--layout", "n1", "--nproc", "2", "--stages", "2", "--slow-stage", "2:2"], "names stage 2 but the plan has 2"),
     (["--layout", "n1", "--nproc", "2", "--stages", "2", "--slow-stage", "x"], "is not K:FACTOR"),
     (["--layout", "n1", "--nproc", "2", "--stages", "2", "--micro-batches", "3"], "3 micro-batches do not divide"),
+    (["--layout", "n2", "--nproc", "2", "--output", "aux"], "--output aux: the model's output has no such part; it "
+                                                            "has one tensor"),
 ])
 def test_bad_run_arguments_are_one_line_and_exit_two(capsys: pytest.CaptureFixture[str], repo: Path,
                                                      extra: list[str], message: str) -> None:
