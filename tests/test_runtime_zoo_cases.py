@@ -3,7 +3,7 @@
 Single process: what the predicate and the pre-flight say about each pattern — tensors computed from
 parameters alone (a relative position bias, a concatenated qkv bias, a layer scale viewed ``(C, 1, 1)``)
 are constants, run whole whatever the plan says; a permutation that moves the samples out of dimension 0
-takes no sample split; an upsampling whose input is one row high takes no row split; ``F.batch_norm``
+takes no sample split; an upsampling whose input is one row high reads it whole under a row split; ``F.batch_norm``
 (timm's ``BatchNormAct2d``) splits by sample and space even with synchronised statistics.
 
 Multi-rank (2 gloo ranks, float64, exact): each model under each layout family equals the unsplit model —
@@ -204,11 +204,11 @@ def test_the_preflight_checks_a_permutation_by_its_dimensions_not_its_extents() 
     assert layer_refusal(graph.nodes["permute"], Layout(n=2)) is None  # the predicate cannot tell from extents
 
 
-def test_an_upsampling_of_one_row_takes_no_row_split_and_functional_batchnorm_splits() -> None:
+def test_an_upsampling_of_one_row_reads_it_whole_and_functional_batchnorm_splits() -> None:
     plan, graph = _plan("pooled_context", 2, ["h2"])
     upsample = next(name for name in graph.nodes if graph.nodes[name]["kind"] == "upsample")
-    assert "is 1 rows, 1 columns: fewer than the h2·w2 tiles" in layer_refusal(graph.nodes[upsample], Layout(h=2, w=2))
-    assert plan.layers[upsample].layout == Layout()
+    assert layer_refusal(graph.nodes[upsample], Layout(h=2, w=2)) is None  # each tile reads the 1×1 map whole
+    assert plan.layers[upsample].layout == Layout(h=2)
     norm = graph.nodes["batch_norm"]
     assert norm["attrs"]["function_form"]
     for layout in (Layout(n=2), Layout(h=2), Layout(n=2, w=2)):
@@ -311,5 +311,6 @@ def test_the_zoo_patterns_equal_the_unsplit_model_on_two_ranks() -> None:
     for layout, layer in (("c2", "mul"), ("h2", "mul"), ("h2", "add"), ("c2", "add_2"), ("n2", "mul_1")):
         assert results[f"layer_scale {layout}"][layer] == layout, (layout, layer)  # split, reading a parameter
     assert results["pooled_context n2"]["batch_norm"] == "n2" and results["pooled_context h2"]["batch_norm"] == "h2"
+    assert results["pooled_context h2"]["interpolate"] == "h2"  # the 1×1 context read whole by each tile
     assert results["untraced h2"]["conv"] == "h2" and results["untraced n2"]["conv2"] == "n2"
     assert sum(rank["pipeline"] for rank in every) == len(list(_model("attention").parameters()))
