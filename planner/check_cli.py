@@ -156,6 +156,7 @@ def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = No
         InputError: The model does not build (its spec, its factory).
     """
     from cost_models.model_spec import load_model
+    from runtime.outputs import check_output_key
 
     started = time.perf_counter()
     ends = started + request.budget_s if request.budget_s else float("inf")
@@ -168,7 +169,7 @@ def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = No
         return check
 
     model = load_model(request.model)
-    _check_output(model, request)
+    check_output_key(model, request.output, request.leaf_modules)  # bad input: exit 2
     graph, traced = _trace_check(_within(request, ends), model)
     record(traced)
     for devices in request.devices if graph is not None else ():
@@ -185,16 +186,6 @@ def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = No
                or _layout_check(_within(request, ends), model, graph, layout, pools))
     return CheckReport(request.model, request.input_shape, request.dtype, tuple(checks),
                        time.perf_counter() - started)
-
-
-def _check_output(model: Any, request: CheckRequest) -> None:
-    """``--output KEY`` names a part of what the model returns (``runtime.outputs``), or is bad input (exit 2)."""
-    if request.output is not None:
-        from cost_models.tracing import symbolic_trace
-        from runtime.outputs import select_nodes
-
-        nodes = symbolic_trace(model, request.leaf_modules).graph.nodes
-        select_nodes(next(node for node in nodes if node.op == "output").args[0], request.output)
 
 
 _LEAST_S = 5.0

@@ -30,6 +30,7 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     from cost_models.graph import parse_input_shapes, trace
     from cost_models.model_spec import load_model
     from runtime.launch import launch, started_by_mpi
+    from runtime.outputs import check_output_key
     from runtime.train import RunOptions
 
     from cost_models.jsonio import check_writable
@@ -40,7 +41,7 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     shapes = parse_input_shapes(args.input_shape)
     plan = _read_plan(args) if args.plan else None
     model = load_model(args.model)
-    _check_output(model, args)
+    check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
     mpi = started_by_mpi()
     nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
@@ -68,17 +69,6 @@ def run_command(args: argparse.Namespace, predict: Predict | None, report: Calla
     _report(args, document, report)
     verified = document.get("verify")
     return 1 if verified is not None and not verified["passed"] else 0
-
-
-def _check_output(model: Any, args: argparse.Namespace) -> None:
-    """``--output KEY`` must name a part of what the model returns (``runtime.outputs``); refused here otherwise."""
-    if args.output is None:
-        return
-    from cost_models.tracing import symbolic_trace
-    from runtime.outputs import select_nodes
-
-    output = next(node for node in symbolic_trace(model, args.leaf_module).graph.nodes if node.op == "output")
-    select_nodes(output.args[0], args.output)
 
 
 def _read_plan(args: argparse.Namespace) -> Any:

@@ -28,7 +28,8 @@ from torch.fx.node import map_aggregate
 
 from cost_models.errors import PlanError
 
-__all__ = ["Everywhere", "is_container", "output_loss", "paired", "select_nodes", "select_value"]
+__all__ = ["Everywhere", "check_output_key", "is_container", "output_loss", "paired", "select_nodes",
+           "select_value"]
 
 
 def is_container(node: Node) -> bool:
@@ -94,6 +95,16 @@ def select_nodes(nodes: Any, key: str | None) -> Any:
                         f"or indices 0…{len(items) - 1}" if fields else
                         f"--output {key}: the model's output has no such part; it has indices 0…{len(items) - 1}")
     return items[_index(key, len(items))]  # type: ignore[index]
+
+
+def check_output_key(model: nn.Module, key: str | None, leaf_modules: Any = ()) -> None:
+    """Refuse (``PlanError``, the parts named) a ``key`` naming no part of what ``model`` returns; ``None`` passes."""
+    if key is None:
+        return
+    from cost_models.tracing import symbolic_trace
+
+    output = next(node for node in symbolic_trace(model, tuple(leaf_modules)).graph.nodes if node.op == "output")
+    select_nodes(output.args[0], key)
 
 
 def output_loss(output: Any, target: torch.Tensor,
