@@ -30,8 +30,12 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       concatenation (not along the channels) split channels. Linear layers
       split filters of 2-D ``(N, features)`` tensors only, and every split
       tensor is 2-D or 4-D ``(N, C, H, W)``.
-    * A height/width split needs a distributed form: convolution and
-      pooling (halo exchange; explicit zero padding, ``ceil_mode`` too, no
+    * A height/width split needs a distributed form: convolution (halo
+      exchange; any padding: zeros, explicit, ``'same'`` — an even kernel's
+      asymmetric one too — or ``'valid'``, and the reflect, replicate and
+      circular modes, whose tiles gather their padded rows from themselves
+      and their (ring) neighbours: ``cost_models.borders``), ``F.pad`` in any
+      mode, pooling (explicit padding, ``ceil_mode`` too, no
       returned indices, average pooling without a divisor override), adaptive
       average pooling (each output tile reads its windows' rows), transposed
       convolution, nearest/bilinear upsampling
@@ -69,6 +73,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Iterator, Mapping
 
+from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.errors import InputError
 from cost_models.halo import adaptive_reads, axis_halos, partition, reads_beyond_neighbours
 from cost_models.layout import Layout
@@ -192,8 +197,10 @@ def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
 
 def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
-    if isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros":
-        return "only zero padding, explicit or a symmetric 'same', can be split across tiles"
+    if kind == "conv" and (isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros"):
+        return _input_fit_refusal(layer, layout) or _border_refusal(layer, layout)
+    if isinstance(attrs.get("padding"), str):
+        return f"{_noun(kind)} with padding {attrs['padding']!r} cannot be split across tiles"
     if attrs.get("return_indices"):
         return "pooling that returns its indices cannot be split across tiles"
     if kind == "avgpool" and attrs.get("divisor_override"):
@@ -386,10 +393,10 @@ def _pad_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """Constant padding of known amounts splits by height and width: each output tile reads its rows shifted by the
     padding before it, every tile at least one row of the input and none past its neighbours'."""
     attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
-    if attrs.get("mode", "constant") != "constant":
-        return f"{attrs.get('mode')} padding cannot be split across tiles yet (constant padding can)"
     if not isinstance(attrs.get("pad"), list) or len(shape) != 4:
         return "a padding of amounts unknown when traced cannot be split across tiles"
+    if attrs.get("mode", "constant") != "constant":
+        return _border_refusal(layer, layout)
     for axis, parts in ((0, layout.h), (1, layout.w)):
         before, after = (attrs["pad"] + [0, 0, 0, 0])[2 - 2 * axis:4 - 2 * axis]
         if parts == 1 or before == after == 0:
@@ -400,6 +407,30 @@ def _pad_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         if before < 0 or after < 0 or beyond is not None or any(min(b, extent) <= max(a, 0) for a, b in reads):
             return (f"a {parts}-way split of {extent} {('rows', 'columns')[axis]} padded by {before} and {after} is too "
                     f"fine for a window: a tile would read past its neighbours, or padding only")
+    return None
+
+
+def _border_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A convolution padded in a mode (or asymmetrically: an even kernel's ``'same'``), or ``F.pad`` in reflect,
+    replicate or circular mode: each tile gathers its windows' padded rows from itself and its neighbours (ring
+    neighbours when circular; ``cost_models.borders``)."""
+    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+    if layer["kind"] == "pad":
+        mode, amounts = attrs.get("mode", "constant"), [*attrs["pad"], 0, 0, 0, 0][:4]
+        if any(amount < 0 for amount in amounts):
+            return f"{mode} padding by negative amounts {amounts} cannot be split across tiles"
+        windows = [((1, 1, 1), (amounts[2], amounts[3])), ((1, 1, 1), (amounts[0], amounts[1]))]
+    else:
+        mode = attrs.get("padding_mode", "zeros")
+        windows = [((_axis(attrs.get("kernel_size", 1), axis), _axis(attrs.get("stride", 1), axis),
+                     _axis(attrs.get("dilation", 1), axis)), axis_pads(dict(attrs), axis)) for axis in (0, 1)]
+    for axis, parts in ((0, layout.h), (1, layout.w)):
+        if parts > 1:
+            window, pads = windows[axis]
+            try:
+                gathered_halos(shape[2 + axis], window_reads(shape[2 + axis], parts, *window, pads), mode)
+            except InputError as err:
+                return str(err)
     return None
 
 
@@ -422,7 +453,7 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
             f"batch-norm (--sync-batchnorm)")
 
 
-_INHERENT = ("has only", "has no height and width", "fewer elements than", "too fine for a window",
+_INHERENT = ("has only", "has no height and width", "fewer elements than", "too fine for", "reading padding only",
              "cannot split an extent", "along a split dimension", "softmax across tiles",
              "softmax over the split channel")
 

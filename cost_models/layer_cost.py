@@ -39,6 +39,7 @@ from typing import Any, Mapping
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import allreduce_s, halo_exchange_s
 from cost_models.errors import PlanError
+from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.halo import AxisHalo, axis_halos, halo_messages
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, local_problem, phases_of
@@ -123,12 +124,26 @@ def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHa
     if layer["kind"] not in _HALO_KINDS or layout.spatial == 1:
         return None
     attrs, shape = layer["attrs"], layer["input_shapes"][0]
+    if layer["kind"] == "conv" and (isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros"):
+        return _gathered(layer, layout)
     halos = []
     for axis, parts in ((0, layout.h), (1, layout.w)):
         kernel, stride, dilation, padding = (axis_value(attrs.get(key, default), axis) for key, default in
                                              (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
         halos.append(_axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding,
                                  bool(attrs.get("ceil_mode"))))
+    return halos[0], halos[1]
+
+
+def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], list[AxisHalo]]:
+    """The halos of a convolution padded in a mode or asymmetrically (``cost_models.borders``): circular padding
+    gives the border tiles a halo from the opposite end, as an interior tile has."""
+    attrs, shape = layer["attrs"], layer["input_shapes"][0]
+    halos = []
+    for axis, parts in ((0, layout.h), (1, layout.w)):
+        window = tuple(axis_value(attrs.get(key, 1), axis) for key in ("kernel_size", "stride", "dilation"))
+        reads = window_reads(shape[2 + axis], parts, *window, axis_pads(dict(attrs), axis))  # type: ignore[arg-type]
+        halos.append(gathered_halos(shape[2 + axis], reads, attrs.get("padding_mode", "zeros")))
     return halos[0], halos[1]
 
 

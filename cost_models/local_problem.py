@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cost_models.borders import axis_pads
 from cost_models.capability import layer_refusal
 from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
@@ -175,9 +176,7 @@ def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, pa
                    (("kernel_size", 1), ("stride", None), ("dilation", 1)))
         s = s or k  # pooling's stride defaults to its kernel
         needed = (local_out - 1) * s + d * (k - 1) + 1
-        pad = axis_value(attrs.get("padding", 0), axis)
-        pad = pad if isinstance(pad, int) else 0
-        return needed if needed <= extent_in + 2 * pad else None  # edge tiles read zero rows of the padding
+        return needed if needed <= extent_in + sum(axis_pads(attrs, axis)) else None  # edge tiles read padding
     if kind == "conv_transpose":
         k, s, d = (axis_value(attrs.get(name, 1), axis) for name in ("kernel_size", "stride", "dilation"))
         halo = max(0, -(-(d * (k - 1) + 1 - s) // s))
@@ -203,12 +202,9 @@ def _local_weight(weight: Sequence[int] | None, layout: Layout, kind: str, attrs
 
 
 def _unpad_split_dims(attrs: dict[str, Any], layout: Layout) -> dict[str, Any]:
-    padding = attrs.get("padding")
-    if not isinstance(padding, list):
-        padding = [padding or 0, padding or 0] if not isinstance(padding, str) else padding
-    if isinstance(padding, str):
-        return attrs
-    padding = list(padding)
+    """The padding left to the local problem: none along split axes (the tile reads its halos instead); a string
+    ``'same'`` as explicit amounts (the larger side, an even kernel's)."""
+    padding = [max(axis_pads(attrs, axis)) for axis in (0, 1)] if attrs.get("padding") is not None else [0, 0]
     for axis, parts in enumerate((layout.h, layout.w)):
         if parts > 1:
             padding[axis] = 0

@@ -38,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cost_models.borders import axis_pads
 from cost_models.capability import layer_refusal
 from cost_models.halo import partition
 from cost_models.layout import Layout
-from runtime import norm, resample, spatial
+from runtime import borders, norm, resample, spatial
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement
 
@@ -115,11 +116,24 @@ def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
     if site.layout.c > 1 and groups > 1:  # the slice's filters read only their groups' input channels
         start, stop = partition(x.shape[1], site.layout.c)[_channel_index(site)]
         x, groups = x[:, start:stop], groups // site.layout.c
+    attrs, mode = site.layer["attrs"], module.padding_mode
     if not site.spatial_split:
+        if mode != "zeros":
+            return F.conv2d(F.pad(x, _pad_list(attrs), mode=mode), module.weight, module.bias, module.stride, 0,
+                            module.dilation, groups)
         return F.conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation, groups)
-    padding = site.layer["attrs"]["padding"] if isinstance(module.padding, str) else module.padding  # 'same': explicit
-    return spatial.conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride, padding,
-                          module.dilation, groups)
+    if mode != "zeros" or isinstance(attrs["padding"], str):  # a mode, or an even kernel's 'same' (asymmetric)
+        pads = (axis_pads(attrs, 0), axis_pads(attrs, 1))
+        return borders.padded_conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride,
+                                     pads, module.dilation, groups, mode)
+    return spatial.conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride,
+                          attrs["padding"], module.dilation, groups)
+
+
+def _pad_list(attrs: Mapping[str, Any]) -> list[int]:
+    """``F.pad``'s amounts (left, right, top, bottom) of a convolution's padding."""
+    (top, bottom), (left, right) = axis_pads(dict(attrs), 0), axis_pads(dict(attrs), 1)
+    return [left, right, top, bottom]
 
 
 def _conv_transpose(site: Site, fetch: Fetch) -> torch.Tensor | None:
@@ -248,6 +262,8 @@ def _pad(site: Site, fetch: Fetch) -> torch.Tensor | None:
     if not site.spatial_split or not any((list(attrs["pad"]) + [0, 0, 0, 0])[:4]):  # channels' only: on the box
         return None
     x = fetch(0, input_placement(site))
+    if attrs.get("mode", "constant") != "constant":
+        return borders.padded_pad2d(x, site.grid(), site.input_hw(), attrs["pad"], attrs["mode"])
     return resample.pad2d(x, site.grid(), site.input_hw(), attrs["pad"], float(attrs.get("value") or 0.0))
 
 

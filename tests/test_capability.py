@@ -70,7 +70,7 @@ def test_functional_forms_are_read_as_their_modules() -> None:
     assert "function call" in layer_refusal(graph.nodes["conv2d"], Layout(h=2))
     assert layer_refusal(graph.nodes["pad"], Layout(h=2)) is None  # constant padding splits across tiles
     reflect = {**graph.nodes["pad"], "attrs": {**graph.nodes["pad"]["attrs"], "mode": "reflect"}}
-    assert "reflect padding cannot be split across tiles" in (layer_refusal(reflect, Layout(h=2)) or "")
+    assert layer_refusal(reflect, Layout(h=2)) is None  # every mode splits across tiles (cost_models.borders)
     pool = graph.nodes["avg_pool2d"]
     excluding = {**pool, "attrs": {**pool["attrs"], "padding": 1, "count_include_pad": False}}
     assert layer_refusal(excluding, Layout(h=2)) is None  # the divisor from a mask of the tile (runtime.spatial)
@@ -114,8 +114,10 @@ def test_refusals_say_whether_the_layer_itself_cannot_be_split() -> None:
     assert not inherent(layer_refusal(graph.nodes["norm"], Layout(n=2)))
     _, functional = _graph("functional")
     assert not inherent(layer_refusal(functional.nodes["conv2d"], Layout(h=2)))  # a form not implemented yet
-    reflect = {**functional.nodes["pad"], "attrs": {**functional.nodes["pad"]["attrs"], "mode": "reflect"}}
-    assert not inherent(layer_refusal(reflect, Layout(h=2)))  # a form not implemented yet
+    reflect = {**functional.nodes["pad"], "attrs": {**functional.nodes["pad"]["attrs"], "mode": "reflect",
+                                                     "pad": [2, 2, 2, 2]}}
+    assert "beyond its neighbours" in layer_refusal(reflect, Layout(h=8))  # tiles of one row: tile 0 reflects row 2
+    assert inherent(layer_refusal(reflect, Layout(h=8)))
 
 
 class _Stacked(nn.Module):
