@@ -77,9 +77,10 @@ from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.errors import InputError
 from cost_models.halo import adaptive_reads, axis_halos, partition, reads_beyond_neighbours
 from cost_models.layout import Layout
+from cost_models.orders import KEEPING_KINDS, NCHW, logical
 from cost_models.redistribution import part_range
 
-__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal",
+__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "on_last_dims",
            "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
            "shared_module_refusal", "shared_modules"]
 
@@ -94,7 +95,8 @@ _TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgp
 _READ_WHOLE_WHEN_SHORT = frozenset({"upsample", "adaptive_avgpool"})  # fewer input rows than tiles: read whole
 _CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
 _PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxes", "Tensor.swapdims",
-                           "Tensor.movedim", "Tensor.moveaxis", "torch.permute", "torch.transpose"})
+                           "Tensor.movedim", "Tensor.moveaxis", "torch.permute", "torch.transpose", "torch.swapaxes",
+                           "torch.swapdims", "torch.movedim", "torch.moveaxis"})
 
 
 def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: bool = False,
@@ -114,7 +116,9 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
         if kind != "getitem":
             return "it reads a layer with several output tensors other than by its items, so that layer is kept whole"
         return _fit_refusal(output, layout)  # a piece, in the layout of the layer that cut it (piece_layout_refusal)
-    return (_fit_refusal(output, layout) or _kind_refusal(layer, layout)
+    order = layer.get("attrs", {}).get("order", NCHW)
+    return (_fit_refusal(logical(output, order) if len(output) == 4 else output, layout)
+            or _order_refusal(layer, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
 
 
@@ -161,9 +165,59 @@ def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
     return None
 
 
+def _order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A layer reading a 4-D value in another order than ``nchw`` (``cost_models.orders``) splits it by channel or
+    space only when it permutes it or computes per element or along the last dimension, every such input in one
+    order."""
+    orders = layer.get("attrs", {}).get("input_orders")
+    if not orders or layout.c * layout.h * layout.w == 1:
+        return None
+    four = {order for order, shape in zip(orders, layer["input_shapes"]) if len(shape) == 4}
+    if _permutes(layer) or (layer["kind"] in KEEPING_KINDS and len(four) == 1):
+        return None
+    return (f"it reads 4-D values in the orders {'/'.join(sorted(four))} (channels-last) and has no form for them "
+            f"under {layout}; split it by sample only")
+
+
+def _permutes(layer: Mapping[str, Any]) -> bool:
+    """A permutation of a 4-D value into a 4-D value: a permuted box under any layout (the order follows it)."""
+    inputs = layer["input_shapes"]
+    return (layer["kind"] == "view" and layer.get("target") in _PERMUTATIONS and len(layer["output_shape"]) == 4
+            and bool(inputs) and len(inputs[0]) == 4)
+
+
+def _last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A LayerNorm (over its last dimensions), or a linear layer on a channels-last value: each position computes
+    alone, on a box holding the dimensions it reads whole; ``None`` when the layout splits none of them."""
+    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+    count = len(attrs.get("normalized_shape") or [0]) if layer["kind"] == "norm" else 1
+    if len(shape) == 4:
+        order = (attrs.get("input_orders") or [NCHW])[0]
+    else:
+        order = "n" + "c" * (len(shape) - 1)  # other than 4-D: features (c) after the samples
+    split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis) > 1})
+    if split:
+        what = "a LayerNorm normalises over" if layer["kind"] == "norm" else "a linear layer reads"
+        return f"{what} its last {count} dimension(s), which hold the {'/'.join(split)} axis {layout} splits"
+    return _sample_dim_refusal(layer) if layout.n > 1 else None
+
+
+def on_last_dims(layer: Mapping[str, Any]) -> bool:
+    """A LayerNorm, or a linear layer reading a 4-D value that holds its channels last."""
+    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
+    if layer["kind"] == "norm":
+        return attrs.get("norm") == "LayerNorm"
+    return (layer["kind"] == "linear" and bool(inputs) and len(inputs[0]) == 4
+            and (attrs.get("input_orders") or [NCHW])[0].endswith("c"))
+
+
 def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
     spatial = layout.h * layout.w > 1
+    if _permutes(layer):
+        return _sample_view_refusal(layer, layout) if layout.n > 1 else None
+    if on_last_dims(layer):
+        return _last_dim_refusal(layer, layout)
     if kind == "activation" and layout.c > 1 and _numel(layer.get("weight_shape") or [1]) > 1:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS:

@@ -61,6 +61,7 @@ from cost_models.errors import InputError, PlanError
 from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import LayerCost, problem_cost
 from cost_models.layout import Layout
+from cost_models.orders import NCHW, logical
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, local_problem
 from cost_models.memory import LayerMemory, layer_memory
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
@@ -330,6 +331,8 @@ def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Lay
     shape = source["output_shape"]
     if source["kind"] == "input" or not shape or isinstance(shape[0], list):
         return None
+    if len(shape) == 4:  # a channels-last value moves its axes wherever its order holds them: priced as nchw
+        shape = logical(shape, source.get("attrs", {}).get("order", NCHW))
     return _as_4d(shape, have, _input_layout(target["kind"], layout))
 
 

@@ -78,6 +78,9 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     F.dropout1d: "dropout", F.dropout2d: "dropout", F.dropout3d: "dropout", F.alpha_dropout: "dropout",
     F.feature_alpha_dropout: "dropout",
     F.pad: "pad", torch.softmax: "softmax", torch.log_softmax: "softmax",
+    F.layer_norm: "norm", F.group_norm: "norm", F.instance_norm: "norm",
+    torch.permute: "view", torch.transpose: "view", torch.swapaxes: "view", torch.swapdims: "view",
+    torch.movedim: "view", torch.moveaxis: "view",
     torch.mean: "mean",
 }
 
@@ -237,7 +240,9 @@ _FUNCTION_FIELDS: dict[str, tuple[str, ...]] = {
     "batchnorm": ("training", "momentum", "eps"),
     "softmax": ("dim",),
     "pad": ("pad", "mode", "value"),
+    "norm": ("normalized_shape", "num_groups", "eps", "use_input_stats"),
 }
+_FUNCTION_NORMS = {"layer_norm": "LayerNorm", "group_norm": "GroupNorm", "instance_norm": "InstanceNorm"}
 _FUNCTION_DEFAULTS: dict[str, dict[str, Any]] = {
     "conv": {"stride": 1, "padding": 0, "dilation": 1, "groups": 1},
     "upsample": {"mode": "nearest", "align_corners": None},
@@ -265,6 +270,8 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
         attrs["size"] = None  # computed from tensor shapes: the traced output shape says what it was
     if kind == "activation":
         attrs["function"] = getattr(node.target, "__name__", str(node.target))
+    if kind == "norm" and node.op == "call_function":
+        attrs["norm"] = _FUNCTION_NORMS.get(getattr(node.target, "__name__", ""), str(node.target))
     if kind == "getitem":
         attrs.update(_index_attrs(node))
     if kind == "other":

@@ -35,6 +35,7 @@ from cost_models.borders import axis_pads
 from cost_models.capability import layer_refusal
 from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
+from cost_models.orders import NCHW
 
 __all__ = ["DENSE_KINDS", "LocalProblem", "axis_value", "local_problem", "phases_of"]
 
@@ -111,9 +112,13 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     output = list(layer["output_shape"])
     if output and isinstance(output[0], list):  # several output tensors, kept whole: costed by the first (as traced)
         output = list(output[0])
-    local_out = _split_shape(output, layout) if len(output) == 4 else _split_flat(output, layout)
     attrs = dict(layer.get("attrs", {}))
-    inputs = [_local_input(kind, list(s), output, local_out, layout, attrs) for s in layer["input_shapes"]]
+    local_out = _split_shape(output, layout, attrs.get("order", NCHW)) if len(output) == 4 else \
+        _split_flat(output, layout)
+    orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
+    inputs = [_split_shape(s, layout, order) if len(s) == 4 and order != NCHW else
+              _local_input(kind, list(s), output, local_out, layout, attrs)
+              for s, order in zip(layer["input_shapes"], orders)]
     if any(s is None for s in inputs):
         return None
     weight = _local_weight(layer.get("weight_shape"), layout, kind, attrs)
@@ -136,8 +141,9 @@ def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
     return layer_refusal(layer, layout) is None
 
 
-def _split_shape(shape: Sequence[int], layout: Layout) -> list[int]:
-    return list(layout.local_shape(tuple(shape)))
+def _split_shape(shape: Sequence[int], layout: Layout, order: str = NCHW) -> list[int]:
+    """The largest local part of a 4-D ``shape`` whose dimensions hold the axes ``order`` names."""
+    return [-(-int(extent) // getattr(layout, axis)) for extent, axis in zip(shape, order)]
 
 
 def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:

@@ -43,6 +43,7 @@ from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models.layer_kinds import KindInfo, classify
+from cost_models.orders import NCHW, output_order
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
 
@@ -356,6 +357,7 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
     graph = LayerGraph(input_shape=list(input_shapes[0]), input_shapes=[list(shape) for shape in input_shapes],
                        dtype=dtype, outputs=[])
     seen_params: set[int] = set()
+    orders: dict[str, str] = {}
     for node in gm.graph.nodes:
         if node.op == "output":
             graph.graph["outputs"] = [n.name for n in node.all_input_nodes if n.name in graph]
@@ -364,10 +366,25 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
             if counted.get(node.name):
                 per_output = counted[node.name] / prod(metas[node.name][0][0])  # type: ignore[index]
                 info = replace(info, attrs={**info.attrs, "flops_per_output": per_output})
+            info = _with_orders(node, info, metas[node.name], graph, orders)  # type: ignore[arg-type]
             _add_layer(graph, gm, node, info, metas[node.name], seen_params)  # type: ignore[arg-type]
     graph.graph["held_together"] = held_together(gm, graph)
     graph.graph["fingerprint"] = compute_fingerprint(graph)
     return graph
+
+
+def _with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph, orders: dict[str, str]) -> KindInfo:
+    """``info`` with the orders of its value and 4-D inputs where they are not ``nchw`` (``cost_models.orders``)."""
+    inputs = [src.name for src in node.all_input_nodes if src.name in graph]
+    input_orders = [orders.get(name, NCHW) for name in inputs]
+    four = [order for name, order in zip(inputs, input_orders) if len(graph.nodes[name]["output_shape"]) == 4]
+    shape = meta[0][0] if len(meta) == 1 else ()
+    order = output_order(node, info.kind, four, len(shape))
+    orders[node.name] = order
+    extra = {"order": order} if order != NCHW else {}
+    if any(o != NCHW for o in input_orders):
+        extra["input_orders"] = input_orders
+    return replace(info, attrs={**info.attrs, **extra}) if extra else info
 
 
 def _record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:

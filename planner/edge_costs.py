@@ -81,7 +81,8 @@ class EdgeCosts:
         self.layouts, self.index, self.parts = self.table.layouts, self.table.index, self.table.parts
         self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
         self.moves: dict[tuple[int, ...], np.ndarray] = {}  # per tensor shape: seconds between table layouts
-        self.shape_key = {name: json.dumps(data["output_shape"]) for name, data in graph.nodes(data=True)}
+        self.shape_key = {name: json.dumps([data["output_shape"], data.get("attrs", {}).get("order")])
+                          for name, data in graph.nodes(data=True)}
 
     def matrix(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
         """Seconds for each pair of ``haves`` (rows, the producer's layouts) and ``layouts`` (the reader's)."""

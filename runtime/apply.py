@@ -66,7 +66,7 @@ from runtime.inputs import input_boxes, input_names, input_placements, placehold
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_batch_norm, input_placement, refusal
 from runtime.outputs import Everywhere, is_container, output_loss, paired, select_nodes, select_value
-from runtime.placement import Placement, box_extent, broadcast_part
+from runtime.placement import Placement, box_extent, broadcast_part, value_placement
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
 from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, module_attribute, nd_box, static_nodes,
@@ -275,7 +275,7 @@ class DistributedModel(nn.Module):
             return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
         if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
             args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
-            extent = local_shape(site.layer["output_shape"], Placement(site.layout), self.member)
+            extent = local_shape(site.layer["output_shape"], site.placement, self.member)
             return self._wrap(site, local_call(node, form, args, kwargs, extent))
 
         def fetch(index: int, placement: Placement) -> torch.Tensor:
@@ -324,11 +324,11 @@ class DistributedModel(nn.Module):
         if form is not None:  # sizes written in the call (mvitv2's x.reshape(B, H, W, C), H and W from its
             extent = local_shape(site.layer["output_shape"], placement, self.member)  # attention): this rank's
             return self._wrap(site, self._fetch(_Value(local_call(node, form, args, kwargs, extent), placement,
-                                                       site.layer["output_shape"]), Placement(site.layout)))
+                                                       site.layer["output_shape"]), site.placement))
         out = _call(node, self.model, args, kwargs)
         if not isinstance(out, torch.Tensor):
             return _Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
-        return self._wrap(site, self._fetch(_Value(out, placement, site.layer["output_shape"]), Placement(site.layout)))
+        return self._wrap(site, self._fetch(_Value(out, placement, site.layer["output_shape"]), site.placement))
 
     def _functional_batch_norm(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
         """``F.batch_norm`` in the program: its statistics over the group (``runtime.layers``), its other
@@ -344,7 +344,7 @@ class DistributedModel(nn.Module):
     def _cut_whole(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
         """A view of a whole tensor with sizes from the batch's shapes: the whole view (the sizes are the unsplit
         program's), cut to this rank's box."""
-        box = nd_box(site.layer["output_shape"], Placement(site.layout), self.member)
+        box = nd_box(site.layer["output_shape"], site.placement, self.member)
         if box is None:
             dims = len(site.layer["output_shape"])
             raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}): its {dims}-D output cannot be split "
@@ -356,7 +356,7 @@ class DistributedModel(nn.Module):
         """How the layer reads each input: a batch value in its input placement; a whole tensor (a parameter,
         a constant layer) whole, or — ``broadcast``: element-wise — its part broadcasting onto the output's box."""
         wanted = input_placement(site)
-        box = nd_box(site.layer["output_shape"], Placement(site.layout), self.member) if broadcast else None
+        box = nd_box(site.layer["output_shape"], site.placement, self.member) if broadcast else None
 
         def value_of(node: Node) -> Any:
             value = env[node.name]
@@ -377,7 +377,7 @@ class DistributedModel(nn.Module):
         if not op.keyed:
             return switched_off(op, site.module, args, kwargs)
         shape = site.layer["output_shape"]
-        box = nd_box(shape, Placement(site.layout), self.member)
+        box = nd_box(shape, site.placement, self.member)
         if box is None:
             raise PlanError(f"random layer '{site.name}' ({op.form}) under {site.layout}: its {len(shape)}-D output "
                             f"{tuple(shape)} cannot be split by channel; split it by sample only")
@@ -388,7 +388,7 @@ class DistributedModel(nn.Module):
         shape = site.layer["output_shape"]
         if not isinstance(out, torch.Tensor):
             return out  # a tuple of tensors: kept whole (the plan gives such layers no split)
-        placement = Placement(site.layout)
+        placement = site.placement
         expected = box_extent(placement.box(_shape4(shape), self.member))
         if tuple(_to4d(out).shape) != expected:
             raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}) made a local tensor of shape "
@@ -399,6 +399,8 @@ class DistributedModel(nn.Module):
     def _fetch(self, value: Any, placement: Placement) -> Any:
         if not isinstance(value, _Value):
             return value
+        if placement.order != value.placement.order:  # a value is read in its own order (cost_models.orders)
+            placement = Placement(placement.layout, placement.whole, value.placement.order)
         if _same_boxes(_shape4(value.shape), value.placement, placement, len(self.ranks)):
             return value.tensor
         if placement not in value.moved:
@@ -421,7 +423,7 @@ class DistributedModel(nn.Module):
                                    self.groups.get(tiles.block("spatial")))
         shape = site.layer["output_shape"]
         held = _Value(pooled, Placement(layout, value.placement.whole + "hw"), shape)
-        return self._wrap(site, self._fetch(held, Placement(site.layout)))
+        return self._wrap(site, self._fetch(held, site.placement))
 
     # --- construction --------------------------------------------------------------------------------------
 
@@ -439,7 +441,7 @@ class DistributedModel(nn.Module):
     @property
     def output_placement(self) -> Placement:
         """The placement of the output :meth:`forward` returns."""
-        return Placement(self.plan.layers[self._output_name].layout)
+        return value_placement(self.plan.layers[self._output_name].layout, self.layer_graph.nodes[self._output_name])
 
     @property
     def _output_name(self) -> str:
@@ -535,7 +537,7 @@ class DistributedModel(nn.Module):
                             f"'{self._output_name}' {self._output_shape()}; every floating output enters the loss "
                             f"against the same target, so give them one shape (or return only the first)")
         placement = self.loss_placement()
-        output = self._fetch(_Value(local, Placement(self.plan.layers[name].layout), shape), placement)  # any stage's
+        output = self._fetch(_Value(local, value_placement(self.plan.layers[name].layout, self.layer_graph.nodes[name]), shape), placement)  # any stage's
         copies = _copies(_shape4(shape), placement, len(self.ranks), self.member)
         total = 1
         for extent in shape:

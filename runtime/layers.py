@@ -44,7 +44,7 @@ from cost_models.halo import partition
 from cost_models.layout import Layout
 from runtime import borders, norm, resample, spatial
 from runtime.groups import GroupCache, block_of
-from runtime.placement import Placement
+from runtime.placement import Placement, value_placement
 
 __all__ = ["HANDLERS", "Site", "functional_batch_norm", "input_placement", "read_placement", "refusal"]
 
@@ -78,6 +78,11 @@ class Site:
         """Global height and width of tensor input ``index``."""
         shape = self.layer["input_shapes"][index]
         return int(shape[2]), int(shape[3])
+
+    @property
+    def placement(self) -> Placement:
+        """Where the layer puts its output: its layout's grid, in the order of the value (``cost_models.orders``)."""
+        return value_placement(self.layout, self.layer)
 
     @property
     def spatial_split(self) -> bool:
@@ -203,8 +208,8 @@ def _tiled_batch_norm(site: Site, x: torch.Tensor, running_mean: torch.Tensor | 
 def _norm(site: Site, fetch: Fetch) -> torch.Tensor | None:
     """Group-norm and instance-norm modules over spatial tiles: statistics per sample and group over the tiles."""
     x = fetch(0, input_placement(site))
-    if site.module is None or not site.spatial_split:
-        return None
+    if site.module is None or not site.spatial_split or isinstance(site.module, nn.LayerNorm):
+        return None  # a LayerNorm of positions held whole (cost_models.capability): the module on the box
     module, shape = site.module, site.layer["input_shapes"][0]
     groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(shape[1])  # instance: a channel each
     count = int(shape[1]) // groups * math.prod(shape[2:])

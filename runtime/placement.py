@@ -14,7 +14,9 @@ in full along a split dimension:
 * the output of a global pooling over spatial tiles: whole on each tile of the
   group (``Placement(L, "hw")``).
 
-A dimension of extent 1 is held whole whatever the layout says (broadcast
+A 4-D value whose dimensions hold the axes in another order (``order``:
+``nhwc`` for channels-last blocks, ``cost_models.orders``) is split by axis
+wherever its order puts it. A dimension of extent 1 is held whole whatever the layout says (broadcast
 operands such as ``(N, C, 1, 1)`` scales, and pooled ``1×1`` maps).
 
 Members whose boxes are equal hold copies. The distinct boxes of a placement
@@ -29,14 +31,14 @@ a box of the output, aligning dimensions from the right as PyTorch does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from cost_models.layout import DIMS, Layout
 from cost_models.redistribution import Box, coordinates, part_range
 
-__all__ = ["Placement", "as_placement", "box_extent", "broadcast_part"]
+__all__ = ["Placement", "as_placement", "box_extent", "broadcast_part", "value_placement"]
 
 
 @dataclass(frozen=True)
@@ -45,26 +47,37 @@ class Placement:
 
     layout: Layout
     whole: str = ""
+    order: str = "nchw"
 
     def __post_init__(self) -> None:
         unknown = set(self.whole) - set(DIMS)
         if unknown:
             raise ValueError(f"Placement.whole names dimensions {sorted(unknown)}; use letters of {''.join(DIMS)}")
+        if sorted(self.order) != sorted(DIMS):
+            raise ValueError(f"Placement.order {self.order!r} must order the letters {''.join(DIMS)}")
 
     def __str__(self) -> str:
-        return f"{self.layout}" + (f" ({self.whole} whole)" if self.whole else "")
+        return f"{self.layout}" + (f" ({self.whole} whole)" if self.whole else "") + (
+            f" [{self.order}]" if self.order != "nchw" else "")
 
     def box(self, shape: Sequence[int], member: int) -> Box:
-        """The index box ``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` of a 4-D ``shape`` that ``member`` holds."""
-        coords = coordinates(self.layout, member)
+        """The index box of a 4-D ``shape`` that ``member`` holds, one range per dimension: dimension ``i`` holds
+        the axis ``order[i]`` (``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` in the default ``nchw``)."""
+        coords = dict(zip(DIMS, coordinates(self.layout, member)))
         return tuple(
-            (0, extent) if dim in self.whole or parts == 1 or extent == 1 else part_range(extent, parts, index)
-            for dim, extent, parts, index in zip(DIMS, shape, self.layout.parts(), coords)
+            (0, extent) if dim in self.whole or getattr(self.layout, dim) == 1 or extent == 1
+            else part_range(extent, getattr(self.layout, dim), coords[dim])
+            for dim, extent in zip(self.order, shape)
         )
 
     def keeps(self, dim: str) -> bool:
         """Whether ``dim`` is split (neither unsplit in the layout nor held whole)."""
         return dim not in self.whole and getattr(self.layout, dim) > 1
+
+
+def value_placement(layout: Layout, layer: Mapping[str, Any]) -> Placement:
+    """Where a layer under ``layout`` puts its value (``layer``: its LayerGraph node): its grid, in the value's order."""
+    return Placement(layout, order=layer.get("attrs", {}).get("order", "nchw"))
 
 
 def as_placement(value: Layout | Placement) -> Placement:

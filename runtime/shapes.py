@@ -58,9 +58,9 @@ import torch
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
-from cost_models.capability import ANY_LAYOUT_KINDS
+from cost_models.capability import ANY_LAYOUT_KINDS, on_last_dims
 from cost_models.layout import Layout
-from runtime.placement import Placement
+from runtime.placement import Placement, value_placement
 
 __all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "module_attribute", "nd_box",
            "shape_made_nodes",
@@ -342,6 +342,8 @@ def _operand_refusal(node: Node, graph: Any, layout: Layout, constants: Collecti
     kind = graph.nodes[node.name]["kind"]
     if layout.c * layout.h * layout.w == 1 or kind in ELEMENTWISE_KINDS or kind == "batchnorm":
         return []  # F.batch_norm takes its per-channel tensors whole (runtime.layers.functional_batch_norm)
+    if on_last_dims(graph.nodes[node.name]):
+        return []  # F.layer_norm, F.linear: their weights span the last dimensions, whole in every box
     for source in node.all_input_nodes:
         shape = graph.nodes[source.name]["output_shape"] if source.name in constants else whole_shape(source)
         if shape is not None and _single(list(shape)) and _numel(shape) > 1:
@@ -370,7 +372,7 @@ def _single(shape: Any) -> bool:
 def _local_shapes(graph: Any, layouts: Mapping[str, Layout], member: int) -> Callable[[str], tuple[int, ...]]:
     def shape_of(name: str) -> tuple[int, ...]:
         shape = graph.nodes[name]["output_shape"]
-        box = nd_box(shape, Placement(layouts.get(name, Layout())), member)
+        box = nd_box(shape, value_placement(layouts.get(name, Layout()), graph.nodes[name]), member)
         return tuple(shape) if box is None else tuple(stop - start for start, stop in box)
 
     return shape_of
@@ -400,10 +402,10 @@ def _view_refusal(node: Node, graph: Any, layout: Layout, size: int,
     in_shape = graph.nodes[source.name]["output_shape"] if source.name in graph else whole_shape(source)
     if in_shape is None or not _single(out_shape) or not _single(list(in_shape)):
         return [f"'{node.name}' ({_label(node)}) under {layout}: the shape of its input is unknown"]
-    placement = Placement(layout)
+    made = value_placement(layout, graph.nodes[node.name])
     for member in range(size):
-        out_box = nd_box(out_shape, placement, member)
-        in_box = (nd_box(in_shape, placement, member) if source.name in graph
+        out_box = nd_box(out_shape, made, member)
+        in_box = (nd_box(in_shape, value_placement(layout, graph.nodes[source.name]), member) if source.name in graph
                   else tuple((0, int(e)) for e in in_shape))
         if in_box is None or out_box is None or not _consistent(node, in_shape, in_box, out_shape, out_box):
             return [f"'{node.name}' ({_label(node)} {tuple(in_shape)} → {tuple(out_shape)}) under {layout}: member "
@@ -421,9 +423,9 @@ def _moved_refusal(node: Node, graph: Any, layout: Layout, size: int, exact: Map
     if not (_single(in_shape) and _single(out_shape)):
         return []
     dims = _dimension_map(node, in_shape, exact)
-    placement = Placement(layout)
+    read, made = value_placement(layout, graph.nodes[source.name]), value_placement(layout, graph.nodes[node.name])
     for member in range(size):
-        in_box, out_box = nd_box(in_shape, placement, member), nd_box(out_shape, placement, member)
+        in_box, out_box = nd_box(in_shape, read, member), nd_box(out_shape, made, member)
         if in_box is None or out_box is None or dims is None or not _maps(dims, in_shape, in_box, out_shape,
                                                                           out_box):
             return [f"'{node.name}' ({_label(node)} {tuple(in_shape)} → {tuple(out_shape)}) under {layout}: member "

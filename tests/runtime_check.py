@@ -195,22 +195,32 @@ def assert_split_matches(split: Any, reference: Any, out: Any, expected: Any, co
 
 
 def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: Sequence[int], context: str, *,
-                       output: str | None = None) -> None:
+                       output: str | None = None, seed: int | None = None) -> None:
     """One step of the model ``build()`` makes, under ``plan`` (batch-norm synchronised) and unsplit, on one float64
     batch of ``shape`` (5 classes): the outputs and every gradient equal (the loss of every floating output, or of
-    the part ``output`` names)."""
+    the part ``output`` names). With ``seed``, random layers draw keyed masks (``runtime.random_ops``), the unsplit
+    model the same ones."""
     import torch
 
     from runtime.apply import apply_plan
     from runtime.outputs import output_loss, select_value
+    from runtime.random_ops import DrawKey, KeyedInterpreter
 
-    split, reference = apply_plan(build(), plan, graph=graph, sync_batchnorm=True, output=output), build()
+    split = apply_plan(build(), plan, graph=graph, sync_batchnorm=True, output=output, random_seed=seed or 0)
+    reference = build()
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(tuple(shape), dtype=torch.float64, generator=generator)
     target = torch.randint(0, 5, (shape[0],), generator=generator)
+    if seed is not None:
+        split.draw_key = DrawKey(seed, 1)
     out = split(split.shard(x))
     split.loss(out, target[split.target_box(tuple(target.shape))]).backward()
-    expected = reference(x)
+    if seed is None:
+        expected = reference(x)
+    else:
+        from cost_models.tracing import symbolic_trace
+
+        expected = KeyedInterpreter(symbolic_trace(reference, ()), DrawKey(seed, 1), root=reference).run(x)
     output_loss(expected, target, key=output).backward()
     assert_split_matches(split, reference, _first(select_value(out, output)), _first(select_value(expected, output)),
                          context)

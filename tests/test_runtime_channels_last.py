@@ -1,0 +1,138 @@
+"""Channels-last blocks split by height and width (issue 19, item 2): ConvNeXt's ``permute`` → LayerNorm → Linear →
+GELU → Linear → layer scale → ``permute`` back, with stochastic depth active, equal to the unsplit model in float64.
+
+The tracer records each 4-D value's order (``cost_models.orders``): ``x.permute(0, 2, 3, 1)`` of a value split by
+rows holds its rows in dimension 1, a permuted box and no redistribution. A LayerNorm over the channels and a
+linear layer on a channels-last value compute per position: they take any split that keeps the channels whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pytest
+import torch
+from torch import nn
+
+from cost_models.capability import layer_refusal
+from cost_models.layout import Layout
+from cost_models.orders import logical, permutation
+from distributed import run_ranks
+from runtime.placement import Placement
+from runtime_check import split_step_matches
+
+SHAPE = (4, 3, 16, 16)
+SEED = 7
+
+
+class ChannelsLast(nn.Module):
+    """Permutations written every way, a LayerNorm module and ``F.layer_norm``, a layer scale on channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.norm = nn.LayerNorm(6)
+        self.up, self.down = nn.Linear(6, 12), nn.Linear(12, 6)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, 6))
+        self.head = nn.Conv2d(6, 5, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        y = self.down(nn.functional.gelu(self.up(self.norm(x.permute(0, 2, 3, 1)))))
+        y = (self.gamma * y).transpose(1, 3).transpose(2, 3)  # nhwc → nwhc... → nchw
+        x = x + y
+        z = torch.movedim(x, 1, -1)
+        z = nn.functional.layer_norm(z, (6,), self.norm.weight, None, 1e-6)
+        return self.head(torch.permute(z, (0, 3, 1, 2))).mean(dim=(2, 3))
+
+
+def _tiny_convnext() -> nn.Module:
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    return ConvNeXt([CNBlockConfig(8, 16, 2), CNBlockConfig(16, None, 1)], stochastic_depth_prob=0.5, num_classes=5)
+
+
+MODELS = {"channels_last": ChannelsLast, "convnext": _tiny_convnext}
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return MODELS[name]().to(torch.float64).train()
+
+
+def _graph(name: str) -> Any:
+    from cost_models.graph import trace
+
+    return trace(_model(name), SHAPE, torch.float64)
+
+
+def test_permutations_carry_the_order_of_a_values_axes() -> None:
+    graph = _graph("channels_last")
+    orders = {name: graph.nodes[name]["attrs"].get("order", "nchw") for name in graph.nodes}
+    assert [orders[name] for name in ("permute", "norm", "up", "down", "mul", "transpose", "transpose_1",
+                                      "movedim", "layer_norm", "permute_1")] == \
+        ["nhwc", "nhwc", "nhwc", "nhwc", "nhwc", "ncwh", "nchw", "nhwc", "nhwc", "nchw"]
+    assert logical([4, 16, 16, 6], "nhwc") == [4, 6, 16, 16]
+    box = Placement(Layout.parse("h2"), order="nhwc").box((4, 16, 16, 6), 1)
+    assert box == ((0, 4), (8, 16), (0, 16), (0, 6))
+
+
+def test_permutation_reads_every_way_of_writing_one() -> None:
+    graph = torch.fx.symbolic_trace(ChannelsLast()).graph
+    calls = {node.name: permutation(node, 4) for node in graph.nodes if node.op in ("call_method", "call_function")}
+    assert calls["permute"] == [0, 2, 3, 1] and calls["transpose"] == [0, 3, 2, 1]
+    assert calls["movedim"] == [0, 2, 3, 1] and calls["permute_1"] == [0, 3, 1, 2]
+
+
+def test_channels_last_blocks_take_height_and_width_splits_but_not_channel_splits() -> None:
+    graph = _graph("convnext")
+    shapes = {name: (graph.nodes[name]["output_shape"], graph.nodes[name]["attrs"].get("order", "nchw"))
+              for name in graph.nodes}
+    head = {name for name, (shape, order) in shapes.items() if len(shape) != 4 or logical(shape, order)[2:] == [1, 1]}
+    assert len(head) < 10 and graph.nodes["features_1_0_block_2"]["attrs"]["order"] == "nhwc"
+    for layout in ("h2", "w2", "h2·w2", "n2·h2"):
+        refused = {name for name in graph.nodes if layer_refusal(graph.nodes[name], Layout.parse(layout))}
+        assert not refused - head, (layout, sorted(refused - head))
+    linear = next(name for name in graph.nodes if graph.nodes[name]["kind"] == "linear")
+    assert "hold the c axis" in layer_refusal(graph.nodes[linear], Layout.parse("c2"))
+
+
+# --- several ranks ----------------------------------------------------------------------------------------
+
+
+def _plan(name: str, world: int, layout: str) -> tuple[Any, Any]:
+    from cost_models.cluster import Cluster, Link
+    from cost_models.uniform import uniform_plan
+
+    graph = _graph(name)
+    link = Link(1e-6, 1e9)
+    cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**34, intra=link, inter=link)
+    return uniform_plan(graph, cluster, [Layout.parse(layout), Layout()]), graph
+
+
+def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
+    results = {}
+    for name, layout in cases:
+        plan, graph = _plan(name, world, layout)
+        split_step_matches(lambda: _model(name), plan, graph, SHAPE, f"{name} under {layout}", seed=SEED)
+        results[f"{name} {layout}"] = {layer: str(a.layout) for layer, a in plan.layers.items()}
+    return results
+
+
+@pytest.mark.multirank
+def test_channels_last_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
+    cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("channels_last", "c2")]
+    results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
+    for layout in ("h2", "w2"):
+        split = results[f"channels_last {layout}"]
+        assert [split[name] for name in ("permute", "norm", "up", "down", "mul", "movedim", "layer_norm")] == \
+            [layout] * 7
+        assert sum(value == layout for value in results[f"convnext {layout}"].values()) >= \
+            len(results[f"convnext {layout}"]) - 8
+    assert results["channels_last c2"]["norm"] == "n1"  # a LayerNorm over split channels runs whole
+
+
+@pytest.mark.multirank
+def test_channels_last_blocks_equal_the_unsplit_model_on_four_ranks() -> None:
+    results = run_ranks(_cases, 4, args=([("convnext", "h2·w2"), ("convnext", "n2·h2")],), timeout_s=300)[0]
+    assert results["convnext h2·w2"]["features_1_0_block_2"] == "h2·w2"
