@@ -86,9 +86,10 @@ __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tup
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
 SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm",
-                           "cat", "softmax", "pad", "norm"})
+                           "cat", "softmax", "pad", "norm", "pixel_shuffle"})
 CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
-                           "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad"})
+                           "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad",
+                           "pixel_shuffle"})
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
 _TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgpool", "pad"}  # read input tiles
@@ -269,6 +270,8 @@ def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return _pad_refusal(layer, layout)
     if kind == "norm":
         return _norm_refusal(layer)
+    if kind == "pixel_shuffle":
+        return _shuffle_refusal(layer, layout)
     if kind == "softmax" and attrs.get("dim") not in (1, -3):
         return "softmax across tiles must be over the channels (dim=1)"
     if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
@@ -316,6 +319,8 @@ def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return "softmax over the split channel dimension"
     if kind == "view":
         return _view_refusal(layer, layout)
+    if kind == "pixel_shuffle":
+        return _shuffle_refusal(layer, layout)
     if kind == "pad" and "pad" not in attrs:
         return "a padding computed from tensor shapes may pad the split channel dimension"
     if kind == "pad" and _pads_dimension(attrs["pad"], len(layer["output_shape"]), 1):
@@ -485,6 +490,25 @@ def _border_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
                 gathered_halos(shape[2 + axis], window_reads(shape[2 + axis], parts, *window, pads), mode)
             except InputError as err:
                 return str(err)
+    return None
+
+
+def _shuffle_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """Pixel (un)shuffle by ``r`` moves each ``r×r`` block of positions to ``r²`` channels and back: it runs on a
+    box when every part of the coarse side, times ``r`` (``r²`` for the channels), is the part of the fine side."""
+    attrs = layer.get("attrs", {})
+    factor = attrs.get("factor")
+    if not isinstance(factor, int):
+        return "a pixel shuffle of a factor computed from shapes cannot be split by channel or space"
+    source, target = layer["input_shapes"][0], layer["output_shape"]
+    coarse, fine = (source, target) if not attrs.get("inverse") else (target, source)  # fine: more rows, fewer channels
+    axes = ((1, layout.c, fine[1], coarse[1], factor * factor), (2, layout.h, coarse[2], fine[2], factor),
+            (3, layout.w, coarse[3], fine[3], factor))
+    for dim, parts, small, large, scale in axes:
+        if parts > 1 and (small < parts or partition(large, parts) != [(scale * a, scale * b) for a, b in
+                                                                        partition(small, parts)]):
+            return (f"a {parts}-way split of {small} and {large} along dimension {dim} of a pixel shuffle by {factor} "
+                    f"does not align its parts (give it an extent the parts divide)")
     return None
 
 

@@ -52,6 +52,7 @@ _MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], str], 
     ((nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout), "dropout"),
     ((nn.Softmax, nn.LogSoftmax), "softmax"),
     ((nn.ZeroPad2d, nn.ConstantPad2d, nn.ReflectionPad2d, nn.ReplicationPad2d, nn.CircularPad2d), "pad"),
+    ((nn.PixelShuffle, nn.PixelUnshuffle), "pixel_shuffle"),
     (nn.Flatten, "flatten"),
     (nn.Identity, "identity"),
     (
@@ -79,6 +80,7 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     F.feature_alpha_dropout: "dropout",
     F.pad: "pad", torch.softmax: "softmax", torch.log_softmax: "softmax",
     F.layer_norm: "norm", F.group_norm: "norm", F.instance_norm: "norm",
+    F.pixel_shuffle: "pixel_shuffle", F.pixel_unshuffle: "pixel_shuffle",
     torch.permute: "view", torch.transpose: "view", torch.swapaxes: "view", torch.swapdims: "view",
     torch.movedim: "view", torch.moveaxis: "view",
     torch.mean: "mean",
@@ -191,6 +193,9 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
                 "value": float(getattr(module, "value", 0.0))}
     if kind == "softmax":
         return {"dim": module.dim}
+    if kind == "pixel_shuffle":
+        inverse = isinstance(module, nn.PixelUnshuffle)
+        return {"factor": module.downscale_factor if inverse else module.upscale_factor, "inverse": inverse}
     if kind == "flatten":
         return {"start_dim": module.start_dim, "end_dim": module.end_dim}
     if kind == "activation":
@@ -270,6 +275,11 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
         attrs["size"] = None  # computed from tensor shapes: the traced output shape says what it was
     if kind == "activation":
         attrs["function"] = getattr(node.target, "__name__", str(node.target))
+    if kind == "pixel_shuffle":
+        inverse = node.target is F.pixel_unshuffle
+        factor = kwargs.get("downscale_factor" if inverse else "upscale_factor",
+                            node.args[1] if len(node.args) > 1 else None)
+        attrs.update(factor=factor if isinstance(factor, int) else None, inverse=inverse)
     if kind == "norm" and node.op == "call_function":
         attrs["norm"] = _FUNCTION_NORMS.get(getattr(node.target, "__name__", ""), str(node.target))
     if kind == "getitem":

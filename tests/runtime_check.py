@@ -209,18 +209,20 @@ def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: S
     split = apply_plan(build(), plan, graph=graph, sync_batchnorm=True, output=output, random_seed=seed or 0)
     reference = build()
     generator = torch.Generator().manual_seed(3)
-    x = torch.randn(tuple(shape), dtype=torch.float64, generator=generator)
-    target = torch.randint(0, 5, (shape[0],), generator=generator)
+    shapes = [tuple(s) for s in shape] if isinstance(shape[0], (list, tuple)) else [tuple(shape)]  # several inputs
+    xs = [torch.randn(s, dtype=torch.float64, generator=generator) for s in shapes]
+    target = torch.randint(0, 5, (shapes[0][0],), generator=generator)
     if seed is not None:
         split.draw_key = DrawKey(seed, 1)
-    out = split(split.shard(x))
+    out = split(*split.shard_inputs(xs))
     split.loss(out, target[split.target_box(tuple(target.shape))]).backward()
     if seed is None:
-        expected = reference(x)
+        expected = reference(*xs)
     else:
         from cost_models.tracing import symbolic_trace
 
-        expected = KeyedInterpreter(symbolic_trace(reference, ()), DrawKey(seed, 1), root=reference).run(x)
+        traced = symbolic_trace(reference, (), inputs=len(xs))
+        expected = KeyedInterpreter(traced, DrawKey(seed, 1), root=reference).run(*xs)
     output_loss(expected, target, key=output).backward()
     assert_split_matches(split, reference, _first(select_value(out, output)), _first(select_value(expected, output)),
                          context)

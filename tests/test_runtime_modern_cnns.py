@@ -1,0 +1,158 @@
+"""Modern CNN blocks split by height and width (issue 19), each equal to the unsplit model in float64:
+
+* a diffusion-style UNet: GroupNorm + SiLU residual blocks with ``Dropout2d`` (keyed masks), a strided
+  convolution down, nearest upsampling, a skip concatenation and a second input — the timestep embedding —
+  added per channel (a ``(N, C, 1, 1)`` value broadcast onto every tile);
+* a ``PixelShuffle`` upsampler and a ``PixelUnshuffle`` (module and function): each ``r×r`` block of positions
+  moves to ``r²`` channels inside a tile when the parts align;
+* EfficientNet's squeeze-excitation gates (``x * sigmoid(fc(pool(x)))``: a pooled vector times a tiled map),
+  in a narrow EfficientNet-B0 with stochastic depth active.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cost_models.capability import layer_refusal
+from cost_models.layout import Layout
+from distributed import run_ranks
+from runtime_check import split_step_matches
+
+SEED = 5
+SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),)}
+
+
+class ResBlock(nn.Module):
+    """GroupNorm → SiLU → conv, plus the timestep embedding per channel, GroupNorm → SiLU → Dropout2d → conv."""
+
+    def __init__(self, channels: int, embedding: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.GroupNorm(2, channels), nn.GroupNorm(2, channels)
+        self.conv1, self.conv2 = nn.Conv2d(channels, channels, 3, padding=1), nn.Conv2d(channels, channels, 3, padding=1)
+        self.emb = nn.Linear(embedding, channels)
+        self.drop = nn.Dropout2d(0.3)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = h + self.emb(F.silu(emb))[:, :, None, None]
+        return x + self.conv2(self.drop(F.silu(self.norm2(h))))
+
+
+class DiffusionUNet(nn.Module):
+    """Two levels: down by a strided convolution, up by nearest upsampling, the skip concatenated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.time = nn.Sequential(nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 8))
+        self.block1, self.block2, self.block3 = ResBlock(8, 8), ResBlock(16, 8), ResBlock(8, 8)
+        self.down = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.reduce = nn.Conv2d(24, 8, 1)
+        self.out = nn.Conv2d(8, 5, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        emb = self.time(t)
+        skip = self.block1(self.stem(x), emb)
+        low = self.block2(self.down(skip), emb)
+        up = F.interpolate(low, scale_factor=2, mode="nearest")
+        return self.out(self.block3(self.reduce(torch.cat([skip, up], dim=1)), emb)).mean(dim=(2, 3))
+
+
+class Shuffles(nn.Module):
+    """A super-resolution head (conv → PixelShuffle) and a space-to-depth stem (PixelUnshuffle), both forms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.shuffle, self.unshuffle = nn.PixelShuffle(2), nn.PixelUnshuffle(2)
+        self.mid = nn.Conv2d(4, 4, 3, padding=1)
+        self.head = nn.Conv2d(16, 5, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.mid(self.shuffle(self.conv(x))))  # 16×16
+        x = F.pixel_unshuffle(F.pixel_shuffle(self.unshuffle(x), 2), 2)  # 8×8, 16 channels
+        return self.head(x).mean(dim=(2, 3))
+
+
+def _efficientnet() -> nn.Module:
+    from torchvision.models.efficientnet import _efficientnet_conf, EfficientNet
+
+    settings, last = _efficientnet_conf("efficientnet_b0", width_mult=0.25, depth_mult=0.25)
+    return EfficientNet(settings, 0.2, stochastic_depth_prob=0.5, num_classes=5, last_channel=last)
+
+
+MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet}
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return MODELS[name]().to(torch.float64).train()
+
+
+def _graph(name: str) -> Any:
+    from cost_models.graph import trace
+
+    return trace(_model(name), SHAPES[name], torch.float64)
+
+
+def test_pixel_shuffles_split_when_their_parts_align() -> None:
+    graph = _graph("shuffle")
+    for name in ("shuffle", "unshuffle", "pixel_shuffle", "pixel_unshuffle"):
+        assert graph.nodes[name]["kind"] == "pixel_shuffle" and graph.nodes[name]["attrs"]["factor"] == 2
+        for layout in ("h2", "w2", "h2·w2", "c2", "h4"):
+            assert layer_refusal(graph.nodes[name], Layout.parse(layout)) is None, (name, layout)
+    odd = {**graph.nodes["shuffle"], "input_shapes": [[4, 16, 5, 8]], "output_shape": [4, 4, 10, 16]}
+    assert "does not align" in layer_refusal(odd, Layout.parse("h2"))  # rows 0–3 of 5 are not rows 0–6 of 10
+
+
+def test_gates_and_group_norms_take_every_spatial_split() -> None:
+    for name in ("diffusion", "efficientnet"):
+        graph = _graph(name)
+        for layout in ("h2", "h2·w2"):
+            refused = [n for n in graph.nodes if len(graph.nodes[n]["output_shape"]) == 4
+                       and graph.nodes[n]["output_shape"][2] > 1 and layer_refusal(graph.nodes[n], Layout.parse(layout))]
+            assert not refused, (name, layout, refused)
+
+
+# --- several ranks ----------------------------------------------------------------------------------------
+
+
+def _plan(name: str, world: int, layout: str) -> tuple[Any, Any]:
+    from cost_models.cluster import Cluster, Link
+    from cost_models.uniform import uniform_plan
+
+    graph = _graph(name)
+    link = Link(1e-6, 1e9)
+    cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**34, intra=link, inter=link)
+    return uniform_plan(graph, cluster, [Layout.parse(layout), Layout()]), graph
+
+
+def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
+    results = {}
+    for name, layout in cases:
+        plan, graph = _plan(name, world, layout)
+        shapes = SHAPES[name] if len(SHAPES[name]) > 1 else SHAPES[name][0]
+        split_step_matches(lambda: _model(name), plan, graph, shapes, f"{name} under {layout}", seed=SEED)
+        results[f"{name} {layout}"] = {layer: str(a.layout) for layer, a in plan.layers.items()}
+    return results
+
+
+@pytest.mark.multirank
+def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
+    cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("shuffle", "c2"), ("diffusion", "n2")]
+    results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
+    for layout in ("h2", "w2", "c2"):
+        assert results[f"shuffle {layout}"]["shuffle"] == layout
+    assert results["diffusion h2"]["block1_norm1"] == "h2" and results["diffusion w2"]["block2_drop"] == "w2"
+
+
+@pytest.mark.multirank
+def test_modern_blocks_equal_the_unsplit_model_on_four_ranks() -> None:
+    cases = [("diffusion", "h2·w2"), ("efficientnet", "h2·w2"), ("diffusion", "n2·h2")]
+    results = run_ranks(_cases, 4, args=(cases,), timeout_s=300)[0]
+    assert results["diffusion h2·w2"]["block2_norm2"] == "h2·w2"
