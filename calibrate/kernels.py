@@ -24,7 +24,8 @@ from cost_models.local_problem import LocalProblem
 __all__ = ["TIMED_KINDS", "KernelTiming", "build_kernel", "time_kernel"]
 
 TIMED_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "adaptive_avgpool",
-                         "adaptive_maxpool", "upsample", "cat", "add", "mul", "elementwise", "dropout", "activation"})
+                         "adaptive_maxpool", "upsample", "cat", "add", "mul", "elementwise", "dropout", "activation",
+                         "norm", "pad", "pixel_shuffle"})
 """Kinds with a kernel here; others are predicted by the pooled fit of their pass."""
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -127,9 +128,29 @@ def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shap
         return (lambda a, b=None: a * (b if b is not None else a)) if kind == "mul" else (lambda a, b=None: a + (b if b is not None else a))
     if kind == "dropout":
         return lambda x: F.dropout(x, 0.5, training=True)
+    if kind == "norm":
+        return _norm_function(attrs, weight, output_shape)
+    if kind == "pad" and isinstance(attrs.get("pad"), (list, tuple)):
+        mode = str(attrs.get("mode") or "constant")
+        return lambda x: F.pad(x, list(attrs["pad"]), mode=mode) if mode != "constant" else F.pad(x, list(attrs["pad"]))
+    if kind == "pixel_shuffle" and isinstance(attrs.get("factor"), int):
+        shuffle = F.pixel_unshuffle if attrs.get("inverse") else F.pixel_shuffle
+        return lambda x: shuffle(x, attrs["factor"])
     if kind == "activation" and str(attrs.get("function")) in _ACTIVATIONS:
         return _ACTIVATIONS[str(attrs.get("function"))]
     raise ValueError(f"no kernel to time for layer kind {kind!r} ({dict(attrs)}); it is left to the pooled fit")
+
+
+def _norm_function(attrs: dict[str, Any], weight: Any, output_shape: tuple[int, ...]) -> Callable[..., torch.Tensor]:
+    """A LayerNorm over its last dimensions, or a GroupNorm (an InstanceNorm: a group per channel), on the box."""
+    norm = str(attrs.get("norm", ""))
+    if norm == "LayerNorm":
+        normalized = tuple(attrs.get("normalized_shape") or output_shape[-1:])
+        return lambda x: F.layer_norm(x, normalized, eps=float(attrs.get("eps", 1e-5)))
+    if norm.startswith(("GroupNorm", "InstanceNorm")) and len(output_shape) == 4:
+        groups = int(attrs.get("num_groups") or output_shape[1]) if norm == "GroupNorm" else output_shape[1]
+        return lambda x: F.group_norm(x, groups, eps=float(attrs.get("eps", 1e-5)))
+    raise ValueError(f"no kernel to time for the norm {attrs!r}; it is left to the pooled fit")
 
 
 def _tuple(value: Any, count: int) -> list[int]:

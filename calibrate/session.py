@@ -160,7 +160,11 @@ def measure_compute(measurements: Sequence[Measurement], deadline: float, thread
             if _footprint_bytes(item) > memory_cap or 4 * guess_s > remaining_s:
                 continue  # set-up, warm-up and one run must fit in what is left
             per_kernel_s = min(MAX_RUN_TIME_S, max(MIN_RUN_TIME_S, remaining_s / (len(timed) - index) / 3))
-            timing = time_kernel(build_kernel(item.problem, item.phase, target), per_kernel_s, threads)
+            try:
+                kernel = build_kernel(item.problem, item.phase, target)
+            except ValueError:  # a form with no kernel here (an activation it does not know): the pooled fit
+                continue
+            timing = time_kernel(kernel, per_kernel_s, threads)
             samples.append(ComputeSample(item.problem.kind, item.phase, item.problem.key, item.flops, item.bytes,
                                          timing.median_s, timing.iqr_s, timing.repeats))
             best_flops_per_s = max(best_flops_per_s, item.flops / timing.median_s)

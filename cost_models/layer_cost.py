@@ -185,9 +185,10 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
-    if layer["kind"] not in ("batchnorm", "norm") or layout.spatial == 1:
-        return 0.0
-    shape, attrs = problem.output_shape, layer.get("attrs", {})
+    attrs = layer.get("attrs", {})
+    if layer["kind"] not in ("batchnorm", "norm") or layout.spatial == 1 or attrs.get("norm") == "LayerNorm":
+        return 0.0  # a LayerNorm over whole last dimensions reduces within each box
+    shape = problem.output_shape
     sums = shape[1] if layer["kind"] == "batchnorm" else shape[0] * attrs.get("num_groups", shape[1])
     stats_bytes = 2 * sums * 8  # Σx and Σx² per channel (per sample and group: group-norm) in float64 (runtime.norm)
     return 2 * allreduce_s(profile, cluster, list(range(layout.spatial)), stats_bytes)

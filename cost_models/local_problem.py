@@ -122,7 +122,10 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     if any(s is None for s in inputs):
         return None
     weight = _local_weight(layer.get("weight_shape"), layout, kind, attrs)
+    if kind == "pad" and isinstance(attrs.get("pad"), list) and inputs and len(local_out) == 4:
+        attrs["pad"], inputs[0] = _tile_padding(attrs["pad"], inputs[0], local_out, layout)
     if kind in ("conv", "conv_transpose", "maxpool", "avgpool"):
+        inputs[0] = _pre_padded(inputs[0], attrs, layout) if kind == "conv" and inputs else inputs[0]
         attrs = _unpad_split_dims(attrs, layout)
     if weight is not None:
         attrs["weight_shape"] = list(weight)
@@ -195,6 +198,31 @@ def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, pa
     return -(-extent_in // parts)
 
 
+def _tile_padding(pad: list[Any], shape: Any, local_out: Sequence[int], layout: Layout) -> tuple[list[Any], Any]:
+    """``F.pad`` on a tile: along a split axis the tile reads its output rows (its halo or its border's padding
+    gathered), so it pads nothing there."""
+    amounts, local = [*pad, 0, 0, 0, 0][:max(4, len(pad))], list(shape)
+    for axis, parts in enumerate((layout.h, layout.w)):
+        if parts > 1:
+            first = 2 - 2 * axis  # F.pad lists the last dimension first: left, right, top, bottom
+            amounts[first:first + 2] = [0, 0]
+            local[2 + axis] = local_out[2 + axis]
+    return amounts, local
+
+
+def _pre_padded(shape: Any, attrs: dict[str, Any], layout: Layout) -> Any:
+    """A convolution's local input with an asymmetric padding's extra rows (an even kernel's ``'same'``) on its
+    unsplit axes, so that the symmetric padding before gives the local output."""
+    if shape is None or len(shape) != 4 or not isinstance(attrs.get("padding"), str):
+        return shape
+    padded = list(shape)
+    for axis, parts in enumerate((layout.h, layout.w)):
+        before, after = axis_pads(attrs, axis)
+        if parts == 1:
+            padded[2 + axis] += after - before
+    return padded
+
+
 def _local_weight(weight: Sequence[int] | None, layout: Layout, kind: str, attrs: dict[str, Any]) -> list[int] | None:
     if not weight:
         return None
@@ -209,8 +237,8 @@ def _local_weight(weight: Sequence[int] | None, layout: Layout, kind: str, attrs
 
 def _unpad_split_dims(attrs: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """The padding left to the local problem: none along split axes (the tile reads its halos instead); a string
-    ``'same'`` as explicit amounts (the larger side, an even kernel's)."""
-    padding = [max(axis_pads(attrs, axis)) for axis in (0, 1)] if attrs.get("padding") is not None else [0, 0]
+    ``'same'`` as explicit amounts (the side before; :func:`_pre_padded` adds an even kernel's extra row)."""
+    padding = [axis_pads(attrs, axis)[0] for axis in (0, 1)] if attrs.get("padding") is not None else [0, 0]
     for axis, parts in enumerate((layout.h, layout.w)):
         if parts > 1:
             padding[axis] = 0

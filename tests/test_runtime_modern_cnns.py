@@ -156,3 +156,26 @@ def test_modern_blocks_equal_the_unsplit_model_on_four_ranks() -> None:
     cases = [("diffusion", "h2·w2"), ("efficientnet", "h2·w2"), ("diffusion", "n2·h2")]
     results = run_ranks(_cases, 4, args=(cases,), timeout_s=300)[0]
     assert results["diffusion h2·w2"]["block2_norm2"] == "h2·w2"
+
+
+def test_calibration_times_the_new_forms_on_their_local_problems() -> None:
+    """Calibration builds a kernel for each new form's local problem (norms, padding modes, pixel shuffles, an
+    even kernel's 'same'), whose forward makes the local output the cost model prices."""
+    from calibrate.kernels import TIMED_KINDS, build_kernel
+    from cost_models.local_problem import local_problem
+    from test_runtime_borders import Periodic
+
+    kinds = set()
+    for model, shapes in ((Periodic(), (4, 3, 8, 8)), (DiffusionUNet(), SHAPES["diffusion"]), (Shuffles(), (4, 3, 8, 8))):
+        from cost_models.graph import trace
+
+        graph = trace(model, shapes)
+        for name in graph.nodes:
+            for layout in ("n1", "h2", "w2"):
+                problem = local_problem(graph.nodes[name], Layout.parse(layout), 4, "float32")
+                if problem is None or problem.kind not in TIMED_KINDS or problem.kind in ("linear", "cat"):
+                    continue
+                out = build_kernel(problem, "fwd", torch.device("cpu"))()
+                assert tuple(out.shape) == problem.output_shape, (name, layout, tuple(out.shape), problem.output_shape)
+                kinds.add(problem.kind)
+    assert {"norm", "pad", "pixel_shuffle", "conv"} <= kinds
