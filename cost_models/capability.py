@@ -49,6 +49,16 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       convolution) has at least one row (column) of its input per tile;
       upsampling and adaptive pooling read an input with fewer rows than
       tiles whole (deeplabv3's pooled branch: 1×1 upsampled to the map).
+    * A 4-D value whose dimensions hold its axes in another order than
+      ``nchw`` (``cost_models.orders``: ConvNeXt's channels-last blocks) is
+      split by axis wherever its order puts them: a permutation of a 4-D
+      value takes any layout (its box is permuted); element-wise layers read
+      such values in one order; a LayerNorm over its last dimensions, and a
+      linear layer on a channels-last value, run per position under any
+      layout that splits none of the dimensions they read whole; any other
+      layer reading such a value splits it by sample only. Pixel shuffle and
+      unshuffle split by channel and space when every part of the coarse side,
+      scaled, is the part of the fine side.
     * Convolution and linear layers split by channel or space, and batch-norm
       by channel, only as modules (a function call has no module whose
       weights can be sliced); ``F.batch_norm`` sums its statistics over tiles
@@ -70,15 +80,14 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
 
 from __future__ import annotations
 
-from functools import partial
+from math import prod
 from typing import Any, Iterator, Mapping
 
-from cost_models.borders import axis_pads, gathered_halos, window_reads
-from cost_models.errors import InputError
-from cost_models.halo import adaptive_reads, axis_halos, partition, reads_beyond_neighbours
+from cost_models._spatial_rules import shuffle_refusal, spatial_refusal
+from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_last_dims, order_refusal, permutes,
+                                     sample_dim_refusal, sample_view_refusal)
 from cost_models.layout import Layout
-from cost_models.orders import KEEPING_KINDS, NCHW, logical
-from cost_models.redistribution import part_range
+from cost_models.orders import NCHW, logical
 
 __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "on_last_dims",
            "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
@@ -91,15 +100,6 @@ CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "max
                            "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad",
                            "pixel_shuffle"})
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
-_HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
-_TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgpool", "pad"}  # read input tiles
-_READ_WHOLE_WHEN_SHORT = frozenset({"upsample", "adaptive_avgpool"})  # fewer input rows than tiles: read whole
-_CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
-_PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxes", "Tensor.swapdims",
-                           "Tensor.movedim", "Tensor.moveaxis", "torch.permute", "torch.transpose", "torch.swapaxes",
-                           "torch.swapdims", "torch.movedim", "torch.moveaxis"})
-
-
 def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: bool = False,
                   micro_batches: int = 1) -> str | None:
     """Why the runtime cannot execute ``layer`` (a LayerGraph node's data) under ``layout``; ``None`` when it can.
@@ -119,7 +119,7 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
         return _fit_refusal(output, layout)  # a piece, in the layout of the layer that cut it (piece_layout_refusal)
     order = layer.get("attrs", {}).get("order", NCHW)
     return (_fit_refusal(logical(output, order) if len(output) == 4 else output, layout)
-            or _order_refusal(layer, layout) or _kind_refusal(layer, layout)
+            or order_refusal(layer, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
 
 
@@ -166,60 +166,14 @@ def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
     return None
 
 
-def _order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """A layer reading a 4-D value in another order than ``nchw`` (``cost_models.orders``) splits it by channel or
-    space only when it permutes it or computes per element or along the last dimension, every such input in one
-    order."""
-    orders = layer.get("attrs", {}).get("input_orders")
-    if not orders or layout.c * layout.h * layout.w == 1:
-        return None
-    four = {order for order, shape in zip(orders, layer["input_shapes"]) if len(shape) == 4}
-    if _permutes(layer) or (layer["kind"] in KEEPING_KINDS and len(four) == 1):
-        return None
-    return (f"it reads 4-D values in the orders {'/'.join(sorted(four))} (channels-last) and has no form for them "
-            f"under {layout}; split it by sample only")
-
-
-def _permutes(layer: Mapping[str, Any]) -> bool:
-    """A permutation of a 4-D value into a 4-D value: a permuted box under any layout (the order follows it)."""
-    inputs = layer["input_shapes"]
-    return (layer["kind"] == "view" and layer.get("target") in _PERMUTATIONS and len(layer["output_shape"]) == 4
-            and bool(inputs) and len(inputs[0]) == 4)
-
-
-def _last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """A LayerNorm (over its last dimensions), or a linear layer on a channels-last value: each position computes
-    alone, on a box holding the dimensions it reads whole; ``None`` when the layout splits none of them."""
-    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
-    count = len(attrs.get("normalized_shape") or [0]) if layer["kind"] == "norm" else 1
-    if len(shape) == 4:
-        order = (attrs.get("input_orders") or [NCHW])[0]
-    else:
-        order = "n" + "c" * (len(shape) - 1)  # other than 4-D: features (c) after the samples
-    split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis) > 1})
-    if split:
-        what = "a LayerNorm normalises over" if layer["kind"] == "norm" else "a linear layer reads"
-        return f"{what} its last {count} dimension(s), which hold the {'/'.join(split)} axis {layout} splits"
-    return _sample_dim_refusal(layer) if layout.n > 1 else None
-
-
-def on_last_dims(layer: Mapping[str, Any]) -> bool:
-    """A LayerNorm, or a linear layer reading a 4-D value that holds its channels last."""
-    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
-    if layer["kind"] == "norm":
-        return attrs.get("norm") == "LayerNorm"
-    return (layer["kind"] == "linear" and bool(inputs) and len(inputs[0]) == 4
-            and (attrs.get("input_orders") or [NCHW])[0].endswith("c"))
-
-
 def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
     spatial = layout.h * layout.w > 1
-    if _permutes(layer):
-        return _sample_view_refusal(layer, layout) if layout.n > 1 else None
+    if permutes(layer):
+        return sample_view_refusal(layer, layout) if layout.n > 1 else None
     if on_last_dims(layer):
-        return _last_dim_refusal(layer, layout)
-    if kind == "activation" and layout.c > 1 and _numel(layer.get("weight_shape") or [1]) > 1:
+        return last_dim_refusal(layer, layout)
+    if kind == "activation" and layout.c > 1 and prod(layer.get("weight_shape") or [1]) > 1:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS:
         return None
@@ -233,14 +187,14 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"{kind} is a function call; only its module form (nn.Conv2d, nn.Linear, …) splits by channel or space"
     if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(layer["output_shape"])):
         return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
-    if kind in ("view", "flatten") and layout.n > 1 and (moved := _sample_view_refusal(layer, layout)):
+    if kind in ("view", "flatten") and layout.n > 1 and (moved := sample_view_refusal(layer, layout)):
         return moved
-    if kind not in ("view", "flatten") and layout.n > 1 and (moved := _sample_dim_refusal(layer)):
+    if kind not in ("view", "flatten") and layout.n > 1 and (moved := sample_dim_refusal(layer)):
         return moved
     if kind == "linear" and layout.c > 1 and any(len(s) != 2 for s in layer["input_shapes"]):
         return "a linear layer splits its filters on 2-D (N, features) inputs only"
     if spatial:
-        return _spatial_refusal(layer, layout)
+        return spatial_refusal(layer, layout)
     return _channel_refusal(layer, layout) if layout.c > 1 else None
 
 
@@ -248,61 +202,6 @@ def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
     """``x[:, a:b, …]`` computes on every part what it computes on the whole when it slices no split dimension."""
     cut = sorted({dim for dim, parts in enumerate(layout.parts()) if parts > 1} & set(sliced))
     return f"it slices dimension {cut[0]}, which {layout} splits" if cut else None
-
-
-def _spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    kind, attrs = layer["kind"], layer.get("attrs", {})
-    if kind == "conv" and (isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros"):
-        return _input_fit_refusal(layer, layout) or _border_refusal(layer, layout)
-    if isinstance(attrs.get("padding"), str):
-        return f"{_noun(kind)} with padding {attrs['padding']!r} cannot be split across tiles"
-    if attrs.get("return_indices"):
-        return "pooling that returns its indices cannot be split across tiles"
-    if kind == "avgpool" and attrs.get("divisor_override"):
-        return "average pooling with a divisor override cannot be split across tiles"
-    if kind in _TILED_INPUT_KINDS - _READ_WHOLE_WHEN_SHORT and (small := _input_fit_refusal(layer, layout)):
-        return small
-    if kind == "upsample":
-        return _upsample_refusal(layer)
-    if kind == "adaptive_avgpool":
-        return _adaptive_refusal(layer, layout)
-    if kind == "pad":
-        return _pad_refusal(layer, layout)
-    if kind == "norm":
-        return _norm_refusal(layer)
-    if kind == "pixel_shuffle":
-        return _shuffle_refusal(layer, layout)
-    if kind == "softmax" and attrs.get("dim") not in (1, -3):
-        return "softmax across tiles must be over the channels (dim=1)"
-    if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
-        return "a grouped transposed convolution cannot be split by channel"
-    return _halo_refusal(layer, layout) if kind in _HALO_KINDS else None
-
-
-def _input_fit_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """A layer reading tiles of its input needs a non-empty tile of it on every rank (not only of its output)."""
-    shape = layer["input_shapes"][0] if layer["input_shapes"] else None
-    if not shape or len(shape) != 4 or isinstance(shape[0], list):
-        return None
-    small = [f"{extent} {name}" for extent, parts, name in zip(shape[2:], (layout.h, layout.w), ("rows", "columns"))
-             if extent < parts]
-    return (f"its input {tuple(shape)} is {', '.join(small)}: fewer than the {layout} tiles it would be read in"
-            if small else None)
-
-
-def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
-    for axis, parts in ((0, layout.h), (1, layout.w)):
-        if parts == 1:
-            continue
-        kernel, stride, dilation, padding = (_axis(attrs.get(key, default), axis) for key, default in
-                                             (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
-        try:
-            axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding,
-                       bool(attrs.get("ceil_mode")))
-        except InputError as err:
-            return str(err)
-    return None
 
 
 def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
@@ -318,9 +217,9 @@ def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if kind == "softmax" and attrs.get("dim") in ((1, -1) if len(layer["output_shape"]) == 2 else (1, -3)):
         return "softmax over the split channel dimension"
     if kind == "view":
-        return _view_refusal(layer, layout)
+        return channel_view_refusal(layer, layout)
     if kind == "pixel_shuffle":
-        return _shuffle_refusal(layer, layout)
+        return shuffle_refusal(layer, layout)
     if kind == "pad" and "pad" not in attrs:
         return "a padding computed from tensor shapes may pad the split channel dimension"
     if kind == "pad" and _pads_dimension(attrs["pad"], len(layer["output_shape"]), 1):
@@ -336,180 +235,10 @@ def _pads_dimension(pad: Any, rank: int, dim: int) -> bool:
     return any(not isinstance(v, (int, float)) or v != 0 for v in pad[first:first + 2])  # unknown: it may
 
 
-def _view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """A view keeps a channel split only when it keeps the channels where they are, or flattens them first."""
-    if not layer["input_shapes"]:
-        return "a view of a parameter or constant is kept whole"
-    (source, *_), target = layer["input_shapes"], layer["output_shape"]
-    same = list(source) == list(target)
-    flattened = len(target) == 2 and len(source) >= 2 and target[0] == source[0]
-    if not (same or flattened) or layer.get("target") not in _CHANNEL_VIEWS:
-        return f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split channels"
-    if source[1] % layout.c:
-        return f"{source[1]} channels do not split evenly into {layout.c} parts"
-    return None
-
-
-def _sample_view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """A view runs on this rank's samples: exact when its part of the output is the same samples' elements.
-
-    A permutation must keep dimension 0 (the samples); a reshape must map each part of the samples onto the
-    same part of its output's dimension 0 (``(N, T, D) → (N·T, D)`` does; ``(N, T, D) → (T, N·D)`` does not).
-    """
-    if not layer["input_shapes"] or not layer["input_shapes"][0] or isinstance(layer["input_shapes"][0][0], list):
-        return None  # a view of parameters or constants: the runtime computes it whole
-    if not layer["output_shape"]:
-        return "a view to a 0-D tensor takes no split along dimension 0"
-    source, target = layer["input_shapes"][0], layer["output_shape"]
-    if any(1 < extent < layout.n for extent in (source[0], target[0])):
-        return f"its input {tuple(source)} has fewer elements than the {layout} parts along dimension 0"
-    if layer.get("target") in _PERMUTATIONS:
-        return None if source[0] == target[0] else (
-            f"a permutation from {tuple(source)} to {tuple(target)} moves the split samples out of dimension 0")
-    per_in, per_out = _numel(source[1:]), _numel(target[1:])
-    for part in range(layout.n):
-        if [e * per_in for e in _part(source[0], layout.n, part)] != [e * per_out for e in
-                                                                     _part(target[0], layout.n, part)]:
-            return (f"a view from {tuple(source)} to {tuple(target)} moves the split samples: part {part} of the "
-                    f"input's samples is not part {part} of the output's first dimension")
-    return None
-
-
-def _sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
-    """Under a sample split a layer runs on its own samples: each tensor it reads holds them in dimension 0, as
-    its output does (or broadcasts one sample): every operand of an opaque call (``q @ k.T`` mixes samples when
-    ``k.T`` holds them in dimension 1), the first of any other layer (later ones may be its parameters).
-    ``qkv[0]`` of a ``(3, N, …)`` stack, a reduction over the batch, a padding of dimension 0 do not, nor does
-    ``torch.stack(…, dim=0)`` (its dimension 0 counts the stacked tensors, whatever its extent)."""
-    target, sources = layer["output_shape"], layer["input_shapes"]
-    stacked, reduced = layer.get("attrs", {}).get("stack_dim"), layer.get("attrs", {}).get("reduces", [])
-    if stacked is not None and stacked % len(target) == 0:
-        return "it stacks its inputs along a new dimension 0, ahead of the samples (efficientvim's heads)"
-    if sources and isinstance(sources[0], list) and sources[0] and not isinstance(sources[0][0], list) and any(
-            dim % len(sources[0]) == 0 for dim in reduced):
-        return "it reduces dimension 0 of its input, which holds the samples under a sample split"
-    read = sources if layer["kind"] == "other" else sources[:1]  # a matmul's operands are all activations
-    for source in read:
-        if isinstance(source, list) and source and not isinstance(source[0], list) and source[0] not in (
-                1, target[0]):
-            return (f"it maps dimension 0 of its input {tuple(source)} onto dimension 0 of its output "
-                    f"{tuple(target)}, which moves the split samples")
-    return None
-
-
-def _part(extent: int, parts: int, index: int) -> tuple[int, int]:
-    return (0, extent) if extent == 1 else part_range(extent, parts, index)
-
-
 def _noun(kind: str) -> str:
     if kind == "other":
         return "an opaque layer (a call or module parplan has no split form of)"
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} layer"
-
-
-def _numel(shape: Any) -> int:
-    total = 1
-    for extent in shape:
-        total *= int(extent)
-    return total
-
-
-def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
-    attrs = layer.get("attrs", {})
-    if attrs.get("mode", "nearest") not in ("nearest", "bilinear") or attrs.get("align_corners"):
-        return "upsampling across tiles supports nearest and bilinear (align_corners=False) only"
-    (_, _, h_in, w_in), (_, _, h_out, w_out) = layer["input_shapes"][0], layer["output_shape"]
-    if h_out % h_in or w_out % w_in:
-        return f"upsampling {h_in}×{w_in} to {h_out}×{w_out} is not an integer scale"
-    return None
-
-
-def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """Adaptive average pooling's output tiles read their windows' rows; no tile may read past its neighbours'."""
-    (_, _, *extents_in), (_, _, *extents_out) = layer["input_shapes"][0], layer["output_shape"]
-    for extent_in, extent_out, parts, name in zip(extents_in, extents_out, (layout.h, layout.w), ("rows", "columns")):
-        if parts == 1 or extent_in < parts:  # an input shorter than the tiles is read whole
-            continue
-        if reads_beyond_neighbours(extent_in, extent_out, parts,
-                                   partial(adaptive_reads, extent_in, extent_out)) is not None:
-            return (f"a {parts}-way split of {extent_in} {name} is too fine for a window of adaptive pooling to "
-                    f"{extent_out} {name}: a tile would read beyond its neighbours")
-    return None
-
-
-def _norm_refusal(layer: Mapping[str, Any]) -> str | None:
-    """Group-norm and instance-norm modules of ``(N, C, H, W)`` tensors split by height and width: their statistics
-    per sample and group are summed over the tiles (``runtime.norm.group_norm``)."""
-    attrs = layer.get("attrs", {})
-    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d") or attrs.get("function_form"):
-        return f"{attrs.get('norm', 'this norm')} cannot be split by height or width yet (GroupNorm and InstanceNorm2d can)"
-    if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) != 4:
-        return "an instance-norm tracking running statistics, or of other than (N, C, H, W), cannot be split by space"
-    return None
-
-
-def _pad_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """Constant padding of known amounts splits by height and width: each output tile reads its rows shifted by the
-    padding before it, every tile at least one row of the input and none past its neighbours'."""
-    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
-    if not isinstance(attrs.get("pad"), list) or len(shape) != 4:
-        return "a padding of amounts unknown when traced cannot be split across tiles"
-    if attrs.get("mode", "constant") != "constant":
-        return _border_refusal(layer, layout)
-    for axis, parts in ((0, layout.h), (1, layout.w)):
-        before, after = (attrs["pad"] + [0, 0, 0, 0])[2 - 2 * axis:4 - 2 * axis]
-        if parts == 1 or before == after == 0:
-            continue
-        extent, padded = shape[2 + axis], shape[2 + axis] + before + after
-        reads = [(o0 - before, o1 - before) for o0, o1 in partition(padded, parts)]
-        beyond = reads_beyond_neighbours(extent, padded, parts, lambda o0, o1: (o0 - before, o1 - before))
-        if before < 0 or after < 0 or beyond is not None or any(min(b, extent) <= max(a, 0) for a, b in reads):
-            return (f"a {parts}-way split of {extent} {('rows', 'columns')[axis]} padded by {before} and {after} is too "
-                    f"fine for a window: a tile would read past its neighbours, or padding only")
-    return None
-
-
-def _border_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """A convolution padded in a mode (or asymmetrically: an even kernel's ``'same'``), or ``F.pad`` in reflect,
-    replicate or circular mode: each tile gathers its windows' padded rows from itself and its neighbours (ring
-    neighbours when circular; ``cost_models.borders``)."""
-    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
-    if layer["kind"] == "pad":
-        mode, amounts = attrs.get("mode", "constant"), [*attrs["pad"], 0, 0, 0, 0][:4]
-        if any(amount < 0 for amount in amounts):
-            return f"{mode} padding by negative amounts {amounts} cannot be split across tiles"
-        windows = [((1, 1, 1), (amounts[2], amounts[3])), ((1, 1, 1), (amounts[0], amounts[1]))]
-    else:
-        mode = attrs.get("padding_mode", "zeros")
-        windows = [((_axis(attrs.get("kernel_size", 1), axis), _axis(attrs.get("stride", 1), axis),
-                     _axis(attrs.get("dilation", 1), axis)), axis_pads(dict(attrs), axis)) for axis in (0, 1)]
-    for axis, parts in ((0, layout.h), (1, layout.w)):
-        if parts > 1:
-            window, pads = windows[axis]
-            try:
-                gathered_halos(shape[2 + axis], window_reads(shape[2 + axis], parts, *window, pads), mode)
-            except InputError as err:
-                return str(err)
-    return None
-
-
-def _shuffle_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """Pixel (un)shuffle by ``r`` moves each ``r×r`` block of positions to ``r²`` channels and back: it runs on a
-    box when every part of the coarse side, times ``r`` (``r²`` for the channels), is the part of the fine side."""
-    attrs = layer.get("attrs", {})
-    factor = attrs.get("factor")
-    if not isinstance(factor, int):
-        return "a pixel shuffle of a factor computed from shapes cannot be split by channel or space"
-    source, target = layer["input_shapes"][0], layer["output_shape"]
-    coarse, fine = (source, target) if not attrs.get("inverse") else (target, source)  # fine: more rows, fewer channels
-    axes = ((1, layout.c, fine[1], coarse[1], factor * factor), (2, layout.h, coarse[2], fine[2], factor),
-            (3, layout.w, coarse[3], fine[3], factor))
-    for dim, parts, small, large, scale in axes:
-        if parts > 1 and (small < parts or partition(large, parts) != [(scale * a, scale * b) for a, b in
-                                                                        partition(small, parts)]):
-            return (f"a {parts}-way split of {small} and {large} along dimension {dim} of a pixel shuffle by {factor} "
-                    f"does not align its parts (give it an extent the parts divide)")
-    return None
 
 
 def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm: bool, micro_batches: int) -> str | None:
@@ -637,9 +366,3 @@ def _dim_split(layout: Layout, dim: int, rank: int) -> bool:
     dim = dim % rank if rank else 0
     parts = layout.parts() if rank == 4 else (layout.n, layout.c)
     return dim < len(parts) and parts[dim] > 1
-
-
-def _axis(value: Any, axis: int) -> Any:
-    if isinstance(value, (list, tuple)):
-        return value[axis] if axis < len(value) else (value[-1] if value else None)
-    return value

@@ -1,0 +1,136 @@
+"""The capability predicate's rules for views, permutations and orders (``cost_models.capability`` documents
+them): which splits a view keeps, channels-last values (``cost_models.orders``), a split by sample."""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Mapping
+
+from cost_models.layout import Layout
+from cost_models.orders import KEEPING_KINDS, NCHW
+from cost_models.redistribution import part_range
+
+__all__ = ["channel_view_refusal", "last_dim_refusal", "on_last_dims", "order_refusal", "permutes",
+           "sample_dim_refusal", "sample_view_refusal"]
+
+_CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
+
+
+_PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxes", "Tensor.swapdims",
+                           "Tensor.movedim", "Tensor.moveaxis", "torch.permute", "torch.transpose", "torch.swapaxes",
+                           "torch.swapdims", "torch.movedim", "torch.moveaxis"})
+
+
+def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A layer reading a 4-D value in another order than ``nchw`` (``cost_models.orders``) splits it by channel or
+    space only when it permutes it or computes per element or along the last dimension, every such input in one
+    order."""
+    orders = layer.get("attrs", {}).get("input_orders")
+    if not orders or layout.c * layout.h * layout.w == 1:
+        return None
+    four = {order for order, shape in zip(orders, layer["input_shapes"]) if len(shape) == 4}
+    if permutes(layer) or (layer["kind"] in KEEPING_KINDS and len(four) == 1):
+        return None
+    return (f"it reads 4-D values in the orders {'/'.join(sorted(four))} (channels-last) and has no form for them "
+            f"under {layout}; split it by sample only")
+
+
+def permutes(layer: Mapping[str, Any]) -> bool:
+    """A permutation of a 4-D value into a 4-D value: a permuted box under any layout (the order follows it)."""
+    inputs = layer["input_shapes"]
+    return (layer["kind"] == "view" and layer.get("target") in _PERMUTATIONS and len(layer["output_shape"]) == 4
+            and bool(inputs) and len(inputs[0]) == 4)
+
+
+def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A LayerNorm (over its last dimensions), or a linear layer on a channels-last value: each position computes
+    alone, on a box holding the dimensions it reads whole; ``None`` when the layout splits none of them."""
+    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+    count = len(attrs.get("normalized_shape") or [0]) if layer["kind"] == "norm" else 1
+    if len(shape) == 4:
+        order = (attrs.get("input_orders") or [NCHW])[0]
+    else:
+        order = "n" + "c" * (len(shape) - 1)  # other than 4-D: features (c) after the samples
+    split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis) > 1})
+    if split:
+        what = "a LayerNorm normalises over" if layer["kind"] == "norm" else "a linear layer reads"
+        return f"{what} its last {count} dimension(s), which hold the {'/'.join(split)} axis {layout} splits"
+    return sample_dim_refusal(layer) if layout.n > 1 else None
+
+
+def on_last_dims(layer: Mapping[str, Any]) -> bool:
+    """A LayerNorm, or a linear layer reading a 4-D value that holds its channels last."""
+    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
+    if layer["kind"] == "norm":
+        return attrs.get("norm") == "LayerNorm"
+    return (layer["kind"] == "linear" and bool(inputs) and len(inputs[0]) == 4
+            and (attrs.get("input_orders") or [NCHW])[0].endswith("c"))
+
+
+def channel_view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A view keeps a channel split only when it keeps the channels where they are, or flattens them first."""
+    if not layer["input_shapes"]:
+        return "a view of a parameter or constant is kept whole"
+    (source, *_), target = layer["input_shapes"], layer["output_shape"]
+    same = list(source) == list(target)
+    flattened = len(target) == 2 and len(source) >= 2 and target[0] == source[0]
+    if not (same or flattened) or layer.get("target") not in _CHANNEL_VIEWS:
+        return f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split channels"
+    if source[1] % layout.c:
+        return f"{source[1]} channels do not split evenly into {layout.c} parts"
+    return None
+
+
+def sample_view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A view runs on this rank's samples: exact when its part of the output is the same samples' elements.
+
+    A permutation must keep dimension 0 (the samples); a reshape must map each part of the samples onto the
+    same part of its output's dimension 0 (``(N, T, D) → (N·T, D)`` does; ``(N, T, D) → (T, N·D)`` does not).
+    """
+    if not layer["input_shapes"] or not layer["input_shapes"][0] or isinstance(layer["input_shapes"][0][0], list):
+        return None  # a view of parameters or constants: the runtime computes it whole
+    if not layer["output_shape"]:
+        return "a view to a 0-D tensor takes no split along dimension 0"
+    source, target = layer["input_shapes"][0], layer["output_shape"]
+    if any(1 < extent < layout.n for extent in (source[0], target[0])):
+        return f"its input {tuple(source)} has fewer elements than the {layout} parts along dimension 0"
+    if layer.get("target") in _PERMUTATIONS:
+        return None if source[0] == target[0] else (
+            f"a permutation from {tuple(source)} to {tuple(target)} moves the split samples out of dimension 0")
+    per_in, per_out = _numel(source[1:]), _numel(target[1:])
+    for part in range(layout.n):
+        if [e * per_in for e in _part(source[0], layout.n, part)] != [e * per_out for e in
+                                                                     _part(target[0], layout.n, part)]:
+            return (f"a view from {tuple(source)} to {tuple(target)} moves the split samples: part {part} of the "
+                    f"input's samples is not part {part} of the output's first dimension")
+    return None
+
+
+def sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
+    """Under a sample split a layer runs on its own samples: each tensor it reads holds them in dimension 0, as
+    its output does (or broadcasts one sample): every operand of an opaque call (``q @ k.T`` mixes samples when
+    ``k.T`` holds them in dimension 1), the first of any other layer (later ones may be its parameters).
+    ``qkv[0]`` of a ``(3, N, …)`` stack, a reduction over the batch, a padding of dimension 0 do not, nor does
+    ``torch.stack(…, dim=0)`` (its dimension 0 counts the stacked tensors, whatever its extent)."""
+    target, sources = layer["output_shape"], layer["input_shapes"]
+    stacked, reduced = layer.get("attrs", {}).get("stack_dim"), layer.get("attrs", {}).get("reduces", [])
+    if stacked is not None and stacked % len(target) == 0:
+        return "it stacks its inputs along a new dimension 0, ahead of the samples (efficientvim's heads)"
+    if sources and isinstance(sources[0], list) and sources[0] and not isinstance(sources[0][0], list) and any(
+            dim % len(sources[0]) == 0 for dim in reduced):
+        return "it reduces dimension 0 of its input, which holds the samples under a sample split"
+    read = sources if layer["kind"] == "other" else sources[:1]  # a matmul's operands are all activations
+    for source in read:
+        if isinstance(source, list) and source and not isinstance(source[0], list) and source[0] not in (
+                1, target[0]):
+            return (f"it maps dimension 0 of its input {tuple(source)} onto dimension 0 of its output "
+                    f"{tuple(target)}, which moves the split samples")
+    return None
+
+
+def _part(extent: int, parts: int, index: int) -> tuple[int, int]:
+    return (0, extent) if extent == 1 else part_range(extent, parts, index)
+
+
+def _numel(shape: Any) -> int:
+    return prod(int(extent) for extent in shape)
