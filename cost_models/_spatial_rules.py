@@ -11,7 +11,7 @@ from cost_models.errors import InputError
 from cost_models.halo import adaptive_reads, axis_halos, partition, reads_beyond_neighbours
 from cost_models.layout import Layout
 
-__all__ = ["shuffle_refusal", "spatial_refusal"]
+__all__ = ["norm_refusal", "shuffle_refusal", "spatial_refusal"]
 
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
 
@@ -41,7 +41,7 @@ def spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if kind == "pad":
         return _pad_refusal(layer, layout)
     if kind == "norm":
-        return _norm_refusal(layer)
+        return norm_refusal(layer)
     if kind == "pixel_shuffle":
         return shuffle_refusal(layer, layout)
     if kind == "softmax" and attrs.get("dim") not in (1, -3):
@@ -100,14 +100,16 @@ def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
-def _norm_refusal(layer: Mapping[str, Any]) -> str | None:
-    """Group-norm and instance-norm modules of ``(N, C, H, W)`` tensors split by height and width: their statistics
-    per sample and group are summed over the tiles (``runtime.norm.group_norm``)."""
+def norm_refusal(layer: Mapping[str, Any]) -> str | None:
+    """Group-norm and instance-norm modules of ``(N, C, H, W)`` tensors split by channel, height and width: their
+    statistics per sample and group are summed over the ranks holding the same samples (``runtime.norm``)."""
     attrs = layer.get("attrs", {})
     if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d") or attrs.get("function_form"):
-        return f"{attrs.get('norm', 'this norm')} cannot be split by height or width yet (GroupNorm and InstanceNorm2d can)"
+        return (f"{attrs.get('norm', 'this norm')} cannot be split by channel or space yet (GroupNorm and "
+                f"InstanceNorm2d modules can)")
     if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) != 4:
-        return "an instance-norm tracking running statistics, or of other than (N, C, H, W), cannot be split by space"
+        return ("an instance-norm tracking running statistics, or of other than (N, C, H, W), cannot be split by "
+                "channel or space")
     return None
 
 

@@ -26,7 +26,8 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       LayerGraph node alone does not tell.
     * A channel split (``c``) needs a distributed form: convolution,
       transposed convolution and linear layers split their filters;
-      batch-norm, pooling, upsampling, padding, flattening, views and
+      batch-norm, group-norm and instance-norm modules (a part's groups may
+      straddle its bounds), pooling, upsampling, padding, flattening, views and
       concatenation (not along the channels) split channels. Linear layers
       split filters of 2-D ``(N, features)`` tensors only, and every split
       tensor is 2-D or 4-D ``(N, C, H, W)``.
@@ -83,7 +84,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Iterator, Mapping
 
-from cost_models._spatial_rules import shuffle_refusal, spatial_refusal
+from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
 from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_last_dims, order_refusal, permutes,
                                      sample_dim_refusal, sample_view_refusal)
 from cost_models.layout import Layout
@@ -98,8 +99,10 @@ SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adap
                            "cat", "softmax", "pad", "norm", "pixel_shuffle"})
 CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "upsample",
                            "adaptive_avgpool", "adaptive_maxpool", "softmax", "flatten", "view", "cat", "pad",
-                           "pixel_shuffle"})
+                           "pixel_shuffle", "norm"})
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
+
+
 def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: bool = False,
                   micro_batches: int = 1) -> str | None:
     """Why the runtime cannot execute ``layer`` (a LayerGraph node's data) under ``layout``; ``None`` when it can.
@@ -218,6 +221,8 @@ def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return "softmax over the split channel dimension"
     if kind == "view":
         return channel_view_refusal(layer, layout)
+    if kind == "norm":
+        return norm_refusal(layer)
     if kind == "pixel_shuffle":
         return shuffle_refusal(layer, layout)
     if kind == "pad" and "pad" not in attrs:

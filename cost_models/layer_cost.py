@@ -186,12 +186,13 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
     attrs = layer.get("attrs", {})
-    if layer["kind"] not in ("batchnorm", "norm") or layout.spatial == 1 or attrs.get("norm") == "LayerNorm":
+    ranks = layout.spatial * (layout.c if layer["kind"] == "norm" else 1)  # group-norm: every channel part too
+    if layer["kind"] not in ("batchnorm", "norm") or ranks == 1 or attrs.get("norm") == "LayerNorm":
         return 0.0  # a LayerNorm over whole last dimensions reduces within each box
     shape = problem.output_shape
     sums = shape[1] if layer["kind"] == "batchnorm" else shape[0] * attrs.get("num_groups", shape[1])
     stats_bytes = 2 * sums * 8  # Σx and Σx² per channel (per sample and group: group-norm) in float64 (runtime.norm)
-    return 2 * allreduce_s(profile, cluster, list(range(layout.spatial)), stats_bytes)
+    return 2 * allreduce_s(profile, cluster, list(range(ranks)), stats_bytes)  # a sample's ranks are consecutive
 
 
 def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,

@@ -43,7 +43,7 @@ DENSE_KINDS = frozenset({"conv", "conv_transpose", "linear"})
 _NO_PROBLEM = frozenset({"input", "flatten", "view", "getitem", "identity"})
 _SPATIAL_WINDOW = frozenset({"conv", "maxpool", "avgpool"})
 _CHANNEL_SPLIT = frozenset({"batchnorm", "activation", "add", "mul", "elementwise", "dropout", "maxpool", "avgpool",
-                            "adaptive_avgpool", "adaptive_maxpool", "upsample", "cat", "pad", "softmax"})
+                            "adaptive_avgpool", "adaptive_maxpool", "upsample", "cat", "pad", "softmax", "norm"})
 
 
 @dataclass(frozen=True)

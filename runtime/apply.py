@@ -563,7 +563,7 @@ class DistributedModel(nn.Module):
 def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     """The global ranks of every group that layers of ``layouts`` on ``ranks`` use (``runtime.groups``)."""
     for layout in sorted(set(layouts)):
-        for kind in ("spatial", "samples", "slice"):
+        for kind in ("spatial", "samples", "slice", "image"):
             for members in blocks(layout, len(ranks), kind):
                 yield tuple(ranks[q] for q in members)
     yield ranks

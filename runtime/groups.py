@@ -9,6 +9,8 @@ some of these (:func:`blocks`):
   image (halo neighbours, spatial batch-norm, global pooling);
 * ``"samples"``: same replica and channel part — the ranks whose tiles make up
   the whole batch (synchronised batch-norm);
+* ``"image"``: same replica and sample part — the ranks holding every channel
+  and tile of the same samples (group-norm split by channel);
 * ``"slice"``: same channel part — every rank holding the same slice of a
   layer's weights (their gradients are summed over it).
 
@@ -30,11 +32,12 @@ from runtime.failures import exchange
 
 __all__ = ["GroupCache", "block_of", "blocks"]
 
-_KEYS = {"spatial": (True, True, True), "samples": (True, False, True), "slice": (False, False, True)}
+_KEYS = {"spatial": (True, True, True), "samples": (True, False, True), "slice": (False, False, True),
+         "image": (True, True, False)}
 
 
 def blocks(layout: Layout, size: int, kind: str) -> list[tuple[int, ...]]:
-    """The partition of members ``0 … size−1`` into groups of ``kind`` (``spatial``, ``samples``, ``slice``)."""
+    """The partition of members ``0 … size−1`` into groups of ``kind`` (``spatial``, ``samples``, ``slice``, ``image``)."""
     replica, sample, channel = _KEYS[kind]
     found: dict[tuple[int, ...], list[int]] = {}
     for member in range(size):

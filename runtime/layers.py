@@ -206,15 +206,20 @@ def _tiled_batch_norm(site: Site, x: torch.Tensor, running_mean: torch.Tensor | 
 
 
 def _norm(site: Site, fetch: Fetch) -> torch.Tensor | None:
-    """Group-norm and instance-norm modules over spatial tiles: statistics per sample and group over the tiles."""
+    """Group-norm and instance-norm modules over tiles and channel parts: statistics per sample and group over
+    the ranks holding the same samples (a channel part's groups may straddle its bounds)."""
     x = fetch(0, input_placement(site))
-    if site.module is None or not site.spatial_split or isinstance(site.module, nn.LayerNorm):
-        return None  # a LayerNorm of positions held whole (cost_models.capability): the module on the box
-    module, shape = site.module, site.layer["input_shapes"][0]
+    module = site.module
+    if module is None or isinstance(module, nn.LayerNorm) or site.layout.c * site.layout.h * site.layout.w == 1:
+        return None  # a LayerNorm of positions held whole (cost_models.capability), or one rank's samples whole
+    shape = site.layer["input_shapes"][0]
     groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(shape[1])  # instance: a channel each
     count = int(shape[1]) // groups * math.prod(shape[2:])
-    return norm.group_norm(x, groups, module.weight, module.bias, module.eps, site.groups.get(site.block("spatial")),
-                           count)
+    first, stop = partition(int(shape[1]), site.layout.c)[_channel_index(site)] if site.layout.c > 1 else \
+        (0, int(shape[1]))
+    weight, bias = (None if p is None else p[first:stop] for p in (module.weight, module.bias))
+    return norm.group_norm(x, groups, weight, bias, module.eps, site.groups.get(site.block("image")), count,
+                           first, int(shape[1]))
 
 
 def _statistics_group(site: Site) -> tuple[int, ...]:

@@ -92,19 +92,24 @@ class _BatchNorm(torch.autograd.Function):
 
 
 def group_norm(tile: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float, group: Any, count: int) -> torch.Tensor:
+               eps: float, group: Any, count: int, first_channel: int = 0, channels: int | None = None) -> torch.Tensor:
     """This tile of ``F.group_norm(x, num_groups, weight, bias, eps)`` of the tensor the tiles of ``group`` (the
-    ranks holding the other tiles of the same samples) make up; ``count``: values per (sample, group) in it.
+    ranks holding the other tiles and channels of the same samples) make up; ``count``: values per (sample,
+    group) in it. The tile holds channels ``first_channel …`` of ``channels`` (default: all of them); ``weight``
+    and ``bias`` are the tile's channels' (a channel split's groups may straddle its parts).
 
     Each (sample, group) is normalised by the mean and variance of its channels at every position of every
-    tile: the tiles' ``Σx`` and ``Σx²`` per (sample, group), in float64, are added in one allreduce; backward
-    adds ``Σ g·γ`` and ``Σ g·γ·x̂`` the same way (batch-norm's closed form, per sample and group). Instance-norm
-    is the case of one channel a group. The weight and bias gradients returned are this tile's shares.
+    tile: the tiles' ``Σx`` and ``Σx²`` per channel, in float64, are added into their groups and over ``group`` in
+    one allreduce; backward adds ``Σ g·γ`` and ``Σ g·γ·x̂`` the same way (batch-norm's closed form, per sample
+    and group). Instance-norm is the case of one channel a group. The weight and bias gradients returned are this
+    tile's shares.
     """
-    channels = tile.shape[1]
-    weight = weight if weight is not None else tile.new_ones(channels)
-    bias = bias if bias is not None else tile.new_zeros(channels)
-    return _GroupNorm.apply(tile, weight, bias, num_groups, eps, group, count)
+    local = tile.shape[1]
+    weight = weight if weight is not None else tile.new_ones(local)
+    bias = bias if bias is not None else tile.new_zeros(local)
+    size = (channels or local) // num_groups
+    groups_of = torch.arange(first_channel, first_channel + local, device=tile.device) // size
+    return _GroupNorm.apply(tile, weight, bias, num_groups, groups_of, eps, group, count)
 
 
 _GROUP_NORM = "the group-norm statistics allreduce"
@@ -113,30 +118,38 @@ _GROUP_NORM = "the group-norm statistics allreduce"
 class _GroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int,
-                eps: float, group: Any, count: int) -> torch.Tensor:
+                groups_of: torch.Tensor, eps: float, group: Any, count: int) -> torch.Tensor:
         wide = _accumulator(tile)
-        x = tile.to(wide).reshape(tile.shape[0], num_groups, -1)
-        sums = _summed(torch.stack([x.sum(dim=2), (x * x).sum(dim=2)]), group, what=_GROUP_NORM)
+        x = tile.to(wide).reshape(tile.shape[0], tile.shape[1], -1)
+        sums = _summed(_into_groups(torch.stack([x.sum(dim=2), (x * x).sum(dim=2)]), groups_of, num_groups), group,
+                       what=_GROUP_NORM)
         mean = sums[0] / count
         var = (sums[1] / count - mean * mean).clamp(min=0)
-        inv_std = torch.rsqrt(var + eps)
-        normalised = ((x - mean[..., None]) * inv_std[..., None]).to(tile.dtype).reshape(tile.shape)
-        ctx.save_for_backward(normalised, weight, inv_std.to(tile.dtype))
+        inv_std = torch.rsqrt(var + eps)[:, groups_of]  # per sample and channel
+        normalised = ((x - mean[:, groups_of, None]) * inv_std[..., None]).to(tile.dtype).reshape(tile.shape)
+        ctx.save_for_backward(normalised, weight, inv_std.to(tile.dtype), groups_of)
         ctx.num_groups, ctx.group, ctx.count, ctx.where = num_groups, group, count, place()
         return normalised * _channel(weight, tile) + _channel(bias, tile)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        normalised, weight, inv_std = ctx.saved_tensors
+        normalised, weight, inv_std, groups_of = ctx.saved_tensors
         wide, dims = _accumulator(grad), _reduced(grad)
         grad_bias, grad_weight = grad.sum(dim=dims, dtype=wide), (grad * normalised).sum(dim=dims, dtype=wide)
-        scaled = (grad * _channel(weight, grad)).to(wide).reshape(grad.shape[0], ctx.num_groups, -1)
+        scaled = (grad * _channel(weight, grad)).to(wide).reshape(grad.shape[0], grad.shape[1], -1)
         flat = normalised.to(wide).reshape(scaled.shape)
-        sums = _summed(torch.stack([scaled.sum(dim=2), (scaled * flat).sum(dim=2)]), ctx.group,
-                       in_backward(ctx.where), _GROUP_NORM) / ctx.count
-        grad_input = (scaled - sums[0][..., None] - flat * sums[1][..., None]) * inv_std.to(wide)[..., None]
+        sums = _summed(_into_groups(torch.stack([scaled.sum(dim=2), (scaled * flat).sum(dim=2)]), groups_of,
+                                    ctx.num_groups), ctx.group, in_backward(ctx.where), _GROUP_NORM) / ctx.count
+        grad_input = (scaled - sums[0][:, groups_of, None] - flat * sums[1][:, groups_of, None]) \
+            * inv_std.to(wide)[..., None]
         return (grad_input.to(grad.dtype).reshape(grad.shape), grad_weight.to(grad.dtype), grad_bias.to(grad.dtype),
-                None, None, None, None)
+                None, None, None, None, None)
+
+
+def _into_groups(per_channel: torch.Tensor, groups_of: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``(2, N, C_local)`` sums per channel added into ``(2, N, num_groups)`` sums per group."""
+    summed = per_channel.new_zeros((*per_channel.shape[:2], num_groups))
+    return summed.index_add_(2, groups_of, per_channel)
 
 
 def _accumulator(like: torch.Tensor) -> torch.dtype:

@@ -24,7 +24,8 @@ from distributed import run_ranks
 from runtime_check import split_step_matches
 
 SEED = 5
-SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),)}
+SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),),
+          "groups": ((4, 3, 8, 8),)}
 
 
 class ResBlock(nn.Module):
@@ -79,6 +80,20 @@ class Shuffles(nn.Module):
         return self.head(x).mean(dim=(2, 3))
 
 
+class GroupNorms(nn.Module):
+    """Group-norms whose groups straddle a channel split's parts (3 groups of 2 channels on 2 or 4 parts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1)
+        self.norm1, self.norm2 = nn.GroupNorm(3, 6), nn.InstanceNorm2d(6, affine=True)
+        self.norm3, self.head = nn.GroupNorm(2, 6, affine=False), nn.Conv2d(6, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv2(F.silu(self.norm1(self.conv1(x))))
+        return self.head(self.norm3(torch.relu(self.norm2(x)))).mean(dim=(2, 3))
+
+
 def _efficientnet() -> nn.Module:
     from torchvision.models.efficientnet import _efficientnet_conf, EfficientNet
 
@@ -86,7 +101,7 @@ def _efficientnet() -> nn.Module:
     return EfficientNet(settings, 0.2, stochastic_depth_prob=0.5, num_classes=5, last_channel=last)
 
 
-MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet}
+MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet, "groups": GroupNorms}
 
 
 def _model(name: str) -> nn.Module:
@@ -144,8 +159,10 @@ def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str,
 
 @pytest.mark.multirank
 def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
-    cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("shuffle", "c2"), ("diffusion", "n2")]
+    cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("shuffle", "c2"), ("diffusion", "n2"),
+                                                                             ("groups", "c2")]
     results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
+    assert [results["groups c2"][name] for name in ("norm1", "norm2", "norm3")] == ["c2"] * 3
     for layout in ("h2", "w2", "c2"):
         assert results[f"shuffle {layout}"]["shuffle"] == layout
     assert results["diffusion h2"]["block1_norm1"] == "h2" and results["diffusion w2"]["block2_drop"] == "w2"
@@ -153,8 +170,10 @@ def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
 
 @pytest.mark.multirank
 def test_modern_blocks_equal_the_unsplit_model_on_four_ranks() -> None:
-    cases = [("diffusion", "h2·w2"), ("efficientnet", "h2·w2"), ("diffusion", "n2·h2")]
+    cases = [("diffusion", "h2·w2"), ("efficientnet", "h2·w2"), ("diffusion", "n2·h2"), ("groups", "c2·h2"),
+             ("groups", "c4")]
     results = run_ranks(_cases, 4, args=(cases,), timeout_s=300)[0]
+    assert results["groups c2·h2"]["norm1"] == "c2·h2" and results["groups c4"]["norm3"] == "c4"
     assert results["diffusion h2·w2"]["block2_norm2"] == "h2·w2"
 
 
