@@ -7,11 +7,11 @@ from math import prod
 from typing import Any, Mapping
 
 from cost_models.layout import Layout
-from cost_models.orders import KEEPING_KINDS, NCHW
+from cost_models.orders import KEEPING_KINDS, NCHW, default_order
 from cost_models.redistribution import part_range
 
 __all__ = ["channel_view_refusal", "last_dim_refusal", "on_last_dims", "order_refusal", "permutes",
-           "sample_dim_refusal", "sample_view_refusal"]
+           "reshape_refusal", "sample_dim_refusal", "sample_view_refusal"]
 
 _CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
 
@@ -22,24 +22,46 @@ _PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxe
 
 
 def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """A layer reading a 4-D value in another order than ``nchw`` (``cost_models.orders``) splits it by channel or
-    space only when it permutes it or computes per element or along the last dimension, every such input in one
-    order."""
+    """A layer reading a value in another order than its rank's default (``cost_models.orders``: channels-last, or a
+    channel shuffle's 5-D view) splits it by channel or space only when it permutes or reshapes it, or computes
+    per element or along the last dimension, every such input in one order."""
     orders = layer.get("attrs", {}).get("input_orders")
     if not orders or layout.c * layout.h * layout.w == 1:
         return None
-    four = {order for order, shape in zip(orders, layer["input_shapes"]) if len(shape) == 4}
-    if permutes(layer) or (layer["kind"] in KEEPING_KINDS and len(four) == 1):
-        return None
-    return (f"it reads 4-D values in the orders {'/'.join(sorted(four))} (channels-last) and has no form for them "
-            f"under {layout}; split it by sample only")
+    ordered = {order for order in orders if order}
+    if layer["kind"] == "view" or (layer["kind"] in KEEPING_KINDS and len(ordered) == 1):
+        return None  # a view's own rules (permutes, reshape_refusal) decide
+    return (f"it reads values in the orders {'/'.join(sorted(ordered))} (channels-last, or a channel shuffle's) and "
+            f"has no form for them under {layout}; split it by sample only")
 
 
 def permutes(layer: Mapping[str, Any]) -> bool:
-    """A permutation of a 4-D value into a 4-D value: a permuted box under any layout (the order follows it)."""
+    """A permutation of an ordered value (every 4-D value is): a permuted box under any layout."""
     inputs = layer["input_shapes"]
-    return (layer["kind"] == "view" and layer.get("target") in _PERMUTATIONS and len(layer["output_shape"]) == 4
-            and bool(inputs) and len(inputs[0]) == 4)
+    if layer["kind"] != "view" or layer.get("target") not in _PERMUTATIONS or not inputs:
+        return False
+    order = _input_order(layer)
+    return len(layer["output_shape"]) == len(inputs[0]) and len(order) == len(inputs[0])
+
+
+def reshape_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A reshape (a view with sizes, ``contiguous``) of a value split by rows or columns runs on the box when its
+    value keeps every split axis in a dimension of the same extent (the leading and trailing dimensions it keeps:
+    ``cost_models.orders.reshaped``)."""
+    source, target = layer["input_shapes"][0], layer["output_shape"]
+    made = layer.get("attrs", {}).get("order") or default_order(len(target))
+    read = _input_order(layer)
+    for axis in (a for a in "hw" if getattr(layout, a) > 1):
+        if axis not in read or axis not in made or source[read.index(axis)] != target[made.index(axis)]:
+            return (f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split "
+                    f"{'rows' if axis == 'h' else 'columns'}")
+    return None
+
+
+def _input_order(layer: Mapping[str, Any]) -> str:
+    inputs = layer["input_shapes"]
+    orders = layer.get("attrs", {}).get("input_orders")
+    return orders[0] if orders else default_order(len(inputs[0]) if inputs else 0)
 
 
 def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
@@ -51,7 +73,7 @@ def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         order = (attrs.get("input_orders") or [NCHW])[0]
     else:
         order = "n" + "c" * (len(shape) - 1)  # other than 4-D: features (c) after the samples
-    split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis) > 1})
+    split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis, 1) > 1})
     if split:
         what = "a LayerNorm normalises over" if layer["kind"] == "norm" else "a linear layer reads"
         return f"{what} its last {count} dimension(s), which hold the {'/'.join(split)} axis {layout} splits"
@@ -73,6 +95,8 @@ def channel_view_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None
         return "a view of a parameter or constant is kept whole"
     (source, *_), target = layer["input_shapes"], layer["output_shape"]
     same = list(source) == list(target)
+    if not same and _input_order(layer) != default_order(len(source)):
+        return f"a view of a {_input_order(layer)} value from {tuple(source)} to {tuple(target)} moves the split channels"
     flattened = len(target) == 2 and len(source) >= 2 and target[0] == source[0]
     if not (same or flattened) or layer.get("target") not in _CHANNEL_VIEWS:
         return f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split channels"

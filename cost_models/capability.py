@@ -86,9 +86,9 @@ from typing import Any, Iterator, Mapping
 
 from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
 from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_last_dims, order_refusal, permutes,
-                                     sample_dim_refusal, sample_view_refusal)
+                                     reshape_refusal, sample_dim_refusal, sample_view_refusal)
 from cost_models.layout import Layout
-from cost_models.orders import NCHW, logical
+from cost_models.orders import default_order, logical
 
 __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "on_last_dims",
            "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
@@ -120,9 +120,8 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
         if kind != "getitem":
             return "it reads a layer with several output tensors other than by its items, so that layer is kept whole"
         return _fit_refusal(output, layout)  # a piece, in the layout of the layer that cut it (piece_layout_refusal)
-    order = layer.get("attrs", {}).get("order", NCHW)
-    return (_fit_refusal(logical(output, order) if len(output) == 4 else output, layout)
-            or order_refusal(layer, layout) or _kind_refusal(layer, layout)
+    order = layer.get("attrs", {}).get("order") or default_order(len(output))
+    return (_ordered_fit_refusal(output, order, layout) or order_refusal(layer, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
 
 
@@ -169,11 +168,23 @@ def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
     return None
 
 
+def _ordered_fit_refusal(shape: list[int], order: str, layout: Layout) -> str | None:
+    """:func:`_fit_refusal` of a value whose dimensions hold the axes ``order`` names (a 4-D one, or a reshape's)."""
+    if len(order) != len(shape):
+        return _fit_refusal(shape, layout)
+    missing = [axis for axis in "nchw" if getattr(layout, axis) > 1 and axis not in order]
+    if missing:
+        return f"its {len(shape)}-D value {tuple(shape)} ({order}) has no {'/'.join(missing)} axis to split"
+    return _fit_refusal(logical(shape, order), layout)
+
+
 def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
     spatial = layout.h * layout.w > 1
     if permutes(layer):
         return sample_view_refusal(layer, layout) if layout.n > 1 else None
+    if kind == "view" and spatial and layout.c == 1 and layer["input_shapes"]:
+        return reshape_refusal(layer, layout) or (sample_view_refusal(layer, layout) if layout.n > 1 else None)
     if on_last_dims(layer):
         return last_dim_refusal(layer, layout)
     if kind == "activation" and layout.c > 1 and prod(layer.get("weight_shape") or [1]) > 1:

@@ -12,8 +12,14 @@ runtime's placements read them.
 
 Rules (:func:`output_order`):
     * the model's inputs are ``nchw``;
-    * a permutation of a 4-D value (``permute``, ``transpose``, ``swapaxes``,
-      ``swapdims``, ``movedim``, ``moveaxis``) permutes its order;
+    * a permutation of an ordered value (``permute``, ``transpose``,
+      ``swapaxes``, ``swapdims``, ``movedim``, ``moveaxis``) permutes its order;
+    * a reshape keeps the axes of the leading and trailing dimensions it keeps,
+      and the dimensions between hold ``.`` (parts of axes: ShuffleNet's
+      ``(N, C, H, W) → (N, groups, C/groups, H, W)`` is ``n..hw``), or ``c``
+      when one dimension merges channels back (:func:`reshaped`); a value
+      other than 4-D with no row or column axis has no order (its features,
+      flattened, are its channels);
     * layers that compute per element or along the last dimension only —
       activations, dropout, adds, products, identity, a LayerNorm or a linear
       layer — keep the order of their first 4-D input;
@@ -29,22 +35,51 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from torch.fx import Node
 
-__all__ = ["NCHW", "KEEPING_KINDS", "logical", "output_order", "permutation"]
+__all__ = ["NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "reshaped"]
 
 NCHW = "nchw"
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
 _PERMUTING = frozenset({"permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis"})
 
 
-def output_order(node: Node, kind: str, input_orders: Sequence[str], rank: int) -> str:
-    """The order of ``node``'s output (``rank`` dimensions) from its 4-D inputs' orders (:mod:`module rules`)."""
-    if rank != 4:
-        return NCHW
-    first = input_orders[0] if input_orders else NCHW
-    perm = permutation(node, rank)
-    if perm is not None:
-        return "".join(first[d] for d in perm)
-    return first if kind in KEEPING_KINDS else NCHW
+def default_order(rank: int) -> str:
+    """The order of a value no rule gives one: ``nchw`` for 4-D values, none (``""``) for others (their features,
+    flattened, are the channels of ``runtime.placement``)."""
+    return NCHW if rank == 4 else ""
+
+
+def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None, shape: Sequence[int]) -> str:
+    """The order of ``node``'s output of ``shape`` from ``source``, its first input's order and shape (module rules)."""
+    rank = len(shape)
+    if source is None or not source[0]:
+        return default_order(rank)
+    order, source_shape = source
+    perm = permutation(node, len(order))
+    if perm is not None and len(perm) == rank:
+        return "".join(order[d] for d in perm)
+    if kind == "view" and list(source_shape) != list(shape):
+        return reshaped(order, source_shape, shape) or default_order(rank)
+    return order if kind in KEEPING_KINDS | {"view"} and len(order) == rank else default_order(rank)
+
+
+def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | None:
+    """The order of a row-major reshape of a value of ``order`` from ``source`` to ``target``: the leading and
+    trailing dimensions it keeps keep their axes; the dimensions between become ``.`` (a part of an axis, or
+    several), a single one of them ``c`` when it merges only channels (ShuffleNet's channel shuffle splits the
+    channels into ``(groups, C/groups)`` and merges them back). ``None`` when no row or column axis is left."""
+    lead = 0
+    while lead < min(len(source), len(target)) and source[lead] == target[lead]:
+        lead += 1
+    trail = 0
+    while trail < min(len(source), len(target)) - lead and source[-1 - trail] == target[-1 - trail]:
+        trail += 1
+    merged = [axis for axis in order[lead:len(order) - trail] if axis != "."]
+    middle_count = len(target) - lead - trail
+    middle = "c" if middle_count == 1 and merged in ([], ["c"]) else "." * middle_count
+    result = order[:lead] + middle + order[len(order) - trail:]
+    if middle == "c" and ("c" in order[:lead] + order[len(order) - trail:] or len(result) != 4):
+        result = order[:lead] + "." + order[len(order) - trail:]
+    return result if {"h", "w"} & set(result) else None
 
 
 def permutation(node: Node, rank: int) -> list[int] | None:
@@ -87,5 +122,10 @@ def _normalised(dims: Any, rank: int) -> list[int] | None:
 
 
 def logical(shape: Sequence[int], order: str) -> list[int]:
-    """A 4-D ``shape`` of a value in ``order``, rearranged as ``(N, C, H, W)``."""
-    return [int(shape[order.index(axis)]) for axis in NCHW]
+    """A ``shape`` of a value in ``order``, as ``(N, C, H, W)``: an axis it does not hold has extent 1, and the
+    channels are every dimension that holds no sample, row or column axis."""
+    extents = {axis: int(extent) for axis, extent in zip(order, shape)}
+    channels = 1
+    for axis, extent in zip(order, shape):
+        channels *= int(extent) if axis in "c." else 1
+    return [extents.get("n", 1), channels, extents.get("h", 1), extents.get("w", 1)]

@@ -43,7 +43,7 @@ from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models.layer_kinds import KindInfo, classify
-from cost_models.orders import NCHW, output_order
+from cost_models.orders import default_order, output_order
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
 
@@ -374,15 +374,17 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
 
 
 def _with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph, orders: dict[str, str]) -> KindInfo:
-    """``info`` with the orders of its value and 4-D inputs where they are not ``nchw`` (``cost_models.orders``)."""
+    """``info`` with the orders of its value and inputs where they are not the default (``cost_models.orders``)."""
     inputs = [src.name for src in node.all_input_nodes if src.name in graph]
-    input_orders = [orders.get(name, NCHW) for name in inputs]
-    four = [order for name, order in zip(inputs, input_orders) if len(graph.nodes[name]["output_shape"]) == 4]
+    shapes = [graph.nodes[name]["output_shape"] for name in inputs]
+    input_orders = [orders.get(name, default_order(len(shape))) for name, shape in zip(inputs, shapes)]
+    source = next(((order, shape) for order, shape in zip(input_orders, shapes)
+                   if order and all(isinstance(extent, int) for extent in shape)), None)
     shape = meta[0][0] if len(meta) == 1 else ()
-    order = output_order(node, info.kind, four, len(shape))
+    order = output_order(node, info.kind, source, shape)
     orders[node.name] = order
-    extra = {"order": order} if order != NCHW else {}
-    if any(o != NCHW for o in input_orders):
+    extra: dict[str, Any] = {"order": order} if order != default_order(len(shape)) else {}
+    if any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):
         extra["input_orders"] = input_orders
     return replace(info, attrs={**info.attrs, **extra}) if extra else info
 

@@ -389,8 +389,8 @@ class DistributedModel(nn.Module):
         if not isinstance(out, torch.Tensor):
             return out  # a tuple of tensors: kept whole (the plan gives such layers no split)
         placement = site.placement
-        expected = box_extent(placement.box(_shape4(shape), self.member))
-        if tuple(_to4d(out).shape) != expected:
+        expected = box_extent(placement.box(_geometry(shape, placement), self.member))
+        if tuple(_in_geometry(out, shape, placement).shape) != expected:
             raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}) made a local tensor of shape "
                             f"{tuple(out.shape)} where its box is {expected}; this layer does not work on split "
                             f"tensors — give it a layout that splits by sample only")
@@ -401,12 +401,14 @@ class DistributedModel(nn.Module):
             return value
         if placement.order != value.placement.order:  # a value is read in its own order (cost_models.orders)
             placement = Placement(placement.layout, placement.whole, value.placement.order)
-        if _same_boxes(_shape4(value.shape), value.placement, placement, len(self.ranks)):
+        geometry = _geometry(value.shape, value.placement)
+        if _same_boxes(geometry, value.placement, placement, len(self.ranks)):
             return value.tensor
         if placement not in value.moved:
-            moved = redistribute(_to4d(value.tensor), _shape4(value.shape), value.placement, placement, self.ranks)
-            box = placement.box(_shape4(value.shape), self.member)
-            value.moved[placement] = _from4d(moved, value.shape, box)
+            moved = redistribute(_in_geometry(value.tensor, value.shape, value.placement), geometry, value.placement,
+                                 placement, self.ranks)
+            box = placement.box(geometry, self.member)
+            value.moved[placement] = moved if placement.holds(value.shape) else _from4d(moved, value.shape, box)
         return value.moved[placement]
 
     def _pools_tiles(self, site: Site, value: Any) -> bool:
@@ -646,8 +648,8 @@ def _call(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:
 
 def local_shape(shape: Sequence[int], placement: Placement, member: int) -> tuple[int, ...]:
     """The shape of member ``member``'s box of a value of global ``shape`` under ``placement``."""
-    extent = box_extent(placement.box(_shape4(shape), member))
-    if len(shape) == 4:
+    extent = box_extent(placement.box(_geometry(shape, placement), member))
+    if len(shape) == 4 or placement.holds(shape):
         return extent
     if len(shape) == 2:
         return extent[:2]
@@ -663,6 +665,16 @@ def _shape4(shape: Sequence[int]) -> tuple[int, int, int, int]:
     for extent in shape[1:]:
         features *= int(extent)
     return (int(shape[0]), features, 1, 1)
+
+
+def _geometry(shape: Sequence[int], placement: Placement) -> tuple[int, ...]:
+    """The shape ``placement`` cuts boxes of: ``shape`` itself when its order names its dimensions (every 4-D value,
+    an ordered 5-D view), else the flattened ``(N, features, 1, 1)``."""
+    return tuple(int(s) for s in shape) if placement.holds(shape) else _shape4(shape)
+
+
+def _in_geometry(tensor: torch.Tensor, shape: Sequence[int], placement: Placement) -> torch.Tensor:
+    return tensor if placement.holds(shape) else _to4d(tensor)
 
 
 def _to4d(tensor: torch.Tensor) -> torch.Tensor:

@@ -53,22 +53,30 @@ class Placement:
         unknown = set(self.whole) - set(DIMS)
         if unknown:
             raise ValueError(f"Placement.whole names dimensions {sorted(unknown)}; use letters of {''.join(DIMS)}")
-        if sorted(self.order) != sorted(DIMS):
-            raise ValueError(f"Placement.order {self.order!r} must order the letters {''.join(DIMS)}")
+        letters = self.order.replace(".", "")
+        if set(letters) - set(DIMS) or len(set(letters)) != len(letters):
+            raise ValueError(f"Placement.order {self.order!r} must name each of the axes {''.join(DIMS)} at most once "
+                             f"(a dimension holding none of them: '.')")
 
     def __str__(self) -> str:
         return f"{self.layout}" + (f" ({self.whole} whole)" if self.whole else "") + (
             f" [{self.order}]" if self.order != "nchw" else "")
 
     def box(self, shape: Sequence[int], member: int) -> Box:
-        """The index box of a 4-D ``shape`` that ``member`` holds, one range per dimension: dimension ``i`` holds
-        the axis ``order[i]`` (``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` in the default ``nchw``)."""
+        """The index box of ``shape`` (as many dimensions as ``order``: 4-D by default) that ``member`` holds, one
+        range per dimension: dimension ``i`` holds the axis ``order[i]`` (``((n0, n1), (c0, c1), (h0, h1), (w0,
+        w1))`` in the default ``nchw``); a dimension holding none (``.``) is whole."""
         coords = dict(zip(DIMS, coordinates(self.layout, member)))
         return tuple(
-            (0, extent) if dim in self.whole or getattr(self.layout, dim) == 1 or extent == 1
+            (0, extent) if dim == "." or dim in self.whole or getattr(self.layout, dim) == 1 or extent == 1
             else part_range(extent, getattr(self.layout, dim), coords[dim])
             for dim, extent in zip(self.order, shape)
         )
+
+    def holds(self, shape: Sequence[int]) -> bool:
+        """Whether ``order`` names the dimensions of ``shape`` itself (otherwise a value other than 4-D is held
+        flattened, ``(N, features, 1, 1)``)."""
+        return len(self.order) == len(shape)
 
     def keeps(self, dim: str) -> bool:
         """Whether ``dim`` is split (neither unsplit in the layout nor held whole)."""
@@ -77,7 +85,7 @@ class Placement:
 
 def value_placement(layout: Layout, layer: Mapping[str, Any]) -> Placement:
     """Where a layer under ``layout`` puts its value (``layer``: its LayerGraph node): its grid, in the value's order."""
-    return Placement(layout, order=layer.get("attrs", {}).get("order", "nchw"))
+    return Placement(layout, order=layer.get("attrs", {}).get("order") or "nchw")
 
 
 def as_placement(value: Layout | Placement) -> Placement:

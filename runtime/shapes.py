@@ -250,6 +250,8 @@ def nd_box(shape: Sequence[int], placement: Placement, member: int) -> tuple[tup
     """
     if not shape:
         return ()
+    if placement.holds(shape):  # an ordered value (4-D, or a reshape's 5-D view): its own dimensions
+        return placement.box(tuple(int(s) for s in shape), member)
     features = 1
     for extent in shape[1:]:
         features *= int(extent)

@@ -5,6 +5,8 @@
   added per channel (a ``(N, C, 1, 1)`` value broadcast onto every tile);
 * a ``PixelShuffle`` upsampler and a ``PixelUnshuffle`` (module and function): each ``r×r`` block of positions
   moves to ``r²`` channels inside a tile when the parts align;
+* ShuffleNetV2's channel shuffle (a 5-D view ``(N, groups, C/groups, H, W)``, a transpose and a view back): its
+  values keep their rows and columns in named dimensions (``cost_models.orders``), so the views run on the boxes;
 * EfficientNet's squeeze-excitation gates (``x * sigmoid(fc(pool(x)))``: a pooled vector times a tiled map),
   in a narrow EfficientNet-B0 with stochastic depth active.
 """
@@ -25,7 +27,7 @@ from runtime_check import split_step_matches
 
 SEED = 5
 SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),),
-          "groups": ((4, 3, 8, 8),)}
+          "groups": ((4, 3, 8, 8),), "shufflenet": ((4, 3, 64, 64),)}
 
 
 class ResBlock(nn.Module):
@@ -101,7 +103,14 @@ def _efficientnet() -> nn.Module:
     return EfficientNet(settings, 0.2, stochastic_depth_prob=0.5, num_classes=5, last_channel=last)
 
 
-MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet, "groups": GroupNorms}
+def _shufflenet() -> nn.Module:
+    from torchvision.models.shufflenetv2 import ShuffleNetV2
+
+    return ShuffleNetV2([1, 1, 1], [8, 16, 32, 64, 128], num_classes=5)
+
+
+MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet, "groups": GroupNorms,
+          "shufflenet": _shufflenet}
 
 
 def _model(name: str) -> nn.Module:
@@ -125,8 +134,8 @@ def test_pixel_shuffles_split_when_their_parts_align() -> None:
     assert "does not align" in layer_refusal(odd, Layout.parse("h2"))  # rows 0–3 of 5 are not rows 0–6 of 10
 
 
-def test_gates_and_group_norms_take_every_spatial_split() -> None:
-    for name in ("diffusion", "efficientnet"):
+def test_gates_group_norms_and_channel_shuffles_take_every_spatial_split() -> None:
+    for name in ("diffusion", "efficientnet", "shufflenet"):
         graph = _graph(name)
         for layout in ("h2", "h2·w2"):
             refused = [n for n in graph.nodes if len(graph.nodes[n]["output_shape"]) == 4
@@ -163,6 +172,7 @@ def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
                                                                              ("groups", "c2")]
     results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
     assert [results["groups c2"][name] for name in ("norm1", "norm2", "norm3")] == ["c2"] * 3
+    assert [results["shufflenet w2"][name] for name in ("view", "transpose", "contiguous", "view_1")] == ["w2"] * 4
     for layout in ("h2", "w2", "c2"):
         assert results[f"shuffle {layout}"]["shuffle"] == layout
     assert results["diffusion h2"]["block1_norm1"] == "h2" and results["diffusion w2"]["block2_drop"] == "w2"
@@ -171,7 +181,7 @@ def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
 @pytest.mark.multirank
 def test_modern_blocks_equal_the_unsplit_model_on_four_ranks() -> None:
     cases = [("diffusion", "h2·w2"), ("efficientnet", "h2·w2"), ("diffusion", "n2·h2"), ("groups", "c2·h2"),
-             ("groups", "c4")]
+             ("groups", "c4"), ("shufflenet", "h2·w2")]
     results = run_ranks(_cases, 4, args=(cases,), timeout_s=300)[0]
     assert results["groups c2·h2"]["norm1"] == "c2·h2" and results["groups c4"]["norm3"] == "c4"
     assert results["diffusion h2·w2"]["block2_norm2"] == "h2·w2"
