@@ -101,12 +101,15 @@ def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
 
 
 def norm_refusal(layer: Mapping[str, Any]) -> str | None:
-    """Group-norm and instance-norm modules of ``(N, C, H, W)`` tensors split by channel, height and width: their
-    statistics per sample and group are summed over the ranks holding the same samples (``runtime.norm``)."""
+    """Group-norm and instance-norm modules, and ``F.group_norm``, of ``(N, C, H, W)`` tensors split by channel,
+    height and width: their statistics per sample and group are summed over the ranks holding the same samples
+    (``runtime.norm``)."""
     attrs = layer.get("attrs", {})
-    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d") or attrs.get("function_form"):
+    function = attrs.get("function_form") and not (attrs.get("norm") == "GroupNorm"
+                                                   and isinstance(attrs.get("num_groups"), int))
+    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d") or function:
         return (f"{attrs.get('norm', 'this norm')} cannot be split by channel or space yet (GroupNorm and "
-                f"InstanceNorm2d modules can)")
+                f"InstanceNorm2d modules and F.group_norm can)")
     if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) != 4:
         return ("an instance-norm tracking running statistics, or of other than (N, C, H, W), cannot be split by "
                 "channel or space")

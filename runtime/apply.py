@@ -49,6 +49,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.fx import Node
 from torch.fx.node import map_aggregate
@@ -64,7 +65,7 @@ from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
 from runtime.inputs import input_boxes, input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
-from runtime.layers import HANDLERS, Site, functional_batch_norm, input_placement, refusal
+from runtime.layers import HANDLERS, Site, functional_batch_norm, functional_group_norm, input_placement, refusal
 from runtime.outputs import Everywhere, is_container, output_loss, paired, select_nodes, select_value
 from runtime.placement import Placement, box_extent, broadcast_part, value_placement
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
@@ -283,6 +284,8 @@ class DistributedModel(nn.Module):
 
         if site.kind == "batchnorm" and site.module is None:
             return self._wrap(site, self._functional_batch_norm(node, site, env))
+        if site.kind == "norm" and site.module is None and node.target is F.group_norm:
+            return self._wrap(site, self._functional_batch_norm(node, site, env, functional_group_norm))
         handler = HANDLERS.get(site.kind)
         out = handler(site, fetch) if handler is not None else None
         if out is None:
@@ -330,15 +333,16 @@ class DistributedModel(nn.Module):
             return _Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
         return self._wrap(site, self._fetch(_Value(out, placement, site.layer["output_shape"]), site.placement))
 
-    def _functional_batch_norm(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
-        """``F.batch_norm`` in the program: its statistics over the group (``runtime.layers``), its other
-        arguments whole."""
+    def _functional_batch_norm(self, node: Node, site: Site, env: dict[str, Any],
+                               form: Callable[..., torch.Tensor | None] = functional_batch_norm) -> torch.Tensor:
+        """``F.batch_norm`` (``F.group_norm``: ``form``) in the program: its statistics over the group
+        (``runtime.layers``), its other arguments whole."""
         split = [n.name for n in node.all_input_nodes[1:] if isinstance(env[n.name], _Value)]
         if split and site.layout.ranks > 1:
-            raise PlanError(f"layer '{site.name}' (F.batch_norm, {site.layout}) takes statistics, weight or bias "
-                            f"computed from the batch ({', '.join(split)}); split it by neither sample nor space")
+            raise PlanError(f"layer '{site.name}' ({site.kind} function, {site.layout}) takes statistics, weight or "
+                            f"bias computed from the batch ({', '.join(split)}); split it by neither sample nor space")
         args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
-        out = functional_batch_norm(site, args, kwargs)
+        out = form(site, args, kwargs)
         return out if out is not None else _call(node, self.model, args, kwargs)
 
     def _cut_whole(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:

@@ -46,7 +46,8 @@ from runtime import borders, norm, resample, spatial
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
 
-__all__ = ["HANDLERS", "Site", "functional_batch_norm", "input_placement", "read_placement", "refusal"]
+__all__ = ["HANDLERS", "Site", "functional_batch_norm", "functional_group_norm", "input_placement", "read_placement",
+           "refusal"]
 
 DENSE = frozenset({"conv", "conv_transpose", "linear"})
 
@@ -210,16 +211,33 @@ def _norm(site: Site, fetch: Fetch) -> torch.Tensor | None:
     the ranks holding the same samples (a channel part's groups may straddle its bounds)."""
     x = fetch(0, input_placement(site))
     module = site.module
-    if module is None or isinstance(module, nn.LayerNorm) or site.layout.c * site.layout.h * site.layout.w == 1:
-        return None  # a LayerNorm of positions held whole (cost_models.capability), or one rank's samples whole
+    if module is None or isinstance(module, nn.LayerNorm):
+        return None  # a LayerNorm of positions held whole (cost_models.capability); F.group_norm: apply's call
+    groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(site.layer["input_shapes"][0][1])
+    return _tiled_group_norm(site, x, groups, module.weight, module.bias, module.eps)
+
+
+def functional_group_norm(site: Site, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """``F.group_norm`` called by the program (timm's ``GroupNorm1``) on this rank's box, its weight and bias given
+    whole: :func:`_norm`'s form, with the call's own arguments."""
+    call = inspect.signature(F.group_norm).bind(*args, **kwargs)
+    call.apply_defaults()
+    values = call.arguments
+    return _tiled_group_norm(site, values["input"], values["num_groups"], values["weight"], values["bias"],
+                             values["eps"])
+
+
+def _tiled_group_norm(site: Site, x: torch.Tensor, groups: int, weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float) -> torch.Tensor | None:
+    if site.layout.c * site.layout.h * site.layout.w == 1:
+        return None  # one rank's samples whole: the call as written
     shape = site.layer["input_shapes"][0]
-    groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(shape[1])  # instance: a channel each
     count = int(shape[1]) // groups * math.prod(shape[2:])
     first, stop = partition(int(shape[1]), site.layout.c)[_channel_index(site)] if site.layout.c > 1 else \
         (0, int(shape[1]))
-    weight, bias = (None if p is None else p[first:stop] for p in (module.weight, module.bias))
-    return norm.group_norm(x, groups, weight, bias, module.eps, site.groups.get(site.block("image")), count,
-                           first, int(shape[1]))
+    weight, bias = (None if p is None else p[first:stop] for p in (weight, bias))
+    return norm.group_norm(x, groups, weight, bias, eps, site.groups.get(site.block("image")), count, first,
+                           int(shape[1]))
 
 
 def _statistics_group(site: Site) -> tuple[int, ...]:

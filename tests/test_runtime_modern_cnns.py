@@ -83,16 +83,19 @@ class Shuffles(nn.Module):
 
 
 class GroupNorms(nn.Module):
-    """Group-norms whose groups straddle a channel split's parts (3 groups of 2 channels on 2 or 4 parts)."""
+    """Group-norms whose groups straddle a channel split's parts (3 groups of 2 channels on 2 or 4 parts), as modules
+    and as ``F.group_norm``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv1, self.conv2 = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1)
         self.norm1, self.norm2 = nn.GroupNorm(3, 6), nn.InstanceNorm2d(6, affine=True)
         self.norm3, self.head = nn.GroupNorm(2, 6, affine=False), nn.Conv2d(6, 5, 1)
+        self.scale, self.shift = nn.Parameter(torch.linspace(0.5, 1.5, 6)), nn.Parameter(torch.linspace(-1, 1, 6))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv2(F.silu(self.norm1(self.conv1(x))))
+        x = F.group_norm(x, 3, self.scale, self.shift, 1e-5)  # timm's GroupNorm1 calls the function
         return self.head(self.norm3(torch.relu(self.norm2(x)))).mean(dim=(2, 3))
 
 
@@ -171,7 +174,7 @@ def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
     cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("shuffle", "c2"), ("diffusion", "n2"),
                                                                              ("groups", "c2")]
     results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
-    assert [results["groups c2"][name] for name in ("norm1", "norm2", "norm3")] == ["c2"] * 3
+    assert [results["groups c2"][name] for name in ("norm1", "group_norm", "norm2", "norm3")] == ["c2"] * 4
     assert [results["shufflenet w2"][name] for name in ("view", "transpose", "contiguous", "view_1")] == ["w2"] * 4
     for layout in ("h2", "w2", "c2"):
         assert results[f"shuffle {layout}"]["shuffle"] == layout
