@@ -235,3 +235,32 @@ def _first(value: Any) -> Any:
     while not isinstance(value, torch.Tensor):
         value = next(iter(value.values())) if isinstance(value, dict) else value[0]
     return value
+
+
+def uniform_test_plan(graph: Any, world: int, layouts: Sequence[str]) -> Any:
+    """Each layer of ``graph`` in the first of ``layouts`` it takes (else unsplit), on ``world`` ranks of a cluster
+    whose links and memory do not matter (a plan to check, not to price)."""
+    from cost_models.cluster import Cluster, Link
+    from cost_models.layout import Layout
+    from cost_models.uniform import uniform_plan
+
+    link = Link(1e-6, 1e9)
+    cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**34, intra=link, inter=link)
+    return uniform_plan(graph, cluster, [*(Layout.parse(text) for text in layouts), Layout()])
+
+
+def step_cases(cases: Sequence[tuple[str, str]], world: int, model: Callable[[str], Any],
+               shape: Callable[[str], Any], *, seed: int | None = None) -> dict[str, dict[str, str]]:
+    """For each ``(name, layout)``: one float64 step of ``model(name)`` under the uniform plan of ``layout`` equals
+    the unsplit model's (:func:`split_step_matches`); returns each case's layout of every layer."""
+    import torch
+
+    from cost_models.graph import trace
+
+    results = {}
+    for name, layout in cases:
+        graph = trace(model(name), shape(name), torch.float64)
+        plan = uniform_test_plan(graph, world, [layout])
+        split_step_matches(lambda: model(name), plan, graph, shape(name), f"{name} under {layout}", seed=seed)
+        results[f"{name} {layout}"] = {layer: str(a.layout) for layer, a in plan.layers.items()}
+    return results

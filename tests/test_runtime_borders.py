@@ -22,7 +22,7 @@ from cost_models.errors import InputError
 from cost_models.halo import AxisHalo
 from cost_models.layout import Layout
 from distributed import run_ranks
-from runtime_check import split_step_matches
+from runtime_check import step_cases
 
 SHAPE = (4, 3, 8, 8)
 
@@ -102,23 +102,9 @@ def test_the_cost_model_prices_the_wrap_around_halo() -> None:
 # --- several ranks ----------------------------------------------------------------------------------------
 
 
-def _plan(world: int, layout: str) -> tuple[Any, Any]:
-    from cost_models.cluster import Cluster, Link
-    from cost_models.uniform import uniform_plan
-
-    graph = _graph()
-    link = Link(1e-6, 1e9)
-    cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**34, intra=link, inter=link)
-    return uniform_plan(graph, cluster, [Layout.parse(layout), Layout()]), graph
-
-
 def _cases(rank: int, world: int, layouts: Sequence[str]) -> dict[str, dict[str, str]]:
-    results = {}
-    for layout in layouts:
-        plan, graph = _plan(world, layout)
-        split_step_matches(_model, plan, graph, SHAPE, f"periodic under {layout}")
-        results[layout] = {name: str(assignment.layout) for name, assignment in plan.layers.items()}
-    return results
+    results = step_cases([("periodic", layout) for layout in layouts], world, lambda name: _model(), lambda name: SHAPE)
+    return {key.split()[1]: layers for key, layers in results.items()}
 
 
 @pytest.mark.multirank

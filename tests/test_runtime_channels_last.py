@@ -19,7 +19,7 @@ from cost_models.layout import Layout
 from cost_models.orders import logical, permutation
 from distributed import run_ranks
 from runtime.placement import Placement
-from runtime_check import split_step_matches
+from runtime_check import step_cases
 
 SHAPE = (4, 3, 16, 16)
 SEED = 7
@@ -100,23 +100,8 @@ def test_channels_last_blocks_take_height_and_width_splits_but_not_channel_split
 # --- several ranks ----------------------------------------------------------------------------------------
 
 
-def _plan(name: str, world: int, layout: str) -> tuple[Any, Any]:
-    from cost_models.cluster import Cluster, Link
-    from cost_models.uniform import uniform_plan
-
-    graph = _graph(name)
-    link = Link(1e-6, 1e9)
-    cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**34, intra=link, inter=link)
-    return uniform_plan(graph, cluster, [Layout.parse(layout), Layout()]), graph
-
-
 def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
-    results = {}
-    for name, layout in cases:
-        plan, graph = _plan(name, world, layout)
-        split_step_matches(lambda: _model(name), plan, graph, SHAPE, f"{name} under {layout}", seed=SEED)
-        results[f"{name} {layout}"] = {layer: str(a.layout) for layer, a in plan.layers.items()}
-    return results
+    return step_cases(cases, world, _model, lambda name: SHAPE, seed=SEED)
 
 
 @pytest.mark.multirank

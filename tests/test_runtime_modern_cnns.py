@@ -23,7 +23,7 @@ from torch import nn
 from cost_models.capability import layer_refusal
 from cost_models.layout import Layout
 from distributed import run_ranks
-from runtime_check import split_step_matches
+from runtime_check import step_cases
 
 SEED = 5
 SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),),
@@ -149,24 +149,12 @@ def test_gates_group_norms_and_channel_shuffles_take_every_spatial_split() -> No
 # --- several ranks ----------------------------------------------------------------------------------------
 
 
-def _plan(name: str, world: int, layout: str) -> tuple[Any, Any]:
-    from cost_models.cluster import Cluster, Link
-    from cost_models.uniform import uniform_plan
-
-    graph = _graph(name)
-    link = Link(1e-6, 1e9)
-    cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**34, intra=link, inter=link)
-    return uniform_plan(graph, cluster, [Layout.parse(layout), Layout()]), graph
+def _shapes(name: str) -> Any:
+    return SHAPES[name] if len(SHAPES[name]) > 1 else SHAPES[name][0]
 
 
 def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
-    results = {}
-    for name, layout in cases:
-        plan, graph = _plan(name, world, layout)
-        shapes = SHAPES[name] if len(SHAPES[name]) > 1 else SHAPES[name][0]
-        split_step_matches(lambda: _model(name), plan, graph, shapes, f"{name} under {layout}", seed=SEED)
-        results[f"{name} {layout}"] = {layer: str(a.layout) for layer, a in plan.layers.items()}
-    return results
+    return step_cases(cases, world, _model, _shapes, seed=SEED)
 
 
 @pytest.mark.multirank
