@@ -42,8 +42,6 @@ model returning a dict, tuple or list: summed over its floating outputs).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from functools import cached_property, lru_cache
 from datetime import timedelta
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
@@ -58,16 +56,17 @@ from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.layout import Layout
 from cost_models.plan import Plan
-from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
-from runtime.failures import at, exchange, place
+from runtime._data import DataHelpers
+from runtime._values import Held, Value, from4d, geometry, in_geometry, local_shape, same_boxes
+from runtime.failures import at, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
-from runtime.inputs import input_boxes, input_names, input_placements, placeholder_inputs
+from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_batch_norm, functional_group_norm, input_placement, refusal
-from runtime.outputs import Everywhere, is_container, output_loss, paired, select_nodes, select_value
-from runtime.placement import Placement, box_extent, broadcast_part, value_placement
+from runtime.outputs import is_container, output_loss
+from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
 from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, module_attribute, nd_box, static_nodes,
@@ -78,29 +77,9 @@ from runtime.slicing import slice_parameters
 __all__ = ["DistributedModel", "apply_plan", "group_ranks", "is_container", "local_shape", "output_loss", "parameters_of"]
 
 
-class _Value:
-    """A tensor value of the forward pass: this rank's box, its placement and the unsplit shape."""
-
-    __slots__ = ("tensor", "placement", "shape", "moved")
-
-    def __init__(self, tensor: torch.Tensor, placement: Placement, shape: Sequence[int]) -> None:
-        self.tensor, self.placement, self.shape = tensor, placement, tuple(shape)
-        self.moved: dict[Placement, torch.Tensor] = {}
-
-
 _METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous", "is_signed", "element_size",
                                "get_device", "type"})
 """Tensor methods that read what every box of a tensor shares (its dtype, device, layout), not its values."""
-
-
-class _Held:
-    """What a call the trace did not shape returned (a tuple with ``None``, nested tuples): computed on the boxes
-    of ``placement`` of its tensor inputs — a split by sample only, or every tensor whole."""
-
-    __slots__ = ("value", "placement")
-
-    def __init__(self, value: Any, placement: Placement) -> None:
-        self.value, self.placement = value, placement
 
 
 def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
@@ -143,7 +122,7 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
     return split
 
 
-class DistributedModel(nn.Module):
+class DistributedModel(DataHelpers, nn.Module):
     """The user's model executing its plan on this rank (see the module docstring)."""
 
     def __init__(self, model: nn.Module, plan: Plan, graph: Any, ranks: tuple[int, ...], sync_batchnorm: bool,
@@ -225,7 +204,7 @@ class DistributedModel(nn.Module):
                 continue
             if node.op == "placeholder":
                 index = self._inputs[node.name]
-                env[node.name] = _Value(inputs[index], self.input_placements[index],
+                env[node.name] = Value(inputs[index], self.input_placements[index],
                                         self.layer_graph.input_shapes[index])
             elif node.op == "get_attr":
                 env[node.name] = module_attribute(self.model, str(node.target))
@@ -250,7 +229,7 @@ class DistributedModel(nn.Module):
 
     def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Any:
         """Wrap this rank's box ``tensor`` of the value ``name`` (under ``placement``) for :meth:`run_nodes`."""
-        return _Value(tensor, placement, self.layer_graph.nodes[name]["output_shape"])
+        return Value(tensor, placement, self.layer_graph.nodes[name]["output_shape"])
 
     def _run(self, node: Node, env: dict[str, Any]) -> Any:
         if is_container(node):  # a (named) tuple of layers' values: each stays where its layer put it
@@ -258,7 +237,7 @@ class DistributedModel(nn.Module):
         site = self.sites.get(node.name)
         if site is None:  # not a tensor layer (x.device, a call returning (out, None), …)
             return self._untraced(node, env)
-        if any(isinstance(env[n.name], _Held) for n in node.all_input_nodes):
+        if any(isinstance(env[n.name], Held) for n in node.all_input_nodes):
             return self._from_held(node, site, env)
         value = self._layer(node, site, env)
         return _plain(value) if node.name in self.constants else value  # whole on every rank: a plain tensor
@@ -272,7 +251,7 @@ class DistributedModel(nn.Module):
         if site.kind == "adaptive_avgpool" and self._pools_tiles(site, env[inputs[0].name]):
             return self._global_pool(site, env[inputs[0].name])
         form = view_form(node)
-        if form in ("reshape", "expand") and not isinstance(env[node.all_input_nodes[0].name], _Value):
+        if form in ("reshape", "expand") and not isinstance(env[node.all_input_nodes[0].name], Value):
             return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
         if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
             args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
@@ -297,7 +276,7 @@ class DistributedModel(nn.Module):
         plain Python on the local values. Otherwise its tensor inputs are read in one placement: theirs when
         they split samples only (the call must then treat dimension 0 as samples, as every layer under a
         sample split does), else whole on every rank — the unsplit call, exact whatever it computes."""
-        split = [env[n.name] for n in node.all_input_nodes if isinstance(env[n.name], (_Value, _Held))]
+        split = [env[n.name] for n in node.all_input_nodes if isinstance(env[n.name], (Value, Held))]
         if not split or (node.op == "call_function" and node.target is getattr) or (
                 node.op == "call_method" and node.target in _METADATA_METHODS):
             return _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
@@ -305,20 +284,20 @@ class DistributedModel(nn.Module):
         placement = next(iter(placements)) if len(placements) == 1 else Placement(Layout())
         if placement.layout.c * placement.layout.h * placement.layout.w > 1:
             placement = Placement(Layout())
-        return _Held(_call(node, self.model, *_resolve(node, lambda n: self._held_input(node, env[n.name],
+        return Held(_call(node, self.model, *_resolve(node, lambda n: self._held_input(node, env[n.name],
                                                                                            placement))), placement)
 
     def _held_input(self, node: Node, value: Any, placement: Placement) -> Any:
-        if isinstance(value, _Value):
+        if isinstance(value, Value):
             return self._fetch(value, placement)
-        if isinstance(value, _Held) and value.placement != placement:
+        if isinstance(value, Held) and value.placement != placement:
             raise PlanError(f"'{node.name}' ({node.op} {node.target}) reads results of calls the trace did not shape "
                             f"computed under {value.placement} and {placement}; split their inputs alike")
         return _plain(value)
 
     def _from_held(self, node: Node, site: Site, env: dict[str, Any]) -> Any:
         """A layer reading what an untraced call returned: computed in that placement, then moved to its own."""
-        placement = next(env[n.name].placement for n in node.all_input_nodes if isinstance(env[n.name], _Held))
+        placement = next(env[n.name].placement for n in node.all_input_nodes if isinstance(env[n.name], Held))
         if site.kind in HANDLERS:
             raise PlanError(f"layer '{site.name}' ({site.kind}) reads what a call the trace did not shape returned; "
                             f"make that call return tensors only (or keep it inside a --leaf-module)")
@@ -326,18 +305,18 @@ class DistributedModel(nn.Module):
         form = view_form(node)
         if form is not None:  # sizes written in the call (mvitv2's x.reshape(B, H, W, C), H and W from its
             extent = local_shape(site.layer["output_shape"], placement, self.member)  # attention): this rank's
-            return self._wrap(site, self._fetch(_Value(local_call(node, form, args, kwargs, extent), placement,
+            return self._wrap(site, self._fetch(Value(local_call(node, form, args, kwargs, extent), placement,
                                                        site.layer["output_shape"]), site.placement))
         out = _call(node, self.model, args, kwargs)
         if not isinstance(out, torch.Tensor):
-            return _Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
-        return self._wrap(site, self._fetch(_Value(out, placement, site.layer["output_shape"]), site.placement))
+            return Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
+        return self._wrap(site, self._fetch(Value(out, placement, site.layer["output_shape"]), site.placement))
 
     def _functional_batch_norm(self, node: Node, site: Site, env: dict[str, Any],
                                form: Callable[..., torch.Tensor | None] = functional_batch_norm) -> torch.Tensor:
         """``F.batch_norm`` (``F.group_norm``: ``form``) in the program: its statistics over the group
         (``runtime.layers``), its other arguments whole."""
-        split = [n.name for n in node.all_input_nodes[1:] if isinstance(env[n.name], _Value)]
+        split = [n.name for n in node.all_input_nodes[1:] if isinstance(env[n.name], Value)]
         if split and site.layout.ranks > 1:
             raise PlanError(f"layer '{site.name}' ({site.kind} function, {site.layout}) takes statistics, weight or "
                             f"bias computed from the batch ({', '.join(split)}); split it by neither sample nor space")
@@ -364,9 +343,9 @@ class DistributedModel(nn.Module):
 
         def value_of(node: Node) -> Any:
             value = env[node.name]
-            if box is not None and isinstance(value, _Value) and value.placement.layout.ranks == 1:
+            if box is not None and isinstance(value, Value) and value.placement.layout.ranks == 1:
                 value = value.tensor  # whole on every rank (a layer made from shapes, …): as a whole operand
-            if isinstance(value, _Value):
+            if isinstance(value, Value):
                 return self._fetch(value, wanted)
             if box is not None and isinstance(value, torch.Tensor) and value.dim() <= len(box):
                 return broadcast_part(value, box)
@@ -393,34 +372,34 @@ class DistributedModel(nn.Module):
         if not isinstance(out, torch.Tensor):
             return out  # a tuple of tensors: kept whole (the plan gives such layers no split)
         placement = site.placement
-        expected = box_extent(placement.box(_geometry(shape, placement), self.member))
-        if tuple(_in_geometry(out, shape, placement).shape) != expected:
+        expected = box_extent(placement.box(geometry(shape, placement), self.member))
+        if tuple(in_geometry(out, shape, placement).shape) != expected:
             raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}) made a local tensor of shape "
                             f"{tuple(out.shape)} where its box is {expected}; this layer does not work on split "
                             f"tensors — give it a layout that splits by sample only")
-        return _Value(out, placement, shape)
+        return Value(out, placement, shape)
 
     def _fetch(self, value: Any, placement: Placement) -> Any:
-        if not isinstance(value, _Value):
+        if not isinstance(value, Value):
             return value
         if placement.order != value.placement.order:  # a value is read in its own order (cost_models.orders)
             placement = Placement(placement.layout, placement.whole, value.placement.order)
-        geometry = _geometry(value.shape, value.placement)
-        if _same_boxes(geometry, value.placement, placement, len(self.ranks)):
+        cut = geometry(value.shape, value.placement)
+        if same_boxes(cut, value.placement, placement, len(self.ranks)):
             return value.tensor
         if placement not in value.moved:
-            moved = redistribute(_in_geometry(value.tensor, value.shape, value.placement), geometry, value.placement,
+            moved = redistribute(in_geometry(value.tensor, value.shape, value.placement), cut, value.placement,
                                  placement, self.ranks)
-            box = placement.box(geometry, self.member)
-            value.moved[placement] = moved if placement.holds(value.shape) else _from4d(moved, value.shape, box)
+            box = placement.box(cut, self.member)
+            value.moved[placement] = moved if placement.holds(value.shape) else from4d(moved, value.shape, box)
         return value.moved[placement]
 
     def _pools_tiles(self, site: Site, value: Any) -> bool:
         out = site.layer["output_shape"]
-        return (isinstance(value, _Value) and len(out) == 4 and out[2:] == [1, 1]
+        return (isinstance(value, Value) and len(out) == 4 and out[2:] == [1, 1]
                 and (value.placement.keeps("h") or value.placement.keeps("w")))
 
-    def _global_pool(self, site: Site, value: _Value) -> _Value:
+    def _global_pool(self, site: Site, value: Value) -> Value:
         from runtime.spatial import global_avg_pool2d
 
         layout = value.placement.layout
@@ -428,7 +407,7 @@ class DistributedModel(nn.Module):
         pooled = global_avg_pool2d(value.tensor, (int(value.shape[2]), int(value.shape[3])),
                                    self.groups.get(tiles.block("spatial")))
         shape = site.layer["output_shape"]
-        held = _Value(pooled, Placement(layout, value.placement.whole + "hw"), shape)
+        held = Value(pooled, Placement(layout, value.placement.whole + "hw"), shape)
         return self._wrap(site, self._fetch(held, site.placement))
 
     # --- construction --------------------------------------------------------------------------------------
@@ -436,135 +415,6 @@ class DistributedModel(nn.Module):
     def group_ranks(self) -> Iterator[tuple[int, ...]]:
         """The global ranks of every process group this model uses."""
         return group_ranks((site.layout for site in self.sites.values()), self.ranks)
-
-    # --- data helpers --------------------------------------------------------------------------------------
-
-    @property
-    def input_placement(self) -> Placement:
-        """The placement of the model's (first) input: the one its first layer reads (loading it there is free)."""
-        return self.input_placements[0]
-
-    @property
-    def output_placement(self) -> Placement:
-        """The placement of the output :meth:`forward` returns."""
-        return value_placement(self.plan.layers[self._output_name].layout, self.layer_graph.nodes[self._output_name])
-
-    @property
-    def _output_name(self) -> str:
-        return self.output_name
-
-    @property
-    def output_key(self) -> str | None:
-        """The part of the output the loss is taken of (``--output``, ``runtime.outputs``); ``None``: all of it."""
-        return self._output_key
-
-    @output_key.setter
-    def output_key(self, key: str | None) -> None:
-        select_nodes(self._output_node.args[0], key)  # a key naming no part is refused (PlanError, the parts named)
-        self._output_key = key
-        self.__dict__.pop("output_name", None)
-
-    @cached_property
-    def output_name(self) -> str:
-        """The layer whose output the loss's target is shaped for: the model's first output tensor (the first
-        one inside a returned (named) tuple, as torchvision's GoogLeNet returns its logits and auxiliaries), or
-        the first of the part :attr:`output_key` names."""
-        chosen = select_nodes(self._output_node.args[0], self._output_key)
-        leaves = [name for name, _ in paired(chosen, Everywhere())]
-        return next((name for name in leaves if name in self.layer_graph.nodes), self.layer_graph.graph["outputs"][0])
-
-    def input_box(self) -> tuple[slice, ...]:
-        """The slices of the global ``(N, C, H, W)`` batch (the first input) this rank must load."""
-        return self.input_boxes()[0]
-
-    def input_boxes(self) -> tuple[tuple[slice, ...], ...]:
-        """The slices of each global input this rank must load, in the forward's argument order."""
-        return input_boxes(self.input_placements, self.layer_graph.input_shapes, self.member)
-
-    def shard(self, batch: torch.Tensor) -> torch.Tensor:
-        """This rank's box of a full global batch (the first input)."""
-        return batch[self.input_box()].contiguous()
-
-    def shard_inputs(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """This rank's box of each full global input, in argument order (what :meth:`forward` takes)."""
-        return tuple(whole[box].contiguous() for whole, box in zip(inputs, self.input_boxes()))
-
-    def gather(self, local: torch.Tensor) -> torch.Tensor:
-        """The whole output on every rank, from this rank's box of it (differentiable)."""
-        everything = Placement(Layout(), "nchw")
-        return self._fetch(_Value(local, self.output_placement, self._output_shape()), everything)
-
-    def _output_shape(self) -> tuple[int, ...]:
-        return tuple(self.layer_graph.nodes[self._output_name]["output_shape"])
-
-    def loss_placement(self) -> Placement:
-        """Where :meth:`loss` evaluates the loss: the output's placement with every channel (class) whole."""
-        return Placement(self.output_placement.layout, "c")
-
-    def target_box(self, target_shape: Sequence[int]) -> tuple[slice, ...]:
-        """The slices of a global target (``(N,)`` labels, ``(N, H, W)`` maps or the output's shape) this rank needs."""
-        box = self.loss_placement().box(_shape4(self._output_shape()), self.member)
-        n, c, h, w = (slice(start, stop) for start, stop in box)
-        return {1: (n,), 2: (n, c), 3: (n, h, w), 4: (n, c, h, w)}[len(target_shape)]
-
-    def loss(self, local_output: Any, local_target: torch.Tensor,
-             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-        """This rank's share of the unsplit loss; the shares summed over the ranks give the unsplit loss.
-
-        ``loss_fn`` (default ``F.cross_entropy``) must be a mean over the output's positions (samples, or
-        samples and pixels) of a per-position term — ``cross_entropy``, ``mse_loss``, ``l1_loss``, … with the
-        default ``reduction="mean"``. ``local_target`` is ``target[target_box(target.shape)]``.
-
-        A model returning a dict, tuple or list (what :meth:`forward` returns): the loss is the sum of
-        ``loss_fn`` over its floating tensor outputs (those of the part :attr:`output_key` names), each against
-        the same target (:func:`runtime.outputs.output_loss`).
-        """
-        loss_fn = loss_fn or nn.functional.cross_entropy
-        shares = [self._loss_share(name, tensor, local_target, loss_fn) for name, tensor in self.outputs(local_output)]
-        if not shares:
-            raise PlanError("the model's output holds no floating tensor to take a loss of")
-        return sum(shares[1:], shares[0])
-
-    def outputs(self, local_output: Any) -> list[tuple[str, torch.Tensor]]:
-        """The floating tensor outputs in ``local_output`` (what :meth:`forward` returns; of its part
-        :attr:`output_key`), with their layer names."""
-        local = select_value(local_output, self._output_key)
-        if isinstance(local, torch.Tensor):
-            return [(self._output_name, local)]
-        return [(name, value) for name, value in paired(select_nodes(self._output_node.args[0], self._output_key),
-                                                         local) if isinstance(value, torch.Tensor)
-                and value.is_floating_point()]
-
-    def _loss_share(self, name: str, local: torch.Tensor, local_target: torch.Tensor,
-                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        shape = tuple(self.layer_graph.nodes[name]["output_shape"])
-        if shape != self._output_shape():
-            raise PlanError(f"output '{name}' has shape {shape} but the loss's target is for the first output "
-                            f"'{self._output_name}' {self._output_shape()}; every floating output enters the loss "
-                            f"against the same target, so give them one shape (or return only the first)")
-        placement = self.loss_placement()
-        output = self._fetch(_Value(local, value_placement(self.plan.layers[name].layout, self.layer_graph.nodes[name]), shape), placement)  # any stage's
-        copies = _copies(_shape4(shape), placement, len(self.ranks), self.member)
-        total = 1
-        for extent in shape:
-            total *= extent
-        return loss_fn(output, local_target) * (output.numel() / total / copies)
-
-    @staticmethod
-    def global_value(share: torch.Tensor) -> float:
-        """The sum over all ranks of a scalar share (e.g. :meth:`loss`), as a float."""
-        summed = share.detach().clone().reshape(1)
-        if dist.is_initialized():
-            with exchange("the loss allreduce"):
-                dist.all_reduce(summed)
-        return float(summed.item())
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients without summing them over ranks (see ``GradientSync.no_sync``)."""
-        with self.gradients.no_sync():
-            yield
-
 
 def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     """The global ranks of every group that layers of ``layouts`` on ``ranks`` use (``runtime.groups``)."""
@@ -624,11 +474,11 @@ def _rank() -> int:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, _Held):
+    if isinstance(value, Held):
         return value.value
-    if isinstance(value, (tuple, list)) and any(isinstance(item, _Value) for item in value):
+    if isinstance(value, (tuple, list)) and any(isinstance(item, Value) for item in value):
         return map_aggregate(value, _plain)  # a container node's value (:func:`is_container`)
-    return value.tensor if isinstance(value, _Value) else value
+    return value.tensor if isinstance(value, Value) else value
 
 
 def _plain_args(args: Any, env: dict[str, Any]) -> Any:
@@ -648,60 +498,3 @@ def _call(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:
         return node.target(*args, **kwargs)  # type: ignore[operator]
     self_arg, *rest = args
     return getattr(self_arg, str(node.target))(*rest, **kwargs)
-
-
-def local_shape(shape: Sequence[int], placement: Placement, member: int) -> tuple[int, ...]:
-    """The shape of member ``member``'s box of a value of global ``shape`` under ``placement``."""
-    extent = box_extent(placement.box(_geometry(shape, placement), member))
-    if len(shape) == 4 or placement.holds(shape):
-        return extent
-    if len(shape) == 2:
-        return extent[:2]
-    return (extent[0], *(int(s) for s in shape[1:]))
-
-
-def _shape4(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    if len(shape) == 4:
-        return tuple(int(s) for s in shape)  # type: ignore[return-value]
-    if not shape:
-        return (1, 1, 1, 1)
-    features = 1
-    for extent in shape[1:]:
-        features *= int(extent)
-    return (int(shape[0]), features, 1, 1)
-
-
-def _geometry(shape: Sequence[int], placement: Placement) -> tuple[int, ...]:
-    """The shape ``placement`` cuts boxes of: ``shape`` itself when its order names its dimensions (every 4-D value,
-    an ordered 5-D view), else the flattened ``(N, features, 1, 1)``."""
-    return tuple(int(s) for s in shape) if placement.holds(shape) else _shape4(shape)
-
-
-def _in_geometry(tensor: torch.Tensor, shape: Sequence[int], placement: Placement) -> torch.Tensor:
-    return tensor if placement.holds(shape) else _to4d(tensor)
-
-
-def _to4d(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.dim() == 4:
-        return tensor
-    return tensor.reshape(tensor.shape[0] if tensor.dim() else 1, -1, 1, 1)
-
-
-def _from4d(tensor: torch.Tensor, shape: Sequence[int], box: Box) -> torch.Tensor:
-    if len(shape) == 4:
-        return tensor
-    if len(shape) == 2:
-        return tensor.reshape(box_extent(box)[:2])
-    return tensor.reshape((box_extent(box)[0], *shape[1:]))
-
-
-@lru_cache(maxsize=256)
-def _copies(shape: tuple[int, ...], placement: Placement, size: int, member: int) -> int:
-    """How many members hold the same box as ``member`` (itself included)."""
-    mine = placement.box(shape, member)
-    return sum(placement.box(shape, q) == mine for q in range(size))
-
-
-@lru_cache(maxsize=4096)
-def _same_boxes(shape: tuple[int, ...], first: Placement, second: Placement, size: int) -> bool:
-    return all(first.box(shape, q) == second.box(shape, q) for q in range(size))

@@ -1,0 +1,94 @@
+"""The values ``runtime.apply`` interprets: this rank's box of a tensor and where it is held, and the shapes a
+placement cuts boxes of (a 4-D or ordered value's own; any other value flattened to ``(N, features, 1, 1)``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Sequence
+
+import torch
+
+from cost_models.redistribution import Box
+from runtime.placement import Placement, box_extent
+
+__all__ = ["Held", "Value", "copies", "from4d", "geometry", "in_geometry", "local_shape", "same_boxes", "shape4",
+           "to4d"]
+
+
+class Value:
+    """A tensor value of the forward pass: this rank's box, its placement and the unsplit shape."""
+
+    __slots__ = ("tensor", "placement", "shape", "moved")
+
+    def __init__(self, tensor: torch.Tensor, placement: Placement, shape: Sequence[int]) -> None:
+        self.tensor, self.placement, self.shape = tensor, placement, tuple(shape)
+        self.moved: dict[Placement, torch.Tensor] = {}
+
+
+
+
+class Held:
+    """What a call the trace did not shape returned (a tuple with ``None``, nested tuples): computed on the boxes
+    of ``placement`` of its tensor inputs — a split by sample only, or every tensor whole."""
+
+    __slots__ = ("value", "placement")
+
+    def __init__(self, value: Any, placement: Placement) -> None:
+        self.value, self.placement = value, placement
+
+
+def local_shape(shape: Sequence[int], placement: Placement, member: int) -> tuple[int, ...]:
+    """The shape of member ``member``'s box of a value of global ``shape`` under ``placement``."""
+    extent = box_extent(placement.box(geometry(shape, placement), member))
+    if len(shape) == 4 or placement.holds(shape):
+        return extent
+    if len(shape) == 2:
+        return extent[:2]
+    return (extent[0], *(int(s) for s in shape[1:]))
+
+
+def shape4(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    if len(shape) == 4:
+        return tuple(int(s) for s in shape)  # type: ignore[return-value]
+    if not shape:
+        return (1, 1, 1, 1)
+    features = 1
+    for extent in shape[1:]:
+        features *= int(extent)
+    return (int(shape[0]), features, 1, 1)
+
+
+def geometry(shape: Sequence[int], placement: Placement) -> tuple[int, ...]:
+    """The shape ``placement`` cuts boxes of: ``shape`` itself when its order names its dimensions (every 4-D value,
+    an ordered 5-D view), else the flattened ``(N, features, 1, 1)``."""
+    return tuple(int(s) for s in shape) if placement.holds(shape) else shape4(shape)
+
+
+def in_geometry(tensor: torch.Tensor, shape: Sequence[int], placement: Placement) -> torch.Tensor:
+    return tensor if placement.holds(shape) else to4d(tensor)
+
+
+def to4d(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dim() == 4:
+        return tensor
+    return tensor.reshape(tensor.shape[0] if tensor.dim() else 1, -1, 1, 1)
+
+
+def from4d(tensor: torch.Tensor, shape: Sequence[int], box: Box) -> torch.Tensor:
+    if len(shape) == 4:
+        return tensor
+    if len(shape) == 2:
+        return tensor.reshape(box_extent(box)[:2])
+    return tensor.reshape((box_extent(box)[0], *shape[1:]))
+
+
+@lru_cache(maxsize=256)
+def copies(shape: tuple[int, ...], placement: Placement, size: int, member: int) -> int:
+    """How many members hold the same box as ``member`` (itself included)."""
+    mine = placement.box(shape, member)
+    return sum(placement.box(shape, q) == mine for q in range(size))
+
+
+@lru_cache(maxsize=4096)
+def same_boxes(shape: tuple[int, ...], first: Placement, second: Placement, size: int) -> bool:
+    return all(first.box(shape, q) == second.box(shape, q) for q in range(size))
