@@ -42,6 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
+from cost_models._held import held_together
 from cost_models.layer_kinds import KindInfo, classify
 from cost_models.orders import default_order, output_order
 
@@ -397,54 +398,6 @@ def _record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
         graph.nodes[name]["attrs"] = {**graph.nodes[name]["attrs"], "pad": amounts, "pad_from_shapes": True}
     if computed:
         graph.graph["fingerprint"] = compute_fingerprint(graph)
-
-
-_METADATA_READS = frozenset({"size", "dim", "ndimension", "numel", "shape", "dtype", "device", "ndim", "is_cuda"})
-
-
-def held_together(gm: GraphModule, graph: LayerGraph) -> list[list[str]]:
-    """Layers that read one value the LayerGraph does not hold, each list to stay on one pipeline stage.
-
-    A call whose result is not a layer's tensor (an opaque module returning ``(x, (h, w))``: mvitv2's
-    attention) cannot be sent to another stage: the runtime computes it on the stage of its first reader, so
-    every layer reading it — directly or through other such calls — must be there too. Values made from
-    layers' metadata alone (``x.shape[2] // 2``) are computed on every stage and hold nothing back.
-    """
-    dynamic: set[str] = set()
-    spans = []
-    for node in gm.graph.nodes:
-        if node.name in graph or node.op in ("placeholder", "get_attr", "output") or _reads_metadata(node):
-            continue
-        if not any(n.name in graph or n.name in dynamic for n in node.all_input_nodes):
-            continue
-        dynamic.add(node.name)
-        readers = _layer_readers(node, graph)
-        if len(readers) > 1:
-            spans.append(sorted(readers))
-    return spans
-
-
-def _reads_metadata(node: Node) -> bool:
-    if node.op == "call_method":
-        return str(node.target) in _METADATA_READS
-    return node.op == "call_function" and (node.target is len or (
-        node.target is getattr and len(node.args) > 1 and node.args[1] in _METADATA_READS))
-
-
-def _layer_readers(node: Node, graph: LayerGraph) -> set[str]:
-    """The layers reading ``node``, directly or through calls that are not layers."""
-    readers: set[str] = set()
-    pending, seen = list(node.users), set()
-    while pending:
-        user = pending.pop()
-        if user.name in seen or user.op == "output":
-            continue
-        seen.add(user.name)
-        if user.name in graph:
-            readers.add(user.name)
-        else:
-            pending.extend(user.users)
-    return readers
 
 
 def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, meta: TensorMeta,
