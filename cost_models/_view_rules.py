@@ -143,6 +143,10 @@ def sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
     if sources and isinstance(sources[0], list) and sources[0] and not isinstance(sources[0][0], list) and any(
             dim % len(sources[0]) == 0 for dim in reduced):
         return "it reduces dimension 0 of its input, which holds the samples under a sample split"
+    if layer.get("target") in _MATMULS and len(sources) > 1 and isinstance(sources[1], list) and \
+            len(sources[1]) == 2 and sources[1][0] == target[0] and len(target) == 2:
+        return ("it multiplies by a 2-D value whose rows are the samples, summing over the batch (csatv2's "
+                "attention of (B, N) by (B, N)ᵀ by (B, N))")
     read = sources if layer["kind"] == "other" else sources[:1]  # a matmul's operands are all activations
     for source in read:
         if isinstance(source, list) and source and not isinstance(source[0], list) and source[0] not in (
@@ -150,6 +154,9 @@ def sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
             return (f"it maps dimension 0 of its input {tuple(source)} onto dimension 0 of its output "
                     f"{tuple(target)}, which moves the split samples")
     return None
+
+
+_MATMULS = frozenset({"_operator.matmul", "torch.matmul", "Tensor.matmul", "torch.mm", "Tensor.mm"})
 
 
 def _part(extent: int, parts: int, index: int) -> tuple[int, int]:

@@ -276,7 +276,7 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
             f"batch-norm (--sync-batchnorm)")
 
 
-_INHERENT = ("has only", "has no height and width", "fewer elements than", "too fine for", "reading padding only",
+_INHERENT = ("has only", "has no height and width", "summing over the batch", "fewer elements than", "too fine for", "reading padding only",
              "cannot split an extent", "along a split dimension", "softmax across tiles",
              "softmax over the split channel")
 

@@ -170,6 +170,25 @@ def test_a_stack_ahead_of_the_samples_is_refused_under_a_sample_split() -> None:
     assert layer_refusal(graph.nodes["sum_2"], Layout(n=2)) is None
 
 
+class _BatchAttention(nn.Module):
+    """timm's csatv2 attention: ``q @ k.T`` of two ``(B, N)`` values is ``(B, B)``, and ``attn @ v`` sums over it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x.flatten(1)
+        attn = (q @ (2 * q).transpose(-1, -2)).softmax(dim=-1)
+        return attn @ q
+
+
+def test_an_attention_across_the_batch_is_refused_under_a_sample_split() -> None:
+    graph = trace(_BatchAttention(), (4, 3, 2, 2))
+    first, second = (name for name in graph.nodes if graph.nodes[name]["target"] == "_operator.matmul")
+    assert graph.nodes[second]["input_shapes"] == [[4, 4], [4, 12]]
+    why = layer_refusal(graph.nodes[second], Layout(n=2))
+    assert "summing over the batch" in why and inherent(why)
+    assert layer_refusal(graph.nodes[first], Layout(n=2))  # (B, N) @ (N, B): moves the samples
+    assert layer_refusal(graph.nodes[second], Layout()) is None
+
+
 class _Crops(nn.Module):
     """A channel slice with constant bounds, and one with a bound computed from a shape (swinv2_cr's
     ``x[:, :H, :W]`` of padded windows: the bound may read a split extent, which the pre-flight refuses)."""
