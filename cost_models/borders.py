@@ -120,4 +120,7 @@ def owner_of(row: int, owned: Sequence[tuple[int, int]]) -> int:
 
 
 def _axis(value: Any, axis: int) -> int:
-    return int(value[axis] if isinstance(value, (list, tuple)) else value)
+    """One axis of a per-axis value (``[3, 3]``, ``3``; a 1-D layer's ``[3]`` is the same on every axis)."""
+    if isinstance(value, (list, tuple)):
+        return int(value[axis] if axis < len(value) else value[-1])
+    return int(value)

@@ -146,7 +146,7 @@ def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
 
 def _split_shape(shape: Sequence[int], layout: Layout, order: str = NCHW) -> list[int]:
     """The largest local part of a 4-D ``shape`` whose dimensions hold the axes ``order`` names."""
-    return [-(-int(extent) // getattr(layout, axis)) for extent, axis in zip(shape, order)]
+    return [-(-int(extent) // getattr(layout, axis, 1)) for extent, axis in zip(shape, order)]  # ".": whole
 
 
 def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:

@@ -199,3 +199,18 @@ def test_calibration_times_the_new_forms_on_their_local_problems() -> None:
                 assert tuple(out.shape) == problem.output_shape, (name, layout, tuple(out.shape), problem.output_shape)
                 kinds.add(problem.kind)
     assert {"norm", "pad", "pixel_shuffle", "conv"} <= kinds
+
+
+@pytest.mark.parametrize("name", ["edgenext_xx_small", "efficientvim_m1"])
+def test_every_layer_of_a_mixed_model_has_a_local_problem_or_a_refusal_under_every_layout(name: str) -> None:
+    """Ordered values with dimensions holding no axis (``.``) and 1-D convolutions' per-axis lists: the cost
+    model's local problems and the predicate answer for every layer (the zoo run hit internal errors here)."""
+    import timm
+
+    from cost_models.graph import trace
+    from cost_models.local_problem import local_problem
+
+    graph = trace(timm.create_model(name, pretrained=False), (4, 3, 32, 32))  # the zoo run's side
+    for layout in ("n2", "c2", "h2", "w2", "h2·w2", "n2·h2"):
+        for layer in graph.nodes:
+            local_problem(graph.nodes[layer], Layout.parse(layout), 4, "float32")
