@@ -90,7 +90,13 @@ def gather_axis(tile: torch.Tensor, gather: AxisGather, fill: float = 0.0) -> to
         shape[gather.dim] = 1
         pieces.append(tile.new_full(shape, fill))
     joined = torch.cat(pieces, dim=gather.dim) if len(pieces) > 1 else tile
-    return joined.index_select(gather.dim, torch.tensor(gather.index, device=tile.device))
+    return joined.index_select(gather.dim, _index(gather.index, tile.device))
+
+
+@lru_cache(maxsize=1024)
+def _index(positions: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The gather's positions as a tensor on ``device``, made once per tile and device (every step reuses it)."""
+    return torch.tensor(positions, dtype=torch.long, device=device)
 
 
 class _Exchange(torch.autograd.Function):
