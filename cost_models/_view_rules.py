@@ -24,12 +24,12 @@ _PERMUTATIONS = frozenset({"Tensor.permute", "Tensor.transpose", "Tensor.swapaxe
 def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A layer reading a value in another order than its rank's default (``cost_models.orders``: channels-last, or a
     channel shuffle's 5-D view) splits it by channel or space only when it permutes or reshapes it, or computes
-    per element or along the last dimension, every such input in one order."""
+    per element or along the last dimension, or concatenates, every such input in one order."""
     orders = layer.get("attrs", {}).get("input_orders")
     if not orders or layout.c * layout.h * layout.w == 1:
         return None
     ordered = {order for order in orders if order}
-    if layer["kind"] == "view" or (layer["kind"] in KEEPING_KINDS and len(ordered) == 1):
+    if layer["kind"] == "view" or (layer["kind"] in KEEPING_KINDS | {"cat"} and len(ordered) == 1):
         return None  # a view's own rules (permutes, reshape_refusal) decide
     return (f"it reads values in the orders {'/'.join(sorted(ordered))} (channels-last, or a channel shuffle's) and "
             f"has no form for them under {layout}; split it by sample only")

@@ -119,7 +119,8 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
     if layout.ranks > 1 and any(shape and isinstance(shape[0], list) for shape in layer["input_shapes"]):
         if kind != "getitem":
             return "it reads a layer with several output tensors other than by its items, so that layer is kept whole"
-        return _fit_refusal(output, layout)  # a piece, in the layout of the layer that cut it (piece_layout_refusal)
+        order = layer.get("attrs", {}).get("order") or default_order(len(output))
+        return _ordered_fit_refusal(output, order, layout)  # a piece, in the layout of the layer that cut it
     order = layer.get("attrs", {}).get("order") or default_order(len(output))
     return (_ordered_fit_refusal(output, order, layout) or order_refusal(layer, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
@@ -134,9 +135,11 @@ def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         unfit = next((why for piece in layer["output_shape"] if piece and not isinstance(piece[0], list)
                       and (why := _fit_refusal(piece, layout))), None)
         return unfit or "a layer with several output tensors is kept whole"  # (N, classes) logits have no h, w
-    if _dim_split(layout, attrs["pieces_along"], len(shape)):
-        return f"it cuts dimension {attrs['pieces_along'] % len(shape)} into pieces, which {layout} splits"
-    return next((why for piece in layer["output_shape"] if (why := _fit_refusal(piece, layout))), None)
+    order = attrs.get("piece_order") or default_order(len(shape))
+    dim = attrs["pieces_along"] % len(shape)
+    if _dim_split(layout, dim, len(shape)) if len(order) != len(shape) else getattr(layout, order[dim], 1) > 1:
+        return f"it cuts dimension {dim} into pieces, which {layout} splits"
+    return next((why for piece in layer["output_shape"] if (why := _ordered_fit_refusal(piece, order, layout))), None)
 
 
 def piece_layout_refusal(graph: Any, layers: Mapping[str, Any]) -> str | None:
@@ -199,7 +202,7 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"{_noun(kind)} cannot be split by height or width"
     if attrs.get("function_form") and kind in _MODULE_ONLY and (layout.c > 1 or (spatial and kind != "batchnorm")):
         return f"{kind} is a function call; only its module form (nn.Conv2d, nn.Linear, …) splits by channel or space"
-    if kind == "cat" and _dim_split(layout, attrs.get("dim", 0), len(layer["output_shape"])):
+    if kind == "cat" and _ordered_dim_split(layout, attrs.get("dim", 0), layer):
         return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
     if kind in ("view", "flatten") and layout.n > 1 and (moved := sample_view_refusal(layer, layout)):
         return moved
@@ -376,6 +379,15 @@ def plan_refusals(plan: Any, graph: Any, *, sync_batchnorm: bool = False) -> Ite
         if name in graph and (why := layer_refusal(graph.nodes[name], assignment.layout,
                                                    sync_batchnorm=sync_batchnorm, micro_batches=micro)):
             yield f"'{name}' ({graph.nodes[name]['kind']}, {assignment.layout}): {why}"
+
+
+def _ordered_dim_split(layout: Layout, dim: int, layer: Mapping[str, Any]) -> bool:
+    """Whether ``layout`` splits dimension ``dim`` of ``layer``'s output, wherever its order puts the axes."""
+    rank = len(layer["output_shape"])
+    order = layer.get("attrs", {}).get("order") or default_order(rank)
+    if len(order) != rank:
+        return _dim_split(layout, dim, rank)
+    return getattr(layout, order[dim % rank], 1) > 1
 
 
 def _dim_split(layout: Layout, dim: int, rank: int) -> bool:

@@ -20,9 +20,12 @@ Rules (:func:`output_order`):
       when one dimension merges channels back (:func:`reshaped`); a value
       other than 4-D with no row or column axis has no order (its features,
       flattened, are its channels);
+    * the pieces of a cut (``x.split(w, dim=-1)``) keep the order of the value
+      cut, and an item of them (``pieces[i]``) its piece's;
     * layers that compute per element or along the last dimension only —
       activations, dropout, adds, products, identity, a LayerNorm or a linear
-      layer — keep the order of their first 4-D input;
+      layer — keep the order of their first 4-D input, and a concatenation
+      the order of its inputs when they share one;
     * every other layer makes ``nchw``: what it computes, in PyTorch's layout
       (and the predicate splits it by channel or space only when its inputs
       are ``nchw`` too).
@@ -35,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from torch.fx import Node
 
-__all__ = ["NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "reshaped"]
+__all__ = ["NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
+           "reshaped"]
 
 NCHW = "nchw"
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
@@ -59,7 +63,19 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
         return "".join(order[d] for d in perm)
     if kind == "view" and list(source_shape) != list(shape):
         return reshaped(order, source_shape, shape) or default_order(rank)
-    return order if kind in KEEPING_KINDS | {"view"} and len(order) == rank else default_order(rank)
+    return order if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank else default_order(rank)
+
+
+def piece_order(attrs: dict[str, Any], source: tuple[str, Sequence[int]] | None,
+                shapes: Sequence[Sequence[int]]) -> str:
+    """The order of each piece of a cut (``x.split(w, dim=-1)``, ``attrs["pieces_along"]``) of a value of order
+    ``source[0]``: that order, when it names an axis other than ``nchw``'s and every piece keeps its rank; ``""``
+    (the default orders) otherwise. The tuple item ``pieces[i]`` then holds it too."""
+    if "pieces_along" not in attrs or source is None or not source[0]:
+        return ""
+    order = source[0]
+    kept = all(len(shape) == len(order) for shape in shapes)
+    return order if kept and order != default_order(len(order)) else ""
 
 
 def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | None:

@@ -32,6 +32,7 @@ from cost_models.cluster import Cluster
 from cost_models.errors import PlanError
 from cost_models.jsonio import read_json, write_json_atomic
 from cost_models.layout import Layout
+from cost_models.orders import NCHW, logical
 from cost_models.schema import check_document
 
 __all__ = [
@@ -225,7 +226,8 @@ def check_plan_for_graph(plan: Plan, graph: Any) -> None:
         raise PlanError(f"plan names {len(unknown)} layers the model does not have, e.g. {unknown[:3]}; re-plan")
     for name in order:  # execution order: the first offending layer is named
         layout, shape = plan.layers[name].layout, graph.nodes[name]["output_shape"]
-        if len(shape) == 4 and not isinstance(shape[0], list) and not layout.fits(tuple(shape)):  # not 4 tensors
+        order = graph.nodes[name].get("attrs", {}).get("order") or NCHW
+        if len(shape) == 4 and not isinstance(shape[0], list) and not layout.fits(tuple(logical(shape, order))):
             raise PlanError(f"layout {layout} of layer '{name}' splits its output {tuple(shape)} into empty parts")
 
 

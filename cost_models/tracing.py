@@ -44,7 +44,7 @@ from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models._held import held_together
 from cost_models.layer_kinds import KindInfo, classify
-from cost_models.orders import default_order, output_order
+from cost_models.orders import default_order, output_order, piece_order
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
 
@@ -381,8 +381,16 @@ def _with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph
     input_orders = [orders.get(name, default_order(len(shape))) for name, shape in zip(inputs, shapes)]
     source = next(((order, shape) for order, shape in zip(input_orders, shapes)
                    if order and all(isinstance(extent, int) for extent in shape)), None)
-    shape = meta[0][0] if len(meta) == 1 else ()
-    order = output_order(node, info.kind, source, shape)
+    if info.kind == "cat" and len(set(input_orders)) > 1:
+        source = None  # a concatenation of values in several orders is in PyTorch's
+    if len(meta) > 1:  # a tuple of tensors: the pieces of a cut keep the order of the value cut
+        order = piece_order(info.attrs, source, [piece[0] for piece in meta])
+        orders[node.name] = order
+        return replace(info, attrs={**info.attrs, "piece_order": order}) if order else info
+    shape = meta[0][0]
+    held = [orders.get(name, "") for name, made in zip(inputs, shapes) if made and isinstance(made[0], list)]
+    order = held[0] if info.kind == "getitem" and held and len(held[0]) == len(shape) else \
+        output_order(node, info.kind, source, shape)
     orders[node.name] = order
     extra: dict[str, Any] = {"order": order} if order != default_order(len(shape)) else {}
     if any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):

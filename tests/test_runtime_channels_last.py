@@ -46,13 +46,32 @@ class ChannelsLast(nn.Module):
         return self.head(torch.permute(z, (0, 3, 1, 2))).mean(dim=(2, 3))
 
 
+class GatedChannelsLast(nn.Module):
+    """MambaOut's gated block: a channels-last value cut into pieces along its channels (``split(…, dim=-1)``), a
+    piece permuted back for a depthwise convolution and forth again, concatenated with another, gated by the
+    third."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.norm, self.up, self.down = nn.LayerNorm(6), nn.Linear(6, 12), nn.Linear(6, 6)
+        self.mix = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        gate, identity, mixed = torch.split(self.up(self.norm(x.permute(0, 2, 3, 1))), [6, 2, 4], dim=-1)
+        mixed = self.mix(mixed.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        y = self.down(nn.functional.silu(gate) * torch.cat((identity, mixed), dim=-1))
+        return (x + y.permute(0, 3, 1, 2)).mean(dim=(2, 3))
+
+
 def _tiny_convnext() -> nn.Module:
     from torchvision.models.convnext import CNBlockConfig, ConvNeXt
 
     return ConvNeXt([CNBlockConfig(8, 16, 2), CNBlockConfig(16, None, 1)], stochastic_depth_prob=0.5, num_classes=5)
 
 
-MODELS = {"channels_last": ChannelsLast, "convnext": _tiny_convnext}
+MODELS = {"channels_last": ChannelsLast, "convnext": _tiny_convnext, "gated": GatedChannelsLast}
 
 
 def _model(name: str) -> nn.Module:
@@ -75,6 +94,18 @@ def test_permutations_carry_the_order_of_a_values_axes() -> None:
     assert logical([4, 16, 16, 6], "nhwc") == [4, 6, 16, 16]
     box = Placement(Layout.parse("h2"), order="nhwc").box((4, 16, 16, 6), 1)
     assert box == ((0, 4), (8, 16), (0, 16), (0, 6))
+
+
+def test_pieces_of_a_channels_last_value_and_their_concatenation_keep_its_order() -> None:
+    graph = _graph("gated")
+    attrs = {name: graph.nodes[name]["attrs"] for name in graph.nodes}
+    assert attrs["split"]["piece_order"] == "nhwc"
+    assert [attrs[name].get("order") for name in ("getitem", "getitem_1", "getitem_2", "cat", "mul")] == ["nhwc"] * 5
+    for layout in ("h2", "w2", "h2·w2"):
+        refused = {name: why for name in graph.compute_layers() if graph.nodes[name]["kind"] != "mean"
+                   and (why := layer_refusal(graph.nodes[name], Layout.parse(layout)))}
+        assert not refused, (layout, refused)
+    assert "cuts dimension 3 into pieces" in layer_refusal(graph.nodes["split"], Layout.parse("c2"))
 
 
 def test_permutation_reads_every_way_of_writing_one() -> None:
@@ -107,6 +138,7 @@ def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str,
 @pytest.mark.multirank
 def test_channels_last_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
     cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("channels_last", "c2")]
+    cases.remove(("gated", "w2"))
     results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
     for layout in ("h2", "w2"):
         split = results[f"channels_last {layout}"]
@@ -115,6 +147,7 @@ def test_channels_last_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
         assert sum(value == layout for value in results[f"convnext {layout}"].values()) >= \
             len(results[f"convnext {layout}"]) - 8
     assert results["channels_last c2"]["norm"] == "n1"  # a LayerNorm over split channels runs whole
+    assert set(results["gated h2"].values()) == {"h2", "n1"} and results["gated h2"]["cat"] == "h2"
 
 
 @pytest.mark.multirank
