@@ -310,10 +310,12 @@ def _in_float64(request: CheckRequest, plan: Any, graph: Any, ranks: int, pools:
     if not outcome.ok:
         return f"in float64: {outcome.error}", {"error": outcome.error}
     verified = outcome.document["verify"]
-    figures = {key: verified[key] for key in ("output_max_rel_err", "grad_max_rel_err", "passed")}
-    worst = max(verified["output_max_rel_err"], verified["grad_max_rel_err"])
+    keys = ("output_max_rel_err", "output_max_abs_err", "grad_max_rel_err", "grad_max_abs_err", "passed")
+    figures = {key: verified[key] for key in keys}
+    relative = max(verified["output_max_rel_err"], verified["grad_max_rel_err"])
+    absolute = max(verified["output_max_abs_err"], verified["grad_max_abs_err"])
     verdict = "passes: float32 rounding" if verified["passed"] else "fails too: the split differs"
-    return f"in float64 {worst:.1e} ({verdict})", figures
+    return f"in float64 {relative:.1e} of a tensor's own largest, {absolute:.1e} of the model's ({verdict})", figures
 
 
 def preflight(model: Any, plan: Any, graph: Any, ranks: int, leaf_modules: Sequence[str] = ()) -> None:

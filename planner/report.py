@@ -277,7 +277,7 @@ def print_whatif(document: dict[str, Any], console: Console | None = None) -> No
         versus = f"{row['speedup_vs_sample']:.2f}×" if row["speedup_vs_sample"] else "no fit"
         table.add_row(str(row["devices"]), str(row["batch"]), f"{row['iteration_s'] * 1e3:.3g}",
                       f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}×", f"{row['efficiency']:.0%}", versus,
-                      format_bytes(row["memory_bytes"]), row["plan"])
+                      format_bytes(row["memory_bytes"]), row["plan"] + _idle(row))
     console.print(table)
     one = document["one_device"]
     fits = "" if one["fits"] else f" (it would need {format_bytes(one['memory_bytes'])}, more than one device has)"
@@ -285,6 +285,11 @@ def print_whatif(document: dict[str, Any], console: Console | None = None) -> No
                   f"{one['iteration_s'] * 1e3:.3g} ms per batch of {one['batch']}{fits}; vs sample: pure sample "
                   f"parallelism's time over the plan's at the same size")
 
+
+def _idle(row: dict[str, Any]) -> str:
+    """A row whose plan leaves devices idle (``planner.whatif.with_idle``) says on how many it runs."""
+    used = row.get("devices_used") or row["devices"]
+    return f" — on {used} of the {row['devices']} devices, the rest idle" if used < row["devices"] else ""
 
 
 def print_validation(document: dict[str, Any], console: Console | None = None) -> None:

@@ -10,6 +10,14 @@ optionally scaled (:func:`scaled_profile`). Sizes run in parallel processes.
 * Weak scaling: the input shape's batch is per device; at ``D`` devices the
   global batch is ``D`` times it (the model is traced again per size).
 
+Under strong scaling a size may leave devices idle: when a smaller size of
+the sweep has a faster plan, that plan is the row's, on ``devices_used`` of
+the ``D`` devices (the rest idle: ``parplan plan --devices`` that count makes
+it), so a sweep never gets slower with more devices (:func:`with_idle`).
+Splitting a small batch ever finer costs more halo, redistribution and
+allreduce than it saves in compute; copies (``cost_models.plan``) cannot
+avoid that, idle devices can.
+
 Each :class:`WhatIfRow` holds the best plan's predicted iteration time,
 samples per second, memory per device and one-line plan, the best one-stage
 plan's time (sample × spatial × channel, no pipeline) and pure sample
@@ -38,7 +46,7 @@ from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
 from cost_models.profile import CommFit, Profile
 
-__all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_speedups"]
+__all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_idle", "with_speedups"]
 
 GraphFor = Callable[[int], Any]  # global batch -> LayerGraph
 
@@ -64,6 +72,8 @@ class WhatIfRow:
     efficiency: float | None = None
     speedup_vs_sample: float | None = None
     search_s: float = 0.0
+    devices_used: int | None = None
+    """Devices the plan runs on (the rest idle: :func:`with_idle`); ``None`` in an infeasible row."""
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON and CSV rows)."""
@@ -145,7 +155,24 @@ def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cl
             rows = list(pool.map(_row_star, _largest_first(work)))
         rows.sort(key=lambda row: row.devices)
     reference = one_device(graph_for(batch), profile, cluster_for(1))
-    return with_speedups(rows, reference), reference
+    return with_speedups(rows if weak else with_idle(rows), reference), reference
+
+
+def with_idle(rows: Sequence[WhatIfRow]) -> list[WhatIfRow]:
+    """Strong scaling: each feasible row with the fastest plan of its size or a smaller one (the devices it does
+    not use idle); rows in increasing device order."""
+    found: list[WhatIfRow] = []
+    best: WhatIfRow | None = None
+    for row in sorted(rows, key=lambda each: each.devices):
+        if row.feasible and (best is None or row.iteration_s < best.iteration_s):  # type: ignore[operator]
+            best = row
+        if not row.feasible or best is row or best is None:
+            found.append(row)
+            continue
+        found.append(replace(row, iteration_s=best.iteration_s, samples_per_s=best.samples_per_s,
+                             memory_bytes=best.memory_bytes, plan=best.plan, stages=best.stages,
+                             devices_used=best.devices_used))
+    return found
 
 
 def with_speedups(rows: Sequence[WhatIfRow], reference: OneDevice) -> list[WhatIfRow]:
@@ -198,4 +225,4 @@ def _row(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, solver
         pure_sample_s=sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
         pure_sample_samples_per_s=batch / sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
         sample_parallel=max(d for d in range(1, cluster.devices + 1) if cluster.devices % d == 0 and d <= batch),
-        search_s=result.search_s)
+        search_s=result.search_s, devices_used=cluster.devices)

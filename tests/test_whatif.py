@@ -62,11 +62,29 @@ def test_strong_scaling_invariants(strong: dict) -> None:
         assert row["samples_per_s"] == pytest.approx(8 / row["iteration_s"])
         assert row["iteration_s"] <= row["one_stage_s"] * (1 + 1e-9)  # stages only ever add options
         assert row["speedup_vs_sample"] >= 1.0 - 1e-9  # pure sample is one of the plans considered
+    times = [row["iteration_s"] for row in rows]
+    assert times == sorted(times, reverse=True)  # idle devices (with_idle): never slower with more
+    assert all(1 <= row["devices_used"] <= row["devices"] for row in rows)
     at_batch = next(row for row in rows if row["devices"] == 8)
     for row in rows:
         if row["devices"] >= 8:  # pure sample parallelism has run out of samples: no faster than at 8
             assert row["sample_parallel"] == 8
             assert row["pure_sample_samples_per_s"] <= at_batch["pure_sample_samples_per_s"] * (1 + 1e-9)
+
+
+def test_a_size_slower_than_a_smaller_one_takes_its_plan_and_leaves_devices_idle() -> None:
+    from planner.whatif import WhatIfRow, with_idle
+
+    def row(devices: int, seconds: float | None, plan: str = "") -> WhatIfRow:
+        if seconds is None:
+            return WhatIfRow(devices, 4, False, reason="does not fit")
+        return WhatIfRow(devices, 4, True, iteration_s=seconds, samples_per_s=4 / seconds, memory_bytes=devices,
+                         plan=plan or f"plan {devices}", stages=2, devices_used=devices)
+
+    rows = with_idle([row(512, None), row(256, 3.0), row(64, 2.5), row(128, 2.4), row(32, 4.0)])
+    assert [(r.devices, r.iteration_s, r.devices_used, r.plan) for r in rows if r.feasible] == \
+        [(32, 4.0, 32, "plan 32"), (64, 2.5, 64, "plan 64"), (128, 2.4, 128, "plan 128"), (256, 2.4, 128, "plan 128")]
+    assert rows[-1].devices == 512 and not rows[-1].feasible
 
 
 def test_whatif_command_writes_table_csv_plot_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
