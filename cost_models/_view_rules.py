@@ -66,7 +66,9 @@ def _input_order(layer: Mapping[str, Any]) -> str:
 
 def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A LayerNorm (over its last dimensions), or a linear layer on a channels-last value: each position computes
-    alone, on a box holding the dimensions it reads whole; ``None`` when the layout splits none of them."""
+    alone, on a box holding the dimensions it reads whole; ``None`` when the layout splits none of them — or, for
+    an ``nn.Linear`` module on a 4-D value, only its channels: it splits its filters, reading its input whole
+    along them."""
     attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
     count = len(attrs.get("normalized_shape") or [0]) if layer["kind"] == "norm" else 1
     if len(shape) == 4:
@@ -74,6 +76,10 @@ def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     else:
         order = "n" + "c" * (len(shape) - 1)  # other than 4-D: features (c) after the samples
     split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis, 1) > 1})
+    if layer["kind"] == "linear" and split == ["c"] and len(shape) == 4:
+        if attrs.get("function_form"):
+            return "linear is a function call; only its module form (nn.Linear) splits its filters"
+        split = []  # its filters split, its input read whole along the channels (as a convolution's)
     if split:
         what = "a LayerNorm normalises over" if layer["kind"] == "norm" else "a linear layer reads"
         return f"{what} its last {count} dimension(s), which hold the {'/'.join(split)} axis {layout} splits"

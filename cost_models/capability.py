@@ -29,8 +29,9 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       batch-norm, group-norm and instance-norm modules (a part's groups may
       straddle its bounds), pooling, upsampling, padding, flattening, views and
       concatenation (not along the channels) split channels. Linear layers
-      split filters of 2-D ``(N, features)`` tensors only, and every split
-      tensor is 2-D or 4-D ``(N, C, H, W)``.
+      split filters of 2-D ``(N, features)`` tensors and of channels-last
+      4-D values (their input read whole along the channels), and every
+      split tensor is 2-D or 4-D.
     * A height/width split needs a distributed form: convolution (halo
       exchange; any padding: zeros, explicit, ``'same'`` — an even kernel's
       asymmetric one too — or ``'valid'``, and the reflect, replicate and
@@ -56,7 +57,8 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       value takes any layout (its box is permuted); element-wise layers read
       such values in one order; a LayerNorm over its last dimensions, and a
       linear layer on a channels-last value, run per position under any
-      layout that splits none of the dimensions they read whole; any other
+      layout that splits none of the dimensions they read whole (an
+      ``nn.Linear`` module splits its filters under ``c``); any other
       layer reading such a value splits it by sample only. Pixel shuffle and
       unshuffle split by channel and space when every part of the coarse side,
       scaled, is the part of the fine side.

@@ -28,7 +28,7 @@ Assumptions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from cost_models.borders import axis_pads
@@ -116,7 +116,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     local_out = _split_shape(output, layout, attrs.get("order", NCHW)) if len(output) == 4 else \
         _split_flat(output, layout)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
-    inputs = [_split_shape(s, layout, order) if len(s) == 4 and order != NCHW else
+    read = replace(layout, c=1) if kind in DENSE_KINDS else layout  # a filter split reads its channels whole
+    inputs = [_split_shape(s, read, order) if len(s) == 4 and order != NCHW else
               _local_input(kind, list(s), output, local_out, layout, attrs)
               for s, order in zip(layer["input_shapes"], orders)]
     if any(s is None for s in inputs):

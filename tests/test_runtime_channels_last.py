@@ -115,7 +115,7 @@ def test_permutation_reads_every_way_of_writing_one() -> None:
     assert calls["movedim"] == [0, 2, 3, 1] and calls["permute_1"] == [0, 3, 1, 2]
 
 
-def test_channels_last_blocks_take_height_and_width_splits_but_not_channel_splits() -> None:
+def test_channels_last_blocks_take_height_and_width_splits_and_linear_layers_channel_splits() -> None:
     graph = _graph("convnext")
     shapes = {name: (graph.nodes[name]["output_shape"], graph.nodes[name]["attrs"].get("order", "nchw"))
               for name in graph.nodes}
@@ -125,7 +125,15 @@ def test_channels_last_blocks_take_height_and_width_splits_but_not_channel_split
         refused = {name for name in graph.nodes if layer_refusal(graph.nodes[name], Layout.parse(layout))}
         assert not refused - head, (layout, sorted(refused - head))
     linear = next(name for name in graph.nodes if graph.nodes[name]["kind"] == "linear")
-    assert "hold the c axis" in layer_refusal(graph.nodes[linear], Layout.parse("c2"))
+    assert layer_refusal(graph.nodes[linear], Layout.parse("c2")) is None  # its filters split
+    norm = graph.nodes[linear.replace("block_3", "block_2")]
+    assert "hold the c axis" in layer_refusal(norm, Layout.parse("c2"))  # a LayerNorm over split channels
+    from cost_models.local_problem import local_problem
+
+    problem = local_problem(graph.nodes[linear], Layout.parse("n2·c2"), 8, "float64")
+    assert problem.input_shapes == ((2, 4, 4, 8),) and problem.output_shape == (2, 4, 4, 16)  # channels read whole
+    functional = {**graph.nodes[linear], "attrs": {**graph.nodes[linear]["attrs"], "function_form": True}}
+    assert "function call" in layer_refusal(functional, Layout.parse("c2"))
 
 
 # --- several ranks ----------------------------------------------------------------------------------------
@@ -137,7 +145,7 @@ def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str,
 
 @pytest.mark.multirank
 def test_channels_last_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
-    cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("channels_last", "c2")]
+    cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("channels_last", "c2"), ("convnext", "c2")]
     cases.remove(("gated", "w2"))
     results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
     for layout in ("h2", "w2"):
@@ -147,6 +155,8 @@ def test_channels_last_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
         assert sum(value == layout for value in results[f"convnext {layout}"].values()) >= \
             len(results[f"convnext {layout}"]) - 8
     assert results["channels_last c2"]["norm"] == "n1"  # a LayerNorm over split channels runs whole
+    assert [results["channels_last c2"][name] for name in ("up", "down", "mul")] == ["c2"] * 3  # filters split
+    assert results["convnext c2"]["features_1_0_block_3"] == "c2"
     assert set(results["gated h2"].values()) == {"h2", "n1"} and results["gated h2"]["cat"] == "h2"
 
 
