@@ -66,6 +66,12 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     operator.add: "add", operator.iadd: "add", torch.add: "add",
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
     operator.sub: "elementwise", operator.truediv: "elementwise", torch.sub: "elementwise",
+    operator.isub: "elementwise", operator.itruediv: "elementwise", operator.neg: "elementwise",
+    operator.pow: "elementwise", torch.pow: "elementwise", torch.div: "elementwise", torch.neg: "elementwise",
+    torch.exp: "elementwise", torch.sqrt: "elementwise", torch.rsqrt: "elementwise", torch.square: "elementwise",
+    torch.abs: "elementwise", torch.clamp: "elementwise", torch.clip: "elementwise", torch.erf: "elementwise",
+    F.hardsigmoid: "activation", F.hardtanh: "activation", F.elu: "activation", F.mish: "activation",
+    F.softplus: "activation", F.relu_: "activation", torch.relu_: "activation",
     torch.cat: "cat", torch.concat: "cat",
     torch.flatten: "flatten", torch.reshape: "view", operator.getitem: "getitem",
     F.relu: "activation", F.relu6: "activation", F.gelu: "activation", F.silu: "activation",
@@ -96,6 +102,10 @@ _METHOD_KINDS: dict[str, str] = {
     "permute": "view", "transpose": "view", "squeeze": "view", "unsqueeze": "view", "expand": "view",
     "relu": "activation", "relu_": "activation", "sigmoid": "activation",
     "add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "mean": "mean",
+    "sub": "elementwise", "sub_": "elementwise", "div": "elementwise", "div_": "elementwise",
+    "pow": "elementwise", "neg": "elementwise", "exp": "elementwise", "sqrt": "elementwise",
+    "rsqrt": "elementwise", "square": "elementwise", "abs": "elementwise", "clamp": "elementwise",
+    "clamp_": "elementwise", "clip": "elementwise", "tanh": "activation", "sigmoid_": "activation",
     "softmax": "softmax", "log_softmax": "softmax",
 }
 

@@ -92,10 +92,13 @@ class GroupNorms(nn.Module):
         self.norm1, self.norm2 = nn.GroupNorm(3, 6), nn.InstanceNorm2d(6, affine=True)
         self.norm3, self.head = nn.GroupNorm(2, 6, affine=False), nn.Conv2d(6, 5, 1)
         self.scale, self.shift = nn.Parameter(torch.linspace(0.5, 1.5, 6)), nn.Parameter(torch.linspace(-1, 1, 6))
+        self.gain = nn.Parameter(torch.tensor(0.8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv2(F.silu(self.norm1(self.conv1(x))))
         x = F.group_norm(x, 3, self.scale, self.shift, 1e-5)  # timm's GroupNorm1 calls the function
+        x = self.gain * torch.relu(x) ** 2 + torch.exp(-x.sub(0.5).div(2).clamp(min=-1.0).square()) + \
+            (x.abs() + 1).rsqrt()  # StarReLU (poolformerv2) and point-wise maths: element-wise under any split
         return self.head(self.norm3(torch.relu(self.norm2(x)))).mean(dim=(2, 3))
 
 
@@ -175,6 +178,7 @@ def test_modern_blocks_equal_the_unsplit_model_on_four_ranks() -> None:
              ("groups", "c4"), ("shufflenet", "h2·w2")]
     results = run_ranks(_cases, 4, args=(cases,), timeout_s=300)[0]
     assert results["groups c2·h2"]["norm1"] == "c2·h2" and results["groups c4"]["norm3"] == "c4"
+    assert [results["groups c2·h2"][name] for name in ("pow_1", "clamp", "rsqrt")] == ["c2·h2"] * 3
     assert results["diffusion h2·w2"]["block2_norm2"] == "h2·w2"
 
 
