@@ -64,9 +64,10 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       scaled, is the part of the fine side.
     * Convolution and linear layers split by channel or space, and batch-norm
       by channel, only as modules (a function call has no module whose
-      weights can be sliced); ``F.batch_norm`` sums its statistics over tiles
-      and samples as the module does (its statistics, weight and bias given
-      whole).
+      weights can be sliced) — but ``F.conv2d`` with filters computed from
+      parameters alone (a weight standardisation) splits by space;
+      ``F.batch_norm`` sums its statistics over tiles and samples as the
+      module does (its statistics, weight and bias given whole).
     * Batch-norm in training needs more than one value per channel in the
       group its statistics are summed over: the samples of its part of the
       batch (of a micro-batch in a pipeline) times every position of them —
@@ -202,7 +203,8 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"{_noun(kind)} cannot be split by channel"
     if spatial and kind not in SPATIAL_KINDS:
         return f"{_noun(kind)} cannot be split by height or width"
-    if attrs.get("function_form") and kind in _MODULE_ONLY and (layout.c > 1 or (spatial and kind != "batchnorm")):
+    if attrs.get("function_form") and kind in _MODULE_ONLY and (layout.c > 1 or (spatial and kind != "batchnorm"
+                                                                                  and not _tiled_function(layer))):
         return f"{kind} is a function call; only its module form (nn.Conv2d, nn.Linear, …) splits by channel or space"
     if kind == "cat" and _ordered_dim_split(layout, attrs.get("dim", 0), layer):
         return f"concatenation along a split dimension (dim {attrs.get('dim', 0)})"
@@ -215,6 +217,13 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if spatial:
         return spatial_refusal(layer, layout)
     return _channel_refusal(layer, layout) if layout.c > 1 else None
+
+
+def _tiled_function(layer: Mapping[str, Any]) -> bool:
+    """``F.conv2d(x, w, …)`` with filters computed from parameters alone (a weight standardisation) convolves
+    tiles as the module does (its call's own filters, whole on every rank)."""
+    attrs = layer.get("attrs", {})
+    return layer["kind"] == "conv" and "kernel_size" in attrs and attrs.get("weight_from_batch") is False
 
 
 def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
@@ -283,7 +292,7 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
 
 _INHERENT = ("has only", "has no height and width", "summing over the batch", "fewer elements than", "too fine for", "reading padding only",
              "cannot split an extent", "along a split dimension", "softmax across tiles",
-             "softmax over the split channel")
+             "softmax over the split channel", "from parameters and constants alone")
 
 
 def inherent(reason: str) -> bool:

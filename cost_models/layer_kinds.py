@@ -356,6 +356,10 @@ def _reduce_attrs(node: Node) -> dict[str, Any]:
     return {"reduces": list(dims)}
 
 
+_CONV_CALLS = (F.conv2d, torch.conv2d, F.conv1d, F.conv3d)
+_CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+
+
 def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:
     """The call's arguments by name: fx's normalisation (with defaults) where it knows the signature."""
     if node.op == "call_function":
@@ -365,6 +369,8 @@ def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:
             normalized = None
         if normalized is not None:
             return dict(normalized.kwargs)
+        if node.target in _CONV_CALLS:  # a builtin with overloads (padding a number or a string): fx cannot match
+            return {**dict(zip(_CONV_ARGUMENTS, node.args)), **node.kwargs}
     if node.op == "call_method" and str(node.target) in ("softmax", "log_softmax"):
         return {"dim": node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")}
     return dict(node.kwargs)

@@ -117,12 +117,13 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         _split_flat(output, layout)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
     read = replace(layout, c=1) if kind in DENSE_KINDS else layout  # a filter split reads its channels whole
+    shapes = layer["input_shapes"][:1] if kind == "conv" else layer["input_shapes"]  # F.conv2d's filters: whole
     inputs = [_split_shape(s, read, order) if len(s) == 4 and order != NCHW else
               _local_input(kind, list(s), output, local_out, layout, attrs)
-              for s, order in zip(layer["input_shapes"], orders)]
+              for s, order in zip(shapes, orders)] + [list(s) for s in layer["input_shapes"][len(shapes):]]
     if any(s is None for s in inputs):
         return None
-    weight = _local_weight(layer.get("weight_shape"), layout, kind, attrs)
+    weight = _local_weight(layer.get("weight_shape") or _called_filters(layer), layout, kind, attrs)
     if kind == "pad" and isinstance(attrs.get("pad"), list) and inputs and len(local_out) == 4:
         attrs["pad"], inputs[0] = _tile_padding(attrs["pad"], inputs[0], local_out, layout)
     if kind in ("conv", "conv_transpose", "maxpool", "avgpool"):
@@ -138,6 +139,12 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         dtype=dtype, itemsize=itemsize, needs_input_grad=bool(layer.get("needs_input_grad", True)),
         has_weight=bool(layer.get("has_weight", layer.get("weight_shape") is not None)),
     )
+
+
+def _called_filters(layer: Mapping[str, Any]) -> list[int] | None:
+    """The filters a convolution call computes from parameters (``F.conv2d(x, standardise(w))``) and reads whole."""
+    shapes = layer["input_shapes"]
+    return list(shapes[1]) if layer["kind"] == "conv" and len(shapes) > 1 and len(shapes[1]) == 4 else None
 
 
 def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:

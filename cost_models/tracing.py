@@ -32,6 +32,7 @@ from dataclasses import replace
 from math import prod
 from typing import Any
 
+import networkx as nx
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -418,6 +419,9 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, m
     has_weight = any(p.requires_grad for p in params)
     needs_input_grad = any(graph.nodes[src]["requires_grad"] for src in inputs)
     attrs = dict(info.attrs)
+    if info.kind == "conv" and attrs.get("function_form"):
+        attrs.update(_function_conv_attrs(graph, inputs[1]) if len(inputs) > 1 else
+                     {"weight_from_batch": False} if weight is not None else {})
     if weight is not None and info.kind in ("conv", "conv_transpose", "linear"):
         attrs["weight_shape"] = list(weight)
         if info.kind != "linear":
@@ -439,6 +443,16 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, m
     )
     for src in dict.fromkeys(inputs):
         graph.add_edge(src, node.name, bytes=graph.nodes[src]["activation_bytes"], shape=graph.nodes[src]["output_shape"])
+
+
+def _function_conv_attrs(graph: LayerGraph, weight: str) -> dict[str, Any]:
+    """``F.conv2d(x, w, …)`` whose filters ``w`` a layer computes (a weight standardisation): their kernel size, and
+    whether they are computed from the batch (a dynamic convolution, split by sample only)."""
+    shape = graph.nodes[weight]["output_shape"]
+    if len(shape) != 4 or isinstance(shape[0], list):
+        return {}
+    from_batch = any(graph.nodes[name]["kind"] == "input" for name in nx.ancestors(graph, weight) | {weight})
+    return {"kernel_size": list(shape[2:]), "weight_from_batch": from_batch}
 
 
 def _parameters_of(node: Node, gm: GraphModule) -> list[nn.Parameter]:

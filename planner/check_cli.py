@@ -62,6 +62,8 @@ DEFAULT_LAYOUTS = ("n2", "h2", "w2", "c2", "h2·w2")
 RESULTS = ("pass", "refused", "fail")
 
 _NO_LOCAL_PROBLEM = "cost_models.capability accepts it, but cost_models.local_problem gives it no local problem"
+PARAMETERS_ONLY = ("it computes from parameters and constants alone (no sample, row or column to split): "
+                   "whole on every rank")
 """Why a layer kept its output whole when the capability predicate names no reason (the two disagree)."""
 
 
@@ -361,13 +363,24 @@ def split_summary(graph: Any, plan: Any, layout: Layout) -> dict[str, Any]:
     from cost_models.capability import layer_refusal
 
     names = graph.compute_layers()
+    batch = batch_layers(graph)
     whole = []
     for name in names:
         if plan.layers[name].layout != layout:
             node = graph.nodes[name]
-            reason = layer_refusal(node, layout, sync_batchnorm=True) or _NO_LOCAL_PROBLEM
+            reason = (layer_refusal(node, layout, sync_batchnorm=True) or _NO_LOCAL_PROBLEM) if name in batch else \
+                PARAMETERS_ONLY
             whole.append({"layer": name, "kind": node["kind"], "reason": reason, "cannot_split": cannot_split(reason)})
     return {"layers": len(names), "split": len(names) - len(whole), "whole": whole}
+
+
+def batch_layers(graph: Any) -> set[str]:
+    """The layers computed from the model's inputs (the others compute from parameters and constants alone: a
+    weight standardisation, a positional table)."""
+    import networkx as nx
+
+    inputs = [name for name in graph.nodes if graph.nodes[name]["kind"] == "input"]
+    return set(inputs).union(*(nx.descendants(graph, name) for name in inputs))
 
 
 def cannot_split(reason: str) -> bool:

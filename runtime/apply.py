@@ -64,7 +64,8 @@ from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
 from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
-from runtime.layers import HANDLERS, Site, functional_batch_norm, functional_group_norm, input_placement, refusal
+from runtime.layers import (HANDLERS, Site, functional_batch_norm, functional_conv, functional_group_norm,
+                            input_placement, refusal)
 from runtime.outputs import is_container, output_loss
 from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
@@ -265,6 +266,8 @@ class DistributedModel(DataHelpers, nn.Module):
             return self._wrap(site, self._functional_batch_norm(node, site, env))
         if site.kind == "norm" and site.module is None and node.target is F.group_norm:
             return self._wrap(site, self._functional_batch_norm(node, site, env, functional_group_norm))
+        if site.kind == "conv" and site.module is None and site.spatial_split:
+            return self._wrap(site, self._functional_batch_norm(node, site, env, functional_conv))
         handler = HANDLERS.get(site.kind)
         out = handler(site, fetch) if handler is not None else None
         if out is None:
@@ -314,8 +317,8 @@ class DistributedModel(DataHelpers, nn.Module):
 
     def _functional_batch_norm(self, node: Node, site: Site, env: dict[str, Any],
                                form: Callable[..., torch.Tensor | None] = functional_batch_norm) -> torch.Tensor:
-        """``F.batch_norm`` (``F.group_norm``: ``form``) in the program: its statistics over the group
-        (``runtime.layers``), its other arguments whole."""
+        """``F.batch_norm`` (``F.group_norm``, ``F.conv2d``: ``form``) in the program: its statistics over the
+        group (``runtime.layers``), its other arguments (filters) whole."""
         split = [n.name for n in node.all_input_nodes[1:] if isinstance(env[n.name], Value)]
         if split and site.layout.ranks > 1:
             raise PlanError(f"layer '{site.name}' ({site.kind} function, {site.layout}) takes statistics, weight or "

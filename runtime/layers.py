@@ -227,6 +227,25 @@ def functional_group_norm(site: Site, args: Any, kwargs: Any) -> torch.Tensor | 
                              values["eps"])
 
 
+_CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+
+
+def functional_conv(site: Site, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """``F.conv2d`` called by the program with filters computed from parameters (timm's ``StdConv2d``,
+    ``ScaledStdConv2d``) on this rank's tile: :func:`_conv`'s form with the call's own (whole) filters."""
+    values = {**_CONV_DEFAULTS, **dict(zip(_CONV_ARGUMENTS, args)), **kwargs}
+    if not site.spatial_split:
+        return None  # the call as written
+    x, weight, bias, stride, dilation = (values[k] for k in ("input", "weight", "bias", "stride", "dilation"))
+    if isinstance(values["padding"], str):
+        pads = (axis_pads(dict(site.layer["attrs"]), 0), axis_pads(dict(site.layer["attrs"]), 1))
+        return borders.padded_conv2d(x, weight, bias, site.grid(), site.input_hw(), stride, pads, dilation,
+                                     values["groups"], "zeros")
+    return spatial.conv2d(x, weight, bias, site.grid(), site.input_hw(), stride, values["padding"], dilation,
+                          values["groups"])
+
+
 def _tiled_group_norm(site: Site, x: torch.Tensor, groups: int, weight: torch.Tensor | None,
                       bias: torch.Tensor | None, eps: float) -> torch.Tensor | None:
     if site.layout.c * site.layout.h * site.layout.w == 1:

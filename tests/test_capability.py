@@ -67,7 +67,8 @@ def test_functional_forms_are_read_as_their_modules() -> None:
     assert conv["kernel_size"] == [3, 3] and conv["function_form"] and conv["padding_mode"] == "zeros"
     assert graph.nodes["pad"]["kind"] == "pad" and graph.nodes["pad"]["attrs"]["pad"] == [1, 1, 1, 1]
     assert layer_refusal(graph.nodes["avg_pool2d"], Layout(h=2)) is None
-    assert "function call" in layer_refusal(graph.nodes["conv2d"], Layout(h=2))
+    assert layer_refusal(graph.nodes["conv2d"], Layout(h=2)) is None  # its filters whole on every tile
+    assert "function call" in layer_refusal(graph.nodes["conv2d"], Layout(c=2))
     assert layer_refusal(graph.nodes["pad"], Layout(h=2)) is None  # constant padding splits across tiles
     reflect = {**graph.nodes["pad"], "attrs": {**graph.nodes["pad"]["attrs"], "mode": "reflect"}}
     assert layer_refusal(reflect, Layout(h=2)) is None  # every mode splits across tiles (cost_models.borders)
@@ -113,7 +114,7 @@ def test_refusals_say_whether_the_layer_itself_cannot_be_split() -> None:
     assert inherent(layer_refusal(graph.nodes["flatten"], Layout(h=2)))  # 2-D: no rows to split
     assert not inherent(layer_refusal(graph.nodes["norm"], Layout(n=2)))
     _, functional = _graph("functional")
-    assert not inherent(layer_refusal(functional.nodes["conv2d"], Layout(h=2)))  # a form not implemented yet
+    assert not inherent(layer_refusal(functional.nodes["conv2d"], Layout(c=2)))  # a form not implemented yet
     reflect = {**functional.nodes["pad"], "attrs": {**functional.nodes["pad"]["attrs"], "mode": "reflect",
                                                      "pad": [2, 2, 2, 2]}}
     assert "beyond its neighbours" in layer_refusal(reflect, Layout(h=8))  # tiles of one row: tile 0 reflects row 2

@@ -22,12 +22,13 @@ from torch import nn
 
 from cost_models.capability import layer_refusal
 from cost_models.layout import Layout
+from cost_models.local_problem import local_problem
 from distributed import run_ranks
 from runtime_check import step_cases
 
 SEED = 5
 SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),),
-          "groups": ((4, 3, 8, 8),), "shufflenet": ((4, 3, 64, 64),)}
+          "groups": ((4, 3, 8, 8),), "shufflenet": ((4, 3, 64, 64),), "std": ((4, 3, 12, 12),)}
 
 
 class ResBlock(nn.Module):
@@ -102,6 +103,26 @@ class GroupNorms(nn.Module):
         return self.head(self.norm3(torch.relu(self.norm2(x)))).mean(dim=(2, 3))
 
 
+class StandardisedConvs(nn.Module):
+    """Convolutions as function calls with filters computed from parameters: timm's ``StdConv2d`` and
+    ``ScaledStdConv2d`` (weight standardisation, NFNets and BiT), ``F.conv2d`` of a parameter with ``'same'``
+    padding of an even kernel; and a dynamic convolution whose filters come from the batch (split by sample only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from timm.layers import ScaledStdConv2d, StdConv2d
+
+        self.std, self.scaled = StdConv2d(3, 6, 3, padding=1), ScaledStdConv2d(6, 6, 3, stride=2, padding=1)
+        self.even = nn.Parameter(torch.randn(6, 6, 2, 2) * 0.3)
+        self.route = nn.Linear(6, 6 * 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.silu(self.scaled(F.silu(self.std(x))))
+        x = F.conv2d(x, self.even, None, 1, "same")
+        filters = self.route(x.mean(dim=(2, 3))).mean(dim=0).reshape(6, 6, 1, 1)  # from the batch
+        return F.conv2d(x, filters).mean(dim=(2, 3))
+
+
 def _efficientnet() -> nn.Module:
     from torchvision.models.efficientnet import _efficientnet_conf, EfficientNet
 
@@ -116,7 +137,7 @@ def _shufflenet() -> nn.Module:
 
 
 MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet, "groups": GroupNorms,
-          "shufflenet": _shufflenet}
+          "shufflenet": _shufflenet, "std": StandardisedConvs}
 
 
 def _model(name: str) -> nn.Module:
@@ -160,6 +181,19 @@ def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str,
     return step_cases(cases, world, _model, _shapes, seed=SEED)
 
 
+def test_convolution_calls_with_filters_from_parameters_split_by_space_and_from_the_batch_by_sample() -> None:
+    graph = _graph("std")
+    calls = [name for name in graph.compute_layers() if graph.nodes[name]["kind"] == "conv"]
+    assert len(calls) == 4 and all(graph.nodes[name]["attrs"]["function_form"] for name in calls)
+    for layout in ("h2", "w2", "h2·w2"):
+        refusals = [layer_refusal(graph.nodes[name], Layout.parse(layout)) for name in calls]
+        assert refusals[:3] == [None] * 3 and "function call" in refusals[3], (layout, refusals)
+    assert graph.nodes[calls[3]]["attrs"]["weight_from_batch"] is True
+    assert all("function call" in layer_refusal(graph.nodes[name], Layout.parse("c2")) for name in calls)
+    problem = local_problem(graph.nodes[calls[2]], Layout.parse("h2"), 8, "float64")
+    assert problem is not None and problem.output_shape == (4, 6, 3, 6)
+
+
 @pytest.mark.multirank
 def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
     cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("shuffle", "c2"), ("diffusion", "n2"),
@@ -170,6 +204,8 @@ def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
     for layout in ("h2", "w2", "c2"):
         assert results[f"shuffle {layout}"]["shuffle"] == layout
     assert results["diffusion h2"]["block1_norm1"] == "h2" and results["diffusion w2"]["block2_drop"] == "w2"
+    assert [results["std h2"][name] for name in ("conv2d", "conv2d_1", "conv2d_2", "conv2d_3")] == \
+        ["h2", "h2", "h2", "n1"]
 
 
 @pytest.mark.multirank
