@@ -124,9 +124,9 @@ def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
         x, groups = x[:, start:stop], groups // site.layout.c
     attrs, mode = site.layer["attrs"], module.padding_mode
     if not site.spatial_split:
-        if mode != "zeros":
-            return F.conv2d(F.pad(x, _pad_list(attrs), mode=mode), module.weight, module.bias, module.stride, 0,
-                            module.dilation, groups)
+        if mode != "zeros" or "pads" in attrs:  # a mode, or TensorFlow's 'SAME' (module.padding is 0)
+            return F.conv2d(F.pad(x, _pad_list(attrs), mode="constant" if mode == "zeros" else mode), module.weight,
+                            module.bias, module.stride, 0, module.dilation, groups)
         return F.conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation, groups)
     if mode != "zeros" or isinstance(attrs["padding"], str):  # a mode, or an even kernel's 'same' (asymmetric)
         pads = (axis_pads(attrs, 0), axis_pads(attrs, 1))

@@ -28,7 +28,8 @@ from runtime_check import step_cases
 
 SEED = 5
 SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),),
-          "groups": ((4, 3, 8, 8),), "shufflenet": ((4, 3, 64, 64),), "std": ((4, 3, 12, 12),)}
+          "groups": ((4, 3, 8, 8),), "shufflenet": ((4, 3, 64, 64),), "std": ((4, 3, 12, 12),),
+          "tf_same": ((4, 3, 13, 15),)}
 
 
 class ResBlock(nn.Module):
@@ -123,6 +124,22 @@ class StandardisedConvs(nn.Module):
         return F.conv2d(x, filters).mean(dim=(2, 3))
 
 
+class TensorFlowSame(nn.Module):
+    """timm's ``Conv2dSame`` (TensorFlow's 'SAME': ``tf_efficientnet_*``, NASNet): padding computed from the input's
+    extent, one row more after than before on an odd extent under a stride of 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from timm.layers import Conv2dSame
+
+        self.down = Conv2dSame(3, 6, 3, stride=2)
+        self.wide = Conv2dSame(6, 6, 5)
+        self.depthwise = Conv2dSame(6, 6, 4, stride=2, groups=6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.depthwise(F.silu(self.wide(F.silu(self.down(x))))).mean(dim=(2, 3))
+
+
 def _efficientnet() -> nn.Module:
     from torchvision.models.efficientnet import _efficientnet_conf, EfficientNet
 
@@ -137,7 +154,7 @@ def _shufflenet() -> nn.Module:
 
 
 MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet, "groups": GroupNorms,
-          "shufflenet": _shufflenet, "std": StandardisedConvs}
+          "shufflenet": _shufflenet, "std": StandardisedConvs, "tf_same": TensorFlowSame}
 
 
 def _model(name: str) -> nn.Module:
@@ -181,6 +198,13 @@ def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str,
     return step_cases(cases, world, _model, _shapes, seed=SEED)
 
 
+def test_tensorflow_same_convolutions_are_convolutions_with_the_traced_pads() -> None:
+    graph = _graph("tf_same")
+    assert [graph.nodes[name]["attrs"]["pads"] for name in ("down", "wide", "depthwise")] == \
+        [[[1, 1], [1, 1]], [[2, 2], [2, 2]], [[1, 2], [1, 1]]]
+    assert all(graph.nodes[name]["kind"] == "conv" for name in ("down", "wide", "depthwise"))
+
+
 def test_convolution_calls_with_filters_from_parameters_split_by_space_and_from_the_batch_by_sample() -> None:
     graph = _graph("std")
     calls = [name for name in graph.compute_layers() if graph.nodes[name]["kind"] == "conv"]
@@ -197,13 +221,15 @@ def test_convolution_calls_with_filters_from_parameters_split_by_space_and_from_
 @pytest.mark.multirank
 def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
     cases = [(name, layout) for name in MODELS for layout in ("h2", "w2")] + [("shuffle", "c2"), ("diffusion", "n2"),
-                                                                             ("groups", "c2")]
+                                                                             ("groups", "c2"), ("tf_same", "c2")]
     results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
     assert [results["groups c2"][name] for name in ("norm1", "group_norm", "norm2", "norm3")] == ["c2"] * 4
     assert [results["shufflenet w2"][name] for name in ("view", "transpose", "contiguous", "view_1")] == ["w2"] * 4
     for layout in ("h2", "w2", "c2"):
         assert results[f"shuffle {layout}"]["shuffle"] == layout
     assert results["diffusion h2"]["block1_norm1"] == "h2" and results["diffusion w2"]["block2_drop"] == "w2"
+    assert all(results[f"tf_same {layout}"][name] == layout for layout in ("h2", "w2", "c2")
+               for name in ("down", "wide", "depthwise"))
     assert [results["std h2"][name] for name in ("conv2d", "conv2d_1", "conv2d_2", "conv2d_3")] == \
         ["h2", "h2", "h2", "n1"]
 
