@@ -26,6 +26,10 @@ def spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
     if kind == "conv" and (isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros"):
         return _input_fit_refusal(layer, layout) or _border_refusal(layer, layout)
+    if kind in ("maxpool", "avgpool") and "pads" in attrs:  # TensorFlow's 'SAME' (cost_models.layer_kinds)
+        if attrs.get("ceil_mode"):
+            return "pooling padded as TensorFlow's 'SAME' in ceil mode cannot be split across tiles"
+        return _input_fit_refusal(layer, layout) or _border_refusal(layer, layout)
     if isinstance(attrs.get("padding"), str):
         return f"a {kind} layer with padding {attrs['padding']!r} cannot be split across tiles"
     if attrs.get("return_indices"):

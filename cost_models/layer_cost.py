@@ -124,7 +124,8 @@ def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHa
     if layer["kind"] not in _HALO_KINDS or layout.spatial == 1:
         return None
     attrs, shape = layer["attrs"], layer["input_shapes"][0]
-    if layer["kind"] == "conv" and (isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros"):
+    if "pads" in attrs or (layer["kind"] == "conv" and (isinstance(attrs.get("padding"), str)
+                                                         or attrs.get("padding_mode", "zeros") != "zeros")):
         return _gathered(layer, layout)
     halos = []
     for axis, parts in ((0, layout.h), (1, layout.w)):

@@ -146,25 +146,33 @@ def classify(node: Node, root: GraphModule, *, opaque: Collection[str] = ()) -> 
     return KindInfo(kind, label, _function_attrs(node, root, kind), aliases)
 
 
-TF_SAME_CONVS = frozenset({"timm.layers.conv2d_same.Conv2dSame"})
-"""``nn.Conv2d`` subclasses that pad as TensorFlow's ``'SAME'`` (``timm``'s ``tf_*`` and NASNet models): the
-padding a function of the input's extent, ``max((⌈i/s⌉ − 1)·s + d·(k − 1) + 1 − i, 0)``, the extra row after.
-Traced as leaves of kind ``conv`` with ``padding='tf_same'``; the tracer records the pads (``attrs["pads"]``)."""
+TF_SAME = {"timm.layers.conv2d_same.Conv2dSame": "conv", "timm.layers.pool2d_same.MaxPool2dSame": "maxpool",
+           "timm.layers.pool2d_same.AvgPool2dSame": "avgpool"}
+"""Convolutions and pooling that pad as TensorFlow's ``'SAME'`` (``timm``'s ``tf_*``, NASNet and PNASNet models): the
+padding a function of the input's extent, ``max((⌈i/s⌉ − 1)·s + d·(k − 1) + 1 − i, 0)``, the extra row after (zeros;
+``−∞`` before a max). Traced as leaves of their kind with ``padding='tf_same'``; the tracer records the pads
+(``attrs["pads"]``)."""
 
 
 def tf_same_pads(attrs: dict[str, Any], extents: list[int]) -> list[list[int]]:
-    """``(before, after)`` per axis of a TensorFlow-'SAME' convolution over ``extents`` (:data:`TF_SAME_CONVS`)."""
+    """``(before, after)`` per axis of a TensorFlow-'SAME' window over ``extents`` (:data:`TF_SAME`)."""
     pads = []
     for axis, extent in enumerate(extents):
-        kernel, stride, dilation = (attrs[name][axis] for name in ("kernel_size", "stride", "dilation"))
+        kernel, stride, dilation = (_per_axis(attrs.get(name) or 1, axis)
+                                    for name in ("kernel_size", "stride", "dilation"))
         total = max((-(-extent // stride) - 1) * stride + dilation * (kernel - 1) + 1 - extent, 0)
         pads.append([total // 2, total - total // 2])
     return pads
 
 
+def _per_axis(value: Any, axis: int) -> int:
+    return int(value[axis] if isinstance(value, (list, tuple)) else value)
+
+
 def _classify_module(module: nn.Module) -> KindInfo:
-    if _module_label(module) in TF_SAME_CONVS:
-        return KindInfo("conv", _module_label(module), {**_module_attrs(module, "conv"), "padding": "tf_same"})
+    if _module_label(module) in TF_SAME:
+        kind = TF_SAME[_module_label(module)]
+        return KindInfo(kind, _module_label(module), {**_module_attrs(module, kind), "padding": "tf_same"})
     kind = _module_kind(module)
     attrs = _module_attrs(module, kind) if kind != "other" else {**_module_attrs(module, kind), **_held_norms(module)}
     return KindInfo(kind, _module_label(module), attrs, kind in VIEW_KINDS or bool(getattr(module, "inplace", False)))

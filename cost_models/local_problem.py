@@ -127,7 +127,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     if kind == "pad" and isinstance(attrs.get("pad"), list) and inputs and len(local_out) == 4:
         attrs["pad"], inputs[0] = _tile_padding(attrs["pad"], inputs[0], local_out, layout)
     if kind in ("conv", "conv_transpose", "maxpool", "avgpool"):
-        inputs[0] = _pre_padded(inputs[0], attrs, layout) if kind == "conv" and inputs else inputs[0]
+        inputs[0] = _pre_padded(inputs[0], attrs, layout) if (kind == "conv" or "pads" in attrs) and inputs else \
+            inputs[0]
         attrs = _unpad_split_dims(attrs, layout)
     if weight is not None:
         attrs["weight_shape"] = list(weight)

@@ -44,7 +44,7 @@ from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models._held import held_together
-from cost_models.layer_kinds import TF_SAME_CONVS, KindInfo, classify, tf_same_pads
+from cost_models.layer_kinds import TF_SAME, KindInfo, classify, tf_same_pads
 from cost_models.orders import default_order, output_order, piece_order
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
@@ -161,8 +161,8 @@ class _LocatingTracer(Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or type(m).__name__ in self.leaf_names:
             return True
-        if f"{type(m).__module__}.{type(m).__qualname__}" in TF_SAME_CONVS:
-            return True  # a convolution whose padding reads the input's extent (cost_models.layer_kinds)
+        if f"{type(m).__module__}.{type(m).__qualname__}" in TF_SAME:
+            return True  # a convolution or pooling whose padding reads the input's extent (cost_models.layer_kinds)
         return super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:

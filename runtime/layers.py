@@ -268,11 +268,26 @@ def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:
     if not site.spatial_split:
         return None
     options = _pool_options(site)
+    if "pads" in site.layer["attrs"]:  # TensorFlow's 'SAME': the tile's windows gathered with their pads
+        return _tf_same_pool(site, x, options)
     if site.kind == "maxpool":
         return spatial.max_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
                                   options["padding"], options["dilation"], options["ceil_mode"])
     return spatial.avg_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
                               options["padding"], options["count_include_pad"], options["ceil_mode"])
+
+
+def _tf_same_pool(site: Site, x: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+    """timm's ``MaxPool2dSame`` / ``AvgPool2dSame`` on a tile: its windows' rows gathered, padded by ``−∞`` before a
+    max and by zeros (counted) before an average, as the module pads the whole."""
+    kernel, stride, dilation = (spatial.pair(options[name]) for name in ("kernel_size", "stride", "dilation"))
+    pads = (axis_pads(dict(site.layer["attrs"]), 0), axis_pads(dict(site.layer["attrs"]), 1))
+    fill = float("-inf") if site.kind == "maxpool" else 0.0
+    local = borders.padded_tiles(x, site.grid(), site.input_hw(), pads, "constant",
+                                 [(kernel[axis], stride[axis], dilation[axis]) for axis in (0, 1)], fill)
+    if site.kind == "maxpool":
+        return F.max_pool2d(local, kernel, stride, 0, dilation)
+    return F.avg_pool2d(local, kernel, stride, 0)
 
 
 def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:

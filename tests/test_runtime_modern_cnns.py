@@ -131,13 +131,16 @@ class TensorFlowSame(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         from timm.layers import Conv2dSame
+        from timm.layers.pool2d_same import AvgPool2dSame, MaxPool2dSame
 
         self.down = Conv2dSame(3, 6, 3, stride=2)
         self.wide = Conv2dSame(6, 6, 5)
         self.depthwise = Conv2dSame(6, 6, 4, stride=2, groups=6)
+        self.peak, self.average = MaxPool2dSame(3, stride=1), AvgPool2dSame(3, stride=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.depthwise(F.silu(self.wide(F.silu(self.down(x))))).mean(dim=(2, 3))
+        x = self.peak(self.wide(F.silu(self.down(x))) - 1.0)  # negative maxima: a pad of zeros would win
+        return self.average(self.depthwise(F.silu(x))).mean(dim=(2, 3))
 
 
 def _efficientnet() -> nn.Module:
@@ -203,6 +206,8 @@ def test_tensorflow_same_convolutions_are_convolutions_with_the_traced_pads() ->
     assert [graph.nodes[name]["attrs"]["pads"] for name in ("down", "wide", "depthwise")] == \
         [[[1, 1], [1, 1]], [[2, 2], [2, 2]], [[1, 2], [1, 1]]]
     assert all(graph.nodes[name]["kind"] == "conv" for name in ("down", "wide", "depthwise"))
+    assert [(graph.nodes[name]["kind"], graph.nodes[name]["attrs"]["pads"]) for name in ("peak", "average")] == \
+        [("maxpool", [[1, 1], [1, 1]]), ("avgpool", [[0, 1], [0, 1]])]
 
 
 def test_convolution_calls_with_filters_from_parameters_split_by_space_and_from_the_batch_by_sample() -> None:
@@ -229,7 +234,7 @@ def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
         assert results[f"shuffle {layout}"]["shuffle"] == layout
     assert results["diffusion h2"]["block1_norm1"] == "h2" and results["diffusion w2"]["block2_drop"] == "w2"
     assert all(results[f"tf_same {layout}"][name] == layout for layout in ("h2", "w2", "c2")
-               for name in ("down", "wide", "depthwise"))
+               for name in ("down", "wide", "depthwise", "peak", "average"))
     assert [results["std h2"][name] for name in ("conv2d", "conv2d_1", "conv2d_2", "conv2d_3")] == \
         ["h2", "h2", "h2", "n1"]
 
