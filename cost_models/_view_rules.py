@@ -11,7 +11,7 @@ from cost_models.orders import KEEPING_KINDS, NCHW, default_order
 from cost_models.redistribution import part_range
 
 __all__ = ["channel_view_refusal", "last_dim_refusal", "on_last_dims", "order_refusal", "permutes",
-           "reshape_refusal", "sample_dim_refusal", "sample_view_refusal"]
+           "reduction_refusal", "reshape_refusal", "sample_dim_refusal", "sample_view_refusal", "stacks_or_reduces"]
 
 _CHANNEL_VIEWS = frozenset({"Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.contiguous"})
 
@@ -29,10 +29,33 @@ def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if not orders or layout.c * layout.h * layout.w == 1:
         return None
     ordered = {order for order in orders if order}
-    if layer["kind"] == "view" or (layer["kind"] in KEEPING_KINDS | {"cat"} and len(ordered) == 1):
+    if layer["kind"] == "view" or (len(ordered) == 1 and (layer["kind"] in KEEPING_KINDS | {"cat"}
+                                                          or stacks_or_reduces(layer))):
         return None  # a view's own rules (permutes, reshape_refusal) decide
     return (f"it reads values in the orders {'/'.join(sorted(ordered))} (channels-last, or a channel shuffle's) and "
             f"has no form for them under {layout}; split it by sample only")
+
+
+def stacks_or_reduces(layer: Mapping[str, Any]) -> bool:
+    """``torch.stack`` or a reduction (``x.sum(1)``) whose output has an order (``cost_models.orders``)."""
+    attrs = layer.get("attrs", {})
+    return layer["kind"] == "other" and ("stack_dim" in attrs or "reduces" in attrs) and bool(attrs.get("order"))
+
+
+def reduction_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """A stack computes on every box what it computes on the whole; a reduction too when no dimension it reduces
+    holds an axis the layout splits."""
+    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+    if "reduces" not in attrs:
+        return None
+    order = _input_order(layer) or "n" + "c" * (len(shape) - 1)
+    split = sorted({order[dim % len(order)] for dim in attrs["reduces"]
+                    if getattr(layout, order[dim % len(order)], 1) > 1})
+    if split:
+        return f"it reduces dimensions holding the {'/'.join(split)} axis {layout} splits"
+    missing = [axis for axis in "nchw" if getattr(layout, axis) > 1 and axis not in order]
+    return (f"its input {tuple(shape)} ({order}) holds no {'/'.join(missing)} axis for {layout} to split"
+            if missing else None)
 
 
 def permutes(layer: Mapping[str, Any]) -> bool:
@@ -52,6 +75,9 @@ def reshape_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     made = layer.get("attrs", {}).get("order") or default_order(len(target))
     read = _input_order(layer)
     for axis in (a for a in "hw" if getattr(layout, a) > 1):
+        if axis in read and source[read.index(axis)] < getattr(layout, axis):
+            name = "rows" if axis == "h" else "columns"
+            return f"its input {tuple(source)} has only {source[read.index(axis)]} {name} for {layout}"
         if axis not in read or axis not in made or source[read.index(axis)] != target[made.index(axis)]:
             return (f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split "
                     f"{'rows' if axis == 'h' else 'columns'}")

@@ -89,7 +89,8 @@ from typing import Any, Iterator, Mapping
 
 from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
 from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_last_dims, order_refusal, permutes,
-                                     reshape_refusal, sample_dim_refusal, sample_view_refusal)
+                                     reduction_refusal, reshape_refusal, sample_dim_refusal, sample_view_refusal,
+                                     stacks_or_reduces)
 from cost_models.layout import Layout
 from cost_models.orders import default_order, logical
 
@@ -197,6 +198,8 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS:
         return None
+    if stacks_or_reduces(layer):
+        return reduction_refusal(layer, layout) or (sample_dim_refusal(layer) if layout.n > 1 else None)
     if kind == "getitem" and "sliced_dims" in attrs:
         return _slice_refusal(attrs["sliced_dims"], layout)
     if layout.c > 1 and kind not in CHANNEL_KINDS:

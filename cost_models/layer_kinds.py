@@ -379,7 +379,8 @@ def _reduce_attrs(node: Node) -> dict[str, Any]:
     dims = [dims] if isinstance(dims, int) else dims
     if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) for d in dims):
         return {}
-    return {"reduces": list(dims)}
+    keep = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 and name != "logsumexp" else False)
+    return {"reduces": list(dims), "keepdim": bool(keep) if isinstance(keep, bool) else None}
 
 
 _CONV_CALLS = (F.conv2d, torch.conv2d, F.conv1d, F.conv3d)

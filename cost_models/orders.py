@@ -22,6 +22,8 @@ Rules (:func:`output_order`):
       flattened, are its channels);
     * the pieces of a cut (``x.split(w, dim=-1)``) keep the order of the value
       cut, and an item of them (``pieces[i]``) its piece's;
+    * a stack of values in one order holds a ``.`` at its new dimension, and a
+      reduction (``x.sum(1)``) drops the dimensions it reduces (:func:`reduced`);
     * layers that compute per element or along the last dimension only —
       activations, dropout, adds, products, identity, a LayerNorm or a linear
       layer — keep the order of their first 4-D input, and a concatenation
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 __all__ = ["NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
-           "reshaped"]
+           "reduced", "reshaped", "stacked"]
 
 NCHW = "nchw"
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
@@ -76,6 +78,24 @@ def piece_order(attrs: dict[str, Any], source: tuple[str, Sequence[int]] | None,
     order = source[0]
     kept = all(len(shape) == len(order) for shape in shapes)
     return order if kept and order != default_order(len(order)) else ""
+
+
+def stacked(order: str, dim: int, rank: int) -> str:
+    """The order of ``torch.stack`` of values in ``order`` along a new dimension ``dim`` (not before the samples):
+    a ``.`` there (skresnet's and resnest's branches); ``""`` when ``dim`` is 0."""
+    dim = dim % rank if rank else 0
+    return order[:dim] + "." + order[dim:] if 0 < dim and rank == len(order) + 1 else ""
+
+
+def reduced(order: str, dims: Sequence[int], keepdim: bool) -> str:
+    """The order of a reduction of a value in ``order`` over ``dims``: those dimensions gone (``.`` when kept); a
+    single ``.`` left among the samples, rows and columns is the channels (the radix sum of a split attention)."""
+    rank = len(order)
+    gone = {dim % rank for dim in dims} if rank else set()
+    result = "".join("." if i in gone else axis for i, axis in enumerate(order) if keepdim or i not in gone)
+    if len(result) == 4 and result.count(".") == 1 and set(result) == {"n", "h", "w", "."}:
+        result = result.replace(".", "c")
+    return result if {"h", "w"} & set(result) else ""
 
 
 def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | None:

@@ -45,7 +45,7 @@ from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models._held import held_together
 from cost_models.layer_kinds import TF_SAME, KindInfo, classify, tf_same_pads
-from cost_models.orders import default_order, output_order, piece_order
+from cost_models.orders import default_order, output_order, piece_order, reduced, stacked
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
 
@@ -386,6 +386,13 @@ def _with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph
                    if order and all(isinstance(extent, int) for extent in shape)), None)
     if info.kind == "cat" and len(set(input_orders)) > 1:
         source = None  # a concatenation of values in several orders is in PyTorch's
+    if len(meta) == 1 and source and ("stack_dim" in info.attrs or info.attrs.get("keepdim") is not None):
+        order = _stacked_or_reduced(info.attrs, input_orders, source[0], len(meta[0][0]))
+        orders[node.name] = order
+        extra = {"order": order} if order else {}  # recorded even when the default: the predicate reads it
+        extra.update({"input_orders": input_orders} if any(o != default_order(len(s)) for o, s in
+                                                          zip(input_orders, shapes)) else {})
+        return replace(info, attrs={**info.attrs, **extra}) if extra else info
     if len(meta) > 1:  # a tuple of tensors: the pieces of a cut keep the order of the value cut
         order = piece_order(info.attrs, source, [piece[0] for piece in meta])
         orders[node.name] = order
@@ -399,6 +406,13 @@ def _with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph
     if any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):
         extra["input_orders"] = input_orders
     return replace(info, attrs={**info.attrs, **extra}) if extra else info
+
+
+def _stacked_or_reduced(attrs: dict[str, Any], input_orders: list[str], order: str, rank: int) -> str:
+    if "stack_dim" in attrs:
+        return stacked(order, attrs["stack_dim"], rank) if len(set(input_orders)) == 1 else ""
+    made = reduced(order, attrs["reduces"], bool(attrs["keepdim"]))
+    return made if len(made) == rank else ""
 
 
 def _record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:

@@ -29,7 +29,7 @@ from runtime_check import step_cases
 SEED = 5
 SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),),
           "groups": ((4, 3, 8, 8),), "shufflenet": ((4, 3, 64, 64),), "std": ((4, 3, 12, 12),),
-          "tf_same": ((4, 3, 13, 15),)}
+          "tf_same": ((4, 3, 13, 15),), "selective": ((4, 3, 8, 8),)}
 
 
 class ResBlock(nn.Module):
@@ -143,6 +143,26 @@ class TensorFlowSame(nn.Module):
         return self.average(self.depthwise(F.silu(x))).mean(dim=(2, 3))
 
 
+class SelectiveKernels(nn.Module):
+    """Selective kernels (skresnet) and split attention (resnest): branches stacked along a new dimension 1 or a
+    reshape to ``(N, radix, C, H, W)``, attention over the radix from a pooled sum, the branches weighed and
+    summed over dimension 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.small, self.large = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=2, dilation=2)
+        self.select, self.split, self.head = nn.Conv2d(4, 8, 1), nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(4, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem(x))
+        paths = torch.stack([self.small(x), self.large(x)], dim=1)  # (N, 2, C, H, W)
+        attention = self.select(paths.sum(dim=1).mean((2, 3), keepdim=True)).view(x.shape[0], 2, 4, 1, 1)
+        x = (paths * attention.softmax(dim=1)).sum(dim=1)
+        radix = self.split(x).reshape(x.shape[0], 2, 4, x.shape[2], x.shape[3])  # resnest's
+        return self.head(radix.sum(dim=1) + radix.amax(dim=1, keepdim=True)[:, 0]).mean(dim=(2, 3))
+
+
 def _efficientnet() -> nn.Module:
     from torchvision.models.efficientnet import _efficientnet_conf, EfficientNet
 
@@ -157,7 +177,8 @@ def _shufflenet() -> nn.Module:
 
 
 MODELS = {"diffusion": DiffusionUNet, "shuffle": Shuffles, "efficientnet": _efficientnet, "groups": GroupNorms,
-          "shufflenet": _shufflenet, "std": StandardisedConvs, "tf_same": TensorFlowSame}
+          "shufflenet": _shufflenet, "std": StandardisedConvs, "tf_same": TensorFlowSame,
+          "selective": SelectiveKernels}
 
 
 def _model(name: str) -> nn.Module:
@@ -201,6 +222,18 @@ def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str,
     return step_cases(cases, world, _model, _shapes, seed=SEED)
 
 
+def test_stacks_and_reductions_over_unsplit_dimensions_keep_every_split() -> None:
+    graph = _graph("selective")
+    names = ("stack", "sum_1", "mul", "sum_2", "sum_3", "amax")
+    orders = [graph.nodes[name]["attrs"].get("order") for name in names]
+    assert orders == ["n.chw", "nchw", "n.chw", "nchw", "nchw", "n..hw"]
+    for layout in ("h2", "w2", "h2·w2", "n2·h2", "c2"):
+        refused = {name: why for name in names if (why := layer_refusal(graph.nodes[name], Layout.parse(layout)))}
+        assert not refused if layout != "c2" else set(refused) == {"sum_3", "amax"}, (layout, refused)
+    assert "reduces dimensions holding the h axis" in layer_refusal(
+        {**graph.nodes["sum_1"], "attrs": {**graph.nodes["sum_1"]["attrs"], "reduces": [3]}}, Layout.parse("h2"))
+
+
 def test_tensorflow_same_convolutions_are_convolutions_with_the_traced_pads() -> None:
     graph = _graph("tf_same")
     assert [graph.nodes[name]["attrs"]["pads"] for name in ("down", "wide", "depthwise")] == \
@@ -233,6 +266,8 @@ def test_modern_blocks_equal_the_unsplit_model_on_two_ranks() -> None:
     for layout in ("h2", "w2", "c2"):
         assert results[f"shuffle {layout}"]["shuffle"] == layout
     assert results["diffusion h2"]["block1_norm1"] == "h2" and results["diffusion w2"]["block2_drop"] == "w2"
+    assert all(results[f"selective {layout}"][name] == layout for layout in ("h2", "w2")
+               for name in ("stack", "sum_1", "mul", "sum_2", "sum_3", "amax"))
     assert all(results[f"tf_same {layout}"][name] == layout for layout in ("h2", "w2", "c2")
                for name in ("down", "wide", "depthwise", "peak", "average"))
     assert [results["std h2"][name] for name in ("conv2d", "conv2d_1", "conv2d_2", "conv2d_3")] == \
