@@ -32,7 +32,6 @@ from dataclasses import replace
 from math import prod
 from typing import Any
 
-import networkx as nx
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,16 +43,14 @@ from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models._held import held_together
-from cost_models.layer_kinds import TF_SAME, KindInfo, classify, tf_same_pads
-from cost_models.orders import default_order, output_order, piece_order, reduced, stacked
+from cost_models._traced_attrs import TensorMeta, shape_attrs, with_orders
+from cost_models.layer_kinds import TF_SAME, KindInfo, classify
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
 
 MAX_AUTOMATIC_LEAVES = 64
 """The most modules one trace keeps opaque automatically before it gives up."""
 
-# node name -> list of (shape, itemsize) for each tensor it produced; None for non-tensor results.
-TensorMeta = list[tuple[tuple[int, ...], int]]
 
 
 def build_layer_graph(
@@ -370,49 +367,11 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
             if counted.get(node.name):
                 per_output = counted[node.name] / prod(metas[node.name][0][0])  # type: ignore[index]
                 info = replace(info, attrs={**info.attrs, "flops_per_output": per_output})
-            info = _with_orders(node, info, metas[node.name], graph, orders)  # type: ignore[arg-type]
+            info = with_orders(node, info, metas[node.name], graph, orders)  # type: ignore[arg-type]
             _add_layer(graph, gm, node, info, metas[node.name], seen_params)  # type: ignore[arg-type]
     graph.graph["held_together"] = held_together(gm, graph)
     graph.graph["fingerprint"] = compute_fingerprint(graph)
     return graph
-
-
-def _with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph, orders: dict[str, str]) -> KindInfo:
-    """``info`` with the orders of its value and inputs where they are not the default (``cost_models.orders``)."""
-    inputs = [src.name for src in node.all_input_nodes if src.name in graph]
-    shapes = [graph.nodes[name]["output_shape"] for name in inputs]
-    input_orders = [orders.get(name, default_order(len(shape))) for name, shape in zip(inputs, shapes)]
-    source = next(((order, shape) for order, shape in zip(input_orders, shapes)
-                   if order and all(isinstance(extent, int) for extent in shape)), None)
-    if info.kind == "cat" and len(set(input_orders)) > 1:
-        source = None  # a concatenation of values in several orders is in PyTorch's
-    if len(meta) == 1 and source and ("stack_dim" in info.attrs or info.attrs.get("keepdim") is not None):
-        order = _stacked_or_reduced(info.attrs, input_orders, source[0], len(meta[0][0]))
-        orders[node.name] = order
-        extra = {"order": order} if order else {}  # recorded even when the default: the predicate reads it
-        extra.update({"input_orders": input_orders} if any(o != default_order(len(s)) for o, s in
-                                                          zip(input_orders, shapes)) else {})
-        return replace(info, attrs={**info.attrs, **extra}) if extra else info
-    if len(meta) > 1:  # a tuple of tensors: the pieces of a cut keep the order of the value cut
-        order = piece_order(info.attrs, source, [piece[0] for piece in meta])
-        orders[node.name] = order
-        return replace(info, attrs={**info.attrs, "piece_order": order}) if order else info
-    shape = meta[0][0]
-    held = [orders.get(name, "") for name, made in zip(inputs, shapes) if made and isinstance(made[0], list)]
-    order = held[0] if info.kind == "getitem" and held and len(held[0]) == len(shape) else \
-        output_order(node, info.kind, source, shape)
-    orders[node.name] = order
-    extra: dict[str, Any] = {"order": order} if order != default_order(len(shape)) else {}
-    if any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):
-        extra["input_orders"] = input_orders
-    return replace(info, attrs={**info.attrs, **extra}) if extra else info
-
-
-def _stacked_or_reduced(attrs: dict[str, Any], input_orders: list[str], order: str, rank: int) -> str:
-    if "stack_dim" in attrs:
-        return stacked(order, attrs["stack_dim"], rank) if len(set(input_orders)) == 1 else ""
-    made = reduced(order, attrs["reduces"], bool(attrs["keepdim"]))
-    return made if len(made) == rank else ""
 
 
 def _record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
@@ -434,12 +393,7 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, m
     weight = _weight_of(node, gm)
     has_weight = any(p.requires_grad for p in params)
     needs_input_grad = any(graph.nodes[src]["requires_grad"] for src in inputs)
-    attrs = dict(info.attrs)
-    if attrs.get("padding") == "tf_same":
-        attrs["pads"] = tf_same_pads(attrs, graph.nodes[inputs[0]]["output_shape"][2:])
-    if info.kind == "conv" and attrs.get("function_form"):
-        attrs.update(_function_conv_attrs(graph, inputs[1]) if len(inputs) > 1 else
-                     {"weight_from_batch": False} if weight is not None else {})
+    attrs = {**info.attrs, **shape_attrs(graph, info.kind, info.attrs, inputs, weight is not None)}
     if weight is not None and info.kind in ("conv", "conv_transpose", "linear"):
         attrs["weight_shape"] = list(weight)
         if info.kind != "linear":
@@ -461,16 +415,6 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, m
     )
     for src in dict.fromkeys(inputs):
         graph.add_edge(src, node.name, bytes=graph.nodes[src]["activation_bytes"], shape=graph.nodes[src]["output_shape"])
-
-
-def _function_conv_attrs(graph: LayerGraph, weight: str) -> dict[str, Any]:
-    """``F.conv2d(x, w, …)`` whose filters ``w`` a layer computes (a weight standardisation): their kernel size, and
-    whether they are computed from the batch (a dynamic convolution, split by sample only)."""
-    shape = graph.nodes[weight]["output_shape"]
-    if len(shape) != 4 or isinstance(shape[0], list):
-        return {}
-    from_batch = any(graph.nodes[name]["kind"] == "input" for name in nx.ancestors(graph, weight) | {weight})
-    return {"kernel_size": list(shape[2:]), "weight_from_batch": from_batch}
 
 
 def _parameters_of(node: Node, gm: GraphModule) -> list[nn.Parameter]:
