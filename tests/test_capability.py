@@ -166,7 +166,7 @@ def test_a_stack_ahead_of_the_samples_is_refused_under_a_sample_split() -> None:
     assert graph.nodes["stack"]["attrs"]["stack_dim"] == 0
     assert "ahead of the samples" in layer_refusal(graph.nodes["stack"], Layout(n=2))
     assert layer_refusal(graph.nodes["stack_1"], Layout(n=2)) is None
-    assert graph.nodes["sum_1"]["attrs"] == {"reduces": [0]}  # the stacked heads summed: not the samples' dim
+    assert graph.nodes["sum_1"]["attrs"] == {"reduces": [0], "keepdim": False}  # the stacked heads summed
     assert "reduces dimension 0" in layer_refusal(graph.nodes["sum_1"], Layout(n=2))
     assert layer_refusal(graph.nodes["sum_2"], Layout(n=2)) is None
 
