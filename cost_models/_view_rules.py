@@ -7,7 +7,7 @@ from math import prod
 from typing import Any, Mapping
 
 from cost_models.layout import Layout
-from cost_models.orders import KEEPING_KINDS, NCHW, default_order
+from cost_models.orders import KEEPING_KINDS, NCHW, default_order, reshaped
 from cost_models.redistribution import part_range
 
 __all__ = ["channel_view_refusal", "last_dim_refusal", "on_last_dims", "order_refusal", "permutes",
@@ -26,6 +26,10 @@ def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     channel shuffle's 5-D view) splits it by channel or space only when it permutes or reshapes it, or computes
     per element or along the last dimension, or concatenates, every such input in one order."""
     orders = layer.get("attrs", {}).get("input_orders")
+    unsampled = sorted({order for order in orders or [] if order and "n" not in order})
+    if layout.n > 1 and unsampled:  # dimension 0 merges the samples with more (B·heads): held whole, not split
+        return (f"it reads a value in the order {unsampled[0]}, which holds no sample axis to split under {layout}; "
+                f"split it by space or channel only")
     if not orders or layout.c * layout.h * layout.w == 1:
         return None
     ordered = {order for order in orders if order}
@@ -72,8 +76,8 @@ def reshape_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     value keeps every split axis in a dimension of the same extent (the leading and trailing dimensions it keeps:
     ``cost_models.orders.reshaped``)."""
     source, target = layer["input_shapes"][0], layer["output_shape"]
-    made = layer.get("attrs", {}).get("order") or default_order(len(target))
     read = _input_order(layer)
+    made = layer.get("attrs", {}).get("order") or (reshaped(read, source, target) if read else None) or ""
     for axis in (a for a in "hw" if getattr(layout, a) > 1):
         if axis in read and source[read.index(axis)] < getattr(layout, axis):
             name = "rows" if axis == "h" else "columns"

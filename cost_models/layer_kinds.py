@@ -398,9 +398,12 @@ def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:
             return dict(normalized.kwargs)
         if node.target in _CONV_CALLS:  # a builtin with overloads (padding a number or a string): fx cannot match
             return {**dict(zip(_CONV_ARGUMENTS, node.args)), **node.kwargs}
-    if node.op == "call_method" and str(node.target) in ("softmax", "log_softmax"):
-        return {"dim": node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")}
+    if node.op == "call_method" and str(node.target) in _METHOD_ARGUMENTS:  # x.flatten(-2): positional
+        return {**dict(zip(_METHOD_ARGUMENTS[str(node.target)], node.args[1:])), **node.kwargs}
     return dict(node.kwargs)
+
+
+_METHOD_ARGUMENTS = {"softmax": ("dim",), "log_softmax": ("dim",), "flatten": ("start_dim", "end_dim")}
 
 
 def _has_node(value: Any) -> bool:

@@ -318,3 +318,26 @@ def test_a_tuple_of_logits_has_no_height_to_split_and_adaptive_pooling_splits_by
     one_row = layer_refusal({**pool, "output_shape": [4, 8, 1, 1], "input_shapes": [[4, 8, 7, 7]]}, Layout(h=2))
     assert one_row and inherent(one_row)  # a global pool: its input's tiles are summed (runtime.spatial)
     assert inherent(layer_refusal(outputs, Layout(w=2)) or "")
+
+
+class _MergedSamples(nn.Module):
+    """Attention's bookkeeping: ``(B, C, H, W) → (B·heads, C/heads, H, W)`` merges the samples with the heads, and a
+    reshape of a channels-last value whose new sizes only happen to match its columns' extent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)                                        # (2, 4, 4, 8)
+        heads = y.reshape(4, 2, 4, 8).reshape(4, 2, 32)          # dimension 0: samples × heads
+        moved = y.permute(0, 3, 2, 1).reshape(4, 2, 4, 8)       # 'nwhc' (2, 8, 4, 4) → (4, 2, 4, 8)
+        return heads.flatten(1).sum() + moved.flatten(1).sum()
+
+
+def test_views_of_merged_samples_or_lost_axes_are_refused_and_method_arguments_are_read() -> None:
+    graph = trace(_MergedSamples(), (2, 3, 4, 8))
+    assert graph.nodes["reshape"]["attrs"]["order"] == "..hw"
+    assert "holds no sample axis" in layer_refusal(graph.nodes["reshape_1"], Layout(n=2))
+    assert "moves the split columns" in layer_refusal(graph.nodes["reshape_2"], Layout(w=2))
+    assert graph.nodes["flatten"]["attrs"]["start_dim"] == 1  # x.flatten(1): a positional argument
