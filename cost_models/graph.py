@@ -63,6 +63,12 @@ class LayerGraph(nx.DiGraph):
         """Layers other than the input placeholders."""
         return [name for name, data in self.nodes(data=True) if data["kind"] != "input"]
 
+    def batch_layers(self) -> set[str]:
+        """The layers computed from the model's inputs (the others compute from parameters and constants alone:
+        a weight standardisation, a positional table)."""
+        inputs = [name for name, data in self.nodes(data=True) if data["kind"] == "input"]
+        return set(inputs).union(*(nx.descendants(self, name) for name in inputs))
+
     @property
     def fingerprint(self) -> str:
         """The fingerprint stored at trace time (``sha256:…``)."""

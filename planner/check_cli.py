@@ -363,7 +363,7 @@ def split_summary(graph: Any, plan: Any, layout: Layout) -> dict[str, Any]:
     from cost_models.capability import layer_refusal
 
     names = graph.compute_layers()
-    batch = batch_layers(graph)
+    batch = graph.batch_layers()
     whole = []
     for name in names:
         if plan.layers[name].layout != layout:
@@ -372,15 +372,6 @@ def split_summary(graph: Any, plan: Any, layout: Layout) -> dict[str, Any]:
                 PARAMETERS_ONLY
             whole.append({"layer": name, "kind": node["kind"], "reason": reason, "cannot_split": cannot_split(reason)})
     return {"layers": len(names), "split": len(names) - len(whole), "whole": whole}
-
-
-def batch_layers(graph: Any) -> set[str]:
-    """The layers computed from the model's inputs (the others compute from parameters and constants alone: a
-    weight standardisation, a positional table)."""
-    import networkx as nx
-
-    inputs = [name for name in graph.nodes if graph.nodes[name]["kind"] == "input"]
-    return set(inputs).union(*(nx.descendants(graph, name) for name in inputs))
 
 
 def cannot_split(reason: str) -> bool:

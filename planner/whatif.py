@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
-from cost_models.profile import CommFit, Profile
+from cost_models.profile import Profile
 
 __all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_idle", "with_speedups"]
 

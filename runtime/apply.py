@@ -47,7 +47,6 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.fx import Node
 from torch.fx.node import map_aggregate
@@ -64,8 +63,7 @@ from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
 from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
-from runtime.layers import (HANDLERS, Site, functional_batch_norm, functional_conv, functional_group_norm,
-                            input_placement, refusal)
+from runtime.layers import HANDLERS, Site, functional_form, input_placement, refusal
 from runtime.outputs import is_container, output_loss
 from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
@@ -262,12 +260,9 @@ class DistributedModel(DataHelpers, nn.Module):
         def fetch(index: int, placement: Placement) -> torch.Tensor:
             return self._fetch(env[inputs[index].name], placement)
 
-        if site.kind == "batchnorm" and site.module is None:
-            return self._wrap(site, self._functional_batch_norm(node, site, env))
-        if site.kind == "norm" and site.module is None and node.target is F.group_norm:
-            return self._wrap(site, self._functional_batch_norm(node, site, env, functional_group_norm))
-        if site.kind == "conv" and site.module is None and site.spatial_split:
-            return self._wrap(site, self._functional_batch_norm(node, site, env, functional_conv))
+        call = functional_form(site, node.target)
+        if call is not None:
+            return self._wrap(site, self._functional_call(node, site, env, call))
         handler = HANDLERS.get(site.kind)
         out = handler(site, fetch) if handler is not None else None
         if out is None:
@@ -315,8 +310,8 @@ class DistributedModel(DataHelpers, nn.Module):
             return Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
         return self._wrap(site, self._fetch(Value(out, placement, site.layer["output_shape"]), site.placement))
 
-    def _functional_batch_norm(self, node: Node, site: Site, env: dict[str, Any],
-                               form: Callable[..., torch.Tensor | None] = functional_batch_norm) -> torch.Tensor:
+    def _functional_call(self, node: Node, site: Site, env: dict[str, Any],
+                         form: Callable[..., torch.Tensor | None]) -> torch.Tensor:
         """``F.batch_norm`` (``F.group_norm``, ``F.conv2d``: ``form``) in the program: its statistics over the
         group (``runtime.layers``), its other arguments (filters) whole."""
         split = [n.name for n in node.all_input_nodes[1:] if isinstance(env[n.name], Value)]

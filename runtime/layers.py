@@ -46,8 +46,8 @@ from runtime import borders, norm, resample, spatial
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
 
-__all__ = ["HANDLERS", "Site", "functional_batch_norm", "functional_group_norm", "input_placement", "read_placement",
-           "refusal"]
+__all__ = ["HANDLERS", "Site", "functional_batch_norm", "functional_conv", "functional_form", "functional_group_norm",
+           "input_placement", "read_placement", "refusal"]
 
 DENSE = frozenset({"conv", "conv_transpose", "linear"})
 
@@ -225,6 +225,18 @@ def functional_group_norm(site: Site, args: Any, kwargs: Any) -> torch.Tensor | 
     values = call.arguments
     return _tiled_group_norm(site, values["input"], values["num_groups"], values["weight"], values["bias"],
                              values["eps"])
+
+
+def functional_form(site: Site, target: Any) -> Callable[[Site, Any, Any], torch.Tensor | None] | None:
+    """The distributed form of a function call the program makes (``F.batch_norm``, ``F.group_norm``, a spatially
+    split ``F.conv2d``), or ``None`` when the call runs as written on the local boxes."""
+    if site.module is not None:
+        return None
+    if site.kind == "batchnorm":
+        return functional_batch_norm
+    if site.kind == "norm" and target is F.group_norm:
+        return functional_group_norm
+    return functional_conv if site.kind == "conv" and site.spatial_split else None
 
 
 _CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")

@@ -342,14 +342,13 @@ def _operand_refusal(node: Node, graph: Any, layout: Layout, constants: Collecti
                      whole_shape: Callable[[Node], Sequence[int] | None]) -> list[str]:
     """A layer that is not element-wise reads a whole parameter or constant: exact under a sample split only."""
     kind = graph.nodes[node.name]["kind"]
-    if layout.c * layout.h * layout.w == 1 or kind in ELEMENTWISE_KINDS or kind == "batchnorm":
+    if layout.c * layout.h * layout.w == 1 or kind in ELEMENTWISE_KINDS or kind == "batchnorm" or (
+            kind == "conv" and layout.c == 1):  # F.conv2d by space: whole filters (runtime.layers.functional_conv)
         return []  # F.batch_norm takes its per-channel tensors whole (runtime.layers.functional_batch_norm)
     if on_last_dims(graph.nodes[node.name]):
         return []  # F.layer_norm, F.linear: their weights span the last dimensions, whole in every box
     if kind == "norm" and graph.nodes[node.name]["attrs"].get("norm") == "GroupNorm":
         return []  # F.group_norm: its per-channel weight and bias cut to the box's channels (runtime.layers)
-    if kind == "conv" and layout.c == 1:
-        return []  # F.conv2d under a spatial split: its filters whole on every tile (runtime.layers.functional_conv)
     for source in node.all_input_nodes:
         shape = graph.nodes[source.name]["output_shape"] if source.name in constants else whole_shape(source)
         if shape is not None and _single(list(shape)) and _numel(shape) > 1:
