@@ -243,12 +243,11 @@ _CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "
 _CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 
 
-def functional_conv(site: Site, args: Any, kwargs: Any) -> torch.Tensor | None:
+def functional_conv(site: Site, args: Any, kwargs: Any) -> torch.Tensor:
     """``F.conv2d`` called by the program with filters computed from parameters (timm's ``StdConv2d``,
-    ``ScaledStdConv2d``) on this rank's tile: :func:`_conv`'s form with the call's own (whole) filters."""
+    ``ScaledStdConv2d``) on this rank's tile (:func:`functional_form`: a spatial split): :func:`_conv`'s form with
+    the call's own (whole) filters."""
     values = {**_CONV_DEFAULTS, **dict(zip(_CONV_ARGUMENTS, args)), **kwargs}
-    if not site.spatial_split:
-        return None  # the call as written
     x, weight, bias, stride, dilation = (values[k] for k in ("input", "weight", "bias", "stride", "dilation"))
     if isinstance(values["padding"], str):
         pads = (axis_pads(dict(site.layer["attrs"]), 0), axis_pads(dict(site.layer["attrs"]), 1))
