@@ -54,10 +54,9 @@ import platform
 import sys
 import time
 import warnings
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -65,49 +64,17 @@ if str(REPO) not in sys.path:  # run as a script, or imported by path in the ran
     sys.path.insert(0, str(REPO))
 
 from benchmarks.zoo_table import COLUMNS, ZOOS, checks_of, markdown  # noqa: E402 - after the path above
+from benchmarks.zoo_models import (MONAI_NETWORKS, ZooModel, first_line as _first_line,  # noqa: E402
+                                   monai_catalogue, monai_model, spec_of, timm_catalogue, timm_model,
+                                   torchvision_catalogue, torchvision_model)
 
 SIZES = (32, 64, 96, 128, 224)
 BATCH = 4
-MAX_PARAMS = 100_000_000
 CAP_S = 300.0
 FORMAT = "parplan.model-zoo/1"
 CATALOGUE = HERE.with_name("zoo_catalogue.json")
 """The models the rule chose, shipped so that a run need not count timm's parameters again (same versions)."""
 CATALOGUE_FORMAT = "parplan.model-zoo-catalogue/1"
-
-MONAI_NETWORKS: dict[str, dict[str, Any]] = {
-    "UNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "channels": (8, 16, 32), "strides": (2, 2),
-             "num_res_units": 1},
-    "BasicUNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "features": (8, 8, 16, 32, 64, 8)},
-    "BasicUNetPlusPlus": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "features": (8, 8, 16, 32, 64, 8)},
-    "AttentionUnet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "channels": (8, 16, 32),
-                      "strides": (2, 2)},
-    "SegResNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "init_filters": 8},
-    "SegResNetDS": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "init_filters": 8},
-    "DynUNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "kernel_size": (3, 3, 3),
-                "strides": (1, 2, 2), "upsample_kernel_size": (2, 2), "filters": (8, 16, 32)},
-    "HighResNet": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2},
-    "DenseNet121": {"spatial_dims": 2, "in_channels": 3, "out_channels": 10},
-    "UNETR": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "img_size": (32, 32), "feature_size": 8,
-              "hidden_size": 96, "mlp_dim": 192, "num_heads": 4},
-    "SwinUNETR": {"spatial_dims": 2, "in_channels": 3, "out_channels": 2, "feature_size": 12,
-                  "depths": (1, 1, 1, 1)},
-}
-"""MONAI's 2-D networks and the small configuration each is built with."""
-
-
-@dataclass(frozen=True)
-class ZooModel:
-    """One model of a zoo: how to build it (``spec``), its size, and why it is skipped (``skip``) if it is."""
-
-    zoo: str
-    name: str
-    spec: str
-    params: int | None
-    family: str = ""
-    config: str = ""
-    skip: str = ""
-
 
 # ----------------------------------------------------------------------------------------------- factories
 def __getattr__(name: str) -> Callable[[], Any]:
@@ -123,142 +90,6 @@ def __getattr__(name: str) -> Callable[[], Any]:
     if zoo == "torchvision" and rest:
         return lambda: torchvision_model(rest)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def torchvision_model(name: str) -> Any:
-    """torchvision's ``name`` with random weights, a segmentation model's backbone too (``torchvision:NAME``
-    would download the backbone's ImageNet weights)."""
-    from torchvision import models
-
-    return models.get_model(name, weights=None, weights_backbone=None)
-
-
-def timm_model(name: str, side: int = 0) -> Any:
-    """timm's ``name`` with random weights, built for ``side``×``side`` inputs when ``side`` (``img_size``)."""
-    import timm
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return timm.create_model(name, pretrained=False, **({"img_size": side} if side else {}))
-
-
-def monai_model(name: str) -> Any:
-    """MONAI's network ``name`` in its ``MONAI_NETWORKS`` configuration."""
-    from monai.networks import nets
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return getattr(nets, name)(**MONAI_NETWORKS[name])
-
-
-def spec_of(factory: str) -> str:
-    """The MODEL spec of one of this file's factories (an absolute path: ranks import the file by it)."""
-    return f"{HERE}:{factory}"
-
-
-# ----------------------------------------------------------------------------------------------- catalogue
-def meta_params(build: Callable[[], Any]) -> int:
-    """Parameters of the model ``build`` makes, built on the meta device (no memory, no initialisation cost).
-
-    A builder that computes with tensors (RegNet's widths) cannot run on meta; it runs on the CPU with each
-    parameter moved to meta as it is registered, so the weights are never held or initialised together.
-    """
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            with torch.device("meta"):
-                model = build()
-        except (NotImplementedError, RuntimeError):
-            with _parameters_on_meta():
-                model = build()
-    return sum(p.numel() for p in model.parameters())
-
-
-@contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    from torch import nn
-
-    original = nn.Module.register_parameter
-
-    def register(module: Any, name: str, param: Any) -> None:
-        if param is not None:
-            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
-        original(module, name, param)
-
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
-
-
-def torchvision_catalogue() -> list[ZooModel]:
-    import torchvision
-    from torchvision import models
-
-    classification = sorted(models.list_models(module=models))
-    names = classification + sorted(models.list_models(module=models.segmentation))
-    found = []
-    for name in names:
-        spec = f"torchvision:{name}" if name in classification else spec_of(f"torchvision__{name}")
-        try:
-            params = meta_params(lambda: torchvision_model(name) if name not in classification
-                                 else models.get_model(name, weights=None))
-        except Exception as err:
-            found.append(ZooModel("torchvision", name, spec, None,
-                                  skip=f"does not build: {type(err).__name__}: {_first_line(err)}"))
-            continue
-        found.append(ZooModel("torchvision", name, spec, params, skip=_too_large(params),
-                              config=f"torchvision {torchvision.__version__}"))
-    return found
-
-
-def timm_catalogue(progress: Callable[[str], None] = print) -> list[ZooModel]:
-    """Per family the smallest model; counting all of ``timm.list_models()`` takes minutes (cached in --out)."""
-    import timm
-    from timm.models import model_entrypoint
-
-    families: dict[str, list[tuple[int, str]]] = {}
-    names = timm.list_models()
-    for index, name in enumerate(names):
-        if index % 200 == 0:
-            progress(f"counting timm parameters on the meta device: {index}/{len(names)}")
-        family = model_entrypoint(name).__module__.rsplit(".", 1)[-1]
-        try:
-            families.setdefault(family, []).append((meta_params(lambda: timm_model(name)), name))
-        except Exception as err:  # a model that does not build on meta: counted as not buildable
-            families.setdefault(family, []).append((-1, f"{name}\0{type(err).__name__}: {err}"))
-    chosen = []
-    for family, members in sorted(families.items()):
-        built = sorted(m for m in members if m[0] >= 0)
-        if not built:
-            name, _, error = members[0][1].partition("\0")
-            chosen.append(ZooModel("timm", name, "", None, family, skip=f"does not build: {error[:120]}"))
-            continue
-        params, name = built[0]
-        chosen.append(ZooModel("timm", name, "", params, family, skip=_too_large(params),
-                               config=f"smallest of {len(members)} in timm.models.{family}"))
-    return chosen
-
-
-def monai_catalogue() -> list[ZooModel]:
-    found = []
-    for name, config in MONAI_NETWORKS.items():
-        text = ", ".join(f"{key}={value}" for key, value in config.items())
-        try:
-            params = meta_params(lambda: monai_model(name))
-        except Exception as err:
-            found.append(ZooModel("monai", name, "", None, config=text,
-                                  skip=f"does not build: {type(err).__name__}: {_first_line(err)}"))
-            continue
-        found.append(ZooModel("monai", name, spec_of(f"monai__{name}"), params, config=text, skip=_too_large(params)))
-    return found
-
-
-def _too_large(params: int) -> str:
-    return f"{params / 1e6:.1f} M parameters > {MAX_PARAMS / 1e6:.0f} M" if params > MAX_PARAMS else ""
 
 
 # ----------------------------------------------------------------------------------------------- input side
@@ -547,11 +378,6 @@ def _progress_line(result: dict[str, Any]) -> str:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 # ----------------------------------------------------------------------------------------------- command line
