@@ -278,7 +278,8 @@ class DistributedModel(DataHelpers, nn.Module):
         if not split or (node.op == "call_function" and node.target is getattr) or (
                 node.op == "call_method" and node.target in _METADATA_METHODS):
             return _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
-        placements = {value.placement for value in split}
+        held = {value.placement for value in split if isinstance(value, Held)}  # cannot move: the call takes
+        placements = held or {value.placement for value in split}  # theirs, the tensors are fetched to it
         placement = next(iter(placements)) if len(placements) == 1 else Placement(Layout())
         if placement.layout.c * placement.layout.h * placement.layout.w > 1:
             placement = Placement(Layout())
