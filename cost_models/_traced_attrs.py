@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import networkx as nx
 
 from cost_models.layer_kinds import KindInfo, tf_same_pads
-from cost_models.orders import default_order, output_order, piece_order, reduced, stacked
+from cost_models.orders import default_order, output_order, piece_order, reduced, stacked, unknown_order
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -54,17 +54,41 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
         return replace(info, attrs={**info.attrs, **extra}) if extra else info
     if len(meta) > 1:  # a tuple of tensors: the pieces of a cut keep the order of the value cut
         order = piece_order(info.attrs, source, [piece[0] for piece in meta])
+        if info.kind == "other" and source and "n" not in source[0]:  # an opaque call on merged samples (an LSTM)
+            order = "." * len(source[0])
         orders[node.name] = order
         return replace(info, attrs={**info.attrs, "piece_order": order}) if order else info
     shape = meta[0][0]
     held = [orders.get(name, "") for name, made in zip(inputs, shapes) if made and isinstance(made[0], list)]
     order = held[0] if info.kind == "getitem" and held and len(held[0]) == len(shape) else \
         output_order(node, info.kind, source, shape)
+    untraced = _untraced_source(node, graph, orders) if not inputs else None
+    if untraced is not None:  # the result of a call the trace did not shape (an LSTM's (out, (h, c))) on it
+        order = unknown_order(*untraced, shape)
     orders[node.name] = order
     extra: dict[str, Any] = {"order": order} if order != default_order(len(shape)) else {}
     if any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):
         extra["input_orders"] = input_orders
     return replace(info, attrs={**info.attrs, **extra}) if extra else info
+
+
+def _untraced_source(node: Node, graph: LayerGraph, orders: dict[str, str]) -> tuple[str, list[int]] | None:
+    """The order and shape of the first layer in a non-default order that ``node`` reads through calls the
+    LayerGraph does not hold (``None``: none)."""
+    seen, stack = set(), list(node.all_input_nodes)
+    while stack:
+        src = stack.pop()
+        if src.name in seen:
+            continue
+        seen.add(src.name)
+        if src.name not in graph:
+            stack.extend(src.all_input_nodes)
+            continue
+        shape = graph.nodes[src.name]["output_shape"]
+        order = orders.get(src.name, default_order(len(shape)))
+        if order != default_order(len(shape)) and all(isinstance(extent, int) for extent in shape):
+            return order, shape
+    return None
 
 
 def _stacked_or_reduced(attrs: dict[str, Any], input_orders: list[str], order: str, rank: int) -> str:

@@ -101,10 +101,9 @@ def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     along them."""
     attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
     count = len(attrs.get("normalized_shape") or [0]) if layer["kind"] == "norm" else 1
-    if len(shape) == 4:
-        order = (attrs.get("input_orders") or [NCHW])[0]
-    else:
-        order = "n" + "c" * (len(shape) - 1)  # other than 4-D: features (c) after the samples
+    order = (attrs.get("input_orders") or [""])[0]
+    if len(order) != len(shape):  # no order of its own: nchw when 4-D, else features (c) after the samples
+        order = NCHW if len(shape) == 4 else "n" + "c" * (len(shape) - 1)
     split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis, 1) > 1})
     if layer["kind"] == "linear" and split == ["c"] and len(shape) == 4:
         if attrs.get("function_form"):

@@ -28,6 +28,9 @@ Rules (:func:`output_order`):
       activations, dropout, adds, products, identity, a LayerNorm or a linear
       layer — keep the order of their first 4-D input, and a concatenation
       the order of its inputs when they share one;
+    * an opaque layer (kind ``other``) reading a value in another order makes
+      ``n...`` (:func:`unknown_order`): its samples, nothing else named — and
+      so do the layers computing on that (a reshape keeps it unnamed);
     * every other layer makes ``nchw``: what it computes, in PyTorch's layout
       (and the predicate splits it by channel or space only when its inputs
       are ``nchw`` too).
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 __all__ = ["NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
-           "reduced", "reshaped", "stacked"]
+           "reduced", "reshaped", "stacked", "unknown_order", "unnamed"]
 
 NCHW = "nchw"
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
@@ -64,8 +67,29 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
     if perm is not None and len(perm) == rank:
         return "".join(order[d] for d in perm)
     if kind == "view" and list(source_shape) != list(shape):
-        return reshaped(order, source_shape, shape) or default_order(rank)
+        made = reshaped(order, source_shape, shape)
+        return made or (unknown_order(order, source_shape, shape) if unnamed(order) else default_order(rank))
+    if kind == "other" and order != default_order(len(order)):
+        return unknown_order(order, source_shape, shape)
     return order if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank else default_order(rank)
+
+
+def unnamed(order: str) -> str:
+    """Whether ``order`` names no axis but the samples (``n...``: what an opaque layer made, :func:`unknown_order`)."""
+    return bool(order) and set(order) <= {"n", "."}
+
+
+def unknown_order(order: str, source: Sequence[int], shape: Sequence[int]) -> str:
+    """The order of what an opaque layer (kind ``other``) makes of a value in a non-default ``order``: nothing says
+    which axis its dimensions hold (torchvision's Swin pads and merges an ``nhwc`` value in one untraced call and
+    returns ``nhwc``; another call could return ``nchw``), so only its samples stay named, where the call keeps
+    them first (``n...``; ``""`` for a result other than 4-D: its features, flattened, are its channels), and a
+    4-D result is never taken for ``nchw``. A value whose order holds no sample axis makes one with none (``...``)."""
+    rank = len(shape)
+    samples = order[:1] == "n" and len(source) > 0 and rank > 0 and source[0] == shape[0]
+    if samples:
+        return "n" + "." * (rank - 1) if rank == 4 else default_order(rank)
+    return "." * rank  # dimension 0 merged the samples with more (B·W rows into an LSTM): no sample axis
 
 
 def piece_order(attrs: dict[str, Any], source: tuple[str, Sequence[int]] | None,
@@ -95,7 +119,7 @@ def reduced(order: str, dims: Sequence[int], keepdim: bool) -> str:
     result = "".join("." if i in gone else axis for i, axis in enumerate(order) if keepdim or i not in gone)
     if len(result) == 4 and result.count(".") == 1 and set(result) == {"n", "h", "w", "."}:
         result = result.replace(".", "c")
-    return result if {"h", "w"} & set(result) else ""
+    return result if {"h", "w"} & set(result) or unnamed(order) else ""
 
 
 def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | None:
