@@ -395,8 +395,8 @@ class DistributedModel(DataHelpers, nn.Module):
 
     def _pools_tiles(self, site: Site, value: Any) -> bool:
         out = site.layer["output_shape"]
-        return (isinstance(value, Value) and len(out) == 4 and out[2:] == [1, 1]
-                and (value.placement.keeps("h") or value.placement.keeps("w")))
+        return (isinstance(value, Value) and len(out) == 4 and out[2:] == [1, 1] and value.placement.order == "nchw"
+                and (value.placement.keeps("h") or value.placement.keeps("w")))  # tiles' sums over dims 2 and 3
 
     def _global_pool(self, site: Site, value: Value) -> Value:
         from runtime.spatial import global_avg_pool2d

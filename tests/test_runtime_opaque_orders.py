@@ -6,6 +6,8 @@ The full model-zoo run at ec0af21 found three plans the predicate admitted and t
   ``nhwc`` value was taken to return ``nchw``, so the channels were cut as if they were columns;
 * timm's Hiera and PVT-v2 under ``w2``: a LayerNorm over the last dimension of a 3-D value whose order puts
   the columns there was admitted (the rule read 3-D values as ``n`` + channels, ignoring their order);
+* torchvision's MaxViT under ``w2``: a global average pool of a value whose split columns are its dimension 1
+  summed its tiles over dimensions 2 and 3, as for ``nchw``;
 * timm's Sequencer under ``n2``: an LSTM run on ``B·W`` rows (a value with no sample axis) returned a tuple the
   trace does not shape, whose items were taken to hold the samples first.
 
@@ -89,8 +91,21 @@ class SequencerLike(nn.Module):
         return self.head(v.mean((1, 2)))
 
 
-BUILDS = {"swin": SwinLike, "tokens": TokensLike, "sequencer": SequencerLike}
-LAYOUTS = {"swin": "w2", "tokens": "w2", "sequencer": "n2"}
+class ColumnsFirst(nn.Module):
+    """A global average pool of a value whose columns are its dimension 1 (MaxViT's last grid block reshaped)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(self.embed(x).permute(0, 3, 1, 2))  # nwch: the columns first
+        return self.head(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+BUILDS = {"swin": SwinLike, "tokens": TokensLike, "sequencer": SequencerLike, "columns": ColumnsFirst}
+LAYOUTS = {"swin": "w2", "tokens": "w2", "sequencer": "n2", "columns": "w2"}
 
 
 def _build(name: str) -> Any:
@@ -113,6 +128,8 @@ def test_an_untraced_call_on_an_ordered_value_names_only_its_samples() -> None:
     assert sequencer.nodes["getitem_4"]["attrs"]["order"] == "..."  # the LSTM's rows merge samples and columns
     assert "no n axis to split" in layer_refusal(sequencer.nodes["getitem_4"], Layout(n=2))
     assert "holds no sample axis" in layer_refusal(sequencer.nodes["mean"], Layout(n=2))
+    columns = trace(ColumnsFirst(), SHAPE)
+    assert columns.nodes["gelu"]["attrs"]["order"] == "nwch"
 
 
 def _case(rank: int, world: int) -> dict[str, int]:
