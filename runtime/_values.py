@@ -11,8 +11,8 @@ import torch
 from cost_models.redistribution import Box
 from runtime.placement import Placement, box_extent
 
-__all__ = ["Held", "Value", "copies", "from4d", "geometry", "in_geometry", "local_shape", "same_boxes", "shape4",
-           "to4d"]
+__all__ = ["Held", "Value", "copies", "from4d", "geometry", "in_geometry", "local_shape", "reshape_and_cut",
+           "reshapes_whole", "same_boxes", "shape4", "to4d"]
 
 
 class Value:
@@ -92,3 +92,22 @@ def copies(shape: tuple[int, ...], placement: Placement, size: int, member: int)
 @lru_cache(maxsize=4096)
 def same_boxes(shape: tuple[int, ...], first: Placement, second: Placement, size: int) -> bool:
     return all(first.box(shape, q) == second.box(shape, q) for q in range(size))
+
+
+def reshapes_whole(source: Placement, source_shape: Sequence[int], placement: Placement, shape: Sequence[int]) -> bool:
+    """Whether a reshape of a value of ``source_shape`` held under ``source`` into a map of ``shape`` split by rows
+    or columns under ``placement`` reads a value holding none (tokens ``(N, C, H·W)``: the capability predicate's
+    reshape rule), whole on every rank but for its samples, which stay the map's."""
+    holds_space = source.holds(source_shape) and bool({"h", "w"} & set(source.order))
+    same_samples = placement.layout.n == 1 or int(source_shape[0]) == int(shape[0])
+    return (not holds_space and same_samples and placement.holds(shape)
+            and (placement.keeps("h") or placement.keeps("w")))
+
+
+def reshape_and_cut(tensor: torch.Tensor, shape: Sequence[int], placement: Placement, member: int) -> torch.Tensor:
+    """``tensor`` — whole but for its samples — reshaped into the whole map of global ``shape``, then cut to the
+    rows and columns of ``member``'s box under ``placement``."""
+    samples = Placement(placement.layout, placement.whole + "hw", placement.order)
+    whole = tensor.reshape(local_shape(shape, samples, member))
+    box = placement.box(tuple(int(extent) for extent in shape), member)
+    return whole[tuple(slice(*box[i]) if axis in "hw" else slice(None) for i, axis in enumerate(placement.order))]

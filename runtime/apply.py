@@ -57,7 +57,8 @@ from cost_models.layout import Layout
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime._data import DataHelpers
-from runtime._values import Held, Value, from4d, geometry, in_geometry, local_shape, same_boxes
+from runtime._values import (Held, Value, from4d, geometry, in_geometry, local_shape, reshape_and_cut,
+                             reshapes_whole, same_boxes)
 from runtime.failures import at, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
@@ -252,6 +253,11 @@ class DistributedModel(DataHelpers, nn.Module):
         form = view_form(node)
         if form in ("reshape", "expand") and not isinstance(env[node.all_input_nodes[0].name], Value):
             return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
+        read = env[node.all_input_nodes[0].name]
+        if form == "reshape" and isinstance(read, Value) and reshapes_whole(read.placement, read.shape, site.placement,
+                                                                             site.layer["output_shape"]):
+            source = self._operand(site, env, broadcast=False)(node.all_input_nodes[0])
+            return self._wrap(site, reshape_and_cut(source, site.layer["output_shape"], site.placement, self.member))
         if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
             args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
             extent = local_shape(site.layer["output_shape"], site.placement, self.member)

@@ -60,6 +60,7 @@ from torch.fx.node import map_aggregate
 
 from cost_models.capability import ANY_LAYOUT_KINDS, on_last_dims
 from cost_models.layout import Layout
+from runtime._values import reshapes_whole
 from runtime.placement import Placement, value_placement
 
 __all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "module_attribute", "nd_box",
@@ -408,6 +409,9 @@ def _view_refusal(node: Node, graph: Any, layout: Layout, size: int,
     if in_shape is None or not _single(out_shape) or not _single(list(in_shape)):
         return [f"'{node.name}' ({_label(node)}) under {layout}: the shape of its input is unknown"]
     made = value_placement(layout, graph.nodes[node.name])
+    if source.name in graph and reshapes_whole(value_placement(layout, graph.nodes[source.name]), in_shape, made,
+                                               out_shape):
+        return []  # tokens reshaped into the whole map on every rank, each cutting its box (runtime.apply)
     for member in range(size):
         out_box = nd_box(out_shape, made, member)
         in_box = (nd_box(in_shape, value_placement(layout, graph.nodes[source.name]), member) if source.name in graph
