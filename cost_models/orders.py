@@ -74,7 +74,7 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
     return order if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank else default_order(rank)
 
 
-def unnamed(order: str) -> str:
+def unnamed(order: str) -> bool:
     """Whether ``order`` names no axis but the samples (``n...``: what an opaque layer made, :func:`unknown_order`)."""
     return bool(order) and set(order) <= {"n", "."}
 

@@ -4,15 +4,18 @@ placement cuts boxes of (a 4-D or ordered value's own; any other value flattened
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+from torch import nn
+from torch.fx import Node
+from torch.fx.node import map_aggregate
 
 from cost_models.redistribution import Box
 from runtime.placement import Placement, box_extent
 
-__all__ = ["Held", "Value", "copies", "from4d", "geometry", "in_geometry", "local_shape", "reshape_and_cut",
-           "reshapes_whole", "same_boxes", "shape4", "to4d"]
+__all__ = ["Held", "Value", "call_node", "copies", "from4d", "geometry", "in_geometry", "local_shape", "plain",
+           "plain_args", "reshape_and_cut", "reshapes_whole", "resolve", "same_boxes", "shape4", "to4d"]
 
 
 class Value:
@@ -111,3 +114,32 @@ def reshape_and_cut(tensor: torch.Tensor, shape: Sequence[int], placement: Place
     whole = tensor.reshape(local_shape(shape, samples, member))
     box = placement.box(tuple(int(extent) for extent in shape), member)
     return whole[tuple(slice(*box[i]) if axis in "hw" else slice(None) for i, axis in enumerate(placement.order))]
+
+
+# --- reading values for the program's calls ------------------------------------------------------------------
+
+def plain(value: Any) -> Any:
+    if isinstance(value, Held):
+        return value.value
+    if isinstance(value, (tuple, list)) and any(isinstance(item, Value) for item in value):
+        return map_aggregate(value, plain)  # a container node's value (:func:`is_container`)
+    return value.tensor if isinstance(value, Value) else value
+
+
+def plain_args(args: Any, env: dict[str, Any]) -> Any:
+    return map_aggregate(args, lambda a: plain(env[a.name]) if isinstance(a, Node) else a)
+
+
+def resolve(node: Node, value_of: Callable[[Node], Any]) -> tuple[Any, Any]:
+    args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
+    kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
+    return args, kwargs
+
+
+def call_node(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:
+    if node.op == "call_module":
+        return model.get_submodule(str(node.target))(*args, **kwargs)
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)  # type: ignore[operator]
+    self_arg, *rest = args
+    return getattr(self_arg, str(node.target))(*rest, **kwargs)

@@ -49,7 +49,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.fx import Node
-from torch.fx.node import map_aggregate
 
 from cost_models.errors import PlanError
 from cost_models.graph import trace
@@ -57,8 +56,8 @@ from cost_models.layout import Layout
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime._data import DataHelpers
-from runtime._values import (Held, Value, from4d, geometry, in_geometry, local_shape, reshape_and_cut,
-                             reshapes_whole, same_boxes)
+from runtime._values import (Held, Value, call_node, from4d, geometry, in_geometry, local_shape, plain, plain_args,
+                             reshape_and_cut, reshapes_whole, resolve, same_boxes)
 from runtime.failures import at, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, blocks
@@ -209,7 +208,7 @@ class DistributedModel(DataHelpers, nn.Module):
             elif node.op == "get_attr":
                 env[node.name] = module_attribute(self.model, str(node.target))
             elif node.op == "output":
-                env["(output)"] = _plain_args(node.args[0], env)
+                env["(output)"] = plain_args(node.args[0], env)
             elif self.layer_ranges and node.name in self.plan.layers:
                 with torch.profiler.record_function(f"{LAYER_RANGE}{node.name}"), at(f"layer {node.name}"):
                     env[node.name] = self._run(node, env)
@@ -233,14 +232,14 @@ class DistributedModel(DataHelpers, nn.Module):
 
     def _run(self, node: Node, env: dict[str, Any]) -> Any:
         if is_container(node):  # a (named) tuple of layers' values: each stays where its layer put it
-            return _call(node, self.model, *_resolve(node, lambda n: env[n.name]))
+            return call_node(node, self.model, *resolve(node, lambda n: env[n.name]))
         site = self.sites.get(node.name)
         if site is None:  # not a tensor layer (x.device, a call returning (out, None), …)
             return self._untraced(node, env)
         if any(isinstance(env[n.name], Held) for n in node.all_input_nodes):
             return self._from_held(node, site, env)
         value = self._layer(node, site, env)
-        return _plain(value) if node.name in self.constants else value  # whole on every rank: a plain tensor
+        return plain(value) if node.name in self.constants else value  # whole on every rank: a plain tensor
 
     def _layer(self, node: Node, site: Site, env: dict[str, Any]) -> Any:
         op = self.random.get(node.name)
@@ -250,16 +249,15 @@ class DistributedModel(DataHelpers, nn.Module):
         inputs += [n for n in node.all_input_nodes if n not in inputs and isinstance(env[n.name], torch.Tensor)]
         if site.kind == "adaptive_avgpool" and self._pools_tiles(site, env[inputs[0].name]):
             return self._global_pool(site, env[inputs[0].name])
-        form = view_form(node)
-        if form in ("reshape", "expand") and not isinstance(env[node.all_input_nodes[0].name], Value):
+        form, read = view_form(node), env[node.all_input_nodes[0].name] if node.all_input_nodes else None
+        if form in ("reshape", "expand") and not isinstance(read, Value):
             return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
-        read = env[node.all_input_nodes[0].name]
         if form == "reshape" and isinstance(read, Value) and reshapes_whole(read.placement, read.shape, site.placement,
                                                                              site.layer["output_shape"]):
             source = self._operand(site, env, broadcast=False)(node.all_input_nodes[0])
             return self._wrap(site, reshape_and_cut(source, site.layer["output_shape"], site.placement, self.member))
         if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
-            args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
+            args, kwargs = resolve(node, self._operand(site, env, broadcast=False))
             extent = local_shape(site.layer["output_shape"], site.placement, self.member)
             return self._wrap(site, local_call(node, form, args, kwargs, extent))
 
@@ -272,7 +270,7 @@ class DistributedModel(DataHelpers, nn.Module):
         handler = HANDLERS.get(site.kind)
         out = handler(site, fetch) if handler is not None else None
         if out is None:
-            out = _call(node, self.model, *_resolve(node, self._operand(site, env, site.kind in ELEMENTWISE_KINDS)))
+            out = call_node(node, self.model, *resolve(node, self._operand(site, env, site.kind in ELEMENTWISE_KINDS)))
         return self._wrap(site, out)
 
     def _untraced(self, node: Node, env: dict[str, Any]) -> Any:
@@ -283,13 +281,13 @@ class DistributedModel(DataHelpers, nn.Module):
         split = [env[n.name] for n in node.all_input_nodes if isinstance(env[n.name], (Value, Held))]
         if not split or (node.op == "call_function" and node.target is getattr) or (
                 node.op == "call_method" and node.target in _METADATA_METHODS):
-            return _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
+            return call_node(node, self.model, *resolve(node, lambda n: plain(env[n.name])))
         held = {value.placement for value in split if isinstance(value, Held)}  # cannot move: the call takes
         placements = held or {value.placement for value in split}  # theirs, the tensors are fetched to it
         placement = next(iter(placements)) if len(placements) == 1 else Placement(Layout())
         if placement.layout.c * placement.layout.h * placement.layout.w > 1:
             placement = Placement(Layout())
-        return Held(_call(node, self.model, *_resolve(node, lambda n: self._held_input(node, env[n.name],
+        return Held(call_node(node, self.model, *resolve(node, lambda n: self._held_input(node, env[n.name],
                                                                                            placement))), placement)
 
     def _held_input(self, node: Node, value: Any, placement: Placement) -> Any:
@@ -298,7 +296,7 @@ class DistributedModel(DataHelpers, nn.Module):
         if isinstance(value, Held) and value.placement != placement:
             raise PlanError(f"'{node.name}' ({node.op} {node.target}) reads results of calls the trace did not shape "
                             f"computed under {value.placement} and {placement}; split their inputs alike")
-        return _plain(value)
+        return plain(value)
 
     def _from_held(self, node: Node, site: Site, env: dict[str, Any]) -> Any:
         """A layer reading what an untraced call returned: computed in that placement, then moved to its own."""
@@ -306,13 +304,13 @@ class DistributedModel(DataHelpers, nn.Module):
         if site.kind in HANDLERS:
             raise PlanError(f"layer '{site.name}' ({site.kind}) reads what a call the trace did not shape returned; "
                             f"make that call return tensors only (or keep it inside a --leaf-module)")
-        args, kwargs = _resolve(node, lambda n: self._held_input(node, env[n.name], placement))
+        args, kwargs = resolve(node, lambda n: self._held_input(node, env[n.name], placement))
         form = view_form(node)
         if form is not None:  # sizes written in the call (mvitv2's x.reshape(B, H, W, C), H and W from its
             extent = local_shape(site.layer["output_shape"], placement, self.member)  # attention): this rank's
             return self._wrap(site, self._fetch(Value(local_call(node, form, args, kwargs, extent), placement,
                                                        site.layer["output_shape"]), site.placement))
-        out = _call(node, self.model, args, kwargs)
+        out = call_node(node, self.model, args, kwargs)
         if not isinstance(out, torch.Tensor):
             return Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
         return self._wrap(site, self._fetch(Value(out, placement, site.layer["output_shape"]), site.placement))
@@ -325,9 +323,9 @@ class DistributedModel(DataHelpers, nn.Module):
         if split and site.layout.ranks > 1:
             raise PlanError(f"layer '{site.name}' ({site.kind} function, {site.layout}) takes statistics, weight or "
                             f"bias computed from the batch ({', '.join(split)}); split it by neither sample nor space")
-        args, kwargs = _resolve(node, self._operand(site, env, broadcast=False))
+        args, kwargs = resolve(node, self._operand(site, env, broadcast=False))
         out = form(site, args, kwargs)
-        return out if out is not None else _call(node, self.model, args, kwargs)
+        return out if out is not None else call_node(node, self.model, args, kwargs)
 
     def _cut_whole(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
         """A view of a whole tensor with sizes from the batch's shapes: the whole view (the sizes are the unsplit
@@ -337,7 +335,7 @@ class DistributedModel(DataHelpers, nn.Module):
             dims = len(site.layer["output_shape"])
             raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}): its {dims}-D output cannot be split "
                             f"by channel; split it by sample only")
-        whole = _call(node, self.model, *_resolve(node, lambda n: _plain(env[n.name])))
+        whole = call_node(node, self.model, *resolve(node, lambda n: plain(env[n.name])))
         return whole[tuple(slice(start, stop) for start, stop in box)]
 
     def _operand(self, site: Site, env: dict[str, Any], broadcast: bool) -> Callable[[Node], Any]:
@@ -361,7 +359,7 @@ class DistributedModel(DataHelpers, nn.Module):
     def _draw(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
         """A random op's box of its output: keyed by the global indices of this rank's box, or switched off."""
         op, wanted = self.random[node.name], input_placement(site)
-        args, kwargs = _resolve(node, lambda n: self._fetch(env[n.name], wanted))
+        args, kwargs = resolve(node, lambda n: self._fetch(env[n.name], wanted))
         if not op.keyed:
             return switched_off(op, site.module, args, kwargs)
         shape = site.layer["output_shape"]
@@ -477,29 +475,3 @@ def _world_size() -> int:
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Held):
-        return value.value
-    if isinstance(value, (tuple, list)) and any(isinstance(item, Value) for item in value):
-        return map_aggregate(value, _plain)  # a container node's value (:func:`is_container`)
-    return value.tensor if isinstance(value, Value) else value
-
-
-def _plain_args(args: Any, env: dict[str, Any]) -> Any:
-    return map_aggregate(args, lambda a: _plain(env[a.name]) if isinstance(a, Node) else a)
-
-
-def _resolve(node: Node, value_of: Callable[[Node], Any]) -> tuple[Any, Any]:
-    args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
-    kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
-    return args, kwargs
-
-
-def _call(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:
-    if node.op == "call_module":
-        return model.get_submodule(str(node.target))(*args, **kwargs)
-    if node.op == "call_function":
-        return node.target(*args, **kwargs)  # type: ignore[operator]
-    self_arg, *rest = args
-    return getattr(self_arg, str(node.target))(*rest, **kwargs)

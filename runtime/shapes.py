@@ -328,7 +328,7 @@ def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layo
         if node.name in layouts and form is None:
             refused += _operand_refusal(node, graph, layouts[node.name], constants, whole_shape)
         if form in ("reshape", "expand") and node.name in layouts:  # sizes always localised: check the boxes
-            refused += _view_refusal(node, graph, layouts[node.name], size, whole_shape, constants)
+            refused += _view_refusal(node, graph, layouts[node.name], size, constants)
         if _key(node) in _MOVES and node.name in layouts:  # run on the local box as written: check the boxes
             refused += _moved_refusal(node, graph, layouts[node.name], size, exact)
         if form is not None or node.name in localised or not any(n.name in names for n in node.all_input_nodes):
@@ -397,25 +397,18 @@ def _ambiguity(node: Node, names: Collection[str], exact: Mapping[str, Any], loc
     return []
 
 
-def _view_refusal(node: Node, graph: Any, layout: Layout, size: int,
-                  whole_shape: Callable[[Node], Sequence[int] | None], constants: Collection[str]) -> list[str]:
+def _view_refusal(node: Node, graph: Any, layout: Layout, size: int, constants: Collection[str]) -> list[str]:
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
-    if source is None:
-        return []
-    if source.name not in graph or source.name in constants:
+    if source is None or source.name not in graph or source.name in constants:
         return []  # a view of a whole tensor: the runtime makes it whole and keeps its box
-    out_shape = graph.nodes[node.name]["output_shape"]
-    in_shape = graph.nodes[source.name]["output_shape"] if source.name in graph else whole_shape(source)
-    if in_shape is None or not _single(out_shape) or not _single(list(in_shape)):
+    out_shape, in_shape = graph.nodes[node.name]["output_shape"], graph.nodes[source.name]["output_shape"]
+    if not _single(out_shape) or not _single(list(in_shape)):
         return [f"'{node.name}' ({_label(node)}) under {layout}: the shape of its input is unknown"]
-    made = value_placement(layout, graph.nodes[node.name])
-    if source.name in graph and reshapes_whole(value_placement(layout, graph.nodes[source.name]), in_shape, made,
-                                               out_shape):
+    made, read = value_placement(layout, graph.nodes[node.name]), value_placement(layout, graph.nodes[source.name])
+    if reshapes_whole(read, in_shape, made, out_shape):
         return []  # tokens reshaped into the whole map on every rank, each cutting its box (runtime.apply)
     for member in range(size):
-        out_box = nd_box(out_shape, made, member)
-        in_box = (nd_box(in_shape, value_placement(layout, graph.nodes[source.name]), member) if source.name in graph
-                  else tuple((0, int(e)) for e in in_shape))
+        out_box, in_box = nd_box(out_shape, made, member), nd_box(in_shape, read, member)
         if in_box is None or out_box is None or not _consistent(node, in_shape, in_box, out_shape, out_box):
             return [f"'{node.name}' ({_label(node)} {tuple(in_shape)} → {tuple(out_shape)}) under {layout}: member "
                     f"{member}'s part of its input is not the part of its output it makes; give it a layout that "
