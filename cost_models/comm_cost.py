@@ -32,8 +32,11 @@ from cost_models.layout import Layout
 from cost_models.profile import Profile
 from cost_models.redistribution import rank_loads
 
-__all__ = ["MovePattern", "PATTERN_CASES", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "nested_mask",
-           "pattern_s", "patterned_s",
+GRADIENT_BUCKET_BYTES = 25 * 2**20
+"""Bytes of weight gradients one allreduce carries (DDP's default ``bucket_cap_mb=25``)."""
+
+__all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "nested_mask",
+           "gradient_allreduce_s", "pattern_s", "patterned_s",
            "redistribution_row_s", "redistribution_s", "sendrecv_coefficients"]
 
 
@@ -48,6 +51,13 @@ def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes
     inside = (profile.comm_time_s("reduce_scatter", "intra", local, nbytes)
               + profile.comm_time_s("allgather", "intra", local, nbytes))
     return inside + profile.comm_time_s("allreduce", "inter", nodes, nbytes / local)
+
+
+def gradient_allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes: float) -> float:
+    """Seconds of ``nbytes`` of weight gradients in the bucketed allreduce over ``ranks``: ``t(B)·nbytes/B``."""
+    if len(ranks) <= 1 or nbytes <= 0:
+        return 0.0
+    return allreduce_s(profile, cluster, ranks, GRADIENT_BUCKET_BYTES) * nbytes / GRADIENT_BUCKET_BYTES
 
 
 @lru_cache(maxsize=8192)

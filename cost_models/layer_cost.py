@@ -13,7 +13,9 @@ Assumptions (beyond those of the modules used):
       consecutive ranks, and the ``h·w`` group spans nodes only when it is
       larger than a node.
     * Weights split by ``c`` (filters of convolution/linear, channels of
-      batch-norm) are allreduced over the ``D/c`` ranks that hold the same slice.
+      batch-norm) are allreduced over the ``D/c`` ranks that hold the same slice,
+      in buckets shared with the other layers' gradients
+      (``comm_cost.gradient_allreduce_s``).
     * Batch-norm split by space sums its statistics over the ``h·w`` tiles of
       its samples (the runtime's default; statistics per group of samples, as
       data parallelism computes them): one allreduce of ``2·C`` float64 sums
@@ -37,7 +39,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import allreduce_s, halo_exchange_s
+from cost_models.comm_cost import allreduce_s, gradient_allreduce_s, halo_exchange_s
 from cost_models.errors import PlanError
 from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.halo import AxisHalo, axis_halos, halo_messages
@@ -182,7 +184,7 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
     if not layer.get("params"):
         return 0.0
     split = layout.c if layer["kind"] in DENSE_KINDS | {"batchnorm"} else 1
-    return allreduce_s(profile, cluster, _replica_group(layout, devices), layer["params"] * itemsize / split)
+    return gradient_allreduce_s(profile, cluster, _replica_group(layout, devices), layer["params"] * itemsize / split)
 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:

@@ -5,8 +5,9 @@ Every rank's backward leaves in ``.grad`` its *share* of the unsplit gradient
 gradient is the sum of the shares over the ranks holding that parameter: all
 ranks of the stage for an unsplit weight, the ranks with the same channel part
 for a filter slice (``runtime.groups``, kind ``"slice"``). Gradients of one
-group travel in one flat buffer per group (as DDP buckets them), groups in a
-fixed order on every rank.
+group travel in flat buffers of at most ``GRADIENT_BUCKET_BYTES`` (25 MiB,
+DDP's default bucket; a larger parameter goes alone) — the size
+``cost_models.comm_cost`` prices — groups in a fixed order on every rank.
 
 Synchronisation runs by itself at the end of each backward pass (a callback
 queued on the autograd engine by the first parameter whose gradient is
@@ -25,6 +26,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.autograd import Variable
 
+from cost_models.comm_cost import GRADIENT_BUCKET_BYTES
 from runtime.failures import exchange, in_backward
 from runtime.groups import GroupCache
 
@@ -59,15 +61,19 @@ class GradientSync:
             trainable = [p for p in params if p.requires_grad]
             if not trainable:
                 continue
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
-            flat = _flatten_dense_tensors(grads)
-            with exchange("the gradient allreduce", ranks, in_backward(self.where) if self.where else None):
-                dist.all_reduce(flat, group=self.cache.get(ranks))
-            for param, summed in zip(trainable, _unflatten_dense_tensors(flat, grads)):
-                if param.grad is None:
-                    param.grad = summed
-                else:
-                    param.grad.copy_(summed)
+            for bucket in _buckets(trainable):
+                self._sum(bucket, ranks)
+
+    def _sum(self, params: list[nn.Parameter], ranks: tuple[int, ...]) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = _flatten_dense_tensors(grads)
+        with exchange("the gradient allreduce", ranks, in_backward(self.where) if self.where else None):
+            dist.all_reduce(flat, group=self.cache.get(ranks))
+        for param, summed in zip(params, _unflatten_dense_tensors(flat, grads)):
+            if param.grad is None:
+                param.grad = summed
+            else:
+                param.grad.copy_(summed)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -86,3 +92,17 @@ class GradientSync:
     def _after_backward(self) -> None:
         self._queued = False
         self.sync()
+
+
+def _buckets(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """Consecutive runs of ``params`` of at most ``GRADIENT_BUCKET_BYTES`` each (a larger one alone)."""
+    found: list[list[nn.Parameter]] = [[]]
+    filled = 0
+    for param in params:
+        size = param.numel() * param.element_size()
+        if found[-1] and filled + size > GRADIENT_BUCKET_BYTES:
+            found.append([])
+            filled = 0
+        found[-1].append(param)
+        filled += size
+    return found

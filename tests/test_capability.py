@@ -276,7 +276,8 @@ class _FourWay(nn.Module):
 def test_a_layer_with_four_output_tensors_is_planned_not_read_as_a_shape() -> None:
     graph = trace(_FourWay(), (4, 3, 8, 8))
     plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), max_stages=2).plan
-    assert plan.layers["split"].layout == Layout()  # kept whole
+    assert layer_refusal(graph.nodes["split"], plan.layers["split"].layout) is None  # what the runtime runs
+    assert layer_refusal(graph.nodes["split"], Layout(c=2)) is not None  # the pieces cut the channels
     check_runnable(_FourWay(), plan, graph, verify=True)
 
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_models.cluster import Cluster, Link
+from cost_models.comm_cost import GRADIENT_BUCKET_BYTES
 from cost_models.errors import PlanError
 from cost_models.estimate import estimate
 from cost_models.graph import LayerGraph, compute_fingerprint
@@ -70,7 +71,8 @@ def test_sample_split_adds_an_allreduce_that_overlaps() -> None:
     overlapped = estimate(graph, plan_for(graph, 2, layouts), PROFILE)
     serial = estimate(graph, plan_for(graph, 2, layouts), PROFILE, overlap=False)
     weight_bytes = 16 * 16 * 9 * 4
-    ring = 2 * ALPHA + weight_bytes * BETA  # 2(p-1)α + 2(p-1)/p·n·β with p = 2
+    bucket = GRADIENT_BUCKET_BYTES  # the weight's share of one bucket's ring: 2(p-1)α + 2(p-1)/p·B·β with p = 2
+    ring = (2 * ALPHA + bucket * BETA) * weight_bytes / bucket
     assert overlapped.breakdown_s["allreduce"] == pytest.approx(ring)
     assert serial.iteration_s == pytest.approx(overlapped.breakdown_s["compute_fwd"]
                                                + overlapped.breakdown_s["compute_bwd"] + ring)
