@@ -14,7 +14,7 @@ Parameters are counted on the meta device (nothing allocated); larger models
 are listed as skipped with their count. Input: a batch of 4, float32, the
 smallest square side of ``SIZES`` that the model accepts in training mode (a
 real forward pass), else a timm model's own fixed side; a timm model that takes ``img_size`` is built for that
-side. Each model gets the checks of ``planner.check_cli.check_model`` (one
+side. Each model gets the checks of ``parplan.cli.check.check_model`` (one
 implementation, two front ends): trace; plan on 2 and 4 devices of one node
 (the default search of ``parplan plan``); ``--verify`` of each plan; ``--verify``
 under n2, h2, w2, c2 (2 ranks) and h2·w2 (4 ranks) — on persistent pools of
@@ -163,7 +163,7 @@ def code_commit() -> str:
 def run_model(entry: ZooModel, pools: Any, cap_s: float, on_check: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Every check of one model (``check_model``; ``on_check`` after each), as the results document's entry."""
     from cost_models.errors import InputError
-    from planner.check_cli import CheckRequest, check_model
+    from parplan.cli.check import CheckRequest, check_model
 
     started = time.perf_counter()
     side, spec, error = input_side(entry)

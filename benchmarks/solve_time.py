@@ -23,6 +23,7 @@ from cost_models.model_spec import load_model
 from planner.exact import solve_exact
 from planner.search import plan_model
 from planner.space import build_space
+from planner.settings import SearchSettings
 
 DEFAULT_CASES = ("torchvision:resnet50:64,3,2048,2048:64", "torchvision:resnet50:64,3,2048,2048:1024",
                  "torchvision:resnet50:64,3,2048,2048:4096", "torchvision:resnet152:64,3,2048,2048:1024")
@@ -39,7 +40,7 @@ def run_case(case: str, preset: str, max_stages: int) -> None:
     built = time.perf_counter()
     solution = solve_exact(space.table)
     solved = time.perf_counter()
-    result = plan_model(graph, profile, cluster, max_stages=max_stages)
+    result = plan_model(graph, profile, cluster, SearchSettings(max_stages=max_stages))
     baselines = ", ".join(f"{b.name} {b.estimate.iteration_s * 1e3:.2f} ms "
                           f"({b.estimate.iteration_s / result.estimate.iteration_s:.2f}×)" for b in result.baselines)
     print(f"{spec} {shape_text} on {devices} {preset}: {len(space.candidates)} decisions, "

@@ -1,6 +1,6 @@
 """The model-coverage suite's hard cap: a supervisor process that kills a worker stuck on one model.
 
-Each model's checks have their own timers (``planner.check_cli``: a SIGALRM
+Each model's checks have their own timers (``parplan.cli.check``: a SIGALRM
 deadline in this process, the rank pool's timeout for the ranks), but a timer
 cannot interrupt a long call into C (a forward pass of a huge model while
 tracing, a kernel under memory pressure). So the suite runs its models in a

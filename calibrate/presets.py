@@ -328,6 +328,7 @@ def _meta(key: str, preset: _Preset, dtype: str) -> dict[str, Any]:
         "note": "datasheet-derived, not measured",
         "preset": key,
         "device_name": preset.device_name,
+        "devices_per_node": preset.devices_per_node,
         "dtype": dtype,
         "compute_efficiency": COMPUTE_EFFICIENCY,
         "memory_efficiency": MEMORY_EFFICIENCY,

@@ -32,6 +32,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from cost_models.cluster import Cluster, Link
 from cost_models.collectives import comm_terms
 from cost_models.corrections import Corrections
 from cost_models.errors import InputError
@@ -182,6 +183,23 @@ class Profile:
             warnings.append(f"profile is for {recorded_dtype}, the model runs in {dtype}: times will be off; "
                             f"calibrate with --dtype {dtype}")
         return warnings
+
+    def cluster(self, devices: int, devices_per_node: int | None = None) -> Cluster:
+        """``devices`` devices of this profile's kind: links from its send/receive fits, its memory, its nodes.
+
+        ``devices_per_node`` defaults to the profile's (a preset's ``meta["devices_per_node"]``), else one node.
+
+        Raises:
+            InputError: A device count the Cluster rejects (says how to fix it).
+        """
+        links = []
+        for level in ("intra", "inter"):
+            small_s = self.comm_time_s("sendrecv", level, 2, 0)
+            large_s = self.comm_time_s("sendrecv", level, 2, 2**26)
+            links.append(Link(small_s, 2**26 / max(large_s - small_s, 1e-12)))
+        per_node = devices_per_node or self.meta.get("devices_per_node") or devices
+        return Cluster(devices, per_node, self.device.memory_bytes, links[0], links[1],
+                       self.meta.get("preset") or self.device.name)
 
     def compute_time_s(self, kind: str, phase: str, key: str, flops: float, nbytes: float) -> tuple[float, str]:
         """Seconds of one local problem and where they came from: ``measured`` or ``fitted``.

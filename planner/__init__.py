@@ -1,8 +1,8 @@
-"""Choosing how to split a model: cost tables, exact solvers, reports, and the ``parplan`` command.
+"""Choosing how to split a model: cost tables, exact solvers, the stage search, what-if sweeps, validation maths.
 
-Works on :class:`cost_models.graph.LayerGraph` and cost tables only; nothing
-here imports torch except the command line (``planner/cli.py``), which loads
-models lazily.
+Works on :class:`cost_models.graph.LayerGraph` and cost tables only: nothing
+here imports torch, ``runtime`` or ``calibrate``. The command line and the
+public API are the ``parplan`` package's.
 """
 
 from planner.brute_force import solve_brute_force
@@ -11,7 +11,6 @@ from planner.cost_table import CostTable, Solution
 from planner.elimination import solve_elimination
 from planner.exact import solve_exact
 from planner.ilp import available_solvers, solve_ilp
-from planner.report import format_bytes, format_count
 
-__all__ = ["CostTable", "Solution", "available_solvers", "format_bytes", "format_count", "solve_brute_force",
+__all__ = ["CostTable", "Solution", "available_solvers", "solve_brute_force",
            "solve_chain", "solve_elimination", "solve_exact", "solve_ilp"]

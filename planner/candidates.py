@@ -30,6 +30,7 @@ from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
 from planner.ilp import solve_ilp
 from planner.search import Baseline, assigned_plan, one_stage_plan, plan_model, priced
+from planner.settings import SearchSettings
 from planner.space import Space, build_space
 from planner.stages import search_pipelines
 
@@ -49,14 +50,14 @@ class Candidate:
     estimate: Estimate
 
 
-def validation_candidates(graph: Any, profile: Profile, cluster: Cluster, k: int, optimizer: str = "sgd",
-                          model_spec: str = "", solver: str = "cbc", max_stages: int = 4,
-                          min_difference: int | None = None, min_gap: float = 0.03,
+def validation_candidates(graph: Any, profile: Profile, cluster: Cluster, k: int, settings: SearchSettings, *,
+                          model_spec: str = "", min_difference: int | None = None, min_gap: float = 0.03,
                           refusal: Refusal | None = None,
                           shared_cores: float | None = None) -> tuple[list[Candidate], list[str]]:
     """Top ``k`` distinct plans, then the baselines not among them (module docstring), and what was left out.
 
     Args:
+        settings: The search's options, as ``parplan plan`` takes them (the planner's choice is made with them).
         min_gap: Relative distance of predicted times between any two top plans (plans closer than the
             measurement noise cannot be ranked by measuring them).
         refusal: Why the runtime cannot run a plan (``None`` when it can); refused plans are left out
@@ -67,14 +68,14 @@ def validation_candidates(graph: Any, profile: Profile, cluster: Cluster, k: int
     Raises:
         InputError: No plan fits in memory.
     """
-    chosen = plan_model(graph, profile, cluster, solver, optimizer=optimizer, model_spec=model_spec,
-                        max_stages=max_stages)
+    chosen = plan_model(graph, profile, cluster, settings, model_spec=model_spec)
+    optimizer = settings.optimizer
     space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes)
     difference = min_difference or max(1, round(len(space.table.layers) / 10))
     price = partial(_price, profile=profile, graph=graph, optimizer=optimizer, shared_cores=shared_cores)
-    pipelines = _pipelines(graph, profile, cluster, max_stages, optimizer, solver, model_spec, price)
+    pipelines = _pipelines(graph, profile, cluster, settings, model_spec, price)
     baselines = _baselines(graph, cluster, space, chosen.baselines, pipelines[:1], price)
-    pool = _k_best(graph, cluster, space, 2 * k, difference, model_spec, solver, price)
+    pool = _k_best(graph, cluster, space, 2 * k, difference, model_spec, settings.solver, price)
     pool += _uniform(graph, cluster, space, price) + pipelines + baselines
     left_out: list[str] = []
     runnable = [b for b in pool if _runs(b, refusal, left_out)]
@@ -124,17 +125,16 @@ def _k_best(graph: Any, cluster: Cluster, space: Space, count: int, difference: 
     return found
 
 
-def _pipelines(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, optimizer: str, solver: str,
-               model_spec: str, price: Price) -> list[Baseline]:
+def _pipelines(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str,
+               price: Price) -> list[Baseline]:
     """Every pipeline plan of the stage search that fits, fastest first."""
-    if max_stages < 2 or cluster.devices < 2:
+    if settings.max_stages < 2 or cluster.devices < 2:
         return []
 
     def make(assignments: Mapping[str, LayerAssignment], pipeline: Pipeline, info: SolverInfo) -> Plan:
         return assigned_plan(graph, cluster, assignments, pipeline, info, model_spec)
 
-    searched = search_pipelines(graph, profile, cluster, make, max_stages, "auto", None, optimizer, solver,
-                                prune=False)
+    searched = search_pipelines(graph, profile, cluster, make, settings, prune=False)
     fitting = sorted((c for c in searched.candidates if c.fits), key=lambda c: c.estimate.iteration_s)
     priced_plans = [price(f"pipeline ({c.plan.pipeline.stages} stages, {c.plan.pipeline.schedule})", c.plan)
                     for c in fitting]

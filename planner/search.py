@@ -32,6 +32,7 @@ from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, Solver
 from cost_models.profile import Profile
 from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
+from planner.settings import SearchSettings
 from planner.space import Space, build_space
 from planner.stages import search_pipelines
 
@@ -73,14 +74,18 @@ class PlanResult:
     skipped_configurations: int  # pipeline configurations whose lower bound could not beat the best plan
 
 
-def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cbc", time_limit_s: float | None = None,
-               optimizer: str = "sgd", model_spec: str = "", max_stages: int = 1, schedule: str = "auto",
-               max_staleness: int | None = None) -> PlanResult:
+def plan_model(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, *,
+               model_spec: str = "") -> PlanResult:
     """The least predicted time plan for ``graph`` on ``cluster`` (see the module docstring).
+
+    Args:
+        settings: How to search: stages, schedule, staleness, solver, optimizer.
+        model_spec: How to rebuild the model, recorded in the plan (``torchvision:resnet50``).
 
     Raises:
         InputError: No plan fits in memory (with how much is missing) or a layer cannot be placed.
     """
+    optimizer = settings.optimizer
     started = time.perf_counter()
     memo = _memo_for(graph, profile)  # layer costs shared by the spaces and every estimate
     space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes, memo=memo)
@@ -88,7 +93,7 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
     failure = None
     for table in (space.table, space.hidden_allreduce):  # allreduce counted in full / fully hidden
         try:
-            solution = solve_exact(table, solver, time_limit_s)
+            solution = solve_exact(table, settings.solver, settings.time_limit_s)
         except InputError as err:
             failure = err
             continue
@@ -100,13 +105,12 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, solver: str = "cb
         found.append((plan, predicted, runner_ups(table, solution.choice)))
     baselines = _baselines(graph, profile, cluster, space, optimizer, memo)
     skipped = 0
-    if max_stages > 1:
+    if settings.max_stages > 1:
         def make(assignments: Mapping[str, LayerAssignment], pipeline: Pipeline, info: SolverInfo) -> Plan:
             return _plan(graph, cluster, assignments, pipeline, None, info, model_spec)
         priced = [predicted for _, predicted, _ in found] + [b.estimate for b in baselines]
         incumbent = min((p.iteration_s for p in priced if p.memory_bytes_max <= cluster.memory_bytes), default=None)
-        searched = search_pipelines(graph, profile, cluster, make, max_stages, schedule, max_staleness, optimizer,
-                                    solver, time_limit_s, incumbent, memo=memo)
+        searched = search_pipelines(graph, profile, cluster, make, settings, incumbent_s=incumbent, memo=memo)
         found += [(c.plan, c.estimate, c.runner_ups) for c in searched.candidates]
         skipped = searched.skipped
     return _choose(cluster, space, found, baselines, failure, skipped, time.perf_counter() - started)

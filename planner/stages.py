@@ -39,8 +39,9 @@ from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
 from planner.cost_table import Solution
 from planner.exact import solve_exact
-from planner.explain import RunnerUp, runner_ups
 from planner.edge_costs import PatternTable
+from planner.explain import RunnerUp, runner_ups
+from planner.settings import SearchSettings
 from planner.space import LayerCosts, build_space
 
 __all__ = ["PipelineCandidate", "PipelineSearch", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
@@ -124,10 +125,9 @@ class _Config:
     bound_s: float
 
 
-def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: PlanMaker, max_stages: int,
-                     schedule: str, max_staleness: int | None, optimizer: str = "sgd", solver: str = "cbc",
-                     time_limit_s: float | None = None, incumbent_s: float | None = None,
-                     prune: bool = True, *, memo: CostMemo | None = None) -> PipelineSearch:
+def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
+                     *, incumbent_s: float | None = None, prune: bool = True,
+                     memo: CostMemo | None = None) -> PipelineSearch:
     """The pipeline plans of the search (module docstring), priced.
 
     Configurations are tried in the order of a lower bound on their iteration
@@ -140,16 +140,16 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
     shared with the caller's other estimates (``cost_models.estimate.CostMemo``).
     """
     memo = memo or CostMemo(profile, graph.graph["dtype"])
-    configs = sorted(_configs(graph, profile, cluster, max_stages, schedule, max_staleness, optimizer, memo),
+    configs = sorted(_configs(graph, profile, cluster, settings, memo),
                      key=lambda config: config.bound_s)
     found, skipped, best = [], 0, incumbent_s
     for config in configs:
         if prune and best is not None and config.bound_s >= best:
             skipped += 1
             continue
-        for assignments, info, explained in _stage_layouts(config, profile, cluster, solver, time_limit_s):
+        for assignments, info, explained in _stage_layouts(config, profile, cluster, settings):
             plan = make_plan(assignments, config.pipeline, info)
-            predicted = estimate(graph, plan, profile, optimizer=optimizer, memo=memo)
+            predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
             fits = predicted.memory_bytes_max <= cluster.memory_bytes
             found.append(PipelineCandidate(plan, predicted, fits, explained))
             if fits and (best is None or predicted.iteration_s < best):
@@ -157,11 +157,11 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
     return PipelineSearch(tuple(found), skipped)
 
 
-def _configs(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, schedule: str,
-             max_staleness: int | None, optimizer: str, memo: CostMemo) -> list[_Config]:
+def _configs(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:
     configs = []
     batch = graph.input_shape[0]
-    for stages in stage_counts(cluster.devices, cluster.devices_per_node, max_stages):
+    schedule, max_staleness = settings.schedule, settings.max_staleness
+    for stages in stage_counts(cluster.devices, cluster.devices_per_node, settings.max_stages):
         stage_cluster = _stage_cluster(cluster, stages)
         patterns = PatternTable(stage_cluster, stage_cluster.devices)  # shared by both schedules' searches
         schedules = []
@@ -173,8 +173,8 @@ def _configs(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, sc
             staleness = dsp_staleness(stages, max_staleness) if name == "stale" else (0,) * stages
             pipeline = Pipeline(stages, (stage_cluster.devices,) * stages, name, micro, staleness)
             scaled = micro_batch_graph(graph, micro)
-            costs = LayerCosts(scaled, profile, stage_cluster, stage_cluster.devices, optimizer, saved_copies=micro,
-                               patterns=patterns, memo=memo)
+            costs = LayerCosts(scaled, profile, stage_cluster, stage_cluster.devices, settings.optimizer,
+                               saved_copies=micro, patterns=patterns, memo=memo)
             groups = costs.groups
             floor_s = _floor_s(costs, groups) if len(groups) >= stages else None
             if floor_s is not None:
@@ -200,7 +200,7 @@ def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
     return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
 
 
-def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, solver: str, time_limit_s: float | None
+def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings
                    ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp]]]:
     """Per allreduce table (full, hidden): every layer's layout and stage, how the stages were solved, runner-ups.
 
@@ -220,7 +220,7 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, solver: 
                             decisions=heads[start:stop], costs=costs)
         for result, solved, why, table in zip(results, solutions, explained, (space.table, space.hidden_allreduce)):
             try:
-                solution = solve_exact(table, solver, time_limit_s)
+                solution = solve_exact(table, settings.solver, settings.time_limit_s)
             except InputError:  # this stage fits nothing on its devices
                 return []
             solved.append(solution)

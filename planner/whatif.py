@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
 from cost_models.profile import Profile
+from planner.settings import SearchSettings
 
 __all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_idle", "with_speedups"]
 
@@ -134,7 +135,7 @@ def scaled_profile(profile: Profile, intra_bw: float = 1.0, inter_bw: float = 1.
 
 
 def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cluster], devices: Sequence[int],
-          batch: int, weak: bool = False, max_stages: int = 4, solver: str = "cbc", jobs: int | None = None,
+          batch: int, settings: SearchSettings, *, weak: bool = False, jobs: int | None = None,
           model_spec: str = "") -> tuple[list[WhatIfRow], OneDevice]:
     """One row per device count, with speedups against one device (module docstring), and that reference.
 
@@ -145,7 +146,7 @@ def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cl
         jobs: Processes to plan in (default: the machine's cores, at most the sizes).
     """
     sizes = sorted(set(devices))
-    work = [(graph_for(batch * d if weak else batch), profile, cluster_for(d), max_stages, solver, model_spec)
+    work = [(graph_for(batch * d if weak else batch), profile, cluster_for(d), settings, model_spec)
             for d in sizes]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     if jobs == 1:
@@ -197,7 +198,7 @@ def _row_star(item: tuple[Any, ...]) -> WhatIfRow:
     return _row(*item)
 
 
-def _row(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, solver: str, model_spec: str) -> WhatIfRow:
+def _row(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str) -> WhatIfRow:
     """Plan one size; a size with no feasible plan becomes a row saying why."""
     from planner.search import plan_model
 
@@ -209,8 +210,8 @@ def _row(graph: Any, profile: Profile, cluster: Cluster, max_stages: int, solver
             f"GiB per device ({whole.resident_bytes / 2**30:.2f} GiB resident on one), the devices have "
             f"{cluster.memory_bytes / 2**30:.2f} GiB"))
     try:
-        result = plan_model(graph, profile, cluster, solver=solver, model_spec=model_spec,
-                            max_stages=max_stages if cluster.devices > 1 else 1)
+        one_stage = replace(settings, max_stages=1) if cluster.devices == 1 else settings
+        result = plan_model(graph, profile, cluster, one_stage, model_spec=model_spec)
     except (InputError, PlanError) as err:
         return WhatIfRow(cluster.devices, batch, False, reason=str(err).split(";")[0])
     predicted = result.estimate

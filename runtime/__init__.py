@@ -10,7 +10,8 @@ convolution on tiles), ``norm`` (batch-norm over a group), ``collectives``,
 ``slicing`` (channel-split weights), ``gradsync`` (gradient sums over replica
 groups) and ``groups`` (process groups). ``data`` makes synthetic batches per
 box, ``train`` is one rank's training loop and ``--verify``, ``launch`` starts
-ranks with torchrun's machinery or under MPI, ``command`` is ``parplan run``.
+ranks with torchrun's machinery or under MPI (``parplan run`` is
+``parplan.cli.run``'s).
 
 Pipelines: ``stage_cut`` cuts the traced model into the plan's stages (what
 crosses each cut), ``schedules`` lists each stage's events (GPipe, 1F1B,

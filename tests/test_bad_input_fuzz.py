@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from cost_models.schema import load_schema
-from planner.cli import main
+from parplan.cli import main
 
 EXAMPLES = int(os.environ.get("PARPLAN_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.profile import load_profile
-from planner.cli import main
+from parplan.cli import main
 
 
 @pytest.mark.multirank

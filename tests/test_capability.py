@@ -28,6 +28,7 @@ from runtime.preflight import check_runnable
 from runtime.layers import Site, refusal
 from runtime.groups import GroupCache
 from runtime_check import compare_plans
+from planner.settings import SearchSettings
 
 LINK = Link(1e-6, 1e9)
 
@@ -95,7 +96,7 @@ def test_every_candidate_and_every_plan_passes_the_runtimes_preflight(name: str,
                 site = Site(layer, graph.nodes[layer]["kind"], layout, graph.nodes[layer], None, 0, (0, 1),
                             GroupCache((0, 1)), False)
                 assert refusal(site) is None, (layer, str(layout), refusal(site))
-    plan = plan_model(graph, profile, cluster, max_stages=2).plan
+    plan = plan_model(graph, profile, cluster, SearchSettings(max_stages=2)).plan
     assert list(plan_refusals(plan, graph)) == []
     check_runnable(model, plan, graph, verify=True)
 
@@ -253,8 +254,8 @@ def test_no_pipeline_cut_separates_two_calls_of_one_module() -> None:
     def make(layers: dict, pipeline: object, info: SolverInfo) -> Plan:
         return dataclasses.replace(between, layers=dict(layers), pipeline=pipeline, solver=info)
 
-    searched = search_pipelines(graph, preset_profile("v100", "float32"), _cluster(2), make, 2, "auto", None,
-                                prune=False)
+    searched = search_pipelines(graph, preset_profile("v100", "float32"), _cluster(2), make,
+                                SearchSettings(max_stages=2), prune=False)
     assert searched.candidates  # the cut after the second call (or later) is allowed
     for candidate in searched.candidates:
         stages = {candidate.plan.layers[name].stage for name in ("shared", "middle", "shared_1")}
@@ -275,7 +276,7 @@ class _FourWay(nn.Module):
 
 def test_a_layer_with_four_output_tensors_is_planned_not_read_as_a_shape() -> None:
     graph = trace(_FourWay(), (4, 3, 8, 8))
-    plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), max_stages=2).plan
+    plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), SearchSettings(max_stages=2)).plan
     assert layer_refusal(graph.nodes["split"], plan.layers["split"].layout) is None  # what the runtime runs
     assert layer_refusal(graph.nodes["split"], Layout(c=2)) is not None  # the pieces cut the channels
     check_runnable(_FourWay(), plan, graph, verify=True)
@@ -296,7 +297,7 @@ class _ScalarGate(nn.Module):
 def test_a_layer_reading_a_zero_dimensional_tensor_is_planned() -> None:
     graph = trace(_ScalarGate(), (4, 3, 8, 8))
     assert [] in graph.nodes["mul"]["input_shapes"]
-    plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), max_stages=2).plan
+    plan = plan_model(graph, preset_profile("v100", "float32"), _cluster(2), SearchSettings(max_stages=2)).plan
     check_runnable(_ScalarGate(), plan, graph, verify=True)
 
 

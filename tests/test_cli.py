@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from parplan.cli import main
 
 REQUIRED_LAYER_FIELDS = {"name", "kind", "output_shape", "params", "flops_fwd", "activation_bytes"}
 

@@ -17,7 +17,7 @@ from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models.layout import Layout
 from cost_models.plan import LayerAssignment, Pipeline, Plan, save_plan
 from cost_models.profile import CommFit, ComputeFit, DeviceSpec, Profile
-from planner.cli import main
+from parplan.cli import main
 
 ALPHA, BETA = 1e-5, 1e-9
 PROFILE = Profile(

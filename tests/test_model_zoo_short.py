@@ -35,7 +35,7 @@ import pytest
 
 from benchmarks.model_zoo import spec_of
 from cost_models.layout import Layout
-from planner.check_cli import CheckRequest, check_model
+from parplan.cli.check import CheckRequest, check_model
 from runtime.rank_pool import RankPools
 
 pytestmark = pytest.mark.multirank
@@ -236,7 +236,7 @@ def idle_options() -> object:
     import torch
 
     from cost_models.graph import trace
-    from planner.check_cli import layout_plan
+    from parplan.cli.check import layout_plan
     from runtime.train import RunOptions
 
     spec = f"{HERE}:_tiny"

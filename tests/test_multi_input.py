@@ -89,7 +89,7 @@ MODEL = "examples/conditioned_cnn.py:conditioned_cnn"
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from planner.cli import main
+    from parplan.cli import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()

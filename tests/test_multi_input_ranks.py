@@ -156,7 +156,7 @@ def test_a_condition_read_on_the_second_stage_crosses_the_cut(two_ranks: list[di
 def _parplan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
         [str(cwd), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "parplan", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from cost_models.plan import load_plan
 from cost_models.profile import CommFit, ComputeFit, DeviceSpec, Profile, save_profile
-from planner.cli import main
+from parplan.cli import main
 
 
 def test_plan_then_estimate(capsys: pytest.CaptureFixture[str], tmp_path: Path, repo: Path) -> None:

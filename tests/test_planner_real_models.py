@@ -18,6 +18,7 @@ from calibrate.presets import preset_cluster, preset_profile
 from cost_models.graph import trace
 from planner.search import plan_model
 from planner.space import build_space, decision_groups
+from planner.settings import SearchSettings
 
 
 def _cluster(devices: int):  # noqa: ANN202 - a Cluster of 2 devices per node, as `--devices-per-node 2`
@@ -29,7 +30,7 @@ def test_channels_last_models_plan_on_two_devices_with_pipelines(name: str) -> N
     import torchvision
 
     graph = trace(torchvision.models.get_model(name, weights=None), (2, 3, 64, 64))
-    result = plan_model(graph, preset_profile("v100"), _cluster(2), max_stages=4)
+    result = plan_model(graph, preset_profile("v100"), _cluster(2), SearchSettings(max_stages=4))
     assert set(result.plan.layers) == set(graph.compute_layers())
     assert np.isfinite(result.estimate.iteration_s) and result.estimate.iteration_s > 0
     assert len(result.considered) > 2  # the pipeline configurations were priced too
@@ -76,7 +77,7 @@ def _pooled_norm():  # noqa: ANN202 - an nn.Module
 
 def test_a_pipeline_whose_micro_batch_leaves_a_layer_no_layout_is_left_out() -> None:
     graph = trace(_pooled_norm(), (2, 3, 16, 16))
-    result = plan_model(graph, preset_profile("v100"), _cluster(2), max_stages=2)
+    result = plan_model(graph, preset_profile("v100"), _cluster(2), SearchSettings(max_stages=2))
     assert set(result.plan.layers) == set(graph.compute_layers())
     pipelines = [considered.summary for considered in result.considered if "stage" in considered.summary]
     assert not any("sync M=2" in summary for summary in pipelines)  # one sample per micro-batch: not plannable
@@ -93,6 +94,6 @@ def test_no_pipeline_cut_separates_a_tuple_of_tensors_from_its_readers() -> None
     graph = trace(model, (4, 3, 32, 32))
     assert any(isinstance(graph.nodes[n]["output_shape"][0], list) for n in graph.compute_layers())
     for devices in (2, 4):
-        result = plan_model(graph, preset_profile("v100"), preset_cluster("v100", devices), max_stages=4)
+        result = plan_model(graph, preset_profile("v100"), preset_cluster("v100", devices), SearchSettings(max_stages=4))
         assert result.plan.pipeline.stages > 1  # a pipeline is what the search picks here: the cuts were tried
         check_runnable(model, result.plan, graph, (), sync_batchnorm=False, verify=True)

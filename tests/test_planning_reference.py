@@ -35,6 +35,7 @@ from planner.edge_costs import EdgeCosts
 from planner.exact import solve_exact
 from planner.ilp import solve_ilp
 from planner.search import PlanResult, plan_model
+from planner.settings import SearchSettings
 
 
 class _Case(NamedTuple):
@@ -111,7 +112,7 @@ def _cluster(devices: int, per_node: int | None) -> Cluster:
 
 def _plan(case: _Case) -> PlanResult:
     return plan_model(_graph(case.model, case.shape), preset_profile("v100"), _cluster(case.devices, case.per_node),
-                      max_stages=case.max_stages)
+                      SearchSettings(max_stages=case.max_stages))
 
 
 def _found(result: PlanResult) -> _Found:

@@ -145,7 +145,7 @@ def test_a_resume_on_four_ranks_in_two_pipeline_stages_from_the_gathered_form_tr
 def test_a_folder_of_another_run_and_a_checkpoint_it_cannot_continue_are_refused(
         interrupted: Any, repo: Path, capsys: pytest.CaptureFixture[str], extra: list[str], refusal: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from planner.cli import main
+    from parplan.cli import main
 
     monkeypatch.chdir(repo)
     argv = ["run", *UNET, "--layout", "h2", "--nproc", "2", "--checkpoint-dir", str(interrupted[0]), *extra]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from parplan.cli import main
 
 UNET = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,40,24"]
 pytestmark = pytest.mark.multirank

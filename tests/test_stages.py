@@ -14,11 +14,12 @@ from calibrate.presets import preset_cluster, preset_profile
 from conftest import build_model
 from cost_models.graph import trace
 from cost_models.plan import Plan, load_plan
-from planner.cli import main
+from parplan.cli import main
 from planner.cost_table import CostTable
 from planner.explain import runner_ups
 from planner.search import plan_model
 from planner.stages import balanced_cuts, micro_batches, search_pipelines, stage_counts
+from planner.settings import SearchSettings
 
 
 def test_balanced_cuts_minimise_the_largest_stage() -> None:
@@ -51,11 +52,12 @@ def resnet18():  # noqa: ANN201
 
 def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: ANN001
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 8)
-    everything = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", None, prune=False)
+    everything = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), SearchSettings(max_stages=4),
+                                  prune=False)
     assert everything.skipped == 0
     summaries = [c.plan.summary() for c in everything.candidates]
     assert any("2 stages sync" in s for s in summaries) and any("4 stages stale≤6" in s for s in summaries)
-    result = plan_model(resnet18, profile, cluster, max_stages=4)
+    result = plan_model(resnet18, profile, cluster, SearchSettings(max_stages=4))
     best = min(c.estimate.iteration_s for c in everything.candidates if c.fits)
     assert result.estimate.iteration_s <= best + 1e-12  # the bound skipped nothing that would have won
     assert all(result.estimate.iteration_s <= b.estimate.iteration_s + 1e-12 for b in result.baselines)
@@ -71,10 +73,11 @@ def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: 
 
 def test_the_bound_only_skips_configurations_that_cannot_win(resnet18) -> None:  # noqa: ANN001
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 8)
-    everything = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", None, prune=False)
+    everything = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), SearchSettings(max_stages=4),
+                                  prune=False)
     times = sorted(c.estimate.iteration_s for c in everything.candidates)
     incumbent = times[len(times) // 2]
-    bounded = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", None,
+    bounded = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), SearchSettings(max_stages=4),
                                incumbent_s=incumbent)
     assert bounded.skipped > 0 and len(bounded.candidates) < len(everything.candidates)
     assert min(c.estimate.iteration_s for c in bounded.candidates) == pytest.approx(times[0], rel=1e-12)
@@ -89,11 +92,13 @@ def _maker(graph, cluster):  # noqa: ANN001, ANN202
 
 def test_max_staleness_bounds_and_zero_means_synchronous(resnet18) -> None:  # noqa: ANN001
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 8)
-    bounded = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "stale", 2)
+    bounded = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster),
+                               SearchSettings(max_stages=4, schedule="stale", max_staleness=2))
     assert bounded.candidates and all("stale≤2" in c.plan.summary() for c in bounded.candidates)
-    synchronous = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster), 4, "auto", 0)
+    synchronous = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster),
+                                   SearchSettings(max_stages=4, max_staleness=0))
     assert synchronous.candidates and not any("stale" in c.plan.summary() for c in synchronous.candidates)
-    chosen = plan_model(resnet18, profile, cluster, max_stages=4, max_staleness=0)
+    chosen = plan_model(resnet18, profile, cluster, SearchSettings(max_stages=4, max_staleness=0))
     assert not any(chosen.plan.pipeline.staleness)
 
 
@@ -116,7 +121,7 @@ def test_plan_command_explains_and_records_the_pipeline(capsys: pytest.CaptureFi
 
 def test_more_devices_than_samples_get_split_in_space_and_beat_both_baselines() -> None:
     graph = trace(build_model("resnet18"), (2, 3, 512, 512))
-    result = plan_model(graph, preset_profile("h100"), preset_cluster("h100", 16), max_stages=1)
+    result = plan_model(graph, preset_profile("h100"), preset_cluster("h100", 16), SearchSettings(max_stages=1))
     layouts = [assignment.layout for assignment in result.plan.layers.values()]
     assert any(layout.h * layout.w > 1 for layout in layouts)
     assert result.plan.solver is not None and result.plan.solver.status == "Optimal"

@@ -23,7 +23,8 @@ from cost_models.estimate import estimate
 from cost_models.layout import Layout
 from cost_models.profile import Profile, load_profile, save_profile
 from planner.candidates import validation_candidates
-from planner.cli import main
+from parplan.cli import main
+from planner.settings import SearchSettings
 from planner.cost_table import CostTable
 from planner.ilp import solve_ilp
 from planner.refine import Observation, fit_corrections, held_out_predictions, local_s
@@ -116,7 +117,8 @@ def unet_candidates() -> tuple[object, Profile, list]:
 
     graph = trace(load_model("examples/unet.py:unet"), (4, 3, 40, 24))
     profile = preset_profile("h100")
-    found, _ = validation_candidates(graph, profile, preset_cluster("h100", 4), 4, model_spec="examples/unet.py:unet")
+    found, _ = validation_candidates(graph, profile, preset_cluster("h100", 4), 4, SearchSettings(),
+                                     model_spec="examples/unet.py:unet")
     return graph, profile, found
 
 

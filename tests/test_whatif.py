@@ -11,9 +11,10 @@ import pytest
 
 from calibrate.presets import preset_profile
 from cost_models.errors import InputError
-from planner.cli import main
-from planner.whatif_cli import parse_devices
+from parplan.cli import main
+from parplan.cli.whatif import parse_devices
 from planner.whatif import scaled_profile
+from planner.settings import SearchSettings
 
 MODEL = ["--model", "torchvision:resnet18", "--input-shape", "8,3,64,64", "--profile", "h100"]
 
@@ -43,8 +44,8 @@ def test_scaled_links_and_memory() -> None:
 @pytest.fixture(scope="module")
 def strong() -> dict:
     os.environ.setdefault("COLUMNS", "200")
-    from planner.whatif_cli import run_sweep
-    from planner.cli import build_parser
+    from parplan.cli.whatif import run_sweep
+    from parplan.cli import build_parser
 
     args = build_parser().parse_args(["whatif", *MODEL, "--devices", "1..32", "--max-stages", "2", "--jobs", "1"])
     return run_sweep(args, parse_devices(args.devices))
@@ -152,6 +153,6 @@ def test_the_perfect_split_bound_only_skips_sizes_the_planner_cannot_fit() -> No
     for devices in (1, 2):
         cluster = replace(preset_cluster("h100", devices), memory_bytes=memory)
         assert one_device(graph, profile, cluster).resident_bytes / devices > memory  # the bound skips it
-        assert "even split perfectly" in _row(graph, profile, cluster, 2, "cbc", "").reason
+        assert "even split perfectly" in _row(graph, profile, cluster, SearchSettings(max_stages=2), "").reason
         with pytest.raises(InputError, match="no plan fits"):
-            plan_model(graph, profile, cluster, max_stages=2)
+            plan_model(graph, profile, cluster, SearchSettings(max_stages=2))

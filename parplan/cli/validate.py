@@ -35,8 +35,8 @@ FORMAT = "parplan.validation/1"
 
 def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan validate`` on the subcommand parsers."""
-    from planner.cli_args import add_model_arguments, non_negative_int, positive_float, positive_int
-    from planner.cli import add_timeout_argument
+    from parplan.cli.args import (add_model_arguments, add_search_arguments, add_timeout_argument, non_negative_int,
+                                  positive_float, positive_int)
 
     parser = commands.add_parser("validate", parents=[common], help="run the top plans and compare with predictions",
                                  description=__doc__.split("\n\n")[0])
@@ -55,7 +55,6 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
                              "(default 2)")
     parser.add_argument("--min-gap", type=positive_float, default=0.03, metavar="X",
                         help="least relative difference of predicted times between top plans (default 0.03)")
-    parser.add_argument("--max-stages", type=positive_int, default=4, help="most pipeline stages (default 4)")
     parser.add_argument("--per-layer", action="store_true",
                         help="also time every layer (profiler) and compare per layer kind and split")
     parser.add_argument("--refine", metavar="P.json",
@@ -64,16 +63,14 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, metavar="T", help="CPU threads per rank (default: cores/ranks)")
     add_timeout_argument(parser)
     parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
-    parser.add_argument("--solver", choices=("cbc", "highs"), default="cbc", help="ILP solver (default cbc)")
-    parser.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd",
-                        help="optimizer whose state the memory model counts (default sgd)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
+    add_search_arguments(parser)
     parser.set_defaults(handler=_validate)
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from planner.cli import host_shared_cores, load_profile_argument
-    from planner.report import print_validation
+    from parplan.cli.args import host_shared_cores, load_profile_argument
+    from parplan.cli.report import print_validation
 
     from cost_models.jsonio import check_writable
 
@@ -112,7 +109,7 @@ def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
     from planner.candidates import validation_candidates
-    from planner.cli_args import cluster_for
+    from parplan.cli.args import cluster_for, search_settings
     from runtime.preflight import check_plan, check_runnable
     from runtime.pipeline import check_pipeline
 
@@ -127,14 +124,13 @@ def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) 
         return None
 
     cluster = cluster_for(args.profile, profile, args.nproc, None)
-    return validation_candidates(graph, profile, cluster, args.plans, args.optimizer, args.model, args.solver,
-                                 args.max_stages, min_gap=args.min_gap, refusal=refusal,
-                                 shared_cores=args.shared_cores)
+    return validation_candidates(graph, profile, cluster, args.plans, search_settings(args), model_spec=args.model,
+                                 min_gap=args.min_gap, refusal=refusal, shared_cores=args.shared_cores)
 
 
 def _measure(args: argparse.Namespace, candidates: list[Any], graph: Any) -> list[dict[str, Any]] | None:
     """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
-    from runtime.command import backend_for
+    from parplan.cli.run import backend_for
     from runtime.launch import launch_many, started_by_mpi
     from runtime.train import RunOptions
 

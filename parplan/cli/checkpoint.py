@@ -26,7 +26,7 @@ __all__ = ["add_checkpoint"]
 
 def add_checkpoint(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan checkpoint show|gather``."""
-    from planner.cli_args import OneLineParser, positive_int
+    from parplan.cli.args import OneLineParser, positive_int
 
     parser = commands.add_parser("checkpoint", help="show checkpoints; gather one to its plan-independent form")
     actions = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
@@ -52,7 +52,7 @@ def _manifests(directory: str) -> list[dict[str, Any]]:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from planner.cli_args import print_json
+    from parplan.cli.args import print_json
 
     rows = [{"step": m["step"], "ranks": m["world_size"], "plan_digest": m["plan_digest"], "folder": m["folder"],
              "bytes": sum(s["bytes"] for s in m["shards"]), "gathered": "full" in m, "created": m["created"],
@@ -75,7 +75,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _gather(args: argparse.Namespace) -> int:
-    from planner.cli_args import print_json
+    from parplan.cli.args import print_json
     from runtime.checkpoint import write_full
 
     manifests = _manifests(args.checkpoint_dir)

@@ -4,7 +4,7 @@ The checks, in order (DESIGN.md, the command line):
 
 * ``trace`` — the model traced at the input shape (``cost_models.graph.trace``);
 * ``plan D`` — for each device count of ``--devices`` (one node), the default
-  search of ``parplan plan`` (pipelines on; ``planner.cli.search_plan`` with
+  search of ``parplan plan`` (pipelines on; ``parplan.cli.plan.search_plan`` with
   that parser's defaults);
 * ``verify plan D`` — ``--verify`` of that plan on ``D`` ranks;
 * ``verify L`` — for each layout of ``--layouts``, ``--verify`` of the plan
@@ -229,7 +229,8 @@ def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
 
 
 def _plan_check(request: CheckRequest, graph: Any, devices: int) -> tuple[Any, Check]:
-    from planner.cli import build_parser, search_plan
+    from parplan.cli.main import build_parser
+    from parplan.cli.plan import search_plan
 
     name, started = f"plan {devices}", time.perf_counter()
     shapes = [word for shape in request.shapes for word in ("--input-shape", ",".join(map(str, shape)))]
@@ -348,7 +349,7 @@ def _run_options(request: CheckRequest, plan: Any, graph: Any, ranks: int, timeo
 
 def layout_plan(graph: Any, layout: Layout, model_spec: str = "") -> Any:
     """The plan ``parplan run --layout L --nproc R`` runs: each layer its first of ``L, n1`` it can take, on ``R``
-    (``L``'s) ranks; not priced (``runtime.command`` builds it the same way)."""
+    (``L``'s) ranks; not priced (``parplan.cli.run`` builds it the same way)."""
     from cost_models.cluster import Cluster, Link
     from cost_models.uniform import uniform_plan
 
@@ -433,7 +434,7 @@ def _first_line(err: BaseException) -> str:
 
 def add_check(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan check``."""
-    from planner.cli_args import add_model_arguments, positive_float
+    from parplan.cli.args import add_model_arguments, positive_float
 
     parser = commands.add_parser(
         "check", parents=[common], help="what parplan can plan and run for a model",
@@ -471,7 +472,7 @@ def check_command(args: argparse.Namespace) -> int:
     with RankPools(group_timeout_s=request.timeout_s) as pools:
         report = check_model(request, pools, printer)
     if args.json:
-        from planner.cli_args import print_json
+        from parplan.cli.args import print_json
 
         print_json(report.to_dict())
     else:
@@ -483,8 +484,8 @@ def check_command(args: argparse.Namespace) -> int:
 
 def _request(args: argparse.Namespace) -> CheckRequest:
     from cost_models.graph import parse_input_shapes
-    from planner.cli import load_profile_argument
-    from planner.whatif_cli import parse_devices
+    from parplan.cli.args import load_profile_argument
+    from parplan.cli.whatif import parse_devices
 
     shapes = parse_input_shapes(args.input_shape)
     devices = tuple(parse_devices(args.devices)) if args.devices.strip() else ()

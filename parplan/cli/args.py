@@ -1,0 +1,177 @@
+"""What every ``parplan`` command's front end shares: the parser, argument types, the model options, JSON out.
+
+Each module of ``parplan.cli`` builds its command from these, so that a usage
+error reads the same in every command (one line, exit 2) and ``--model``,
+``--input-shape`` and PROFILE mean the same everywhere. Torch is imported
+only inside :func:`trace_model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, NoReturn
+
+from cost_models.errors import InputError
+
+__all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument", "check_out_dir", "cluster_for",
+           "host_shared_cores", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
+           "positive_int", "print_json", "search_settings", "slowdowns", "trace_model"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model``, ``--input-shape``, ``--dtype`` and ``--leaf-module``."""
+    parser.add_argument("--model", required=True, metavar="MODEL",
+                        help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
+    parser.add_argument("--input-shape", required=True, action="append", metavar="N,C,H,W",
+                        help="global input shape, e.g. 64,3,224,224; repeatable: a model whose forward takes several "
+                             "tensors gets one per positional argument, in order, each batch first (e.g. "
+                             "--input-shape 64,3,224,224 --input-shape 64,16)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "float64"),
+                        help="element type of inputs and activations (default float32)")
+    parser.add_argument("--leaf-module", action="append", default=[], metavar="NAME",
+                        help="keep this module (qualified or class name) opaque to torch.fx; repeatable")
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """The search's options (``planner.settings.SearchSettings``), the same in plan, what-if and validate."""
+    group = parser.add_argument_group("search")
+    group.add_argument("--max-stages", type=positive_int, default=4, help="most pipeline stages to try (default 4)")
+    group.add_argument("--schedule", default="auto", choices=("sync", "stale", "auto"),
+                       help="pipeline schedule: sync (GPipe), stale (DSP) or the faster (default auto)")
+    group.add_argument("--max-staleness", type=non_negative_int, default=None,
+                       help="cap on a stage's staleness (0 = synchronous only; default: DSP's 2(K-1-k))")
+    group.add_argument("--solver", default="cbc", choices=("cbc", "highs"), help="ILP solver (default cbc)")
+    group.add_argument("--time-limit-s", type=positive_float, default=None, help="ILP time limit in seconds")
+    group.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"),
+                       help="optimizer whose state the memory model counts (default sgd)")
+
+
+def search_settings(args: argparse.Namespace) -> Any:
+    """The ``SearchSettings`` of :func:`add_search_arguments`' options."""
+    from planner.settings import SearchSettings
+
+    return SearchSettings(max_stages=args.max_stages, schedule=args.schedule, max_staleness=args.max_staleness,
+                          solver=args.solver, time_limit_s=args.time_limit_s, optimizer=args.optimizer)
+
+
+def positive_int(text: str) -> int:
+    return int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return int_at_least(text, 0)
+
+
+def int_at_least(text: str, minimum: int) -> int:
+    """``text`` as an integer of at least ``minimum``; else argparse's one-line type error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return value
+
+
+def cluster_for(text: str, profile: Any, devices: int, per_node: int | None) -> Any:
+    """The cluster a plan is made for: PROFILE ``text``'s (a preset's nodes and links, or a measured profile's)."""
+    from parplan.api import cluster
+
+    return cluster(text if not os.path.exists(text) else profile, devices, devices_per_node=per_node)
+
+
+def print_json(document: Any) -> None:
+    """``document`` on stdout, indented, UTF-8 kept."""
+    json.dump(document, sys.stdout, indent=1, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+def add_timeout_argument(parser: Any) -> None:
+    """``--timeout-s``: how long any collective or point-to-point exchange of the ranks waits for a peer."""
+    parser.add_argument("--timeout-s", type=positive_float, default=300.0, metavar="T",
+                        help="a rank that waits T seconds for a peer (dead or hung) fails, naming where it waited, "
+                             "and the others are stopped (default 300)")
+
+
+def load_profile_argument(text: str, dtype: str = "float32") -> Any:
+    """A PROFILE argument: a preset name or a profile file."""
+    from calibrate.presets import preset_profile
+    from cost_models.profile import load_profile
+
+    if os.path.exists(text) or text.endswith(".json") or os.sep in text:
+        return load_profile(text)
+    return preset_profile(text, dtype)  # a preset, or one line naming the known ones
+
+
+def check_out_dir(path: str, flag: str = "--out") -> None:
+    """Refuse an output path whose folder does not exist, before any work."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"{flag} {path}: directory {folder} does not exist; create it first")
+
+
+def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
+    """Parse the shapes first (cheap), then load and trace the model; also returns the seconds each took."""
+    from cost_models.graph import parse_input_shapes
+
+    shape = parse_input_shapes(args.input_shape)
+    started = time.perf_counter()
+    import torch
+
+    from cost_models.graph import trace
+    from cost_models.model_spec import load_model
+
+    model = load_model(args.model)
+    loaded = time.perf_counter()
+    graph = trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    timing = {"load": round(loaded - started, 3), "trace": round(time.perf_counter() - loaded, 3)}
+    return graph, timing
+
+
+def host_shared_cores(ranks: int, threads: int | None) -> float | None:
+    """How many of ``ranks`` local ranks (``threads`` each, default cores / ranks) can compute at once here.
+
+    ``None`` when all can, and under MPI, whose ranks may span hosts (``planner.validate.shared_cores``).
+    """
+    from planner.validate import shared_cores
+    from runtime.launch import started_by_mpi
+
+    if started_by_mpi():
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return shared_cores(ranks, threads or max(1, (os.cpu_count() or 1) // ranks), cores)
+
+
+def slowdowns(items: list[str]) -> dict[int, float]:
+    """``--slow-stage K:FACTOR`` values as ``{stage: factor}``."""
+    factors: dict[int, float] = {}
+    for item in items:
+        stage, _, factor = item.partition(":")
+        try:
+            factors[int(stage)] = float(factor)
+        except ValueError:
+            raise InputError(f"--slow-stage {item!r} is not K:FACTOR, e.g. 1:2.0") from None
+        if factors[int(stage)] < 1.0 or int(stage) < 0:
+            raise InputError(f"--slow-stage {item!r} needs a stage >= 0 and a factor >= 1")
+    return factors

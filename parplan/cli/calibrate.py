@@ -1,0 +1,101 @@
+"""``parplan calibrate`` (time this machine into a profile) and ``parplan profile show``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cost_models.errors import InputError
+from parplan.cli.args import (add_model_arguments, check_out_dir, load_profile_argument, positive_float, positive_int,
+                              print_json, trace_model)
+
+__all__ = ["add_calibrate", "add_profile"]
+
+
+def add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``parplan calibrate``."""
+    parser = commands.add_parser("calibrate", parents=[common], help="measure this machine into a profile",
+                                 description="Time MODEL's local problems and the collectives, fit them, write a profile.")
+    add_model_arguments(parser)
+    parser.add_argument("--ranks", type=positive_int, default=1, help="ranks for timing collectives (default 1: none)")
+    parser.add_argument("--devices", default=None, metavar="D1,D2,...",
+                        help="device counts the planner may use (default: powers of two up to --ranks)")
+    parser.add_argument("--budget-s", type=positive_float, default=120.0, help="wall-time bound in seconds (default 120)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="threads per rank while timing (default 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] for the compute kernels (default cpu)")
+    parser.add_argument("--backend", default=None, choices=("gloo", "nccl", "mpi"),
+                        help="collectives backend (default gloo on cpu, nccl on cuda)")
+    parser.add_argument("--out", required=True, metavar="P.json", help="where to write the profile")
+    parser.set_defaults(handler=_calibrate)
+
+
+def add_profile(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``parplan profile show``."""
+    from parplan.cli.args import OneLineParser
+
+    parser = commands.add_parser("profile", help="inspect profiles")
+    actions = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
+    show = actions.add_parser("show", parents=[common], help="device, fitted parameters and fit errors of a profile")
+    show.add_argument("profile", metavar="PROFILE", help="a profile JSON path or a preset name (v100, a100, h100)")
+    show.add_argument("--dtype", default="float32", help="dtype of a preset (default float32)")
+    show.set_defaults(handler=_profile_show)
+
+
+def _device_counts(text: str | None, ranks: int) -> tuple[int, ...]:
+    if text is None:
+        counts = [1]
+        while counts[-1] * 2 <= ranks:
+            counts.append(counts[-1] * 2)
+        return tuple(sorted(set(counts) | {ranks}))
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise InputError(f"--devices {text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
+    if not counts or min(counts) < 1:
+        raise InputError(f"--devices {text!r} must list device counts >= 1, e.g. 1,2,4")
+    return tuple(sorted(set(counts)))
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    counts = _device_counts(args.devices, args.ranks)
+    check_out_dir(args.out)
+    graph, _ = trace_model(args)
+    from calibrate.session import CalibrationRequest, run_calibration
+    from cost_models.profile import save_profile
+    from parplan.cli.report import calibration_progress
+
+    backend = args.backend or ("nccl" if args.device.startswith("cuda") else "gloo")
+    request = CalibrationRequest(graph, counts, args.ranks, args.budget_s, args.threads, args.device, backend, args.model)
+    with calibration_progress(enabled=not args.json) as progress:
+        result = run_calibration(request, progress)
+    if result is None:  # a rank other than 0 under torchrun/mpirun: rank 0 writes and reports
+        return 0
+    save_profile(result.profile, args.out)
+    summary = {"profile": args.out, "fit": result.profile.to_dict()["fit"], "measured": result.measured,
+               "left_to_fit": result.left_to_fit, "interrupted": result.interrupted, "notes": result.notes,
+               "seconds": result.profile.meta["calibration_s"]}
+    if args.json:
+        print_json(summary)
+    else:
+        from parplan.cli.report import print_calibration_summary
+
+        print_calibration_summary(summary)
+    return 130 if result.interrupted else 0
+
+
+def _profile_show(args: argparse.Namespace) -> int:
+    import torch
+
+    profile = load_profile_argument(args.profile, args.dtype)
+    document = profile.to_dict()
+    shown = {"device": document["device"], "meta": document["meta"], "fit": document["fit"],
+             "compute_fits": document["compute"]["fits"], "comm_fits": document["comm"]["fits"],
+             "samples": {"compute": len(profile.compute_samples), "comm": len(profile.comm_samples)},
+             "warnings": profile.compatibility_warnings(torch.__version__)}
+    if args.json:
+        print_json(shown)
+    else:
+        from parplan.cli.report import print_profile
+
+        print_profile(shown)
+    return 0

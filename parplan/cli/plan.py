@@ -1,0 +1,81 @@
+"""``parplan plan``: the exact search for a model's per-layer layouts, pipeline stages and schedule."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from parplan.cli.args import (add_model_arguments, add_search_arguments, check_out_dir, cluster_for,
+                              load_profile_argument, positive_int, print_json, search_settings, trace_model)
+
+__all__ = ["add_plan", "search_plan"]
+
+
+def add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``parplan plan``."""
+    parser = commands.add_parser("plan", parents=[common], help="search the best plan: layouts, stages, staleness",
+                                 description="Find the per-layer layouts, pipeline stages and schedule with the least "
+                                             "predicted time that fit in memory.")
+    add_model_arguments(parser)
+    parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
+    parser.add_argument("--devices", required=True, type=positive_int, help="number of devices")
+    parser.add_argument("--devices-per-node", type=positive_int, default=None, help="devices per node")
+    add_search_arguments(parser)
+    parser.add_argument("--explain", action="store_true", help="per layer, the runner-up layout and its extra cost")
+    parser.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the plan")
+    parser.set_defaults(handler=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)
+    profile = load_profile_argument(args.profile, args.dtype)
+    cluster_for(args.profile, profile, args.devices, args.devices_per_node)  # a bad device count before tracing
+    graph, _ = trace_model(args)
+    from cost_models.plan import save_plan
+
+    result = search_plan(args, graph, profile)
+    save_plan(result.plan, args.out)
+    document = _plan_document(graph, result)
+    if args.json:
+        print_json(document)
+    else:
+        from parplan.cli.report import print_plan_summary
+
+        print_plan_summary(document, args.out, explain=args.explain)
+    return 0
+
+
+def search_plan(args: argparse.Namespace, graph: Any, profile: Any = None) -> Any:
+    """``parplan plan``'s search for ``graph`` with the options in ``args`` (its parser's namespace): a PlanResult.
+
+    ``parplan check`` plans through here too, with this parser's defaults. ``profile``: already loaded.
+    """
+    from planner.search import plan_model
+
+    profile = profile if profile is not None else load_profile_argument(args.profile, args.dtype)
+    cluster = cluster_for(args.profile, profile, args.devices, args.devices_per_node)
+    return plan_model(graph, profile, cluster, search_settings(args), model_spec=args.model)
+
+
+def _plan_document(graph: Any, result: Any) -> dict[str, Any]:
+    from planner.space import decision_groups
+
+    by_name = {layer.name: layer for layer in result.estimate.layers}
+    rows = []
+    for head, members in decision_groups(graph).items():
+        found = [by_name[name] for name in members]
+        runner = result.runner_ups.get(head)
+        rows.append({"layer": head, "followers": list(members[1:]), "kind": found[0].kind, "stage": found[0].stage,
+                     "layout": str(found[0].layout),
+                     "time_s": sum(layer.cost.total_s + layer.redistribution_s for layer in found),
+                     "memory_bytes": sum(layer.memory.resident_bytes for layer in found),
+                     "runner_up": runner.option if runner else None, "runner_up_extra_s": runner.extra_s if runner else None})
+    return {**result.plan.to_dict(), "summary": result.plan.summary(), "candidates": result.candidates,
+            "pruned": result.pruned, "search_s": result.search_s, "chosen_from": result.chosen_from,
+            "skipped_configurations": result.skipped_configurations, "decisions": rows,
+            "considered": [{"plan": c.summary, "iteration_s": c.iteration_s, "memory_bytes_max": c.memory_bytes_max,
+                            "fits": c.fits} for c in result.considered],
+            "baselines": [{"name": b.name, "iteration_s": b.estimate.iteration_s,
+                           "memory_bytes_max": b.estimate.memory_bytes_max,
+                           "speedup": b.estimate.iteration_s / result.estimate.iteration_s}
+                          for b in result.baselines]}

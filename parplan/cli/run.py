@@ -1,0 +1,196 @@
+"""``parplan run``: check everything a user can get wrong before any rank starts, launch, report.
+
+Order of checks (each a one-line error and exit code 2): the input shape, the
+plan file (format, schema), the model (loads and traces; ``--output`` names a
+part of what it returns), the plan against the model (fingerprint, layers,
+layouts the runtime executes), the rank count against the plan's devices,
+the backend against this machine (``parplan.cli.run_checks``). Then the
+ranks run (``runtime.launch``); rank 0's measurement is written atomically
+to ``--out`` and printed (a table, or the document with ``--json``).
+``--verify`` failing its tolerance exits 1 after the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from cost_models.errors import InputError
+from parplan.cli.args import (add_model_arguments, add_timeout_argument, host_shared_cores, load_profile_argument,
+                              non_negative_int, positive_float, positive_int, slowdowns)
+from parplan.cli.run_checks import check_pipeline_flags, check_plan_fits, check_recovery, layout_plan, mpi_size
+
+__all__ = ["add_run", "backend_for"]
+
+
+def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``parplan run``."""
+    parser = commands.add_parser(
+        "run", parents=[common], help="train MODEL under a plan on R ranks and measure it",
+        description="Execute PLAN on --nproc local ranks (torchrun's machinery), or on the ranks mpirun/srun started; "
+                    "train --steps steps on synthetic data and write the measurement JSON.")
+    add_model_arguments(parser)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/1 file made for this model and input")
+    which.add_argument("--layout", metavar="L[,L…]", help="run without a plan file: every layer takes the first of "
+                       "these layouts it can (e.g. h2,n1); n1 (whole) is always tried last")
+    parser.add_argument("--nproc", type=positive_int, metavar="R",
+                        help="ranks to start (default: the plan's devices; under mpirun: its ranks)")
+    parser.add_argument("--steps", type=non_negative_int, default=10, metavar="S", help="measured steps (default 10)")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, metavar="W",
+                        help="steps run before measuring (default 2)")
+    parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
+    parser.add_argument("--out", metavar="MEAS.json", help="write the measurement here (atomically)")
+    parser.add_argument("--profile", metavar="PROFILE",
+                        help="predict this machine's step time with a profile (default: the plan's own prediction)")
+    parser.add_argument("--verify", action="store_true",
+                        help="first compare one step with the unsplit model; exit 1 if the error exceeds --tolerance")
+    parser.add_argument("--tolerance", type=positive_float, metavar="X",
+                        help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
+    parser.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default 0.01)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
+    parser.add_argument("--output", metavar="KEY",
+                        help="a model returning a dict, tuple or named tuple: take the loss of this part only (a key, "
+                             "field or index); default: the sum over every floating output")
+    parser.add_argument("--sync-batchnorm", action="store_true",
+                        help="batch-norm statistics over the whole batch, as the unsplit model (default: per group "
+                             "of samples, as data parallelism; not priced by the cost model)")
+    parser.add_argument("--data", metavar="module:function",
+                        help="data factory: function(input_box, target_box, step) -> (input, target) of this rank; "
+                             "with several inputs input_box is a tuple of boxes and input a tuple of tensors")
+    parser.add_argument("--threads", type=positive_int, metavar="T",
+                        help="CPU threads per rank (default: cores / ranks)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="after the timed steps, profile 3 more and report each layer's forward/backward seconds")
+    _add_recovery_arguments(parser)
+    _add_pipeline_arguments(parser)
+    parser.set_defaults(handler=_run)
+
+
+def _add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("failures and recovery")
+    add_timeout_argument(group)
+    group.add_argument("--checkpoint-every", type=positive_int, metavar="N",
+                       help="write a checkpoint after every N-th update (warm-up included) into --checkpoint-dir")
+    group.add_argument("--checkpoint-dir", metavar="D", help="folder of the checkpoints (seen by every rank)")
+    group.add_argument("--resume", action="store_true",
+                       help="continue from the newest complete checkpoint in --checkpoint-dir (another plan works too)")
+    group.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
+                       help="when a rank fails, start the group again up to R times, from the last checkpoint "
+                            "(torchrun's agent; not under mpirun)")
+
+
+def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    pipeline = parser.add_argument_group("pipelines")
+    pipeline.add_argument("--stages", type=positive_int, default=1, metavar="K",
+                          help="with --layout: cut the model into K stages of equal compute, R/K ranks each")
+    pipeline.add_argument("--schedule", choices=("sync", "stale"), default="sync",
+                          help="with --layout --stages: sync (GPipe/1F1B micro-batches) or stale (DSP); default sync")
+    pipeline.add_argument("--micro-batches", type=positive_int, metavar="M",
+                          help="with --layout --stages and sync: micro-batches (default: the divisor of the batch "
+                               "nearest below 4K)")
+    pipeline.add_argument("--order", choices=("1f1b", "gpipe"), default="1f1b",
+                          help="order of a sync pipeline's micro-batches (default 1f1b)")
+    pipeline.add_argument("--staleness", type=non_negative_int, metavar="S",
+                          help="cap every stage's staleness of a stale pipeline at S (0: sequential, as sync M=1)")
+    pipeline.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
+                          help="run stage K FACTOR times slower (a simulated straggler); repeatable")
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The handler: check, launch, report."""
+    import torch
+
+    from cost_models.graph import parse_input_shapes, trace
+    from cost_models.jsonio import check_writable
+    from cost_models.model_spec import load_model
+    from runtime.faults import planned
+    from runtime.launch import launch, started_by_mpi
+    from runtime.outputs import check_output_key
+    from runtime.train import RunOptions
+
+    args.slow_stages = slowdowns(args.slow_stage)
+    check_writable(args.out, "--out")
+    planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
+    shapes = parse_input_shapes(args.input_shape)
+    plan = _read_plan(args.plan) if args.plan else None
+    model = load_model(args.model)
+    check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
+    graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    mpi = started_by_mpi()
+    nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
+    if nproc is None and not mpi:
+        raise InputError("--layout needs --nproc R (how many ranks to start)")
+    plan = plan if plan is not None else layout_plan(graph, args, nproc or mpi_size())
+    check_plan_fits(args, plan, graph, nproc)
+    check_pipeline_flags(args, plan)
+    check_recovery(args, plan, mpi)
+    backend = backend_for(args.backend, nproc or mpi_size(), mpi)
+    options = RunOptions(
+        model=args.model, input_shape=shapes[0], input_shapes=shapes, dtype=args.dtype,  # type: ignore[arg-type]
+        plan=_predicted(args, plan, graph).to_dict(),
+        steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
+        tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
+        sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
+        threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or mpi_size())), quiet=args.json,
+        timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
+        resume=args.resume, graph=graph, output=args.output,
+        extra={"order": args.order, "staleness": args.staleness, "per_layer": getattr(args, "per_layer", False),
+               "slow_stages": {str(k): v for k, v in args.slow_stages.items()}})
+    document = launch(options, nproc, backend, args.max_restarts)
+    if document is None:  # an MPI rank other than 0: rank 0 reports
+        return 0
+    _report(args, document)
+    verified = document.get("verify")
+    return 1 if verified is not None and not verified["passed"] else 0
+
+
+def _read_plan(path: str) -> Any:
+    from cost_models.plan import load_plan
+
+    return load_plan(path)
+
+
+def _predicted(args: argparse.Namespace, plan: Any, graph: Any) -> Any:
+    """The plan with its prediction replaced by ``--profile``'s (this machine's), when given."""
+    if not args.profile:
+        return plan
+    from dataclasses import replace
+
+    from cost_models.estimate import estimate
+    from cost_models.plan import Prediction
+
+    result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages,
+                      shared_cores=host_shared_cores(args.nproc or plan.cluster.devices, args.threads))
+    return replace(plan, predicted=Prediction(result.iteration_s, result.memory_bytes_max, dict(result.breakdown_s)))
+
+
+def backend_for(requested: str | None, ranks: int, mpi: bool) -> str:
+    """The backend of ``ranks`` ranks: ``requested``, else nccl with GPUs, else gloo; refused when it cannot work."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = requested or ("nccl" if gpus >= 1 else "gloo")
+    if backend == "nccl" and gpus < 1:
+        raise InputError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
+    if backend == "nccl" and not mpi and gpus < ranks:  # under MPI the ranks may span hosts
+        raise InputError(f"--backend nccl with {ranks} local ranks needs {ranks} GPUs, this machine has {gpus}")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise InputError("this torch was built without the MPI backend; use --backend gloo or nccl "
+                         "(mpirun can still start the ranks)")
+    return backend
+
+
+def _report(args: argparse.Namespace, document: dict[str, Any]) -> None:
+    from cost_models.schema import check_document
+
+    try:
+        check_document(document, "parplan.measurement/1", "measurement-1", "the measurement", InputError)
+    except InputError as err:  # our own output: a bug, not bad input
+        raise RuntimeError(f"the measurement does not match its schema: {err}") from err
+    from cost_models.jsonio import emit_document
+    from parplan.cli.report import print_measurement
+
+    emit_document(document, args.out, args.json, print_measurement)

@@ -1,0 +1,123 @@
+"""What ``parplan run`` refuses before any rank starts: the plan against the model, pipeline and recovery flags.
+
+Each check is one line and exit code 2 (``InputError``); ``layout_plan`` makes the plan of ``--layout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cost_models.errors import InputError
+
+__all__ = ["check_pipeline_flags", "check_plan_fits", "check_recovery", "layout_plan", "mpi_size"]
+
+
+def layout_plan(graph: Any, args: argparse.Namespace, ranks: int) -> Any:
+    """The plan of ``--layout`` (cut into ``--stages`` of equal compute when more than one)."""
+    from cost_models.uniform import balanced_starts, staged
+
+    stages = args.stages
+    if ranks % stages:
+        raise InputError(f"--stages {stages} does not divide {ranks} ranks; give every stage the same number of ranks")
+    plan = _uniform(graph, args.layout, ranks // stages)
+    if stages == 1:
+        return plan
+    batch = graph.input_shape[0]
+    micro = args.micro_batches or max(m for m in range(1, min(batch, 4 * stages) + 1) if batch % m == 0)
+    return staged(plan, graph, balanced_starts(graph, stages), args.schedule, micro)
+
+
+def _uniform(graph: Any, text: str, devices: int) -> Any:
+    from cost_models.cluster import Cluster, Link
+    from cost_models.layout import Layout
+    from cost_models.uniform import uniform_plan
+
+    layouts = [Layout.parse(part.strip()) for part in text.split(",") if part.strip()]
+    wrong = [str(layout) for layout in layouts if devices % layout.ranks]
+    if wrong:
+        raise InputError(f"--layout {', '.join(wrong)} does not divide {devices} ranks; use layouts of n·c·h·w "
+                         f"dividing {devices}")
+    link = Link(0.0, 1e9)  # a container for the device count: this plan is not priced
+    cluster = Cluster(devices=devices, devices_per_node=devices, memory_bytes=2**40, intra=link, inter=link,
+                      name="this machine")
+    return uniform_plan(graph, cluster, [*layouts, Layout()])
+
+
+def check_plan_fits(args: argparse.Namespace, plan: Any, graph: Any, nproc: int | None) -> None:
+    from cost_models.model_spec import load_model
+    from runtime.preflight import check_plan, check_runnable
+
+    check_plan(plan, graph, nproc or mpi_size(), f"plan {args.plan}" if args.plan else "the --layout plan")
+    check_runnable(load_model(args.model), plan, graph, args.leaf_module, sync_batchnorm=args.sync_batchnorm,
+                   verify=args.verify)
+
+
+def check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
+    """Refuse pipeline flags the plan cannot take, and pipelines the runtime cannot run (``check_pipeline``)."""
+    from runtime.pipeline import check_pipeline
+
+    stages = plan.pipeline.stages
+    if args.plan and (args.stages != 1 or args.schedule != "sync" or args.micro_batches):
+        raise InputError("--stages, --schedule and --micro-batches shape a --layout plan; a plan file has its own "
+                         "pipeline (make another with parplan plan)")
+    wrong = [k for k in args.slow_stages if k >= stages]
+    if wrong:
+        raise InputError(f"--slow-stage names stage {wrong[0]} but the plan has {stages} stage(s) 0…{stages - 1}")
+    if args.staleness is not None and plan.pipeline.schedule != "stale":
+        raise InputError("--staleness caps a stale pipeline's staleness; this plan's schedule is "
+                         f"{plan.pipeline.schedule} with {stages} stage(s)")
+    if stages > 1:
+        check_pipeline(plan)
+
+
+def check_recovery(args: argparse.Namespace, plan: Any, mpi: bool) -> None:
+    """Refuse checkpoint and restart flags that cannot work together, and a --resume with nothing to resume."""
+    directory = args.checkpoint_dir
+    if (args.checkpoint_every or args.resume) and not directory:
+        raise InputError("--checkpoint-every and --resume need --checkpoint-dir D (the folder of the checkpoints)")
+    if directory and not (args.checkpoint_every or args.resume or args.max_restarts):
+        raise InputError(f"--checkpoint-dir {directory} without --checkpoint-every N writes nothing; add it "
+                         "(or --resume to continue from it)")
+    if args.max_restarts and mpi:
+        raise InputError("--max-restarts needs torchrun's agent (parplan run --nproc R); mpirun does not restart "
+                         "ranks — drop --max-restarts and rerun mpirun with --resume")
+    if directory:
+        _check_folder(directory, args.resume)
+    if args.resume:
+        _check_resumable(directory, plan, args)
+
+
+def _check_folder(directory: str, resume: bool) -> None:
+    """A folder (or one that can be made) that holds no other run's checkpoints, unless resuming from them."""
+    from pathlib import Path
+
+    folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--checkpoint-dir {directory} is a file, not a folder; give a folder")
+    if not folder.exists() and not folder.parent.is_dir():
+        raise InputError(f"--checkpoint-dir {directory}: its parent folder {folder.parent} does not exist; create it")
+    earlier = sorted(p.name for p in folder.glob("step-*")) if folder.is_dir() else []
+    if earlier and not resume:
+        raise InputError(f"--checkpoint-dir {directory} already holds checkpoints ({earlier[-1]}, …) of another run; "
+                         "add --resume to continue it, or give an empty folder")
+
+
+def _check_resumable(directory: str, plan: Any, args: argparse.Namespace) -> None:
+    """A complete, intact checkpoint of this model, input, dtype, seed and warm-up must be in ``directory``."""
+    from runtime.checkpoint import check_compatible, check_sizes, latest
+
+    manifest = latest(directory)
+    if manifest is None:
+        raise InputError(f"--resume: {directory} holds no complete checkpoint (no step-*/manifest.json); "
+                         "run without --resume")
+    check_compatible(manifest, {"plan": plan.to_dict(), "seed": args.seed, "warmup": args.warmup,
+                                "steps": args.steps})
+    check_sizes(manifest)
+
+
+def mpi_size() -> int:
+    """Ranks of the MPI job this process belongs to."""
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_size())
