@@ -16,7 +16,7 @@ endif
 
 DEMO_MODEL   ?= torchvision:resnet50
 DEMO_SHAPE   ?= 64,3,2048,2048
-DEMO_DEVICES ?= 64
+DEMO_DEVICES ?= 1024
 
 .PHONY: setup demo test clean
 
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/parplan plan --model $(DEMO_MODEL) --input-shape $(DEMO_SHAPE) --profile h100 \
-		--devices $(DEMO_DEVICES) --devices-per-node 8 --out demo-plan.json
+		--devices $(DEMO_DEVICES) --devices-per-node 8 --out demo-plan.json --plot demo-plan.png
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -7,8 +7,11 @@ two bounds of the overlap the additive objective cannot express). Both optima
 are priced with the full cost model (``cost_models.estimate``). With
 ``max_stages > 1`` the pipeline search (``planner.stages``) adds its plans.
 The fastest plan that fits in memory is returned, beside two baselines
-priced the same way: pure sample parallelism, and the best single layout
-used for every layer. When a baseline is itself faster than both optima
+priced the same way: pure sample parallelism — what a user would run, on as
+many devices as the batch has samples at most (``min(D, N)``, the largest
+that divides the batch and makes whole nodes), the rest idle, not copies on
+every device paying an allreduce over all of them — and the best single
+layout used for every layer on all ``D`` devices. When a baseline is itself faster than both optima
 (possible: the tables bracket the overlap, they do not model it), it is
 returned as the plan, and the result says so.
 
@@ -36,7 +39,8 @@ from planner.settings import SearchSettings
 from planner.space import Space, build_space
 from planner.stages import search_pipelines
 
-__all__ = ["Baseline", "Considered", "PlanResult", "assigned_plan", "one_stage_plan", "plan_model", "priced"]
+__all__ = ["Baseline", "Considered", "PlanResult", "assigned_plan", "one_stage_plan", "plan_model", "priced",
+           "sample_cluster"]
 
 
 @dataclass(frozen=True)
@@ -175,14 +179,13 @@ def _plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignmen
 
 def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, optimizer: str,
                memo: CostMemo) -> tuple[Baseline, ...]:
-    """Pure sample parallelism (copies on the devices the batch cannot use) and the best uniform layout."""
+    """Pure sample parallelism (on at most as many devices as samples, the rest idle) and the best uniform layout."""
     found = []
-    batch = graph.input_shape[0]
-    sample = max(d for d in range(1, cluster.devices + 1) if cluster.devices % d == 0 and d <= batch)
     layers = graph.compute_layers()
+    sample = sample_cluster(cluster, graph.input_shape[0])
     try:
-        found.append(_baseline("pure sample", graph, profile, cluster, {name: Layout(n=sample) for name in layers},
-                               optimizer, memo))
+        found.append(_baseline("pure sample", graph, profile, sample,
+                               {name: Layout(n=sample.devices) for name in layers}, optimizer, memo))
     except PlanError:  # a layer smaller than the batch split (rare: a reshape that folds the batch)
         pass
     if space.uniform_s:
@@ -194,6 +197,15 @@ def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, opt
                                {layer: per_decision[head] for head, members in space.members.items() for layer in members},
                                optimizer, memo))
     return tuple(found)
+
+
+def sample_cluster(cluster: Cluster, batch: int) -> Cluster:
+    """The devices pure sample parallelism uses of ``cluster``: the most, at most ``batch``, that divide the batch
+    and fill whole nodes (or part of one); the rest stay idle."""
+    for devices in range(min(cluster.devices, batch), 0, -1):
+        if batch % devices == 0 and (devices <= cluster.devices_per_node or devices % cluster.devices_per_node == 0):
+            return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
+    return replace(cluster, devices=1, devices_per_node=1)
 
 
 def _baseline(name: str, graph: Any, profile: Profile, cluster: Cluster, layouts: Mapping[str, Layout],

@@ -21,8 +21,10 @@ avoid that, idle devices can.
 Each :class:`WhatIfRow` holds the best plan's predicted iteration time,
 samples per second, memory per device and one-line plan, the best one-stage
 plan's time (sample × spatial × channel, no pipeline) and pure sample
-parallelism's (its data-parallel width is the largest divisor of ``D`` not
-above the batch, so past the batch size its time stops improving). Speedup
+parallelism's (on at most as many devices as the batch has samples, the
+rest idle: ``planner.search.sample_cluster``; past the batch size its time
+stops improving). Under strong scaling both baselines, like the plan, are
+the best of the sizes up to ``D``: no curve rises with more devices. Speedup
 and efficiency compare throughput (samples per second) with one device
 running the whole model unsplit at the input shape's batch — predicted even
 when it would not fit in one device's memory (:func:`one_device`), so that
@@ -161,18 +163,28 @@ def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cl
 
 def with_idle(rows: Sequence[WhatIfRow]) -> list[WhatIfRow]:
     """Strong scaling: each feasible row with the fastest plan of its size or a smaller one (the devices it does
-    not use idle); rows in increasing device order."""
+    not use idle), and so with its baselines (pure sample, best one stage): each the best on at most that many
+    devices; rows in increasing device order."""
     found: list[WhatIfRow] = []
     best: WhatIfRow | None = None
+    sample: WhatIfRow | None = None
+    one_stage: float | None = None
     for row in sorted(rows, key=lambda each: each.devices):
-        if row.feasible and (best is None or row.iteration_s < best.iteration_s):  # type: ignore[operator]
-            best = row
-        if not row.feasible or best is row or best is None:
+        if not row.feasible:
             found.append(row)
             continue
+        if best is None or row.iteration_s < best.iteration_s:  # type: ignore[operator]
+            best = row
+        if row.pure_sample_s is not None and (sample is None or row.pure_sample_s < sample.pure_sample_s):  # type: ignore[operator]
+            sample = row
+        if row.one_stage_s is not None and (one_stage is None or row.one_stage_s < one_stage):
+            one_stage = row.one_stage_s
         found.append(replace(row, iteration_s=best.iteration_s, samples_per_s=best.samples_per_s,
                              memory_bytes=best.memory_bytes, plan=best.plan, stages=best.stages,
-                             devices_used=best.devices_used))
+                             devices_used=best.devices_used, one_stage_s=one_stage,
+                             pure_sample_s=sample.pure_sample_s if sample else None,
+                             pure_sample_samples_per_s=sample.pure_sample_samples_per_s if sample else None,
+                             sample_parallel=sample.sample_parallel if sample else row.sample_parallel))
     return found
 
 
@@ -225,5 +237,5 @@ def _row(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSetting
         plan=result.plan.summary(), stages=result.plan.pipeline.stages, one_stage_s=min(one_stage, default=None),
         pure_sample_s=sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
         pure_sample_samples_per_s=batch / sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
-        sample_parallel=max(d for d in range(1, cluster.devices + 1) if cluster.devices % d == 0 and d <= batch),
-        search_s=result.search_s, devices_used=cluster.devices)
+        sample_parallel=sample.plan.cluster.devices if sample is not None else 1,
+        search_s=result.search_s, devices_used=result.plan.cluster.devices)

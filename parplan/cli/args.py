@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 from cost_models.errors import InputError
 
-__all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument", "check_out_dir", "cluster_for",
-           "host_shared_cores", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
+__all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument", "check_out_dir",
+           "check_plot_path", "cluster_for", "host_shared_cores", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
            "positive_int", "print_json", "search_settings", "slowdowns", "trace_model"]
 
 
@@ -129,6 +129,17 @@ def check_out_dir(path: str, flag: str = "--out") -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise InputError(f"{flag} {path}: directory {folder} does not exist; create it first")
+
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(path: str, flag: str = "--plot") -> None:
+    """Refuse a figure path in a missing folder, or with a suffix matplotlib is not asked to write."""
+    check_out_dir(path, flag)
+    if not path.lower().endswith(PLOT_SUFFIXES):
+        raise InputError(f"{flag} {path}: the figure is written as {', '.join(PLOT_SUFFIXES)} by suffix; "
+                         f"name the file e.g. figure.png")
 
 
 def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from parplan.cli.args import (add_model_arguments, add_search_arguments, check_out_dir, cluster_for,
+from parplan.cli.args import (add_model_arguments, add_search_arguments, check_out_dir, check_plot_path, cluster_for,
                               load_profile_argument, positive_int, print_json, search_settings, trace_model)
 
 __all__ = ["add_plan", "search_plan"]
@@ -21,13 +21,19 @@ def add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", required=True, type=positive_int, help="number of devices")
     parser.add_argument("--devices-per-node", type=positive_int, default=None, help="devices per node")
     add_search_arguments(parser)
-    parser.add_argument("--explain", action="store_true", help="per layer, the runner-up layout and its extra cost")
+    parser.add_argument("--table", action="store_true", help="print the layout, stage, time and memory of every layer")
+    parser.add_argument("--explain", action="store_true",
+                        help="the per-layer table with each layer's runner-up layout and its extra cost")
+    parser.add_argument("--plot", metavar="F.png", help="draw the plan along the model: each layer's layout, time and "
+                        "memory, pipeline stages shaded (png, svg, pdf)")
     parser.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the plan")
     parser.set_defaults(handler=_plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
+    if args.plot:
+        check_plot_path(args.plot)
     profile = load_profile_argument(args.profile, args.dtype)
     cluster_for(args.profile, profile, args.devices, args.devices_per_node)  # a bad device count before tracing
     graph, _ = trace_model(args)
@@ -35,13 +41,17 @@ def _plan(args: argparse.Namespace) -> int:
 
     result = search_plan(args, graph, profile)
     save_plan(result.plan, args.out)
-    document = _plan_document(graph, result)
+    document = {**_plan_document(graph, result), "devices_given": args.devices}
+    if args.plot:
+        from parplan.cli.plot import plot_plan
+
+        plot_plan(document, args.plot)
     if args.json:
         print_json(document)
     else:
         from parplan.cli.report import print_plan_summary
 
-        print_plan_summary(document, args.out, explain=args.explain)
+        print_plan_summary(document, args.out, explain=args.explain, table=args.table)
     return 0
 
 
@@ -75,7 +85,7 @@ def _plan_document(graph: Any, result: Any) -> dict[str, Any]:
             "skipped_configurations": result.skipped_configurations, "decisions": rows,
             "considered": [{"plan": c.summary, "iteration_s": c.iteration_s, "memory_bytes_max": c.memory_bytes_max,
                             "fits": c.fits} for c in result.considered],
-            "baselines": [{"name": b.name, "iteration_s": b.estimate.iteration_s,
+            "baselines": [{"name": b.name, "devices": b.plan.cluster.devices, "iteration_s": b.estimate.iteration_s,
                            "memory_bytes_max": b.estimate.memory_bytes_max,
                            "speedup": b.estimate.iteration_s / result.estimate.iteration_s}
                           for b in result.baselines]}

@@ -181,29 +181,43 @@ def print_estimate(document: dict[str, Any], console: Console | None = None) -> 
 
 
 def print_plan_summary(document: dict[str, Any], path: str, console: Console | None = None,
-                       explain: bool = False) -> None:
-    """``parplan plan``: per layer its layout and stage, the prediction, the search, and the baselines side by side."""
+                       explain: bool = False, table: bool = False) -> None:
+    """``parplan plan``: the plan in one line, its prediction and speedups first; the search; the baselines side by
+    side; the per-layer table (layout, stage, time, memory) with ``table`` or ``explain`` (runner-ups too)."""
     console = console or Console(width=None if sys.stdout.isatty() else 200)
-    console.print(_decision_table(document["decisions"], explain))
     predicted, solver = document["predicted"], document["solver"]
-    console.print(f"wrote {path}: {document['summary']}")
+    used = document["cluster"]["devices"]
+    devices = document.get("devices_given", used)
+    where = f"{used} devices" if used == devices else f"{used} of the {devices} devices (the rest idle)"
+    console.print(f"[bold]{document['summary']}[/] on {where}: {predicted['iteration_s'] * 1e3:.2f} ms per "
+                  f"iteration, {format_bytes(predicted['memory_bytes_max'])} per rank"
+                  + "".join(f"; {b['speedup']:.2f}× {_baseline_label(b, devices)}" for b in document["baselines"]))
+    if table or explain:
+        console.print(_decision_table(document["decisions"], explain))
     how = f"solver {solver['name']} {solver['status']} in {solver['seconds']:.2f} s" if solver else "no exact solve"
     if document["chosen_from"] != "search":
         how += f"; the full estimate priced the baseline '{document['chosen_from']}' fastest, so it is the plan"
-    console.print(f"predicted {predicted['iteration_s'] * 1e3:.2f} ms per iteration, "
-                  f"{format_bytes(predicted['memory_bytes_max'])} per rank · {how} · {document['candidates']} "
-                  f"candidates kept, {document['pruned']} pruned · search {document['search_s']:.1f} s")
+    console.print(f"wrote {path} · {how} · {document['candidates']} candidates kept, {document['pruned']} pruned · "
+                  f"search {document['search_s']:.1f} s")
     if len(document["considered"]) > 2 or document["skipped_configurations"]:
         fitting = [c for c in document["considered"] if c["fits"]]
         console.print(f"stage search priced {len(document['considered'])} plans ({len(fitting)} fit in memory); "
                       f"{document['skipped_configurations']} stage/schedule configurations skipped by the lower bound")
-    table = Table(title="against the plans a user would pick by hand")
-    for header in ("plan", "iteration", "memory per rank", "parplan's speedup"):
-        table.add_column(header)
+    baselines = Table(title="against the plans a user would pick by hand")
+    for header in ("plan", "devices", "iteration", "memory per rank", "parplan's speedup"):
+        baselines.add_column(header)
     for baseline in document["baselines"]:
-        table.add_row(baseline["name"], f"{baseline['iteration_s'] * 1e3:.2f} ms",
-                      format_bytes(baseline["memory_bytes_max"]), f"{baseline['speedup']:.2f}×")
-    console.print(table)
+        baselines.add_row(baseline["name"], f"{baseline['devices']} of {devices}", f"{baseline['iteration_s'] * 1e3:.2f} ms",
+                          format_bytes(baseline["memory_bytes_max"]), f"{baseline['speedup']:.2f}×")
+    console.print(baselines)
+    if not (table or explain):
+        console.print("per-layer layouts: --table (or --explain, with each layer's runner-up)")
+
+
+def _baseline_label(baseline: dict[str, Any], devices: int) -> str:
+    name = baseline["name"].split(" (")[0]
+    used = baseline["devices"]
+    return f"over {name}" + (f" (on {used} of the {devices} devices)" if used != devices else "")
 
 
 def _decision_table(rows: list[dict[str, Any]], explain: bool) -> Table:

@@ -10,15 +10,11 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 from typing import Any, Sequence
 
 from cost_models.errors import InputError
 
 __all__ = ["add_whatif", "parse_devices", "run_sweep"]
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
 def add_whatif(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan whatif``."""
     from parplan.cli.args import (add_model_arguments, add_search_arguments, non_negative_int, positive_float,
@@ -108,13 +104,12 @@ def run_sweep(args: argparse.Namespace, devices: list[int]) -> dict[str, Any]:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise InputError(f"{flag} {path}: directory {os.path.dirname(os.path.abspath(path))} does not exist; "
-                             f"create it first")
-    if args.plot and not args.plot.lower().endswith(PLOT_SUFFIXES):
-        raise InputError(f"--plot {args.plot}: the figure is written as {', '.join(PLOT_SUFFIXES)} by suffix; "
-                         f"name the file e.g. whatif.png")
+    from parplan.cli.args import check_out_dir, check_plot_path
+
+    if args.csv:
+        check_out_dir(args.csv, "--csv")
+    if args.plot:
+        check_plot_path(args.plot)
 
 
 def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
