@@ -85,7 +85,7 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
 from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_last_dims, order_refusal, permutes,
@@ -93,6 +93,9 @@ from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_
                                      stacks_or_reduces)
 from cost_models.layout import Layout
 from cost_models.orders import default_order, logical
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "on_last_dims",
            "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
@@ -146,7 +149,7 @@ def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return next((why for piece in layer["output_shape"] if (why := _ordered_fit_refusal(piece, order, layout))), None)
 
 
-def piece_layout_refusal(graph: Any, layers: Mapping[str, Any]) -> str | None:
+def piece_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str | None:
     """Why a plan's ``pieces[i]`` cannot run: it must take the layout of the layer that cut the pieces (its
     value is that layer's local piece); ``None`` when every item does."""
     for name, assignment in layers.items():
@@ -322,14 +325,14 @@ def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
     return None
 
 
-def crosses_as_tuple(graph: Any, layer: str, later: Any) -> bool:
+def crosses_as_tuple(graph: LayerGraph, layer: str, later: Any) -> bool:
     """Whether ``layer`` makes several tensors (a tuple: ``x.chunk(2, dim=1)``) read by a layer ``later(name)``
     says is past a pipeline cut: the pipeline runtime sends one tensor per value, so no cut may fall there."""
     output = graph.nodes[layer]["output_shape"]
     return bool(output) and isinstance(output[0], list) and any(later(reader) for reader in graph.successors(layer))
 
 
-def shared_modules(graph: Any) -> dict[str, list[str]]:
+def shared_modules(graph: LayerGraph) -> dict[str, list[str]]:
     """Modules with parameters that several layers call (one module used twice), each with its layers in order.
 
     Their parameters are trained once, so no pipeline cut may separate those layers (the parameter would be
@@ -355,7 +358,7 @@ def _calls_module(name: str, module: str) -> bool:
     return name == stem or (name.startswith(stem + "_") and name[len(stem) + 1:].isdigit())
 
 
-def shared_module_refusal(graph: Any, stage_of: Mapping[str, int]) -> str | None:
+def shared_module_refusal(graph: LayerGraph, stage_of: Mapping[str, int]) -> str | None:
     """Why stages ``stage_of`` (layer → stage) cannot run: a module with parameters called on two stages."""
     for module, layers in shared_modules(graph).items():
         stages = sorted({stage_of[layer] for layer in layers if layer in stage_of})
@@ -365,7 +368,7 @@ def shared_module_refusal(graph: Any, stage_of: Mapping[str, int]) -> str | None
     return None
 
 
-def shared_layout_refusal(graph: Any, layers: Mapping[str, Any]) -> str | None:
+def shared_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str | None:
     """Why calls of one module with parameters cannot run under their layouts (``layers``: layer → assignment):
     a channel split slices the module's weights, so every call must then have the same layout."""
     for module, calls in shared_modules(graph).items():
@@ -377,7 +380,7 @@ def shared_layout_refusal(graph: Any, layers: Mapping[str, Any]) -> str | None:
     return None
 
 
-def plan_refusals(plan: Any, graph: Any, *, sync_batchnorm: bool = False) -> Iterator[str]:
+def plan_refusals(plan: Any, graph: LayerGraph, *, sync_batchnorm: bool = False) -> Iterator[str]:
     """Every reason the runtime would refuse ``plan`` for ``graph``: its pipeline, then layer by layer."""
     pipeline = plan.pipeline
     if pipeline.stages > 1 and (why := pipeline_refusal(pipeline, int(plan.input_shape[0]))):

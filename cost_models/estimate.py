@@ -53,7 +53,7 @@ import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import ceil
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
@@ -65,8 +65,11 @@ from cost_models.orders import NCHW, logical
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, local_problem
 from cost_models.memory import LayerMemory, layer_memory
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
-from cost_models.plan import Plan, check_plan_for_graph
+from cost_models.plan import Plan, Prediction, check_plan_for_graph
 from cost_models.profile import Profile
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "edge_layouts", "edge_move", "edge_s", "estimate"]
 
@@ -106,6 +109,27 @@ class Estimate:
     layers: tuple[LayerEstimate, ...]
     stages: tuple[StageEstimate, ...]
     contention: float = 1.0  # how much ranks sharing cores stretched the iteration (``shared_cores``)
+
+    def prediction(self) -> Prediction:
+        """What a plan file records of this estimate: iteration, peak memory, breakdown."""
+        return Prediction(self.iteration_s, self.memory_bytes_max, dict(self.breakdown_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``parplan estimate --json``): totals, breakdown, memory, stages and layers."""
+        layers = [{"name": layer.name, "kind": layer.kind, "stage": layer.stage, "layout": str(layer.layout),
+                   "compute_source": layer.cost.compute_source, "forward_s": layer.cost.forward_s,
+                   "backward_s": layer.cost.backward_s, "backward_weight_s": layer.cost.backward_weight_s,
+                   "halo_s": layer.cost.halo_s, "halo_exposed_s": layer.cost.halo_exposed_s,
+                   "allreduce_s": layer.cost.allreduce_s, "norm_s": layer.cost.norm_s,
+                   "channel_reduce_s": layer.cost.channel_reduce_s, "redistribution_s": layer.redistribution_s,
+                   "memory_bytes": layer.memory.resident_bytes} for layer in self.layers]
+        stages = [{"stage": index, "forward_s": stage.forward_s, "backward_s": stage.backward_s,
+                   "transfer_s": stage.transfer_s, "allreduce_s": stage.allreduce_s,
+                   "allreduce_exposed_s": stage.allreduce_exposed_s, "memory_bytes": stage.memory_bytes}
+                  for index, stage in enumerate(self.stages)]
+        return {"iteration_s": self.iteration_s, "breakdown_s": dict(self.breakdown_s), "stages": stages,
+                "memory_bytes_max": self.memory_bytes_max, "memory_bytes": dict(self.memory_bytes),
+                "contention": self.contention, "sources": self.sources(), "layers": layers}
 
     def sources(self) -> dict[str, int]:
         """How many layers' compute came from measured entries, the fit, both, or needed none."""
@@ -217,7 +241,7 @@ def _one_node_normalised(cluster: Cluster) -> Cluster:
 
 @dataclass(frozen=True)
 class _Context:
-    graph: Any
+    graph: LayerGraph
     nodes: Mapping[str, Mapping[str, Any]]
     plan: Plan
     profile: Profile
@@ -228,7 +252,7 @@ class _Context:
     memo: CostMemo
 
 
-def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None = None, optimizer: str = "sgd",
+def estimate(graph: LayerGraph, plan: Plan, profile: Profile, cluster: Cluster | None = None, optimizer: str = "sgd",
              overlap: bool = True, slowdown: Mapping[int, float] | None = None,
              shared_cores: float | None = None, *, memo: CostMemo | None = None) -> Estimate:
     """Predict one training iteration of ``plan`` for the traced ``graph``.
@@ -263,7 +287,7 @@ def estimate(graph: Any, plan: Plan, profile: Profile, cluster: Cluster | None =
     return _combine(layers, stages, plan, micro, step_s, shared_cores)
 
 
-def _micro_batch_nodes(graph: Any, micro: int) -> Mapping[str, Mapping[str, Any]]:
+def _micro_batch_nodes(graph: LayerGraph, micro: int) -> Mapping[str, Mapping[str, Any]]:
     if micro == 1:
         return graph.nodes
     def scaled(shape: list[Any]) -> list[Any]:

@@ -65,6 +65,8 @@ class LayerCost:
     norm_s: float
     channel_reduce_s: float
     compute_source: str
+    backward_weight_s: float = 0.0
+    """The weight-gradient share of ``backward_s`` (timed apart: ``bwd_weight``; 0 when fused or weightless)."""
 
     @property
     def total_s(self) -> float:
@@ -89,7 +91,7 @@ def problem_cost(name: str, layer: Mapping[str, Any], layout: Layout, problem: L
                              0.0, 0.0, "none")
         raise PlanError(f"layout {layout} cannot split layer '{name}' ({layer['kind']}, output "
                         f"{tuple(layer['output_shape'])}); choose a layout its kind and shape allow")
-    forward_s, backward_s, source = _compute_s(problem, profile)
+    forward_s, backward_s, weight_s, source = _compute_s(problem, profile)
     halo_s = _halo_s(layer, layout, problem, profile, cluster)
     interior = _interior_share(layer, layout, problem) if overlap else 0.0
     exposed = max(0.0, halo_s / 2 - interior * forward_s) + max(0.0, halo_s / 2 - interior * backward_s)
@@ -98,13 +100,13 @@ def problem_cost(name: str, layer: Mapping[str, Any], layout: Layout, problem: L
         scale * forward_s, scale * backward_s, scale * halo_s, scale * exposed,
         _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
         scale * _norm_s(layer, layout, problem, profile, cluster),
-        scale * _channel_reduce_s(layer, layout, problem, profile, cluster), source,
+        scale * _channel_reduce_s(layer, layout, problem, profile, cluster), source, scale * weight_s,
     )
 
 
-def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, str]:
+def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, float, str]:
     flops, key = problem.flops, problem.key
-    forward_s = backward_s = 0.0
+    forward_s = backward_s = weight_s = 0.0
     sources = set()
     for phase in phases_of(problem):
         count = getattr(flops, _FLOPS_OF[phase])
@@ -114,7 +116,8 @@ def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, s
             forward_s += seconds
         else:
             backward_s += seconds
-    return forward_s, backward_s, sources.pop() if len(sources) == 1 else "mixed"
+            weight_s += seconds if phase == "bwd_weight" else 0.0
+    return forward_s, backward_s, weight_s, sources.pop() if len(sources) == 1 else "mixed"
 
 
 def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], list[AxisHalo]] | None:

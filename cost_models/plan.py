@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import PlanError
@@ -34,6 +34,9 @@ from cost_models.jsonio import read_json, write_json_atomic
 from cost_models.layout import Layout
 from cost_models.orders import NCHW, logical
 from cost_models.schema import check_document
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = [
     "PLAN_FORMAT", "LayerAssignment", "Pipeline", "Plan", "Prediction", "SolverInfo",
@@ -210,7 +213,7 @@ def load_plan(path: str | os.PathLike[str], expected_fingerprint: str | None = N
     return plan
 
 
-def check_plan_for_graph(plan: Plan, graph: Any) -> None:
+def check_plan_for_graph(plan: Plan, graph: LayerGraph) -> None:
     """Refuse a plan that does not cover exactly the graph's layers or whose layouts do not fit them.
 
     Args:

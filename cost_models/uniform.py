@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
@@ -20,6 +20,9 @@ from cost_models.capability import layer_refusal
 from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
 from cost_models.plan import LayerAssignment, Pipeline, Plan, recorded_shapes
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "balanced_starts", "layout_by_rule", "staged", "uniform_plan"]
 
@@ -42,7 +45,7 @@ def fits_output(node: Mapping[str, Any], layout: Layout) -> bool:
     return layer_refusal(node, layout) is None
 
 
-def layout_by_rule(graph: Any, rule: Rule) -> dict[str, Layout]:
+def layout_by_rule(graph: LayerGraph, rule: Rule) -> dict[str, Layout]:
     """Per layer the first layout of ``rule(name, position)`` it can take.
 
     Raises:
@@ -63,7 +66,7 @@ def layout_by_rule(graph: Any, rule: Rule) -> dict[str, Layout]:
     return chosen
 
 
-def _cut_from(graph: Any, name: str) -> str | None:
+def _cut_from(graph: LayerGraph, name: str) -> str | None:
     """The layer with several outputs that ``name`` (a getitem) reads an item of; ``None`` for other layers."""
     if graph.nodes[name]["kind"] != "getitem":
         return None
@@ -72,7 +75,7 @@ def _cut_from(graph: Any, name: str) -> str | None:
     return sources[0] if produced and isinstance(produced[0], list) else None
 
 
-def uniform_plan(graph: Any, cluster: Cluster, preferences: Sequence[Layout] | Rule, model_spec: str = "") -> Plan:
+def uniform_plan(graph: LayerGraph, cluster: Cluster, preferences: Sequence[Layout] | Rule, model_spec: str = "") -> Plan:
     """A one-stage plan on all of ``cluster``'s devices in which each layer takes its first applicable preference."""
     rule: Rule = preferences if callable(preferences) else (lambda _name, _position: preferences)  # type: ignore[assignment]
     layouts = layout_by_rule(graph, rule)
@@ -83,7 +86,7 @@ def uniform_plan(graph: Any, cluster: Cluster, preferences: Sequence[Layout] | R
                 input_shapes=recorded_shapes(graph.input_shapes))
 
 
-def staged(plan: Plan, graph: Any, starts: Sequence[str], schedule: str = "sync", micro_batches: int = 1,
+def staged(plan: Plan, graph: LayerGraph, starts: Sequence[str], schedule: str = "sync", micro_batches: int = 1,
            staleness: Sequence[int] | None = None) -> Plan:
     """``plan`` (one stage of ``G`` devices) cut into pipeline stages of ``G`` devices each.
 
@@ -117,7 +120,7 @@ def staged(plan: Plan, graph: Any, starts: Sequence[str], schedule: str = "sync"
                 created=plan.created, input_shapes=plan.input_shapes)
 
 
-def balanced_starts(graph: Any, stages: int) -> list[str]:
+def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:
     """The first layer of stages ``1 … K−1`` cutting the model into ``K`` parts of about equal forward+backward FLOPs.
 
     Raises:

@@ -84,7 +84,7 @@ def estimate(graph: LayerGraph, plan: Plan, *, profile: str | os.PathLike[str] |
 def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, devices: Sequence[int],
            devices_per_node: int | None = None, scale_inter_bw: float = 1.0, scale_intra_bw: float = 1.0,
            memory_gb: float | None = None, weak_scaling: bool = False, settings: Any = None, dtype: str = "float32",
-           jobs: int | None = None, leaf_modules: Sequence[str] = ()) -> dict[str, Any]:
+           jobs: int | None = None, leaf_modules: Sequence[str] = (), progress: Any = None) -> dict[str, Any]:
     """Plan ``model`` at each of ``devices`` and return the ``parplan.whatif/1`` document (``parplan whatif``).
 
     Args:
@@ -96,6 +96,7 @@ def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, device
         memory_gb: Device memory in GiB instead of the profile's.
         settings: A ``planner.settings.SearchSettings`` (default: ``parplan plan``'s defaults).
         jobs: Processes planning in parallel (default: one per core).
+        progress: Called ``(done, total)`` as sizes finish (a progress bar).
 
     Raises:
         InputError: Bad shape, profile, factors or model (one line each).
@@ -125,7 +126,7 @@ def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, device
         return replace(found, memory_bytes=memory) if memory else found
 
     rows, reference = sweep(graph_for, scaled, cluster_at, devices, shapes[0][0], settings, weak=weak_scaling,
-                            jobs=jobs, model_spec=model)
+                            jobs=jobs, model_spec=model, progress=progress)
     return {"format": WHATIF_FORMAT, "model": model, "input_shape": list(shapes[0]),
             **({"input_shapes": [list(each) for each in shapes]} if len(shapes) > 1 else {}),
             "dtype": dtype, "profile": profile,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
@@ -33,6 +33,9 @@ from planner.search import Baseline, assigned_plan, one_stage_plan, plan_model, 
 from planner.settings import SearchSettings
 from planner.space import Space, build_space
 from planner.stages import search_pipelines
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["Candidate", "Refusal", "validation_candidates"]
 
@@ -50,7 +53,7 @@ class Candidate:
     estimate: Estimate
 
 
-def validation_candidates(graph: Any, profile: Profile, cluster: Cluster, k: int, settings: SearchSettings, *,
+def validation_candidates(graph: LayerGraph, profile: Profile, cluster: Cluster, k: int, settings: SearchSettings, *,
                           model_spec: str = "", min_difference: int | None = None, min_gap: float = 0.03,
                           refusal: Refusal | None = None,
                           shared_cores: float | None = None) -> tuple[list[Candidate], list[str]]:
@@ -102,12 +105,12 @@ def _runs(entry: Baseline, refusal: Refusal | None, left_out: list[str]) -> bool
     return reason is None
 
 
-def _price(name: str, plan: Plan, profile: Profile, graph: Any, optimizer: str,
+def _price(name: str, plan: Plan, profile: Profile, graph: LayerGraph, optimizer: str,
            shared_cores: float | None) -> Baseline:
     return priced(name, plan, profile, graph, optimizer, shared_cores)
 
 
-def _k_best(graph: Any, cluster: Cluster, space: Space, count: int, difference: int, model_spec: str, solver: str,
+def _k_best(graph: LayerGraph, cluster: Cluster, space: Space, count: int, difference: int, model_spec: str, solver: str,
             price: Price) -> list[Baseline]:
     """The ``count`` best one-stage plans of the full-allreduce table, each ``difference`` decisions from the others."""
     found: list[Baseline] = []
@@ -125,7 +128,7 @@ def _k_best(graph: Any, cluster: Cluster, space: Space, count: int, difference: 
     return found
 
 
-def _pipelines(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str,
+def _pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str,
                price: Price) -> list[Baseline]:
     """Every pipeline plan of the stage search that fits, fastest first."""
     if settings.max_stages < 2 or cluster.devices < 2:
@@ -161,7 +164,7 @@ def _distinct_fastest(first: Baseline, pool: list[Baseline], cluster: Cluster, k
     return [first, *sorted(chosen[1:], key=lambda b: b.estimate.iteration_s)]
 
 
-def _uniform(graph: Any, cluster: Cluster, space: Space, price: Price) -> list[Baseline]:
+def _uniform(graph: LayerGraph, cluster: Cluster, space: Space, price: Price) -> list[Baseline]:
     """One plan per single layout over all devices (layers it cannot split take the space's fallback)."""
     found = []
     for layout, per_decision in space.uniform_layouts.items():
@@ -170,7 +173,7 @@ def _uniform(graph: Any, cluster: Cluster, space: Space, price: Price) -> list[B
     return found
 
 
-def _baselines(graph: Any, cluster: Cluster, space: Space, planned: tuple[Baseline, ...], pipeline: list[Baseline],
+def _baselines(graph: LayerGraph, cluster: Cluster, space: Space, planned: tuple[Baseline, ...], pipeline: list[Baseline],
                price: Price) -> list[Baseline]:
     found = [price(b.name, b.plan) for b in planned if b.name == "pure sample"]
     spatial = [layout for layout in space.uniform_s if layout.n == layout.c == 1 and layout.ranks == cluster.devices]

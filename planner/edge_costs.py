@@ -17,7 +17,7 @@ computes many at once:
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from cost_models.estimate import edge_layouts
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.profile import Profile
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["EdgeCosts", "PatternTable"]
 
@@ -71,7 +74,7 @@ class EdgeCosts:
     array arithmetic over all its pairs at once.
     """
 
-    def __init__(self, graph: Any, profile: Profile, cluster: Cluster, devices: int, itemsize: int,
+    def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, itemsize: int,
                  patterns: PatternTable | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.itemsize = graph, profile, cluster, devices, itemsize
         self.coefficients = sendrecv_coefficients(profile, itemsize)

@@ -34,7 +34,7 @@ correction never saw.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -43,6 +43,9 @@ from cost_models.corrections import POOLED, Corrections, layer_key, split_class
 from cost_models.estimate import estimate
 from cost_models.plan import Plan
 from cost_models.profile import Profile
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["Observation", "fit_corrections", "held_out_predictions", "local_s"]
 
@@ -64,7 +67,7 @@ class Observation:
     shared_cores: float | None = None  # the run's ranks shared this many cores (``cost_models.estimate``)
     noise: float = 0.0  # relative standard error of ``measured_s``
 
-    def estimate(self, graph: Any, profile: Profile, optimizer: str) -> Any:
+    def estimate(self, graph: LayerGraph, profile: Profile, optimizer: str) -> Any:
         """The full estimate of this run's plan under ``profile``, on the run's shared cores."""
         return estimate(graph, self.plan, profile, optimizer=optimizer, shared_cores=self.shared_cores)
 
@@ -92,7 +95,7 @@ def _passes(plan: Plan | None) -> tuple[int, int]:
     return plan.pipeline.micro_batches, plan.pipeline.micro_batches
 
 
-def fit_corrections(graph: Any, profile: Profile, runs: Sequence[Observation], optimizer: str = "sgd") -> Corrections:
+def fit_corrections(graph: LayerGraph, profile: Profile, runs: Sequence[Observation], optimizer: str = "sgd") -> Corrections:
     """Corrections for ``profile`` (its own are ignored) that fit ``runs`` (module docstring)."""
     base = replace(profile, corrections=None)
     factors = _layer_factors(graph, base, runs, optimizer)
@@ -108,7 +111,7 @@ def fit_corrections(graph: Any, profile: Profile, runs: Sequence[Observation], o
                         "per_layer_runs": sum(run.layers_s is not None for run in runs)})
 
 
-def held_out_predictions(graph: Any, profile: Profile, runs: Sequence[Observation],
+def held_out_predictions(graph: LayerGraph, profile: Profile, runs: Sequence[Observation],
                          optimizer: str = "sgd") -> list[float]:
     """For each run, its predicted seconds under corrections fitted to all the other runs."""
     predicted = []
@@ -119,7 +122,7 @@ def held_out_predictions(graph: Any, profile: Profile, runs: Sequence[Observatio
     return predicted
 
 
-def _layer_factors(graph: Any, base: Profile, runs: Sequence[Observation], optimizer: str) -> dict[str, float]:
+def _layer_factors(graph: LayerGraph, base: Profile, runs: Sequence[Observation], optimizer: str) -> dict[str, float]:
     sums: dict[str, list[float]] = {}
     parents: dict[str, str] = {}
     for run in runs:
@@ -159,12 +162,12 @@ class _Terms:
     exposed: float
 
 
-def _hidden_allreduce_s(graph: Any, base: Profile, run: Observation, optimizer: str) -> float:
+def _hidden_allreduce_s(graph: LayerGraph, base: Profile, run: Observation, optimizer: str) -> float:
     stages = run.estimate(graph, base, optimizer).stages
     return sum(stage.allreduce_s - stage.allreduce_exposed_s for stage in stages)
 
 
-def _whole_run_terms(graph: Any, base: Profile, runs: Sequence[Observation], factors: Mapping[str, float],
+def _whole_run_terms(graph: LayerGraph, base: Profile, runs: Sequence[Observation], factors: Mapping[str, float],
                      start: _Terms, free: tuple[bool, bool], optimizer: str) -> _Terms:
     """One Gauss–Newton step for the whole-run terms from ``start`` (``free``: events, allreduce fitted)."""
     events, allreduce = free

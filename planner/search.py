@@ -25,19 +25,22 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
 from cost_models.estimate import CostMemo, Estimate, estimate
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo, recorded_shapes
+from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo, recorded_shapes
 from cost_models.profile import Profile
 from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
-from planner.settings import SearchSettings
+from planner.settings import Progress, SearchSettings
 from planner.space import Space, build_space
 from planner.stages import search_pipelines
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["Baseline", "Considered", "PlanResult", "assigned_plan", "one_stage_plan", "plan_model", "priced",
            "sample_cluster"]
@@ -78,13 +81,14 @@ class PlanResult:
     skipped_configurations: int  # pipeline configurations whose lower bound could not beat the best plan
 
 
-def plan_model(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, *,
-               model_spec: str = "") -> PlanResult:
+def plan_model(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, *,
+               model_spec: str = "", progress: Progress | None = None) -> PlanResult:
     """The least predicted time plan for ``graph`` on ``cluster`` (see the module docstring).
 
     Args:
         settings: How to search: stages, schedule, staleness, solver, optimizer.
         model_spec: How to rebuild the model, recorded in the plan (``torchvision:resnet50``).
+        progress: Told ``(done, total)`` as the stage search prices its configurations.
 
     Raises:
         InputError: No plan fits in memory (with how much is missing) or a layer cannot be placed.
@@ -114,7 +118,8 @@ def plan_model(graph: Any, profile: Profile, cluster: Cluster, settings: SearchS
             return _plan(graph, cluster, assignments, pipeline, None, info, model_spec)
         priced = [predicted for _, predicted, _ in found] + [b.estimate for b in baselines]
         incumbent = min((p.iteration_s for p in priced if p.memory_bytes_max <= cluster.memory_bytes), default=None)
-        searched = search_pipelines(graph, profile, cluster, make, settings, incumbent_s=incumbent, memo=memo)
+        searched = search_pipelines(graph, profile, cluster, make, settings, incumbent_s=incumbent, memo=memo,
+                                    progress=progress)
         found += [(c.plan, c.estimate, c.runner_ups) for c in searched.candidates]
         skipped = searched.skipped
     return _choose(cluster, space, found, baselines, failure, skipped, time.perf_counter() - started)
@@ -124,7 +129,7 @@ _LAST: dict[str, CostMemo] = {}  # the fingerprint of the graph planned last, an
 _LAST_MOST = 200_000  # results kept from one search to the next at most
 
 
-def _memo_for(graph: Any, profile: Profile) -> CostMemo:
+def _memo_for(graph: LayerGraph, profile: Profile) -> CostMemo:
     """The memo of a search of ``graph``: the last search's results when it planned the same traced graph with the
     same profile (another device count: its stages are this one's), else a new one. Values do not change."""
     dtype = graph.graph["dtype"]
@@ -146,7 +151,7 @@ def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Ma
         raise failure or _nothing_fits(pool, cluster)
     index = min(fitting)[1]
     plan, predicted = pool[index]
-    prediction = Prediction(predicted.iteration_s, predicted.memory_bytes_max, dict(predicted.breakdown_s))
+    prediction = predicted.prediction()
     solved = next((p.solver for p, _, _ in found if p.solver is not None), None)
     chosen = replace(plan, predicted=prediction, solver=plan.solver or solved)
     chosen_from = "search" if index < len(found) else baselines[index - len(found)].name
@@ -168,16 +173,15 @@ def _stage_zero(layouts: Mapping[str, Layout]) -> dict[str, LayerAssignment]:
     return {name: LayerAssignment(layout) for name, layout in layouts.items()}
 
 
-def _plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
+def _plan(graph: LayerGraph, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
           predicted: Estimate | None, solver: SolverInfo | None, model_spec: str) -> Plan:
-    prediction = None if predicted is None else Prediction(predicted.iteration_s, predicted.memory_bytes_max,
-                                                           dict(predicted.breakdown_s))
+    prediction = None if predicted is None else predicted.prediction()
     return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
                 dict(assignments), pipeline, prediction, solver, model_spec,
                 _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), recorded_shapes(graph.input_shapes))
 
 
-def _baselines(graph: Any, profile: Profile, cluster: Cluster, space: Space, optimizer: str,
+def _baselines(graph: LayerGraph, profile: Profile, cluster: Cluster, space: Space, optimizer: str,
                memo: CostMemo) -> tuple[Baseline, ...]:
     """Pure sample parallelism (on at most as many devices as samples, the rest idle) and the best uniform layout."""
     found = []
@@ -208,24 +212,24 @@ def sample_cluster(cluster: Cluster, batch: int) -> Cluster:
     return replace(cluster, devices=1, devices_per_node=1)
 
 
-def _baseline(name: str, graph: Any, profile: Profile, cluster: Cluster, layouts: Mapping[str, Layout],
+def _baseline(name: str, graph: LayerGraph, profile: Profile, cluster: Cluster, layouts: Mapping[str, Layout],
               optimizer: str, memo: CostMemo) -> Baseline:
     return priced(name, one_stage_plan(graph, cluster, layouts), profile, graph, optimizer, memo=memo)
 
 
-def assigned_plan(graph: Any, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
+def assigned_plan(graph: LayerGraph, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
                   solver: SolverInfo | None, model_spec: str = "") -> Plan:
     """A plan of the given per-layer assignments and pipeline, without a prediction."""
     return _plan(graph, cluster, assignments, pipeline, None, solver, model_spec)
 
 
-def one_stage_plan(graph: Any, cluster: Cluster, layouts: Mapping[str, Layout], model_spec: str = "",
+def one_stage_plan(graph: LayerGraph, cluster: Cluster, layouts: Mapping[str, Layout], model_spec: str = "",
                    solver: SolverInfo | None = None) -> Plan:
     """The plan placing each layer in its layout of ``layouts`` on all of ``cluster``'s devices, one stage."""
     return _plan(graph, cluster, _stage_zero(layouts), Pipeline(1, (cluster.devices,)), None, solver, model_spec)
 
 
-def priced(name: str, plan: Plan, profile: Profile, graph: Any, optimizer: str = "sgd",
+def priced(name: str, plan: Plan, profile: Profile, graph: LayerGraph, optimizer: str = "sgd",
            shared_cores: float | None = None, *, memo: CostMemo | None = None) -> Baseline:
     """``plan`` under ``name`` with its full estimate (and the prediction recorded in the plan).
 
@@ -233,5 +237,5 @@ def priced(name: str, plan: Plan, profile: Profile, graph: Any, optimizer: str =
     already computed (``cost_models.estimate.CostMemo``).
     """
     predicted = estimate(graph, plan, profile, optimizer=optimizer, shared_cores=shared_cores, memo=memo)
-    prediction = Prediction(predicted.iteration_s, predicted.memory_bytes_max, dict(predicted.breakdown_s))
+    prediction = predicted.prediction()
     return Baseline(name, replace(plan, predicted=prediction), predicted)

@@ -6,14 +6,18 @@ Change one with ``dataclasses.replace(settings, max_stages=8)``; every field is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from cost_models.errors import InputError
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "SOLVERS", "SearchSettings"]
+__all__ = ["OPTIMIZERS", "Progress", "SCHEDULES", "SOLVERS", "SearchSettings"]
 
 SCHEDULES = ("sync", "stale", "auto")
 SOLVERS = ("cbc", "highs")
 OPTIMIZERS = ("sgd", "momentum", "adam")
+
+Progress = Callable[[int, int], None]
+"""``(done, total)``: how far a search or sweep has come (a progress bar's callback; nothing else)."""
 
 
 @dataclass(frozen=True)

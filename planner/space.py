@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -63,6 +63,9 @@ from planner.cost_table import CostTable
 from planner.edge_costs import EdgeCosts, PatternTable
 from planner.exact import solve_exact
 from planner.prune import surviving_options
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["FOLLOWER_KINDS", "LayerCosts", "Space", "build_space", "decision_groups"]
 
@@ -99,7 +102,7 @@ class Space:
         return choice
 
 
-def decision_groups(graph: Any) -> dict[str, tuple[str, ...]]:
+def decision_groups(graph: LayerGraph) -> dict[str, tuple[str, ...]]:
     """Per decision (named by its first layer, in topological order) the layers that share its layout.
 
     Built in one pass over the layers in execution order, keeping the graph of
@@ -129,7 +132,7 @@ def decision_groups(graph: Any) -> dict[str, tuple[str, ...]]:
     return {head: tuple(groups[head]) for head in order}
 
 
-def _joined_head(graph: Any, name: str, inputs: list[str], head_of: Mapping[str, str], contracted: nx.DiGraph) -> str:
+def _joined_head(graph: LayerGraph, name: str, inputs: list[str], head_of: Mapping[str, str], contracted: nx.DiGraph) -> str:
     """The decision ``name`` joins: its leading input's, or its own (module docstring, :func:`decision_groups`)."""
     kind, arguments = graph.nodes[name]["kind"], list(graph.predecessors(name))
     lead = _leading_input(graph, name, arguments)
@@ -146,14 +149,14 @@ def _joined_head(graph: Any, name: str, inputs: list[str], head_of: Mapping[str,
     return name if any(nx.has_path(contracted, first, other) for other in others) else first
 
 
-def _leading_input(graph: Any, name: str, arguments: list[str]) -> str | None:
+def _leading_input(graph: LayerGraph, name: str, arguments: list[str]) -> str | None:
     """The input a merged layer follows: the first of its own output's shape (not broadcast), else the first."""
     output = graph.nodes[name]["output_shape"]
     return next((source for source in arguments if graph.nodes[source]["output_shape"] == output),
                 arguments[0] if arguments else None)
 
 
-def build_space(graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str = "sgd",
+def build_space(graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, optimizer: str = "sgd",
                 memory_limit_bytes: int | None = None, decisions: Sequence[str] | None = None,
                 costs: LayerCosts | None = None, prune: bool = True, *, memo: CostMemo | None = None) -> Space:
     """Candidates and both cost tables of the decisions of ``graph`` on ``devices`` devices.
@@ -200,7 +203,7 @@ class LayerCosts:
     ``saved_copies`` counts the micro-batches whose activations stay resident.
     """
 
-    def __init__(self, graph: Any, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
+    def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
                  saved_copies: int = 1, patterns: PatternTable | None = None, *, memo: CostMemo | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
         self.saved_copies = saved_copies
@@ -264,7 +267,7 @@ _Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the all
 _Uniform = tuple[float, float, dict[str, Layout]]  # seconds, seconds with the allreduce hidden, layout per decision
 
 
-def _decision_rows(graph: Any, costs: LayerCosts, members: tuple[str, ...], devices: int) -> list[_Row]:
+def _decision_rows(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...], devices: int) -> list[_Row]:
     head = members[0]
     for layouts in _layout_tiers(graph.nodes[head], devices, costs.cluster.devices_per_node):
         rows = [row for row in (_decision_row(graph, costs, members, layout) for layout in layouts) if row]
@@ -294,7 +297,7 @@ def _tilings(tiles: int) -> set[tuple[int, int]]:
     return {(tiles, 1), (1, tiles), (rows, tiles // rows)}
 
 
-def _decision_row(graph: Any, costs: LayerCosts, members: tuple[str, ...], layout: Layout) -> _Row | None:
+def _decision_row(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...], layout: Layout) -> _Row | None:
     total_s = hidden_s = 0.0
     nbytes = 0
     for index, name in enumerate(members):
@@ -308,7 +311,7 @@ def _decision_row(graph: Any, costs: LayerCosts, members: tuple[str, ...], layou
     return layout, total_s, hidden_s, nbytes
 
 
-def _decision_edges(graph: Any, groups: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+def _decision_edges(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], list[tuple[str, str]]]:
     """Per pair of decisions, the graph edges between their layers."""
     head_of = {layer: head for head, members in groups.items() for layer in members}
     edges: dict[tuple[str, str], list[tuple[str, str]]] = {}

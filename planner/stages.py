@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import ceil
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from cost_models.capability import crosses_as_tuple, shared_modules
 from cost_models.cluster import Cluster
@@ -41,8 +41,11 @@ from planner.cost_table import Solution
 from planner.exact import solve_exact
 from planner.edge_costs import PatternTable
 from planner.explain import RunnerUp, runner_ups
-from planner.settings import SearchSettings
+from planner.settings import Progress, SearchSettings
 from planner.space import LayerCosts, build_space
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["PipelineCandidate", "PipelineSearch", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
 
@@ -119,15 +122,15 @@ class _Config:
     """One stage count and schedule, with its per-stage cost cache and a lower bound on its iteration time."""
 
     pipeline: Pipeline
-    graph: Any
+    graph: LayerGraph
     costs: LayerCosts
     groups: Mapping[str, tuple[str, ...]]
     bound_s: float
 
 
-def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
-                     *, incumbent_s: float | None = None, prune: bool = True,
-                     memo: CostMemo | None = None) -> PipelineSearch:
+def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
+                     *, incumbent_s: float | None = None, prune: bool = True, memo: CostMemo | None = None,
+                     progress: Progress | None = None) -> PipelineSearch:
     """The pipeline plans of the search (module docstring), priced.
 
     Configurations are tried in the order of a lower bound on their iteration
@@ -137,13 +140,16 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
     allreduce, so a ``stale`` pipeline needs at least that sum over all
     decisions divided by ``K``, and a ``sync`` one ``M/K`` times it (per
     micro-batch). ``prune=False`` prices every configuration (to check that rule). ``memo``: layer costs
-    shared with the caller's other estimates (``cost_models.estimate.CostMemo``).
+    shared with the caller's other estimates (``cost_models.estimate.CostMemo``). ``progress(done, total)`` is
+    called after each configuration.
     """
     memo = memo or CostMemo(profile, graph.graph["dtype"])
     configs = sorted(_configs(graph, profile, cluster, settings, memo),
                      key=lambda config: config.bound_s)
     found, skipped, best = [], 0, incumbent_s
-    for config in configs:
+    for done, config in enumerate(configs, start=1):
+        if progress is not None:
+            progress(done - 1, len(configs))
         if prune and best is not None and config.bound_s >= best:
             skipped += 1
             continue
@@ -154,10 +160,12 @@ def search_pipelines(graph: Any, profile: Profile, cluster: Cluster, make_plan: 
             found.append(PipelineCandidate(plan, predicted, fits, explained))
             if fits and (best is None or predicted.iteration_s < best):
                 best = predicted.iteration_s
+    if progress is not None:
+        progress(len(configs), len(configs))
     return PipelineSearch(tuple(found), skipped)
 
 
-def _configs(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:
+def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:
     configs = []
     batch = graph.input_shape[0]
     schedule, max_staleness = settings.schedule, settings.max_staleness
@@ -252,7 +260,7 @@ def _model_order_cuts(config: _Config) -> set[int]:
             - _held_crossings(config.graph, position, before))
 
 
-def _tuple_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
+def _tuple_crossings(graph: LayerGraph, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
     """Cut indices at which a layer's tuple of tensors would be sent to a later stage (the runtime refuses it):
     the cut after model position ``last`` separates a tuple at ``p <= last`` from a reader past ``last``."""
     cuts: set[int] = set()
@@ -264,7 +272,7 @@ def _tuple_crossings(graph: Any, position: Mapping[str, int], before: Sequence[i
     return cuts
 
 
-def _held_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
+def _held_crossings(graph: LayerGraph, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
     """Cut indices that would send a value no layer holds (an opaque call's ``(x, (h, w))``) to a later stage:
     the layers of each of the trace's ``held_together`` spans stay on one stage (the runtime refuses it)."""
     return _spanned_cuts([[position[layer] for layer in span if layer in position]
@@ -280,7 +288,7 @@ def _spanned_cuts(spans: Sequence[Sequence[int]], before: Sequence[int]) -> set[
     return cuts
 
 
-def _shared_crossings(graph: Any, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
+def _shared_crossings(graph: LayerGraph, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
     """Cut indices that would put two calls of one module with parameters on two stages (the runtime refuses
     it: ``cost_models.capability.shared_modules``)."""
     return _spanned_cuts([[position[layer] for layer in layers if layer in position]
@@ -297,7 +305,7 @@ def _solver_info(solutions: list[Solution]) -> SolverInfo:
                       None if None in gaps else max(gaps))  # type: ignore[type-var]
 
 
-def micro_batch_graph(graph: Any, micro: int) -> Any:
+def micro_batch_graph(graph: LayerGraph, micro: int) -> Any:
     """A copy of ``graph`` whose shapes carry ``⌈N/micro⌉`` samples (as ``estimate`` costs a micro-batch).
 
     Each layer's inputs keep their argument order (``graph.predecessors``), which

@@ -40,14 +40,17 @@ shrink it.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
 from cost_models.profile import Profile
-from planner.settings import SearchSettings
+from planner.settings import Progress, SearchSettings
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_idle", "with_speedups"]
 
@@ -100,7 +103,7 @@ class OneDevice:
         return self.batch / self.iteration_s
 
 
-def one_device(graph: Any, profile: Profile, cluster: Cluster) -> OneDevice:
+def one_device(graph: LayerGraph, profile: Profile, cluster: Cluster) -> OneDevice:
     """Predict the unsplit model on one device of ``cluster`` (memory is reported, not enforced)."""
     from cost_models.estimate import estimate
     from cost_models.layout import Layout
@@ -138,7 +141,7 @@ def scaled_profile(profile: Profile, intra_bw: float = 1.0, inter_bw: float = 1.
 
 def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cluster], devices: Sequence[int],
           batch: int, settings: SearchSettings, *, weak: bool = False, jobs: int | None = None,
-          model_spec: str = "") -> tuple[list[WhatIfRow], OneDevice]:
+          model_spec: str = "", progress: Progress | None = None) -> tuple[list[WhatIfRow], OneDevice]:
     """One row per device count, with speedups against one device (module docstring), and that reference.
 
     Args:
@@ -146,17 +149,25 @@ def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cl
         cluster_for: The cluster of ``D`` devices.
         batch: The input shape's batch: global (strong scaling) or per device (``weak``).
         jobs: Processes to plan in (default: the machine's cores, at most the sizes).
+        progress: Told ``(done, total)`` as sizes finish.
     """
     sizes = sorted(set(devices))
     work = [(graph_for(batch * d if weak else batch), profile, cluster_for(d), settings, model_spec)
             for d in sizes]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    told = progress or (lambda done, total: None)
+    rows: list[WhatIfRow] = []
+    told(0, len(work))
     if jobs == 1:
-        rows = [_row(*item) for item in work]
+        for item in work:
+            rows.append(_row(*item))
+            told(len(rows), len(work))
     else:
         with ProcessPoolExecutor(jobs) as pool:
-            rows = list(pool.map(_row_star, _largest_first(work)))
-        rows.sort(key=lambda row: row.devices)
+            for row in as_completed([pool.submit(_row, *item) for item in _largest_first(work)]):
+                rows.append(row.result())
+                told(len(rows), len(work))
+    rows.sort(key=lambda row: row.devices)
     reference = one_device(graph_for(batch), profile, cluster_for(1))
     return with_speedups(rows if weak else with_idle(rows), reference), reference
 
@@ -206,11 +217,7 @@ def _largest_first(work: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return sorted(work, key=lambda item: -item[2].devices)
 
 
-def _row_star(item: tuple[Any, ...]) -> WhatIfRow:
-    return _row(*item)
-
-
-def _row(graph: Any, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str) -> WhatIfRow:
+def _row(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str) -> WhatIfRow:
     """Plan one size; a size with no feasible plan becomes a row saying why."""
     from planner.search import plan_model
 

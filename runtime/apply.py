@@ -43,7 +43,7 @@ model returning a dict, tuple or list: summed over its floating outputs).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -73,6 +73,9 @@ from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, modul
 from runtime.preflight import check_plan, held_plan, refuse_shapes
 from runtime.slicing import slice_parameters
 
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
+
 __all__ = ["DistributedModel", "apply_plan", "group_ranks", "is_container", "local_shape", "output_loss", "parameters_of"]
 
 
@@ -82,7 +85,7 @@ _METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous
 
 
 def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
-               leaf_modules: Sequence[str] = (), graph: Any = None, timeout: timedelta | None = None, *,
+               leaf_modules: Sequence[str] = (), graph: LayerGraph | None = None, timeout: timedelta | None = None, *,
                random_seed: int = 0, output: str | None = None) -> "DistributedModel":
     """Prepare ``model`` to train under ``plan`` on ``ranks`` (default: every rank of the default group).
 
@@ -124,7 +127,7 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
 class DistributedModel(DataHelpers, nn.Module):
     """The user's model executing its plan on this rank (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, plan: Plan, graph: Any, ranks: tuple[int, ...], sync_batchnorm: bool,
+    def __init__(self, model: nn.Module, plan: Plan, graph: LayerGraph, ranks: tuple[int, ...], sync_batchnorm: bool,
                  leaf_modules: tuple[str, ...], stage_nodes: Collection[str] | None = None,
                  groups: GroupCache | None = None, timeout: timedelta | None = None, *, random_seed: int = 0) -> None:
         """Without ``stage_nodes``, the whole model; with them, one pipeline stage (``runtime.pipeline``).
@@ -428,7 +431,7 @@ def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[t
     yield ranks
 
 
-def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, member: int, ranks: tuple[int, ...],
+def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, member: int, ranks: tuple[int, ...],
            groups: GroupCache, sync_batchnorm: bool) -> dict[str, Site]:
     sites = {}
     for node in nodes:

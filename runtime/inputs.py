@@ -14,7 +14,7 @@ as the runtime always did.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import torch
 from torch.fx import Node
@@ -23,6 +23,9 @@ from cost_models.layout import Layout
 from runtime.layers import read_placement
 from runtime.placement import Placement
 from runtime.shapes import nd_box
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["Inputs", "as_inputs", "input_boxes", "input_names", "input_placements", "placeholder_inputs",
            "placeholder_placements"]
@@ -47,7 +50,7 @@ def placeholder_inputs(nodes: Sequence[Node], count: int) -> dict[str, int]:
     return {name: index if index < count else 0 for index, name in enumerate(names)}
 
 
-def input_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph: Any,
+def input_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph: LayerGraph,
                      size: int) -> dict[str, Placement]:
     """Per input node (of the whole program ``nodes``), the placement it is loaded in on ``size`` ranks."""
     shapes = graph.input_shapes
@@ -59,7 +62,7 @@ def input_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph
     return found
 
 
-def placeholder_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph: Any,
+def placeholder_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph: LayerGraph,
                            size: int) -> dict[str, Placement]:
     """Per placeholder, the placement of the input it is fed (:func:`placeholder_inputs`)."""
     placements = list(input_placements(nodes, layouts, graph, size).values())
@@ -77,7 +80,7 @@ def input_boxes(placements: Sequence[Placement], shapes: Sequence[Sequence[int]]
 
 
 def _first_reader_placement(nodes: Sequence[Node], name: str, layouts: Mapping[str, Layout],
-                            graph: Any) -> Placement:
+                            graph: LayerGraph) -> Placement:
     reader = next((node for node in nodes
                    if node.name in layouts and any(n.name == name for n in node.all_input_nodes)),
                   None)  # a layer: shape reads of the input come first in some programs

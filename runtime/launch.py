@@ -34,6 +34,7 @@ import socket
 import sys
 import time
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -171,7 +172,7 @@ def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[
     host, port = comm.bcast(_rendezvous_address(len(set(hosts)) == 1) if rank == 0 else None, root=0)
     store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=_JOIN_TIMEOUT)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=runs[0].timeout)
-    documents = _each([RunOptions(**{**options.__dict__, "launcher": "mpi"}) for options in runs])
+    documents = _each([replace(options, launcher="mpi") for options in runs])
     dist.destroy_process_group()  # not after a RankFailure: the command's handler aborts the MPI job at once
     return documents
 

@@ -27,11 +27,13 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+from cost_models.jsonio import read_json, write_json_atomic
+from cost_models.timeline import LAYER_EVENT, TRACE_FORMAT
 from runtime.failures import all_reduce
 
-__all__ = ["LAYER_RANGE", "layer_seconds", "profiled_layer_times"]
+__all__ = ["LAYER_RANGE", "layer_seconds", "profiled_layer_times", "profiled_trace"]
 
-LAYER_RANGE = "parplan.layer:"
+LAYER_RANGE = LAYER_EVENT  # the predicted timeline's layer events are named alike (``cost_models.timeline``)
 _BACKWARD = "autograd::engine::evaluate_function: "
 
 
@@ -88,6 +90,32 @@ def profiled_layer_times(model: Any, step: Callable[[int], None], steps: Iterabl
     all_reduce(medians, "the per-layer times allreduce", dist.ReduceOp.MAX)
     return [{"name": name, "forward_s": float(medians[i, 0]), "backward_s": float(medians[i, 1])}
             for i, name in enumerate(names) if medians[i].sum() > 0]
+
+
+def profiled_trace(model: Any, step: Callable[[int], None], index: int, device: torch.device, path: str) -> None:
+    """Run ``step(index)`` under the profiler, each layer in its range; rank 0 writes its Chrome trace to ``path``.
+
+    Collective: every rank of the default group must call it. Written atomically, with ``otherData`` saying what
+    it is (``parplan.trace/1``, measured, this rank).
+    """
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    model.layer_ranges = True
+    try:
+        with _quiet_stderr(), profile(activities=activities) as recorded:
+            step(index)
+    finally:
+        model.layer_ranges = False
+    if dist.get_rank() != 0:
+        return
+    scratch = f"{path}.{os.getpid()}.profiler"
+    try:
+        recorded.export_chrome_trace(scratch)
+        document = read_json(scratch, "the profiler's trace")
+    finally:
+        if os.path.exists(scratch):
+            os.remove(scratch)
+    extra = {"format": TRACE_FORMAT, "kind": "measured", "rank": 0, "step": index}
+    write_json_atomic(path, {**document, "otherData": {**document.get("otherData", {}), **extra}})
 
 
 @contextmanager

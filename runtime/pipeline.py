@@ -44,7 +44,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -67,13 +67,16 @@ from runtime.schedules import Event
 from runtime.shapes import static_nodes, tensor_names
 from runtime.stage_cut import StageCut, cut_stages
 
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
+
 __all__ = ["EventRecord", "PipelineStage", "apply_pipeline", "check_pipeline"]
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, leaf_modules: Sequence[str] = (),
-                   graph: Any = None, loss_fn: Loss | None = None, slowdown: float = 1.0,
+                   graph: LayerGraph | None = None, loss_fn: Loss | None = None, slowdown: float = 1.0,
                    timeout: timedelta | None = None, *, random_seed: int = 0) -> "PipelineStage":
     """This rank's stage of ``plan`` on ``model`` (collective: every rank of the default group calls it).
 
@@ -142,7 +145,7 @@ def _activation_dtype(model: nn.Module, plan: Plan) -> torch.dtype:
 class PipelineStage:
     """This rank's stage: its part of the model and the events of a schedule (module docstring)."""
 
-    def __init__(self, model: nn.Module, plan: Plan, graph: Any, sync_batchnorm: bool, leaf_modules: tuple[str, ...],
+    def __init__(self, model: nn.Module, plan: Plan, graph: LayerGraph, sync_batchnorm: bool, leaf_modules: tuple[str, ...],
                  loss_fn: Loss | None, slowdown: float, timeout: timedelta | None = None, *,
                  random_seed: int = 0) -> None:
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -361,7 +364,7 @@ class PipelineStage:
 _PHASES = {"F": "forward", "B": "backward", "U": "update"}
 
 
-def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], plan: Plan, graph: Any) -> dict[str, Placement]:
+def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], plan: Plan, graph: LayerGraph) -> dict[str, Placement]:
     """Each crossing's placement on the wire: its producer's (a model input's: the one the first stage loads it
     in, ``runtime.inputs``)."""
     held = {name: assignment.layout for name, assignment in held_plan(plan, nodes, graph).layers.items()}

@@ -22,7 +22,7 @@ they waited on receives; a ``--slow-stage`` sleep counts as busy), waiting
 time, the staleness it achieved (updates between a batch's forward and its
 backward, the largest over the batches) and the staleness planned.
 
-With ``extra["per_layer"]`` each layer's forward and backward seconds per
+With ``RunOptions.per_layer`` each layer's forward and backward seconds per
 batch follow (``runtime.layer_times``; a stale stage's forward counts its
 recomputation too).
 
@@ -59,7 +59,7 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     """Run on every rank; returns the measurement's fields (``runtime.train``) on rank 0."""
     from runtime import train
 
-    plan = _capped(plan, options.extra.get("staleness"))
+    plan = _capped(plan, options.staleness)
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
     if options.verify and options.warmup + options.steps == 0:
@@ -68,8 +68,10 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     optimizer = train.sgd(stage.parameters(), lr=options.lr)
     recovery = Recovery(options, training_state(stage.model, optimizer, stage.buffers), device)
     progress, records, wall_s = _train_segments(options, plan, stage, optimizer, dtype, device, recovery)
-    stages = _stage_report(stage, plan, records, wall_s, device, options.extra.get("slow_stages", {}))
-    layers = _layer_times(options, plan, stage, optimizer, dtype, device) if options.extra.get("per_layer") else None
+    stages = _stage_report(stage, plan, records, wall_s, device, dict(options.slow_stages))
+    layers = _layer_times(options, plan, stage, optimizer, dtype, device) if options.per_layer else None
+    if options.trace:
+        _trace(options, plan, stage, optimizer, dtype, device)
     memory = train.peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
@@ -94,6 +96,19 @@ def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Opt
 
     first = options.warmup + options.steps
     return profiled_layer_times(stage.model, one_batch, range(first, first + PER_LAYER_STEPS), device)
+
+
+def _trace(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
+           device: torch.device) -> None:
+    """One more batch under the profiler; rank 0 (stage 0) writes its trace to ``options.trace``."""
+    from runtime.layer_times import profiled_trace
+    from runtime.train import PER_LAYER_STEPS
+
+    def one_batch(step: int) -> None:
+        _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device)
+
+    after = options.warmup + options.steps + (PER_LAYER_STEPS if options.per_layer else 0)
+    profiled_trace(stage.model, one_batch, after, device, options.trace)
 
 
 def _train_segments(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
@@ -144,7 +159,7 @@ def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sy
     from runtime.train import fresh_model
 
     model = fresh_model(options, dtype, device)
-    slowdown = float(options.extra.get("slow_stages", {}).get(str(dist.get_rank() // plan.pipeline.devices_per_stage[0]), 1.0))
+    slowdown = float(dict(options.slow_stages).get(dist.get_rank() // plan.pipeline.devices_per_stage[0], 1.0))
     stage = apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
                            options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
                            random_seed=options.seed)
@@ -153,7 +168,7 @@ def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sy
 
 
 def _order(options: Any, plan: Any) -> str:
-    return "dsp" if plan.pipeline.schedule == "stale" else options.extra.get("order", "1f1b")
+    return "dsp" if plan.pipeline.schedule == "stale" else options.order
 
 
 def _events(options: Any, plan: Any, stage: Any, batches: int = 1) -> tuple[Event, ...]:
@@ -272,7 +287,7 @@ def _losses(stage: Any, steps: range, micro: int, device: torch.device) -> list[
 
 
 def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: float, device: torch.device,
-                  slowdowns: dict[str, float]) -> list[dict[str, Any]]:
+                  slowdowns: dict[int, float]) -> list[dict[str, Any]]:
     """Per stage: busy and waiting seconds (its slowest rank), busy fraction, staleness achieved and planned."""
     records = [record for segment in segments for record in segment]
     busy = sum(r.end_s - r.start_s - r.wait_s for r in records if r.event.kind != "U") + sum(
@@ -286,7 +301,7 @@ def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: floa
     return [{"stage": k, "busy_s": float(row[0]), "wait_s": float(row[1]),
              "busy_fraction": float(row[0]) / wall_s if wall_s > 0 else 0.0,
              "staleness_achieved": int(row[2]), "staleness_planned": int(plan.pipeline.staleness[k]),
-             "slowdown": float(slowdowns.get(str(k), 1.0))}
+             "slowdown": float(slowdowns.get(k, 1.0))}
             for k, row in enumerate(table)]
 
 

@@ -13,7 +13,7 @@ every rank, for the layers of its stage.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import nn
@@ -27,10 +27,13 @@ from cost_models.tracing import symbolic_trace
 from runtime.random_ops import CREATIONS, random_ops
 from runtime.shapes import constant_nodes, module_attribute, shape_made_nodes, shape_refusals, static_nodes, tensor_names
 
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
+
 __all__ = ["check_plan", "check_runnable", "held_plan", "refuse_shapes"]
 
 
-def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> None:
+def check_plan(plan: Plan, graph: LayerGraph, ranks: int, where: str = "the plan") -> None:
     """Refuse a plan made for another model or input, or for another number of ranks (all its stages' devices).
 
     Raises:
@@ -47,7 +50,7 @@ def check_plan(plan: Plan, graph: Any, ranks: int, where: str = "the plan") -> N
                         f"(--nproc {devices}) or make a plan for {ranks} devices")
 
 
-def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Sequence[str] = (), *,
+def check_runnable(model: nn.Module, plan: Plan, graph: LayerGraph, leaf_modules: Sequence[str] = (), *,
                    sync_batchnorm: bool = False, verify: bool = False) -> None:
     """Refuse, before any rank starts, a plan with a layer this runtime cannot execute under its layout.
 
@@ -75,7 +78,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: Any, leaf_modules: Seque
         _refuse_tuple_crossings(cuts, graph)
 
 
-def _refuse_tuple_crossings(cuts: Sequence[Any], graph: Any) -> None:
+def _refuse_tuple_crossings(cuts: Sequence[Any], graph: LayerGraph) -> None:
     """The pipeline sends one tensor per crossing value: a layer's tuple of tensors (``x.chunk(2, dim=1)``)
     cannot cross a cut (``runtime.pipeline``)."""
     single = tensor_names(graph)
@@ -98,7 +101,7 @@ def _refuse_split_constant_crossings(cuts: Sequence[Any], plan: Plan, held: Plan
                         f"them")
 
 
-def held_plan(plan: Plan, nodes: Sequence[Node], graph: Any) -> Plan:
+def held_plan(plan: Plan, nodes: Sequence[Node], graph: LayerGraph) -> Plan:
     """``plan`` as the runtime executes it: constant layers and layers made from shapes alone
     (``runtime.shapes.constant_nodes``, ``shape_made_nodes``) whole (``n1``)."""
     layers_of = frozenset(graph.nodes)
@@ -108,7 +111,7 @@ def held_plan(plan: Plan, nodes: Sequence[Node], graph: Any) -> Plan:
     return replace(plan, layers=layers)
 
 
-def refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: Any, size: int) -> None:
+def refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, size: int) -> None:
     """Refuse ops given sizes or shape-derived values this runtime cannot make right on a rank's box."""
     def whole_shape(node: Node) -> tuple[int, ...] | None:
         value = module_attribute(model, str(node.target)) if node.op == "get_attr" else None

@@ -52,7 +52,7 @@ onto their box).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 import torch
 from torch.fx import Node
@@ -62,6 +62,9 @@ from cost_models.capability import ANY_LAYOUT_KINDS, on_last_dims
 from cost_models.layout import Layout
 from runtime._values import reshapes_whole
 from runtime.placement import Placement, value_placement
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "module_attribute", "nd_box",
            "shape_made_nodes",
@@ -296,7 +299,7 @@ def _merged(outer: tuple[int, int, int], inner: tuple[int, int, int]) -> tuple[i
     return extent, outer[1] * inner[0] + inner[1], outer[1] * inner[0] + inner[2]
 
 
-def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layout], size: int,
+def shape_refusals(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[str, Layout], size: int,
                    whole_shape: Callable[[Node], Sequence[int] | None], *, localised: Collection[str] = ()
                    ) -> list[str]:
     """Why the ops of ``nodes`` cannot take the shape-derived values, sizes or whole operands they are given.
@@ -339,7 +342,7 @@ def shape_refusals(nodes: Sequence[Node], graph: Any, layouts: Mapping[str, Layo
     return list(dict.fromkeys(refused))
 
 
-def _operand_refusal(node: Node, graph: Any, layout: Layout, constants: Collection[str],
+def _operand_refusal(node: Node, graph: LayerGraph, layout: Layout, constants: Collection[str],
                      whole_shape: Callable[[Node], Sequence[int] | None]) -> list[str]:
     """A layer that is not element-wise reads a whole parameter or constant: exact under a sample split only."""
     kind = graph.nodes[node.name]["kind"]
@@ -366,7 +369,7 @@ def _numel(shape: Sequence[int]) -> int:
     return total
 
 
-def tensor_names(graph: Any) -> frozenset[str]:
+def tensor_names(graph: LayerGraph) -> frozenset[str]:
     """The traced values that are one tensor (layers and the input; not tuples of tensors)."""
     return frozenset(name for name in graph.nodes if _single(graph.nodes[name]["output_shape"]))
 
@@ -375,7 +378,7 @@ def _single(shape: Any) -> bool:
     return isinstance(shape, (list, tuple)) and all(isinstance(extent, int) for extent in shape)
 
 
-def _local_shapes(graph: Any, layouts: Mapping[str, Layout], member: int) -> Callable[[str], tuple[int, ...]]:
+def _local_shapes(graph: LayerGraph, layouts: Mapping[str, Layout], member: int) -> Callable[[str], tuple[int, ...]]:
     def shape_of(name: str) -> tuple[int, ...]:
         shape = graph.nodes[name]["output_shape"]
         box = nd_box(shape, value_placement(layouts.get(name, Layout()), graph.nodes[name]), member)
@@ -397,7 +400,7 @@ def _ambiguity(node: Node, names: Collection[str], exact: Mapping[str, Any], loc
     return []
 
 
-def _view_refusal(node: Node, graph: Any, layout: Layout, size: int, constants: Collection[str]) -> list[str]:
+def _view_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, constants: Collection[str]) -> list[str]:
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if source is None or source.name not in graph or source.name in constants:
         return []  # a view of a whole tensor: the runtime makes it whole and keeps its box
@@ -416,7 +419,7 @@ def _view_refusal(node: Node, graph: Any, layout: Layout, size: int, constants: 
     return []
 
 
-def _moved_refusal(node: Node, graph: Any, layout: Layout, size: int, exact: Mapping[str, Any]) -> list[str]:
+def _moved_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, exact: Mapping[str, Any]) -> list[str]:
     """A view run on this rank's box (a permutation, a flatten, …) is exact when it makes this rank's output box."""
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if layout.ranks == 1 or source is None or source.name not in graph or node.name not in graph:

@@ -23,9 +23,9 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -38,11 +38,14 @@ from runtime.checkpoint import Progress
 from runtime.random_ops import DrawKey
 from runtime.recovery import Recovery, training_state
 
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
+
 __all__ = ["PER_LAYER_STEPS", "Batch", "RunOptions", "factory_batches", "fresh_model", "measurement_document",
            "peak_memory_bytes", "reference_identity", "sgd", "synchronise", "worker"]
 
 PER_LAYER_STEPS = 3
-"""Profiled steps after the timed ones when per-layer times are asked for (``extra["per_layer"]``)."""
+"""Profiled steps after the timed ones when per-layer times are asked for (``RunOptions.per_layer``)."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,19 @@ class RunOptions:
     checkpoint_dir: str = ""
     resume: bool = False
     output: str | None = None  # the part of the model's output the loss is taken of (runtime.outputs); None: all
-    extra: dict[str, Any] = field(default_factory=dict)
-    graph: Any = field(default=None, repr=False)
+    order: str = "1f1b"
+    """A sync pipeline's order of micro-batches: ``1f1b`` or ``gpipe``."""
+    staleness: int | None = None
+    """Cap on every stage's staleness of a stale pipeline (``parplan run --staleness``); ``None``: the plan's."""
+    slow_stages: tuple[tuple[int, float], ...] = ()
+    """``(stage, factor)``: run that stage's events ``factor`` times slower (a simulated straggler)."""
+    per_layer: bool = False
+    """After the timed steps, profile a few more and report each layer's forward and backward seconds."""
+    trace: str = ""
+    """Where rank 0 writes the profiler's trace of one more step (Chrome trace JSON); empty: none."""
+    reuse_reference: bool = False
+    """Keep the unsplit reference model between runs of one rank pool (``parplan check``'s verifies)."""
+    graph: LayerGraph | None = field(default=None, repr=False)
     """The model's LayerGraph at ``input_shape``, traced by the command; ranks then skip tracing with fake
     tensors (and importing torch._dynamo: seconds per process). ``None``: each rank traces."""
     input_shapes: tuple[tuple[int, ...], ...] = ()
@@ -117,7 +131,9 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     batch = _data_source(options, split, dtype, device)
     recovery = Recovery(options, training_state(split, optimizer), device)
     progress = _train(options, plan, split, optimizer, batch, device, recovery)
-    layers = _layer_times(options, split, optimizer, batch, device) if options.extra.get("per_layer") else None
+    layers = _layer_times(options, split, optimizer, batch, device) if options.per_layer else None
+    if options.trace:
+        _trace(options, split, optimizer, batch, device)
     memory = peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
@@ -168,6 +184,18 @@ def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimiz
 
     first = options.warmup + options.steps
     return profiled_layer_times(split, one_step, range(first, first + PER_LAYER_STEPS), device)
+
+
+def _trace(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
+           device: torch.device) -> None:
+    """One more step under the profiler; rank 0 writes its trace to ``options.trace``."""
+    from runtime.layer_times import profiled_trace
+
+    def one_step(step: int) -> None:
+        _step(split, optimizer, batch(step), device, DrawKey(options.seed, step))
+
+    after = options.warmup + options.steps + (PER_LAYER_STEPS if options.per_layer else 0)
+    profiled_trace(split, one_step, after, device, options.trace)
 
 
 def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, Any]:
@@ -245,7 +273,7 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
                                 reference_step)
 
     keep_references_of(reference_identity(options), options.leaf_modules)
-    _, split = _build(RunOptions(**{**options.__dict__, "sync_batchnorm": True}), plan, dtype, device)
+    _, split = _build(replace(options, sync_batchnorm=True), plan, dtype, device)
     key = DrawKey(options.seed, 0)
     split.draw_key, split.switch_off_random = key, True
     inputs, target = _data_source(options, split, dtype, device)(0)
@@ -269,8 +297,8 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
 
 def reference_identity(options: RunOptions) -> tuple[Any, ...] | None:
     """What identifies the unsplit reference's model and loss, when the caller lets ranks reuse it across runs
-    (``extra["reuse_reference"]``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
-    return (options.model, options.seed, options.data, options.output) if options.extra.get("reuse_reference") else None
+    (``RunOptions.reuse_reference``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
+    return (options.model, options.seed, options.data, options.output) if options.reuse_reference else None
 
 
 def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:

@@ -17,9 +17,10 @@ from typing import Any, NoReturn
 
 from cost_models.errors import InputError
 
-__all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument", "check_out_dir",
+__all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
+           "add_trace_argument", "check_out_dir",
            "check_plot_path", "cluster_for", "host_shared_cores", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
-           "positive_int", "print_json", "search_settings", "slowdowns", "trace_model"]
+           "positive_int", "print_json", "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -140,6 +141,20 @@ def check_plot_path(path: str, flag: str = "--plot") -> None:
     if not path.lower().endswith(PLOT_SUFFIXES):
         raise InputError(f"{flag} {path}: the figure is written as {', '.join(PLOT_SUFFIXES)} by suffix; "
                          f"name the file e.g. figure.png")
+
+
+def add_trace_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--trace F.json``: where to write a Chrome trace (Perfetto, chrome://tracing) of ``what``."""
+    parser.add_argument("--trace", metavar="F.json",
+                        help=f"write {what} as a Chrome trace (open in Perfetto or chrome://tracing)")
+
+
+def write_predicted_trace(path: str, plan: Any, result: Any) -> None:
+    """The predicted timeline of ``plan`` (``result``: its Estimate) at ``path``, atomically."""
+    from cost_models.jsonio import write_json_atomic
+    from cost_models.timeline import predicted_trace
+
+    write_json_atomic(path, predicted_trace(plan, result))
 
 
 def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:

@@ -48,10 +48,13 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from cost_models.errors import InputError, TraceError
 from cost_models.layout import Layout
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["DEFAULT_DEVICES", "DEFAULT_LAYOUTS", "Check", "CheckReport", "CheckRequest", "CheckTimeout",
            "add_check", "cannot_split", "check_command", "check_model", "layout_plan", "split_summary"]
@@ -228,7 +231,7 @@ def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
                          "conv_flops_share": round(dense / totals["flops_fwd"], 4) if totals.get("flops_fwd") else 0.0})
 
 
-def _plan_check(request: CheckRequest, graph: Any, devices: int) -> tuple[Any, Check]:
+def _plan_check(request: CheckRequest, graph: LayerGraph, devices: int) -> tuple[Any, Check]:
     from parplan.cli.main import build_parser
     from parplan.cli.plan import search_plan
 
@@ -251,7 +254,7 @@ def _plan_check(request: CheckRequest, graph: Any, devices: int) -> tuple[Any, C
                                "schedule": result.plan.pipeline.schedule})
 
 
-def _layout_check(request: CheckRequest, model: Any, graph: Any, layout: Layout, pools: Any) -> Check:
+def _layout_check(request: CheckRequest, model: Any, graph: LayerGraph, layout: Layout, pools: Any) -> Check:
     name, started = f"verify {layout}", time.perf_counter()
     try:
         with deadline(request.timeout_s):
@@ -267,7 +270,7 @@ def _layout_check(request: CheckRequest, model: Any, graph: Any, layout: Layout,
     return replace(check, detail={**check.detail, **summary})
 
 
-def _verify_check(request: CheckRequest, model: Any, graph: Any, plan: Any, pools: Any, name: str, layout: str,
+def _verify_check(request: CheckRequest, model: Any, graph: LayerGraph, plan: Any, pools: Any, name: str, layout: str,
                   passed: str) -> Check:
     """The pre-flight of ``parplan run`` here, then one ``--verify`` run on the pool; ``passed`` is the pass reason."""
     ranks, started = sum(plan.pipeline.devices_per_stage), time.perf_counter()
@@ -301,7 +304,7 @@ def _verify_check(request: CheckRequest, model: Any, graph: Any, plan: Any, pool
     return done("fail", reason, errors)
 
 
-def _in_float64(request: CheckRequest, plan: Any, graph: Any, ranks: int, pools: Any,
+def _in_float64(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int, pools: Any,
                 left_s: float) -> tuple[str, dict[str, Any]]:
     """The same verify run in float64 (tolerance 1e-9): tells float32 rounding from a wrong split."""
     from dataclasses import replace as replaced
@@ -321,7 +324,7 @@ def _in_float64(request: CheckRequest, plan: Any, graph: Any, ranks: int, pools:
     return f"in float64 {relative:.1e} of a tensor's own largest, {absolute:.1e} of the model's ({verdict})", figures
 
 
-def preflight(model: Any, plan: Any, graph: Any, ranks: int, leaf_modules: Sequence[str] = ()) -> None:
+def preflight(model: Any, plan: Any, graph: LayerGraph, ranks: int, leaf_modules: Sequence[str] = ()) -> None:
     """``parplan run --verify``'s checks of a plan before any rank starts (plan, layers, pipeline).
 
     Raises:
@@ -336,18 +339,17 @@ def preflight(model: Any, plan: Any, graph: Any, ranks: int, leaf_modules: Seque
         check_pipeline(plan)
 
 
-def _run_options(request: CheckRequest, plan: Any, graph: Any, ranks: int, timeout_s: float) -> Any:
+def _run_options(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int, timeout_s: float) -> Any:
     from runtime.train import RunOptions
 
     return RunOptions(model=request.model, input_shape=request.input_shape, input_shapes=request.shapes,
                       dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
-                      quiet=True, timeout_s=timeout_s, graph=graph, output=request.output,
-                      extra={"reuse_reference": True})
+                      quiet=True, timeout_s=timeout_s, graph=graph, output=request.output, reuse_reference=True)
 
 
-def layout_plan(graph: Any, layout: Layout, model_spec: str = "") -> Any:
+def layout_plan(graph: LayerGraph, layout: Layout, model_spec: str = "") -> Any:
     """The plan ``parplan run --layout L --nproc R`` runs: each layer its first of ``L, n1`` it can take, on ``R``
     (``L``'s) ranks; not priced (``parplan.cli.run`` builds it the same way)."""
     from cost_models.cluster import Cluster, Link
@@ -359,7 +361,7 @@ def layout_plan(graph: Any, layout: Layout, model_spec: str = "") -> Any:
     return uniform_plan(graph, cluster, [layout, Layout()], model_spec=model_spec)
 
 
-def split_summary(graph: Any, plan: Any, layout: Layout) -> dict[str, Any]:
+def split_summary(graph: LayerGraph, plan: Any, layout: Layout) -> dict[str, Any]:
     """How many compute layers of ``plan`` took ``layout``, and why each other one kept its output whole."""
     from cost_models.capability import layer_refusal
 

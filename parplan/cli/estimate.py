@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import add_model_arguments, load_profile_argument, print_json, slowdowns, trace_model
+from parplan.cli.args import (add_model_arguments, add_trace_argument, load_profile_argument, print_json, slowdowns,
+                              trace_model, write_predicted_trace)
 
 __all__ = ["add_estimate", "estimate_document"]
 
@@ -24,12 +25,15 @@ def add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="model no overlap of halo exchange and gradient allreduce with compute")
     parser.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
                         help="model stage K running FACTOR times slower (a straggler); repeatable")
+    add_trace_argument(parser, "the predicted timeline of one iteration (per stage: layers, allreduces, transfers)")
     parser.set_defaults(handler=_estimate)
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    from cost_models.jsonio import check_writable
     from cost_models.plan import load_plan
 
+    check_writable(args.trace, "--trace")
     plan = load_plan(args.plan)  # a malformed plan is refused before the model is built
     graph, timing = trace_model(args)
     plan = load_plan(args.plan, expected_fingerprint=graph.fingerprint)
@@ -45,6 +49,8 @@ def _estimate(args: argparse.Namespace) -> int:
     result = estimate(graph, plan, profile, optimizer=args.optimizer, overlap=not args.no_overlap, slowdown=slow)
     document = estimate_document(result, profile.compatibility_warnings(torch.__version__, graph.graph["dtype"]))
     document["timing_s"] = {**timing, "estimate": round(time.perf_counter() - started, 4)}
+    if args.trace:
+        write_predicted_trace(args.trace, plan, result)
     if args.json:
         print_json(document)
     else:
@@ -55,18 +61,5 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def estimate_document(result: Any, warnings: list[str]) -> dict[str, Any]:
-    """The JSON document of an Estimate: totals, breakdown, stages and layers, and ``warnings``."""
-    layers = [{"name": layer.name, "kind": layer.kind, "stage": layer.stage, "layout": str(layer.layout),
-               "compute_source": layer.cost.compute_source, "forward_s": layer.cost.forward_s,
-               "backward_s": layer.cost.backward_s, "halo_s": layer.cost.halo_s,
-               "halo_exposed_s": layer.cost.halo_exposed_s, "allreduce_s": layer.cost.allreduce_s,
-               "norm_s": layer.cost.norm_s, "channel_reduce_s": layer.cost.channel_reduce_s,
-               "redistribution_s": layer.redistribution_s,
-               "memory_bytes": layer.memory.resident_bytes} for layer in result.layers]
-    stages = [{"stage": index, "forward_s": stage.forward_s, "backward_s": stage.backward_s,
-               "transfer_s": stage.transfer_s, "allreduce_s": stage.allreduce_s,
-               "allreduce_exposed_s": stage.allreduce_exposed_s, "memory_bytes": stage.memory_bytes}
-              for index, stage in enumerate(result.stages)]
-    return {"iteration_s": result.iteration_s, "breakdown_s": dict(result.breakdown_s), "stages": stages,
-            "memory_bytes_max": result.memory_bytes_max, "memory_bytes": dict(result.memory_bytes),
-            "sources": result.sources(), "layers": layers, "warnings": warnings}
+    """The JSON document of an Estimate (``Estimate.to_dict``) and ``warnings``."""
+    return {**result.to_dict(), "warnings": warnings}

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from parplan.cli.args import (add_model_arguments, add_search_arguments, check_out_dir, check_plot_path, cluster_for,
-                              load_profile_argument, positive_int, print_json, search_settings, trace_model)
+from parplan.cli.args import (add_model_arguments, add_search_arguments, add_trace_argument, check_out_dir,
+                              check_plot_path, cluster_for, load_profile_argument, positive_int, print_json,
+                              search_settings, trace_model, write_predicted_trace)
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["add_plan", "search_plan"]
 
@@ -26,12 +30,15 @@ def add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="the per-layer table with each layer's runner-up layout and its extra cost")
     parser.add_argument("--plot", metavar="F.png", help="draw the plan along the model: each layer's layout, time and "
                         "memory, pipeline stages shaded (png, svg, pdf)")
+    add_trace_argument(parser, "the plan's predicted timeline of one iteration")
     parser.add_argument("--out", required=True, metavar="PLAN.json", help="where to write the plan")
     parser.set_defaults(handler=_plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
+    if args.trace:
+        check_out_dir(args.trace, "--trace")
     if args.plot:
         check_plot_path(args.plot)
     profile = load_profile_argument(args.profile, args.dtype)
@@ -42,6 +49,8 @@ def _plan(args: argparse.Namespace) -> int:
     result = search_plan(args, graph, profile)
     save_plan(result.plan, args.out)
     document = {**_plan_document(graph, result), "devices_given": args.devices}
+    if args.trace:
+        write_predicted_trace(args.trace, result.plan, result.estimate)
     if args.plot:
         from parplan.cli.plot import plot_plan
 
@@ -55,19 +64,21 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def search_plan(args: argparse.Namespace, graph: Any, profile: Any = None) -> Any:
+def search_plan(args: argparse.Namespace, graph: LayerGraph, profile: Any = None) -> Any:
     """``parplan plan``'s search for ``graph`` with the options in ``args`` (its parser's namespace): a PlanResult.
 
     ``parplan check`` plans through here too, with this parser's defaults. ``profile``: already loaded.
     """
+    from parplan.cli.report import progress_bar
     from planner.search import plan_model
 
     profile = profile if profile is not None else load_profile_argument(args.profile, args.dtype)
     cluster = cluster_for(args.profile, profile, args.devices, args.devices_per_node)
-    return plan_model(graph, profile, cluster, search_settings(args), model_spec=args.model)
+    with progress_bar("stage search", enabled=not getattr(args, "json", True)) as progress:
+        return plan_model(graph, profile, cluster, search_settings(args), model_spec=args.model, progress=progress)
 
 
-def _plan_document(graph: Any, result: Any) -> dict[str, Any]:
+def _plan_document(graph: LayerGraph, result: Any) -> dict[str, Any]:
     from planner.space import decision_groups
 
     by_name = {layer.name: layer for layer in result.estimate.layers}

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 __all__ = [
-    "calibration_progress", "format_bytes", "format_count", "print_calibration_summary", "print_estimate",
+    "calibration_progress", "format_bytes", "progress_bar", "format_count", "print_calibration_summary", "print_estimate",
     "print_layer_table", "print_plan_summary", "print_profile", "print_validation",
 ]
 
@@ -66,6 +66,23 @@ def _shape(shape: Any) -> str:
     if shape and isinstance(shape[0], list):
         return " ".join(_shape(s) for s in shape)
     return "×".join(str(d) for d in shape)
+
+
+@contextmanager
+def progress_bar(description: str, enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar with ETA on stderr, only on a terminal and when ``enabled`` (not under ``--json``);
+    yields the ``(done, total)`` callback the search or sweep calls."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not (enabled and console.is_terminal):
+        yield lambda done, total: None
+        return
+    bar = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+                   TimeRemainingColumn(), console=console, transient=True)
+    task = bar.add_task(description, total=None)
+    with bar:
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 @contextmanager

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import (add_model_arguments, add_timeout_argument, host_shared_cores, load_profile_argument,
-                              non_negative_int, positive_float, positive_int, slowdowns)
+from parplan.cli.args import (add_model_arguments, add_timeout_argument, add_trace_argument, host_shared_cores,
+                              load_profile_argument, non_negative_int, positive_float, positive_int, slowdowns)
 from parplan.cli.run_checks import check_pipeline_flags, check_plan_fits, check_recovery, layout_plan, mpi_size
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["add_run", "backend_for"]
 
@@ -63,6 +66,8 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="CPU threads per rank (default: cores / ranks)")
     parser.add_argument("--per-layer", action="store_true",
                         help="after the timed steps, profile 3 more and report each layer's forward/backward seconds")
+    add_trace_argument(parser, "rank 0's measured timeline of one more step (the PyTorch profiler's, each layer "
+                               "in a range named as the prediction names it)")
     _add_recovery_arguments(parser)
     _add_pipeline_arguments(parser)
     parser.set_defaults(handler=_run)
@@ -112,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
 
     args.slow_stages = slowdowns(args.slow_stage)
     check_writable(args.out, "--out")
+    check_writable(args.trace, "--trace")
     planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
     shapes = parse_input_shapes(args.input_shape)
     plan = _read_plan(args.plan) if args.plan else None
@@ -135,9 +141,9 @@ def _run(args: argparse.Namespace) -> int:
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
         threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or mpi_size())), quiet=args.json,
         timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
-        resume=args.resume, graph=graph, output=args.output,
-        extra={"order": args.order, "staleness": args.staleness, "per_layer": getattr(args, "per_layer", False),
-               "slow_stages": {str(k): v for k, v in args.slow_stages.items()}})
+        resume=args.resume, graph=graph, output=args.output, order=args.order, staleness=args.staleness,
+        per_layer=args.per_layer, slow_stages=tuple(sorted(args.slow_stages.items())),
+        trace=os.path.abspath(args.trace) if args.trace else "")
     document = launch(options, nproc, backend, args.max_restarts)
     if document is None:  # an MPI rank other than 0: rank 0 reports
         return 0
@@ -152,18 +158,17 @@ def _read_plan(path: str) -> Any:
     return load_plan(path)
 
 
-def _predicted(args: argparse.Namespace, plan: Any, graph: Any) -> Any:
+def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph) -> Any:
     """The plan with its prediction replaced by ``--profile``'s (this machine's), when given."""
     if not args.profile:
         return plan
     from dataclasses import replace
 
     from cost_models.estimate import estimate
-    from cost_models.plan import Prediction
 
     result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages,
                       shared_cores=host_shared_cores(args.nproc or plan.cluster.devices, args.threads))
-    return replace(plan, predicted=Prediction(result.iteration_s, result.memory_bytes_max, dict(result.breakdown_s)))
+    return replace(plan, predicted=result.prediction())
 
 
 def backend_for(requested: str | None, ranks: int, mpi: bool) -> str:

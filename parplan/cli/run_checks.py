@@ -6,14 +6,17 @@ Each check is one line and exit code 2 (``InputError``); ``layout_plan`` makes t
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["check_pipeline_flags", "check_plan_fits", "check_recovery", "layout_plan", "mpi_size"]
 
 
-def layout_plan(graph: Any, args: argparse.Namespace, ranks: int) -> Any:
+def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Any:
     """The plan of ``--layout`` (cut into ``--stages`` of equal compute when more than one)."""
     from cost_models.uniform import balanced_starts, staged
 
@@ -28,7 +31,7 @@ def layout_plan(graph: Any, args: argparse.Namespace, ranks: int) -> Any:
     return staged(plan, graph, balanced_starts(graph, stages), args.schedule, micro)
 
 
-def _uniform(graph: Any, text: str, devices: int) -> Any:
+def _uniform(graph: LayerGraph, text: str, devices: int) -> Any:
     from cost_models.cluster import Cluster, Link
     from cost_models.layout import Layout
     from cost_models.uniform import uniform_plan
@@ -44,7 +47,7 @@ def _uniform(graph: Any, text: str, devices: int) -> Any:
     return uniform_plan(graph, cluster, [*layouts, Layout()])
 
 
-def check_plan_fits(args: argparse.Namespace, plan: Any, graph: Any, nproc: int | None) -> None:
+def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, nproc: int | None) -> None:
     from cost_models.model_spec import load_model
     from runtime.preflight import check_plan, check_runnable
 

@@ -24,9 +24,12 @@ import argparse
 import os
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
+
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
 
 __all__ = ["FORMAT", "add_validate"]
 
@@ -60,6 +63,8 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--refine", metavar="P.json",
                         help="fit corrections to the runs and write the refined profile here")
     parser.add_argument("--out", metavar="REPORT.json", help="write the report here (atomically)")
+    parser.add_argument("--trace-dir", metavar="D", help="write each plan's predicted and measured timelines here "
+                        "(Chrome traces NAME.predicted.json and NAME.measured.json; the folder must exist)")
     parser.add_argument("--threads", type=positive_int, metavar="T", help="CPU threads per rank (default: cores/ranks)")
     add_timeout_argument(parser)
     parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), help="default: nccl with GPUs, else gloo")
@@ -76,6 +81,8 @@ def _validate(args: argparse.Namespace) -> int:
 
     check_writable(args.out, "--out")
     check_writable(args.refine, "--refine")
+    if args.trace_dir and not os.path.isdir(args.trace_dir):
+        raise InputError(f"--trace-dir {args.trace_dir} is not a folder; create it first")
     profile = load_profile_argument(args.profile, args.dtype)
     graph, model = _traced(args)
     args.shared_cores = host_shared_cores(args.nproc, _threads(args))
@@ -84,6 +91,11 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"running {len(candidates)} plans on {args.nproc} ranks: {args.steps} timed steps each in "
               f"{min(args.rounds, args.steps)} interleaved round(s), {args.warmup} warm-up steps per round",
               file=sys.stderr, flush=True)
+    if args.trace_dir:
+        from parplan.cli.args import write_predicted_trace
+
+        for candidate in candidates:
+            write_predicted_trace(_trace_path(args, candidate, "predicted"), candidate.plan, candidate.estimate)
     documents = _measure(args, candidates, graph)
     if documents is None:  # an MPI rank other than 0
         return 0
@@ -92,6 +104,14 @@ def _validate(args: argparse.Namespace) -> int:
     emit_document(_report(args, graph, profile, candidates, documents, left_out), args.out, args.json,
                   print_validation)
     return 0
+
+
+def _trace_path(args: argparse.Namespace, candidate: Any, kind: str) -> str:
+    """``D/NAME.KIND.json`` of ``--trace-dir D`` for a candidate (its name in letters, digits and dashes)."""
+    import re
+
+    return os.path.join(os.path.abspath(args.trace_dir), f"{re.sub(r'[^A-Za-z0-9]+', '-', candidate.name).strip('-')}"
+                                                         f".{kind}.json")
 
 
 def _threads(args: argparse.Namespace) -> int:
@@ -107,7 +127,7 @@ def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
     return trace(model, shape, args.dtype, leaf_modules=args.leaf_module), model
 
 
-def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
+def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
     from planner.candidates import validation_candidates
     from parplan.cli.args import cluster_for, search_settings
     from runtime.preflight import check_plan, check_runnable
@@ -128,7 +148,7 @@ def _candidates(args: argparse.Namespace, graph: Any, model: Any, profile: Any) 
                                  min_gap=args.min_gap, refusal=refusal, shared_cores=args.shared_cores)
 
 
-def _measure(args: argparse.Namespace, candidates: list[Any], graph: Any) -> list[dict[str, Any]] | None:
+def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph) -> list[dict[str, Any]] | None:
     """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
     from parplan.cli.run import backend_for
     from runtime.launch import launch_many, started_by_mpi
@@ -144,9 +164,8 @@ def _measure(args: argparse.Namespace, candidates: list[Any], graph: Any) -> lis
                        input_shapes=graph.input_shapes,
                        dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
                        warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,
-                       quiet=True, timeout_s=args.timeout_s, graph=graph,
-                       extra={"order": "1f1b", "staleness": None, "slow_stages": {},
-                              "per_layer": per_layer and r == rounds - 1})
+                       quiet=True, timeout_s=args.timeout_s, graph=graph, per_layer=per_layer and r == rounds - 1,
+                       trace=_trace_path(args, candidates[i], "measured") if args.trace_dir and r == rounds - 1 else "")
             for r, i in order]
     documents = launch_many(runs, None if mpi else args.nproc, backend_for(args.backend, args.nproc, mpi))
     if documents is None:
@@ -172,7 +191,7 @@ def _merged(documents: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def _report(args: argparse.Namespace, graph: Any, profile: Any, candidates: list[Any],
+def _report(args: argparse.Namespace, graph: LayerGraph, profile: Any, candidates: list[Any],
             documents: list[dict[str, Any]], left_out: list[str]) -> dict[str, Any]:
     from planner.refine import Observation
     from planner.validate import accuracy
@@ -221,7 +240,7 @@ def _plan_row(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
             **({"layers": document["layers"]} if "layers" in document else {})}
 
 
-def _per_key(graph: Any, profile: Any, runs: list[Any], optimizer: str) -> list[dict[str, Any]]:
+def _per_key(graph: LayerGraph, profile: Any, runs: list[Any], optimizer: str) -> list[dict[str, Any]]:
     """Per layer key (kind and split) over all runs: predicted and measured seconds per batch, their ratio."""
     from cost_models.corrections import layer_key
     from planner.refine import local_s
@@ -241,7 +260,7 @@ def _per_key(graph: Any, profile: Any, runs: list[Any], optimizer: str) -> list[
             for key, (n, p, m) in sorted(sums.items(), key=lambda item: -item[1][2])]
 
 
-def _refine(args: argparse.Namespace, graph: Any, profile: Any, runs: list[Any], predicted: list[float]) -> dict[str, Any]:
+def _refine(args: argparse.Namespace, graph: LayerGraph, profile: Any, runs: list[Any], predicted: list[float]) -> dict[str, Any]:
     from cost_models.profile import save_profile
     from planner.refine import fit_corrections, held_out_predictions
     from planner.validate import accuracy

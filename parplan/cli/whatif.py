@@ -95,12 +95,14 @@ def run_sweep(args: argparse.Namespace, devices: list[int]) -> dict[str, Any]:
     """The command's sweep from its arguments (``parplan.whatif``)."""
     from parplan.api import whatif
     from parplan.cli.args import search_settings
+    from parplan.cli.report import progress_bar
 
-    return whatif(args.model, args.input_shape, profile=args.profile, devices=devices,
-                  devices_per_node=args.devices_per_node, scale_inter_bw=args.scale_inter_bw,
-                  scale_intra_bw=args.scale_intra_bw, memory_gb=args.memory_gb, weak_scaling=args.weak_scaling,
-                  settings=search_settings(args), dtype=args.dtype, jobs=args.jobs or None,
-                  leaf_modules=tuple(args.leaf_module))
+    with progress_bar("planning cluster sizes", enabled=not args.json) as progress:
+        return whatif(args.model, args.input_shape, profile=args.profile, devices=devices,
+                      devices_per_node=args.devices_per_node, scale_inter_bw=args.scale_inter_bw,
+                      scale_intra_bw=args.scale_intra_bw, memory_gb=args.memory_gb, weak_scaling=args.weak_scaling,
+                      settings=search_settings(args), dtype=args.dtype, jobs=args.jobs or None,
+                      leaf_modules=tuple(args.leaf_module), progress=progress)
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
