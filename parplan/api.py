@@ -42,14 +42,15 @@ def load_profile(profile: str | os.PathLike[str] | Profile, *, dtype: str = "flo
     text = os.fspath(profile)
     if os.path.exists(text) or text.endswith(".json") or os.sep in text:
         return load_file(text)
-    return preset_profile(text, dtype)
+    return preset_profile(text, dtype)  # a preset, or one line naming the known ones
 
 
 def cluster(profile: str | os.PathLike[str] | Profile, devices: int, *, devices_per_node: int | None = None,
             dtype: str = "float32") -> Cluster:
     """The cluster of ``devices`` devices a plan is made for: a preset's nodes and links, or a measured profile's."""
-    from calibrate.presets import is_preset, preset_cluster
     from dataclasses import replace
+
+    from calibrate.presets import is_preset, preset_cluster
 
     if isinstance(profile, (str, os.PathLike)) and is_preset(os.fspath(profile)) and not os.path.exists(profile):
         found = preset_cluster(os.fspath(profile), devices)

@@ -155,7 +155,12 @@ def _fail_fast(err: RankFailure) -> None:
 
 def _each(runs: list[RunOptions]) -> list[dict[str, Any]] | None:
     """Every run's measurement on rank 0 (``None`` elsewhere)."""
-    documents = [worker(options) for options in runs]
+    documents = []
+    for options in runs:
+        documents.append(worker(options))
+        if options.progress_file and dist.get_rank() == 0:
+            with open(options.progress_file, "a") as told:
+                told.write("done\n")
     return None if dist.get_rank() != 0 else [d for d in documents if d is not None]
 
 

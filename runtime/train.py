@@ -85,6 +85,8 @@ class RunOptions:
     """Where rank 0 writes the profiler's trace of one more step (Chrome trace JSON); empty: none."""
     reuse_reference: bool = False
     """Keep the unsplit reference model between runs of one rank pool (``parplan check``'s verifies)."""
+    progress_file: str = ""
+    """When set, rank 0 appends a line to it after this run (a progress bar of ``launch_many``'s runs reads it)."""
     graph: LayerGraph | None = field(default=None, repr=False)
     """The model's LayerGraph at ``input_shape``, traced by the command; ranks then skip tracing with fake
     tensors (and importing torch._dynamo: seconds per process). ``None``: each rank traces."""

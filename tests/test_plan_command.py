@@ -26,6 +26,24 @@ def test_plan_then_estimate(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
     assert json.loads(capsys.readouterr().out)["iteration_s"] == pytest.approx(plan.predicted.iteration_s)
 
 
+def test_plan_prints_its_summary_first_and_draws_itself(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                         repo: Path) -> None:
+    """The plan in one line with its speedups first; the per-layer table only with --table; --plot writes a PNG."""
+    model = ["--model", f"{repo}/examples/unet.py:unet", "--input-shape", "1,3,64,64"]
+    out, picture = tmp_path / "plan.json", tmp_path / "plan.png"
+    assert main(["plan", *model, "--profile", "h100", "--devices", "2", "--out", str(out), "--plot", str(picture)]) == 0
+    printed = capsys.readouterr().out
+    first = printed.splitlines()[0]
+    assert "ms per iteration" in first and "over pure sample" in first, first
+    assert "of the 2 devices" in printed  # a batch of one: pure sample parallelism uses one device, the other idles
+    assert "plan per layer" not in printed
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plan", *model, "--profile", "h100", "--devices", "2", "--out", str(out), "--table"]) == 0
+    assert "plan per layer" in capsys.readouterr().out
+    assert main(["plan", *model, "--profile", "h100", "--devices", "2", "--out", str(out), "--plot", "x.gif"]) == 2
+    assert "by suffix" in capsys.readouterr().err
+
+
 def test_nothing_fits_says_by_how_much(capsys: pytest.CaptureFixture[str], tmp_path: Path, repo: Path) -> None:
     tiny = Profile(DeviceSpec("tiny", 2**20), {"source": "measured"},
                    compute_fits=tuple(ComputeFit("*", p, 1e-6, 1e-10, 1e-10, 3) for p in ("fwd", "bwd", "bwd_data",

@@ -63,8 +63,9 @@ def test_strong_scaling_invariants(strong: dict) -> None:
         assert row["samples_per_s"] == pytest.approx(8 / row["iteration_s"])
         assert row["iteration_s"] <= row["one_stage_s"] * (1 + 1e-9)  # stages only ever add options
         assert row["speedup_vs_sample"] >= 1.0 - 1e-9  # pure sample is one of the plans considered
-    times = [row["iteration_s"] for row in rows]
-    assert times == sorted(times, reverse=True)  # idle devices (with_idle): never slower with more
+    for field in ("iteration_s", "one_stage_s", "pure_sample_s"):  # idle devices (with_idle): never slower with more
+        times = [row[field] for row in rows]
+        assert times == sorted(times, reverse=True), field
     assert all(1 <= row["devices_used"] <= row["devices"] for row in rows)
     at_batch = next(row for row in rows if row["devices"] == 8)
     for row in rows:
@@ -156,3 +157,18 @@ def test_the_perfect_split_bound_only_skips_sizes_the_planner_cannot_fit() -> No
         assert "even split perfectly" in _row(graph, profile, cluster, SearchSettings(max_stages=2), "").reason
         with pytest.raises(InputError, match="no plan fits"):
             plan_model(graph, profile, cluster, SearchSettings(max_stages=2))
+
+
+def test_the_baselines_are_the_best_on_at_most_that_many_devices() -> None:
+    """A size whose pure sample or one-stage time is slower than a smaller size's shows the smaller's."""
+    from planner.whatif import WhatIfRow, with_idle
+
+    def row(devices: int, sample_s: float, one_stage_s: float) -> WhatIfRow:
+        return WhatIfRow(devices, 8, True, iteration_s=one_stage_s, samples_per_s=8 / one_stage_s,
+                         one_stage_s=one_stage_s, pure_sample_s=sample_s, pure_sample_samples_per_s=8 / sample_s,
+                         sample_parallel=min(devices, 8), devices_used=devices)
+
+    rows = with_idle([row(4, 2.0, 1.5), row(8, 1.0, 0.9), row(16, 1.2, 1.1), row(32, 1.3, 0.5)])
+    assert [r.pure_sample_s for r in rows] == [2.0, 1.0, 1.0, 1.0]
+    assert [r.sample_parallel for r in rows] == [4, 8, 8, 8]
+    assert [r.one_stage_s for r in rows] == [1.5, 0.9, 0.9, 0.5]

@@ -116,13 +116,10 @@ def add_timeout_argument(parser: Any) -> None:
 
 
 def load_profile_argument(text: str, dtype: str = "float32") -> Any:
-    """A PROFILE argument: a preset name or a profile file."""
-    from calibrate.presets import preset_profile
-    from cost_models.profile import load_profile
+    """A PROFILE argument: a preset name or a profile file (``parplan.load_profile``)."""
+    from parplan.api import load_profile
 
-    if os.path.exists(text) or text.endswith(".json") or os.sep in text:
-        return load_profile(text)
-    return preset_profile(text, dtype)  # a preset, or one line naming the known ones
+    return load_profile(text, dtype=dtype)
 
 
 def check_out_dir(path: str, flag: str = "--out") -> None:

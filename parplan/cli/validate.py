@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from cost_models.errors import InputError
 
@@ -167,10 +168,49 @@ def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph)
                        quiet=True, timeout_s=args.timeout_s, graph=graph, per_layer=per_layer and r == rounds - 1,
                        trace=_trace_path(args, candidates[i], "measured") if args.trace_dir and r == rounds - 1 else "")
             for r, i in order]
-    documents = launch_many(runs, None if mpi else args.nproc, backend_for(args.backend, args.nproc, mpi))
+    backend = backend_for(args.backend, args.nproc, mpi)
+    with _progress(runs, enabled=not args.json and not mpi) as told:
+        documents = launch_many([replace(run, progress_file=told) for run in runs], None if mpi else args.nproc,
+                                backend)
     if documents is None:
         return None
     return [_merged([d for (_, i), d in zip(order, documents) if i == index]) for index in range(len(candidates))]
+
+
+@contextmanager
+def _progress(runs: list[Any], enabled: bool) -> Iterator[str]:
+    """A progress bar over ``runs`` fed by the file rank 0 appends a line to after each (yields its path)."""
+    import tempfile
+    import threading
+
+    from parplan.cli.report import progress_bar
+
+    if not enabled:
+        yield ""
+        return
+    with tempfile.TemporaryDirectory(prefix="parplan-validate-") as folder, \
+            progress_bar("running plans", enabled=True) as bar:
+        path, stop = os.path.join(folder, "done"), threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(0.5):
+                bar(_lines(path), len(runs))
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            yield path
+        finally:
+            stop.set()
+            watcher.join()
+
+
+def _lines(path: str) -> int:
+    try:
+        with open(path) as told:
+            return sum(1 for _ in told)
+    except OSError:
+        return 0
 
 
 def _share(steps: int, rounds: int, index: int) -> int:
