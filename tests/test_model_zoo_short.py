@@ -236,7 +236,7 @@ def idle_options() -> object:
     import torch
 
     from cost_models.graph import trace
-    from parplan.cli.check import layout_plan
+    from parplan.cli.layouts import layout_plan
     from runtime.train import RunOptions
 
     spec = f"{HERE}:_tiny"

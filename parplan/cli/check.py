@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from cost_models.errors import InputError, TraceError
 from cost_models.layout import Layout
+from parplan.cli.layouts import cannot_split, layout_plan, split_reason, split_summary
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -64,10 +65,6 @@ DEFAULT_DEVICES = (2, 4)
 DEFAULT_LAYOUTS = ("n2", "h2", "w2", "c2", "h2·w2")
 RESULTS = ("pass", "refused", "fail")
 
-_NO_LOCAL_PROBLEM = "cost_models.capability accepts it, but cost_models.local_problem gives it no local problem"
-PARAMETERS_ONLY = ("it computes from parameters and constants alone (no sample, row or column to split): "
-                   "whole on every rank")
-"""Why a layer kept its output whole when the capability predicate names no reason (the two disagree)."""
 
 
 class CheckTimeout(Exception):
@@ -266,7 +263,7 @@ def _layout_check(request: CheckRequest, model: Any, graph: LayerGraph, layout: 
     except Exception as err:
         return Check(name, "verify", str(layout), layout.ranks, "fail", _failure_reason(err, request.timeout_s),
                      time.perf_counter() - started)
-    check = _verify_check(request, model, graph, plan, pools, name, str(layout), _split_reason(summary, layout))
+    check = _verify_check(request, model, graph, plan, pools, name, str(layout), split_reason(summary, layout))
     return replace(check, detail={**check.detail, **summary})
 
 
@@ -347,57 +344,6 @@ def _run_options(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
                       quiet=True, timeout_s=timeout_s, graph=graph, output=request.output, reuse_reference=True)
-
-
-def layout_plan(graph: LayerGraph, layout: Layout, model_spec: str = "") -> Any:
-    """The plan ``parplan run --layout L --nproc R`` runs: each layer its first of ``L, n1`` it can take, on ``R``
-    (``L``'s) ranks; not priced (``parplan.cli.run`` builds it the same way)."""
-    from cost_models.cluster import Cluster, Link
-    from cost_models.uniform import uniform_plan
-
-    link = Link(0.0, 1e9)  # a container for the device count: this plan is not priced
-    cluster = Cluster(devices=layout.ranks, devices_per_node=layout.ranks, memory_bytes=2**40, intra=link,
-                      inter=link, name="this machine")
-    return uniform_plan(graph, cluster, [layout, Layout()], model_spec=model_spec)
-
-
-def split_summary(graph: LayerGraph, plan: Any, layout: Layout) -> dict[str, Any]:
-    """How many compute layers of ``plan`` took ``layout``, and why each other one kept its output whole."""
-    from cost_models.capability import layer_refusal
-
-    names = graph.compute_layers()
-    batch = graph.batch_layers()
-    whole = []
-    for name in names:
-        if plan.layers[name].layout != layout:
-            node = graph.nodes[name]
-            reason = (layer_refusal(node, layout, sync_batchnorm=True) or _NO_LOCAL_PROBLEM) if name in batch else \
-                PARAMETERS_ONLY
-            whole.append({"layer": name, "kind": node["kind"], "reason": reason, "cannot_split": cannot_split(reason)})
-    return {"layers": len(names), "split": len(names) - len(whole), "whole": whole}
-
-
-def cannot_split(reason: str) -> bool:
-    """Whether a capability reason says no split of the layer exists (not merely one this runtime lacks)."""
-    from cost_models.capability import inherent
-
-    return inherent(reason)
-
-
-def _split_reason(summary: Mapping[str, Any], layout: Layout) -> str:
-    gaps = [item for item in summary["whole"] if not item["cannot_split"]]
-    text = f"{layout} on {summary['split']} of {summary['layers']} layers"
-    if not summary["whole"]:
-        return text
-    text += f"; {len(summary['whole']) - len(gaps)} cannot be split"
-    if gaps:
-        counted: dict[str, int] = {}
-        for item in gaps:
-            key = f"{item['kind']}: {item['reason']}"
-            counted[key] = counted.get(key, 0) + 1
-        text += f", {len(gaps)} not split by this runtime (" + "; ".join(
-            f"{key} ×{count}" if count > 1 else key for key, count in sorted(counted.items())[:3]) + ")"
-    return text
 
 
 @contextmanager

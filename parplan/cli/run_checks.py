@@ -32,19 +32,15 @@ def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Any:
 
 
 def _uniform(graph: LayerGraph, text: str, devices: int) -> Any:
-    from cost_models.cluster import Cluster, Link
     from cost_models.layout import Layout
-    from cost_models.uniform import uniform_plan
+    from parplan.cli.layouts import uniform_layout_plan
 
     layouts = [Layout.parse(part.strip()) for part in text.split(",") if part.strip()]
     wrong = [str(layout) for layout in layouts if devices % layout.ranks]
     if wrong:
         raise InputError(f"--layout {', '.join(wrong)} does not divide {devices} ranks; use layouts of n·c·h·w "
                          f"dividing {devices}")
-    link = Link(0.0, 1e9)  # a container for the device count: this plan is not priced
-    cluster = Cluster(devices=devices, devices_per_node=devices, memory_bytes=2**40, intra=link, inter=link,
-                      name="this machine")
-    return uniform_plan(graph, cluster, [*layouts, Layout()])
+    return uniform_layout_plan(graph, layouts, devices)
 
 
 def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, nproc: int | None) -> None:
