@@ -4,11 +4,20 @@ Every document parplan writes (plans, profiles and measurements)
 carries ``"format": "parplan.<kind>/<version>"``. Reading checks the format
 first — an unknown version is refused with both versions named — then the
 schema, reporting the first violation with its JSON path.
+
+``jsonschema`` is optional. Without it (a bare GPU machine) the format and
+version are checked as always, and of the schema its required fields, JSON
+types and enumerations (:mod:`cost_models.schema_fallback`); one line on
+stderr, once per process (and not again in the ranks a command starts:
+``PARPLAN_SCHEMA_WARNED`` is set for them), says that full schema validation
+was skipped.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -16,6 +25,12 @@ from typing import Any
 from cost_models.errors import InputError
 
 __all__ = ["check_document", "load_schema"]
+
+SKIPPED_WARNING = ("parplan: warning: jsonschema is not installed: full schema validation of plan, profile, "
+                   "measurement and checkpoint files skipped (format, version, required fields and types still "
+                   "checked); pip install jsonschema for it")
+_WARNED_ENV = "PARPLAN_SCHEMA_WARNED"
+_warned = False
 
 
 @lru_cache(maxsize=None)
@@ -35,9 +50,6 @@ def check_document(document: Any, expected_format: str, schema_name: str, source
         source: Where the document came from, for messages (a path).
         error: The :class:`InputError` subclass to raise.
     """
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import best_match
-
     if not isinstance(document, dict):
         raise error(f"{source} holds a JSON {type(document).__name__}, not an object with \"format\": \"{expected_format}\"")
     found = document.get("format")
@@ -49,10 +61,32 @@ def check_document(document: Any, expected_format: str, schema_name: str, source
                 f"re-create it with this version of parplan"
             )
         raise error(f"{source} is not a {kind} document (format is {found!r}, expected {expected_format!r})")
-    validator = Draft202012Validator(load_schema(schema_name))
-    problem = best_match(validator.iter_errors(document))
-    if problem is not None:
-        raise error(f"{source} is not a valid {expected_format} document: at {_path(problem.absolute_path)}: {problem.message}")
+    where_what = _schema_problem(document, load_schema(schema_name))
+    if where_what is not None:
+        raise error(f"{source} is not a valid {expected_format} document: at {_path(where_what[0])}: {where_what[1]}")
+
+
+def _schema_problem(document: Any, schema: dict[str, Any]) -> tuple[Any, str] | None:
+    """The first violation (its path and message) by jsonschema, or by the fallback's checks without it."""
+    try:
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import best_match
+    except ImportError:
+        _warn_skipped()
+        from cost_models.schema_fallback import first_problem
+
+        return first_problem(document, schema)
+    problem = best_match(Draft202012Validator(schema).iter_errors(document))
+    return None if problem is None else (problem.absolute_path, problem.message)
+
+
+def _warn_skipped() -> None:
+    """Say once that only the fallback's checks ran: once per process, and not again in the ranks it starts."""
+    global _warned
+    if not _warned and not os.environ.get(_WARNED_ENV):
+        print(SKIPPED_WARNING, file=sys.stderr, flush=True)
+        os.environ[_WARNED_ENV] = "1"  # inherited by the ranks a command starts afterwards
+    _warned = True
 
 
 def _path(parts: Any) -> str:

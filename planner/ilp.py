@@ -1,4 +1,4 @@
-r"""Exact layout choice on any DAG (residual adds, concatenations) as an integer linear program in PuLP.
+r"""Exact layout choice on any DAG (residual adds, concatenations) as a 0/1 integer linear program.
 
 Given a :class:`~planner.cost_table.CostTable` with layers ``L``, options
 ``S_l``, node costs ``c_{l,i}``, edge cost matrices ``d_{e,i,j}`` for edges
@@ -19,45 +19,61 @@ Given a :class:`~planner.cost_table.CostTable` with layers ``L``, options
 The edge variables are the marginal (local-polytope) linearisation of
 ``y = x_u·x_v``: with integral ``x`` the two agreement families force
 ``y_{e,i,j} = x_{u,i}·x_{v,j}``, and its LP relaxation is exact on trees, so
-chains solve at the root. Constraint families and the functions that add them:
+chains solve at the root.
+
+The program is built once, solver-neutral, as sparse matrices
+(:class:`~planner.ilp_backends.IlpModel`): the columns are ``x`` layer by
+layer, then ``y`` edge by edge (``i``-major), the rows in the order of the
+families above. Constraint families and the functions that build them:
 
 =====================================  ===========================
-one option per layer                   :func:`_add_choice_rows`
-edge rows / columns agree with layers  :func:`_add_edge_marginals`
-memory per rank                        :func:`_add_memory_limit`
-distance from excluded plans           :func:`_add_exclusions`
-objective                              :func:`_objective`
+one option per layer                   :func:`_choice_rows`
+edge rows / columns agree with layers  :func:`_edge_marginal_rows`
+memory per rank                        :func:`_memory_row`
+distance from excluded plans           :func:`_exclusion_rows`
+objective                              :func:`_objective_us`
 =====================================  ===========================
 
-Solvers: CBC (shipped with PuLP) by default, HiGHS when ``highspy`` is
-installed and asked for; both with a relative gap of 0 (proven optimal), and
-the objective in microseconds so their absolute tolerances are negligible. A time limit returns the best integral plan found,
-with status ``"TimeLimit"`` and the gap when the solver reports one. Solving
-again with each optimum excluded (no-good cuts) lists the k best distinct
-plans in order (``parplan validate``).
+Solvers: with PuLP installed, CBC (shipped with PuLP) by default, HiGHS when
+``highspy`` is installed and asked for. Without PuLP (``BACKEND == "scipy"``;
+a bare GPU machine), both ``cbc`` and ``highs`` are served by
+``scipy.optimize.milp`` — the HiGHS that SciPy ships — on the same matrices,
+and the solution names its solver ``scipy-highs``. Every back end runs with
+a relative gap of 0 (proven optimal), and the objective is in microseconds
+so their absolute tolerances are negligible. A time limit returns the best
+integral plan found, with status ``"TimeLimit"`` and the gap when the solver
+reports one. Solving again with each optimum excluded (no-good cuts) lists
+the k best distinct plans in order (``parplan validate``).
 """
 
 from __future__ import annotations
 
-import time
-import warnings
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
-import pulp
+import numpy as np
+from scipy.sparse import csr_array
 
 from planner.cost_table import CostTable, Solution
+from planner.ilp_backends import (SCIPY_SOLVER, BackendResult, IlpModel, pulp_available, pulp_solvers,
+                                  solve_with_pulp, solve_with_scipy)
 
-__all__ = ["available_solvers", "solve_ilp"]
+__all__ = ["BACKEND", "available_solvers", "build_model", "solve_ilp"]
 
+BACKEND: str = "pulp" if pulp_available() else "scipy"
+"""Which back end :func:`solve_ilp` uses: ``pulp`` when PuLP imports, else ``scipy`` (tests set it)."""
+
+SOLVER_NAMES = ("cbc", "highs")
 _US = 1e6  # objective unit: microseconds
 
 
 def available_solvers() -> list[str]:
-    """Solver names usable here: ``cbc`` always, ``highs`` when highspy is installed."""
-    names = ["cbc"]
-    if pulp.HiGHS(msg=False).available():
-        names.append("highs")
-    return names
+    """Solver names :func:`solve_ilp` accepts here.
+
+    With PuLP: ``cbc`` always, ``highs`` when highspy is installed. Without it both names, each
+    solved by SciPy's HiGHS.
+    """
+    return pulp_solvers() if BACKEND == "pulp" else list(SOLVER_NAMES)
 
 
 def solve_ilp(table: CostTable, solver: str = "cbc", time_limit_s: float | None = None,
@@ -71,80 +87,134 @@ def solve_ilp(table: CostTable, solver: str = "cbc", time_limit_s: float | None 
     Raises:
         ValueError: Unknown or unavailable solver, or no feasible plan (memory).
     """
-    problem = pulp.LpProblem("parplan_layouts", pulp.LpMinimize)
-    x = {(layer, i): problem.add_variable(f"x_{n}_{i}", cat=pulp.LpBinary)
-         for n, layer in enumerate(table.layers) for i in range(len(table.options[layer]))}
-    y = {(edge, i, j): problem.add_variable(f"y_{k}_{i}_{j}", lowBound=0, upBound=1)
-         for k, edge in enumerate(table.edges)
-         for i in range(len(table.options[edge[0]])) for j in range(len(table.options[edge[1]]))}
-    problem += _objective(table, x, y)
-    _add_choice_rows(problem, table, x)
-    _add_edge_marginals(problem, table, x, y)
-    _add_memory_limit(problem, table, x)
-    _add_exclusions(problem, table, x, exclude, min_difference)
-    started = time.perf_counter()
-    with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC runner, which is still the one shipped
-        warnings.simplefilter("ignore", DeprecationWarning)
-        problem.solve(_solver(solver, time_limit_s))
-    seconds = time.perf_counter() - started
-    return _solution(problem, table, x, solver, seconds)
+    if solver not in SOLVER_NAMES:
+        raise ValueError(f"unknown solver {solver!r}; use one of {', '.join(available_solvers())}")
+    columns = _Columns.of(table)
+    model = build_model(table, exclude, min_difference, columns)
+    if BACKEND == "pulp":
+        return _solution(table, columns, solve_with_pulp(model, solver, time_limit_s), solver)
+    return _solution(table, columns, solve_with_scipy(model, time_limit_s), SCIPY_SOLVER)
 
 
-def _objective(table: CostTable, x: dict[Any, Any], y: dict[Any, Any]) -> Any:
+@dataclass(frozen=True)
+class _Columns:
+    """Where each layer's ``x`` and each edge's ``y`` start among the variables."""
+
+    x_start: Mapping[str, int]
+    y_start: Mapping[tuple[str, str], int]
+    count: int
+
+    @classmethod
+    def of(cls, table: CostTable) -> "_Columns":
+        x_start, position = {}, 0
+        for layer in table.layers:
+            x_start[layer], position = position, position + len(table.options[layer])
+        y_start = {}
+        for edge in table.edges:
+            y_start[edge], position = position, position + len(table.options[edge[0]]) * len(table.options[edge[1]])
+        return cls(x_start, y_start, position)
+
+
+class _Rows:
+    """Constraint rows as they are built: columns, coefficients, bounds and names, then one CSR matrix."""
+
+    def __init__(self) -> None:
+        self.columns: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.names: list[str | None] = []
+
+    def add(self, columns: np.ndarray, values: np.ndarray, lower: float, upper: float, name: str | None = None) -> None:
+        self.columns.append(np.asarray(columns, dtype=np.int64))
+        self.values.append(np.asarray(values, dtype=float))
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.names.append(name)
+
+    def matrix(self, width: int) -> csr_array:
+        indptr = np.concatenate([[0], np.cumsum([len(c) for c in self.columns], dtype=np.int64)])
+        data = np.concatenate(self.values) if self.values else np.zeros(0)
+        indices = np.concatenate(self.columns) if self.columns else np.zeros(0, dtype=np.int64)
+        return csr_array((data, indices, indptr), shape=(len(self.columns), width))
+
+
+def build_model(table: CostTable, exclude: Sequence[Mapping[str, int]] = (), min_difference: int = 1,
+                columns: _Columns | None = None) -> IlpModel:
+    """The ILP of the module docstring as matrices, for either back end."""
+    columns = columns or _Columns.of(table)
+    rows = _Rows()
+    _choice_rows(rows, table, columns)
+    _edge_marginal_rows(rows, table, columns)
+    _memory_row(rows, table, columns)
+    _exclusion_rows(rows, table, columns, exclude, min_difference)
+    binary = np.zeros(columns.count, dtype=bool)
+    binary[:sum(len(table.options[layer]) for layer in table.layers)] = True
+    return IlpModel(_names(table), _objective_us(table, columns), binary, rows.matrix(columns.count),
+                    np.array(rows.lower, dtype=float), np.array(rows.upper, dtype=float), tuple(rows.names))
+
+
+def _names(table: CostTable) -> tuple[str, ...]:
+    xs = [f"x_{n}_{i}" for n, layer in enumerate(table.layers) for i in range(len(table.options[layer]))]
+    ys = [f"y_{k}_{i}_{j}" for k, (u, v) in enumerate(table.edges)
+          for i in range(len(table.options[u])) for j in range(len(table.options[v]))]
+    return tuple(xs + ys)
+
+
+def _objective_us(table: CostTable, columns: _Columns) -> np.ndarray:
     """Total seconds, stated in microseconds so the solver's tolerances sit far below a kernel's time."""
-    nodes = pulp.lpSum(_US * table.node_s[layer][i] * x[(layer, i)] for layer, i in x)
-    edges = pulp.lpSum(_US * table.edge_s[edge][i][j] * var for (edge, i, j), var in y.items() if table.edge_s[edge][i][j])
-    return nodes + edges
+    cost = np.zeros(columns.count)
+    for layer, start in columns.x_start.items():
+        cost[start:start + len(table.options[layer])] = [_US * value for value in table.node_s[layer]]
+    for edge, start in columns.y_start.items():
+        flat = [_US * value for row in table.edge_s[edge] for value in row]
+        cost[start:start + len(flat)] = flat
+    return cost
 
 
-def _add_choice_rows(problem: Any, table: CostTable, x: dict[Any, Any]) -> None:
+def _choice_rows(rows: _Rows, table: CostTable, columns: _Columns) -> None:
     for index, layer in enumerate(table.layers):
-        problem += pulp.lpSum(x[(layer, i)] for i in range(len(table.options[layer]))) == 1, f"one_option_{index}"
+        size = len(table.options[layer])
+        rows.add(columns.x_start[layer] + np.arange(size), np.ones(size), 1.0, 1.0, f"one_option_{index}")
 
 
-def _add_edge_marginals(problem: Any, table: CostTable, x: dict[Any, Any], y: dict[Any, Any]) -> None:
+def _edge_marginal_rows(rows: _Rows, table: CostTable, columns: _Columns) -> None:
     for edge in table.edges:
         u, v = edge
-        rows, cols = range(len(table.options[u])), range(len(table.options[v]))
-        for i in rows:
-            problem += pulp.lpSum(y[(edge, i, j)] for j in cols) == x[(u, i)]
-        for j in cols:
-            problem += pulp.lpSum(y[(edge, i, j)] for i in rows) == x[(v, j)]
+        width, height, start = len(table.options[v]), len(table.options[u]), columns.y_start[edge]
+        for i in range(height):  # Σ_j y_{e,i,j} − x_{u,i} = 0
+            rows.add(np.append(start + i * width + np.arange(width), columns.x_start[u] + i),
+                     np.append(np.ones(width), -1.0), 0.0, 0.0)
+        for j in range(width):  # Σ_i y_{e,i,j} − x_{v,j} = 0
+            rows.add(np.append(start + j + width * np.arange(height), columns.x_start[v] + j),
+                     np.append(np.ones(height), -1.0), 0.0, 0.0)
 
 
-def _add_memory_limit(problem: Any, table: CostTable, x: dict[Any, Any]) -> None:
+def _memory_row(rows: _Rows, table: CostTable, columns: _Columns) -> None:
     if table.memory_limit_bytes is None or not table.memory_bytes:
         return
-    used = pulp.lpSum(table.memory_bytes[layer][i] * x[(layer, i)] for layer, i in x if layer in table.memory_bytes)
-    problem += used <= table.memory_limit_bytes, "memory_per_rank"
+    held = [layer for layer in table.layers if layer in table.memory_bytes]
+    rows.add(np.concatenate([columns.x_start[layer] + np.arange(len(table.options[layer])) for layer in held]),
+             np.concatenate([np.asarray(table.memory_bytes[layer], dtype=float) for layer in held]),
+             -np.inf, float(table.memory_limit_bytes), "memory_per_rank")
 
 
-def _add_exclusions(problem: Any, table: CostTable, x: dict[Any, Any], exclude: Sequence[Mapping[str, int]],
+def _exclusion_rows(rows: _Rows, table: CostTable, columns: _Columns, exclude: Sequence[Mapping[str, int]],
                     min_difference: int) -> None:
     for index, choice in enumerate(exclude):
-        same = pulp.lpSum(x[(layer, choice[layer])] for layer in table.layers)
-        problem += same <= len(table.layers) - min_difference, f"exclude_{index}"
+        for layer in table.layers:
+            if not 0 <= choice[layer] < len(table.options[layer]):
+                raise ValueError(f"excluded plan {index} gives layer {layer!r} option {choice[layer]}, but it has "
+                                 f"{len(table.options[layer])} options; pass option indices of this table")
+        same = np.array([columns.x_start[layer] + choice[layer] for layer in table.layers])
+        rows.add(same, np.ones(len(same)), -np.inf, float(len(table.layers) - min_difference), f"exclude_{index}")
 
 
-def _solver(name: str, time_limit_s: float | None) -> Any:
-    if name == "cbc":
-        coin = pulp.COIN_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0)  # a CBC on PATH or from pulp[cbc]
-        return coin if coin.available() else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0)
-    if name == "highs":
-        highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0)
-        if not highs.available():
-            raise ValueError("solver 'highs' needs highspy: pip install highspy (or use --solver cbc)")
-        return highs
-    raise ValueError(f"unknown solver {name!r}; use one of {', '.join(available_solvers())}")
-
-
-def _solution(problem: Any, table: CostTable, x: dict[Any, Any], solver: str, seconds: float) -> Solution:
-    status = pulp.LpStatus[problem.status]
-    if problem.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        raise ValueError(f"the ILP has no feasible plan (solver status {status}); "
+def _solution(table: CostTable, columns: _Columns, found: BackendResult, solver: str) -> Solution:
+    if found.values is None:
+        raise ValueError(f"the ILP has no feasible plan (solver status {found.status}); "
                          f"more devices, a spatial split or pipeline stages may fit the memory limit")
-    choice = {layer: max(range(len(table.options[layer])), key=lambda i: x[(layer, i)].value() or 0.0)
-              for layer in table.layers}
-    optimal = problem.sol_status == pulp.LpSolutionOptimal
-    return Solution(choice, table.objective(choice), solver, "Optimal" if optimal else "TimeLimit", seconds,
-                    0.0 if optimal else None)
+    choice = {layer: int(np.argmax(found.values[start:start + len(table.options[layer])]))
+              for layer, start in columns.x_start.items()}
+    return Solution(choice, table.objective(choice), solver, "Optimal" if found.optimal else "TimeLimit",
+                    found.seconds, found.gap)

@@ -56,6 +56,7 @@ from cost_models.layout import Layout
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime._data import DataHelpers
+from runtime.direct import runs_directly
 from runtime._values import (Held, Value, call_node, from4d, geometry, in_geometry, local_shape, plain, plain_args,
                              reshape_and_cut, reshapes_whole, resolve, same_boxes)
 from runtime.failures import at, place
@@ -76,7 +77,7 @@ from runtime.slicing import slice_parameters
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["DistributedModel", "apply_plan", "group_ranks", "is_container", "local_shape", "output_loss", "parameters_of"]
+__all__ = ["DistributedModel", "apply_plan", "gradient_group_ranks", "group_ranks", "is_container", "local_shape", "output_loss", "parameters_of"]
 
 
 _METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous", "is_signed", "element_size",
@@ -140,7 +141,8 @@ class DistributedModel(DataHelpers, nn.Module):
         self.model = model
         self.plan, self.layer_graph, self.ranks = plan, graph, ranks
         self.member = ranks.index(_rank()) if dist.is_initialized() else 0
-        nodes = list(symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes)).graph.nodes)
+        program = symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes))
+        nodes = list(program.graph.nodes)
         self._nodes = nodes if stage_nodes is None else _stage_nodes(nodes, stage_nodes)
         self._output_node = next(node for node in nodes if node.op == "output")
         self._output_key: str | None = None
@@ -158,6 +160,12 @@ class DistributedModel(DataHelpers, nn.Module):
         refuse_shapes(nodes, model, held, graph, len(ranks))
         self.random = random_ops(self._nodes, model)
         """This model's random ops (``runtime.random_ops``); the keyed ones draw by :attr:`draw_key`."""
+        direct = stage_nodes is None and runs_directly(
+            nodes, graph, {name: a.layout for name, a in held.layers.items()}, self.input_placements,
+            ranks=len(ranks), member=self.member, sync_batchnorm=sync_batchnorm, random=self.random)
+        self._program: tuple[nn.Module, ...] = (program,) if direct else ()
+        """The traced program, when this plan runs it as written (``runtime.direct``); kept in a tuple so that its
+        parameters (the model's own) are not registered twice."""
         self.random_seed = random_seed
         self.draw_key: DrawKey | None = None
         """The key of the next forwards' draws; ``None``: ``(random_seed, forwards run so far, 0)``."""
@@ -174,6 +182,7 @@ class DistributedModel(DataHelpers, nn.Module):
         """The parameters this rank trains (the whole model's, or its stage's)."""
         if groups is None:
             self.groups.build(self.group_ranks())
+            self.groups.build_gradients(gradient_group_ranks((site.layout for site in self.sites.values()), ranks))
         self.gradients = GradientSync({tuple(ranks[q] for q in members): params
                                        for members, params in shared.items()}, self.groups)
         self.gradients.install()
@@ -184,7 +193,17 @@ class DistributedModel(DataHelpers, nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         """This rank's box of the output, from its box of each input (:meth:`input_boxes`), in argument order."""
+        if self._program and not self.layer_ranges:
+            self._check_inputs(inputs)
+            self._forwards += 1
+            self.gradients.where = place()
+            return self._program[0](*inputs)
         return self.run_nodes({}, inputs)["(output)"]
+
+    @property
+    def runs_directly(self) -> bool:
+        """Whether :meth:`forward` runs the traced program as written (``runtime.direct``): pure sample splits."""
+        return bool(self._program)
 
     def run_nodes(self, env: dict[str, Any], inputs: Sequence[torch.Tensor] = (), key: DrawKey | None = None
                   ) -> dict[str, Any]:
@@ -428,6 +447,15 @@ def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[t
         for kind in ("spatial", "samples", "slice", "image"):
             for members in blocks(layout, len(ranks), kind):
                 yield tuple(ranks[q] for q in members)
+    yield ranks
+
+
+def gradient_group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """The global ranks of every group whose gradients layers of ``layouts`` on ``ranks`` may sum: the ranks
+    holding each slice of a channel-split weight, and all of ``ranks`` (``runtime.slicing``)."""
+    for layout in sorted(set(layouts)):
+        for members in blocks(layout, len(ranks), "slice"):
+            yield tuple(ranks[q] for q in members)
     yield ranks
 
 

@@ -63,6 +63,7 @@ class GroupCache:
         self.world = tuple(world)
         self.timeout = timeout
         self._groups: dict[tuple[int, ...], Any] = {}
+        self._gradient_groups: dict[tuple[int, ...], Any] = {}
 
     def build(self, rank_tuples: Iterable[tuple[int, ...]]) -> None:
         """Create the groups of ``rank_tuples`` not made yet (collective: every rank passes the same set)."""
@@ -70,6 +71,24 @@ class GroupCache:
             if len(ranks) > 1 and ranks != self.world:
                 with exchange("creating the plan's process groups", ranks):
                     self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+
+    def build_gradients(self, rank_tuples: Iterable[tuple[int, ...]]) -> None:
+        """Create a group of their own for the gradient sums of ``rank_tuples`` (collective, as :meth:`build`).
+
+        Gradient buckets are summed asynchronously while backward runs on (``runtime.gradsync``); on groups of
+        their own, their order never interleaves with the halo and norm collectives of the same ranks.
+        """
+        for ranks in sorted(set(rank_tuples) - set(self._gradient_groups)):
+            if len(ranks) > 1:
+                with exchange("creating the plan's gradient process groups", ranks):
+                    self._gradient_groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
+
+    def gradient_group(self, ranks: tuple[int, ...]) -> Any:
+        """The group the gradients of ``ranks`` are summed over (:meth:`build_gradients`)."""
+        if ranks not in self._gradient_groups:
+            raise KeyError(f"no gradient process group for ranks {list(ranks)} was built; "
+                           f"build_gradients() must list every replica group")
+        return self._gradient_groups[ranks]
 
     def get(self, ranks: tuple[int, ...]) -> Any:
         """The group of ``ranks`` (``None`` for a single rank; the default group for the whole world)."""

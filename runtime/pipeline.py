@@ -56,7 +56,7 @@ from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
-from runtime.apply import DistributedModel, group_ranks, local_shape, parameters_of
+from runtime.apply import DistributedModel, gradient_group_ranks, group_ranks, local_shape, parameters_of
 from runtime.inputs import Inputs, as_inputs, placeholder_placements
 from runtime.preflight import check_plan, held_plan
 from runtime.failures import at, exchange, wait_all
@@ -162,6 +162,8 @@ class PipelineStage:
         _refuse_shared_parameters(model, nodes, cuts)
         groups = GroupCache(tuple(range(world)), timeout)
         groups.build(r for k, cut in enumerate(cuts) for r in group_ranks(
+            (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
+        groups.build_gradients(r for k, cut in enumerate(cuts) for r in gradient_group_ranks(
             (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
         self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
                                       frozenset(self.cut.nodes), groups, random_seed=random_seed)

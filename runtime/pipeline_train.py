@@ -59,6 +59,10 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     """Run on every rank; returns the measurement's fields (``runtime.train``) on rank 0."""
     from runtime import train
 
+    if options.amp:
+        from cost_models.errors import PlanError
+
+        raise PlanError(f"--amp {options.amp} runs single-stage plans only; this plan has {plan.pipeline.stages} stages")
     plan = _capped(plan, options.staleness)
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
@@ -69,13 +73,14 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     recovery = Recovery(options, training_state(stage.model, optimizer, stage.buffers), device)
     progress, records, wall_s = _train_segments(options, plan, stage, optimizer, dtype, device, recovery)
     stages = _stage_report(stage, plan, records, wall_s, device, dict(options.slow_stages))
+    peak = _peak_tensors(options, plan, stage, optimizer, dtype, device) if options.steps else None
     layers = _layer_times(options, plan, stage, optimizer, dtype, device) if options.per_layer else None
     if options.trace:
         _trace(options, plan, stage, optimizer, dtype, device)
     memory = train.peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
-    document = train.measurement_document(options, plan, progress.per_step_s, progress.losses, memory, verified)
+    document = train.measurement_document(options, plan, progress.per_step_s, progress.losses, memory, verified, peak)
     document["recovery"] = recovery.report()
     document["pipeline"] = {"schedule": plan.pipeline.schedule, "stages": plan.pipeline.stages,
                             "micro_batches": plan.pipeline.micro_batches, "order": _order(options, plan),
@@ -83,6 +88,19 @@ def pipeline_worker(options: Any, plan: Any, device: torch.device) -> dict[str, 
     if layers is not None:
         document["layers"] = layers
     return document
+
+
+def _peak_tensors(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
+                  device: torch.device) -> int:
+    """One more batch (a sync iteration; a stale batch with its fill and drain), measuring its peak bytes of live
+    tensors (``runtime.memory_peak``); the largest rank's."""
+    from runtime.memory_peak import peak_tensor_bytes
+    from runtime.train import largest_over_ranks
+
+    step = options.warmup + options.steps
+    optimizer.zero_grad(set_to_none=True)
+    return largest_over_ranks(peak_tensor_bytes(
+        lambda: _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device), device), device)
 
 
 def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
@@ -94,7 +112,7 @@ def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Opt
     def one_batch(step: int) -> None:
         _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device)
 
-    first = options.warmup + options.steps
+    first = options.warmup + options.steps + 1  # after the memory step
     return profiled_layer_times(stage.model, one_batch, range(first, first + PER_LAYER_STEPS), device)
 
 
@@ -107,7 +125,7 @@ def _trace(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
     def one_batch(step: int) -> None:
         _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device)
 
-    after = options.warmup + options.steps + (PER_LAYER_STEPS if options.per_layer else 0)
+    after = options.warmup + options.steps + 1 + (PER_LAYER_STEPS if options.per_layer else 0)
     profiled_trace(stage.model, one_batch, after, device, options.trace)
 
 

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "flat_runs", "local_call", "module_attribute", "nd_box",
            "shape_made_nodes",
-           "shape_refusals", "static_nodes", "static_values", "view_form"]
+           "local_reads_agree", "shape_refusals", "static_nodes", "static_values", "view_form"]
 
 _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
 _SHAPE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
@@ -376,6 +376,15 @@ def tensor_names(graph: LayerGraph) -> frozenset[str]:
 
 def _single(shape: Any) -> bool:
     return isinstance(shape, (list, tuple)) and all(isinstance(extent, int) for extent in shape)
+
+
+def local_reads_agree(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[str, Layout], member: int) -> bool:
+    """Whether every shape read of the program gives on ``member``'s boxes what it gives on the unsplit tensors:
+    then the program run as written on this member's boxes reads the unsplit program's values."""
+    static = static_nodes(nodes, tensor_names(graph))
+    exact = static_values(static, lambda name: graph.nodes[name]["output_shape"])
+    local = static_values(static, _local_shapes(graph, layouts, member))
+    return all(_equal(local[name], value) for name, value in exact.items())
 
 
 def _local_shapes(graph: LayerGraph, layouts: Mapping[str, Layout], member: int) -> Callable[[str], tuple[int, ...]]:

@@ -38,16 +38,17 @@ Batches = Sequence[tuple[Inputs, torch.Tensor, DrawKey]]
 
 def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                      batches: Batches, *, reuse: Hashable | None, device: torch.device,
-                     output: str | None = None) -> Reference:
+                     output: str | None = None, amp: str = "") -> Reference:
     """:func:`runtime.verify.reference_step`'s reference, computed on rank 0 and broadcast (module docstring)."""
     batches = list(batches)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output)
+        return reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output, amp=amp)
     held = held_reference(reuse, leaf_modules, dtype, batches) if reuse is not None else None
     if _everywhere(held is not None, device):
         return held  # type: ignore[return-value]
     if dist.get_rank() == 0:
-        reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output)  # ranks' threads
+        reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output,
+                                   amp=amp)  # ranks' threads
         _send(reference, device)
         return reference
     reference = _receive(build(dtype), device)

@@ -34,6 +34,8 @@ from torch import nn
 from runtime.data import synthetic_inputs, synthetic_labels
 from runtime.failures import all_reduce, at
 from runtime.faults import planned, strike
+from runtime.memory_peak import peak_tensor_bytes
+from runtime.precision import Precision, autocast
 from runtime.checkpoint import Progress
 from runtime.random_ops import DrawKey
 from runtime.recovery import Recovery, training_state
@@ -41,8 +43,9 @@ from runtime.recovery import Recovery, training_state
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["PER_LAYER_STEPS", "Batch", "RunOptions", "factory_batches", "fresh_model", "measurement_document",
-           "peak_memory_bytes", "reference_identity", "sgd", "synchronise", "worker"]
+__all__ = ["PER_LAYER_STEPS", "Batch", "RunOptions", "factory_batches", "fresh_model", "largest_over_ranks",
+           "measurement_document", "memory_method", "peak_memory_bytes", "peak_report", "reference_identity", "sgd",
+           "synchronise", "worker"]
 
 PER_LAYER_STEPS = 3
 """Profiled steps after the timed ones when per-layer times are asked for (``RunOptions.per_layer``)."""
@@ -85,6 +88,8 @@ class RunOptions:
     """Where rank 0 writes the profiler's trace of one more step (Chrome trace JSON); empty: none."""
     reuse_reference: bool = False
     """Keep the unsplit reference model between runs of one rank pool (``parplan check``'s verifies)."""
+    amp: str = ""
+    """Mixed precision of the forward (``bf16``, ``fp16``: ``runtime.precision``); empty: the run's dtype throughout."""
     progress_file: str = ""
     """When set, rank 0 appends a line to it after this run (a progress bar of ``launch_many``'s runs reads it)."""
     graph: LayerGraph | None = field(default=None, repr=False)
@@ -132,14 +137,16 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     optimizer = sgd(split.parameters(), lr=options.lr)
     batch = _data_source(options, split, dtype, device)
     recovery = Recovery(options, training_state(split, optimizer), device)
-    progress = _train(options, plan, split, optimizer, batch, device, recovery)
-    layers = _layer_times(options, split, optimizer, batch, device) if options.per_layer else None
+    precision = Precision.of(options.amp, device)
+    progress = _train(options, plan, split, optimizer, batch, precision, recovery)
+    peak = _peak_tensors(options, split, optimizer, batch, precision) if options.steps else None
+    layers = _layer_times(options, split, optimizer, batch, precision) if options.per_layer else None
     if options.trace:
-        _trace(options, split, optimizer, batch, device)
+        _trace(options, split, optimizer, batch, precision)
     memory = peak_memory_bytes(device)
     if dist.get_rank() != 0:
         return None
-    document = measurement_document(options, plan, progress.per_step_s, progress.losses, memory, verified)
+    document = measurement_document(options, plan, progress.per_step_s, progress.losses, memory, verified, peak)
     document["recovery"] = recovery.report()
     if layers is not None:
         document["layers"] = layers
@@ -158,15 +165,14 @@ Batch = Callable[[int], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
 
 
 def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
-           device: torch.device,
-           recovery: Recovery) -> Progress:
+           precision: Precision, recovery: Recovery) -> Progress:
     """The warm-up and timed steps not done yet (``recovery`` says where to start), a checkpoint when due."""
     progress = recovery.start()
     fault = planned()
     for step in range(progress.step, options.warmup + options.steps):
         strike(fault, dist.get_rank(), step + 1)
         with at(f"step {step + 1}"):
-            seconds, loss = _step(split, optimizer, batch(step), device, DrawKey(options.seed, step))
+            seconds, loss = _step(split, optimizer, batch(step), precision, DrawKey(options.seed, step))
         progress.step = step + 1
         if step >= options.warmup:
             progress.per_step_s.append(seconds)
@@ -176,28 +182,45 @@ def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Op
     return progress
 
 
+def _peak_tensors(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
+                  precision: Precision) -> int:
+    """One more step, measuring its peak bytes of live tensors (``runtime.memory_peak``); the largest rank's."""
+    step = options.warmup + options.steps
+    optimizer.zero_grad(set_to_none=True)
+    device = precision.device
+    return largest_over_ranks(peak_tensor_bytes(
+        lambda: _step(split, optimizer, batch(step), precision, DrawKey(options.seed, step)), device), device)
+
+
+def largest_over_ranks(value: int, device: torch.device) -> int:
+    """``value``'s maximum over every rank."""
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    all_reduce(tensor, "the peak-memory allreduce", dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
-                 device: torch.device) -> list[dict[str, Any]]:
+                 precision: Precision) -> list[dict[str, Any]]:
     """Per layer forward/backward seconds over ``PER_LAYER_STEPS`` further steps under the profiler."""
     from runtime.layer_times import profiled_layer_times
 
     def one_step(step: int) -> None:
-        _step(split, optimizer, batch(step), device, DrawKey(options.seed, step))
+        _step(split, optimizer, batch(step), precision, DrawKey(options.seed, step))
 
-    first = options.warmup + options.steps
-    return profiled_layer_times(split, one_step, range(first, first + PER_LAYER_STEPS), device)
+    first = options.warmup + options.steps + 1  # after the memory step
+    return profiled_layer_times(split, one_step, range(first, first + PER_LAYER_STEPS), precision.device)
 
 
 def _trace(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
-           device: torch.device) -> None:
+           precision: Precision) -> None:
     """One more step under the profiler; rank 0 writes its trace to ``options.trace``."""
     from runtime.layer_times import profiled_trace
 
     def one_step(step: int) -> None:
-        _step(split, optimizer, batch(step), device, DrawKey(options.seed, step))
+        _step(split, optimizer, batch(step), precision, DrawKey(options.seed, step))
 
-    after = options.warmup + options.steps + (PER_LAYER_STEPS if options.per_layer else 0)
-    profiled_trace(split, one_step, after, device, options.trace)
+    after = options.warmup + options.steps + 1 + (PER_LAYER_STEPS if options.per_layer else 0)
+    profiled_trace(split, one_step, after, precision.device, options.trace)
 
 
 def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, Any]:
@@ -250,17 +273,18 @@ def _as_input(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) ->
 
 
 def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[tuple[torch.Tensor, ...], torch.Tensor],
-          device: torch.device, key: DrawKey) -> tuple[float, float]:
+          precision: Precision, key: DrawKey) -> tuple[float, float]:
     inputs, target = batch
+    device = precision.device
     split.draw_key = key  # the step's random draws: the same on a resumed run
     synchronise(device)
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    with at("forward"):
+    with at("forward"), precision.forward():
         share = split.loss(split(*inputs), target)
     with at("backward"):
-        share.backward()
-    optimizer.step()
+        precision.backward(share)
+    precision.step(optimizer)
     synchronise(device)
     elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
     all_reduce(elapsed, "the step-time allreduce", dist.ReduceOp.MAX)
@@ -280,13 +304,15 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     split.draw_key, split.switch_off_random = key, True
     inputs, target = _data_source(options, split, dtype, device)(0)
     with inside_switched_off(split.model, split.random.values()):
-        output = split(*inputs)
-        split.loss(output, target).backward()
+        with autocast(options.amp, device):
+            output = split(*inputs)
+            share = split.loss(output, target)
+        share.backward()
     full_inputs, labels = _data_source(options, split, dtype, device, whole=True)(0)
     batches = [(full_inputs, labels, key)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                                 reuse=reuse, device=device, output=options.output)
+                                 reuse=reuse, device=device, output=options.output, amp=options.amp)
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
                                                                reuse=reuse, output=options.output), device)
@@ -300,7 +326,7 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
 def reference_identity(options: RunOptions) -> tuple[Any, ...] | None:
     """What identifies the unsplit reference's model and loss, when the caller lets ranks reuse it across runs
     (``RunOptions.reuse_reference``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
-    return (options.model, options.seed, options.data, options.output) if options.reuse_reference else None
+    return (options.model, options.seed, options.data, options.output, options.amp) if options.reuse_reference else None
 
 
 def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:
@@ -324,8 +350,12 @@ def _progress(options: RunOptions, step: int, seconds: float, loss: float, plan:
 
 
 def measurement_document(options: RunOptions, plan: Any, per_step: list[float], losses: list[float], memory: int,
-                         verified: dict[str, Any] | None) -> dict[str, Any]:
-    """Rank 0's measurement of a run (also the pipeline worker's): per-step seconds, losses, memory, verify."""
+                         verified: dict[str, Any] | None, peak: int | None = None) -> dict[str, Any]:
+    """Rank 0's measurement of a run (also the pipeline worker's): per-step seconds, losses, memory, verify.
+
+    ``memory``: the largest rank's peak resident size (CPU) or allocation (CUDA); ``peak``: its peak bytes of live
+    tensors over one step (``runtime.memory_peak``), reported beside the plan's predicted peak.
+    """
     return {
         "format": "parplan.measurement/1",
         "model": {"spec": options.model, "input_shape": list(options.input_shape), "dtype": options.dtype,
@@ -338,12 +368,25 @@ def measurement_document(options: RunOptions, plan: Any, per_step: list[float], 
         "per_step_s": per_step, "loss": losses,
         "predicted_iteration_s": plan.predicted.iteration_s if plan.predicted else None,
         "memory_bytes_max": memory,
+        **({"memory": peak_report(peak, plan, memory_method())} if peak is not None else {}),
         "verify": verified,
         "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "threads_per_rank": torch.get_num_threads(),
                     "device": torch.cuda.get_device_name() if torch.cuda.is_available() and dist.get_backend() == "nccl"
                     else "cpu"},
     }
+
+
+def peak_report(peak: int, plan: Any, method: str) -> dict[str, Any]:
+    """The measured peak of live tensors beside the plan's predicted peak and their relative difference."""
+    predicted = plan.predicted.memory_bytes_max if plan.predicted else None
+    return {"peak_bytes": peak, "predicted_bytes": predicted, "method": method,
+            "rel_err": (predicted - peak) / peak if predicted is not None and peak else None}
+
+
+def memory_method() -> str:
+    """How :func:`runtime.memory_peak.peak_tensor_bytes` measured on this run's device."""
+    return "torch.cuda.max_memory_allocated" if dist.get_backend() == "nccl" else "live storages + torch.profiler"
 
 
 def _device() -> torch.device:
@@ -365,6 +408,4 @@ def peak_memory_bytes(device: torch.device) -> int:
         peak = torch.cuda.max_memory_allocated(device)
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    value = torch.tensor([peak], dtype=torch.float64, device=device)
-    all_reduce(value, "the peak-memory allreduce", dist.ReduceOp.MAX)
-    return int(value.item())
+    return largest_over_ranks(peak, device)

@@ -39,6 +39,7 @@ from runtime.outputs import output_loss
 from runtime.failures import all_reduce
 from runtime.inputs import Inputs, as_inputs
 from runtime.placement import Placement
+from runtime.precision import autocast
 from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, inside_switched_off, random_ops
 from runtime.shapes import nd_box
 
@@ -90,9 +91,10 @@ class Reference:
 
 def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                    batches: Iterable[tuple[Inputs, torch.Tensor, DrawKey]], *,
-                   reuse: Hashable | None = None, output: str | None = None) -> Reference:
+                   reuse: Hashable | None = None, output: str | None = None, amp: str = "") -> Reference:
     """The unsplit model ``build(dtype)`` after forward and backward of each ``(x, labels, key)``; ``x`` is the
-    whole input, or a tuple of the whole inputs of a model taking several.
+    whole input, or a tuple of the whole inputs of a model taking several. With ``amp`` the forward runs under
+    that autocast (``runtime.precision``), as the split's does.
 
     Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches);
     the loss is :func:`runtime.outputs.output_loss` (cross-entropy over the floating outputs, or over those of
@@ -106,8 +108,8 @@ def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequ
     """
     batches = list(batches)
     if reuse is not None:
-        return _reused(reuse, build, leaf_modules, dtype, batches, output)
-    return _reference(build, leaf_modules, dtype, batches, output)
+        return _reused(reuse, build, leaf_modules, dtype, batches, output, amp)
+    return _reference(build, leaf_modules, dtype, batches, output, amp)
 
 
 _REUSED: dict[torch.dtype, tuple[Any, list[Any], Reference]] = {}
@@ -123,12 +125,12 @@ def keep_references_of(reuse: Hashable | None, leaf_modules: Sequence[str] = ())
 
 def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str],
             dtype: torch.dtype, batches: list[tuple[Inputs, torch.Tensor, DrawKey]],
-            output: str | None = None) -> Reference:
+            output: str | None = None, amp: str = "") -> Reference:
     held = held_reference(reuse, leaf_modules, dtype, batches)
     if held is not None:
         return held
     _REUSED.pop(dtype, None)  # its memory back before the next one is built
-    reference = _reference(build, leaf_modules, dtype, batches, output)
+    reference = _reference(build, leaf_modules, dtype, batches, output, amp)
     keep_reference(reuse, leaf_modules, dtype, batches, reference)
     return reference
 
@@ -161,15 +163,18 @@ def _same_tensors(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor])
 
 
 def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
-               batches: list[tuple[Inputs, torch.Tensor, DrawKey]], output: str | None = None) -> Reference:
+               batches: list[tuple[Inputs, torch.Tensor, DrawKey]], output: str | None = None,
+               amp: str = "") -> Reference:
     model, outputs = build(dtype), []
     traced = symbolic_trace(model, tuple(leaf_modules), inputs=len(as_inputs(batches[0][0])) if batches else 1)
     ops = tuple(random_ops(list(traced.graph.nodes), model).values())
     for x, labels, key in batches:
         interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
         with inside_switched_off(model, ops):
-            out = interpreter.run(*(tensor.to(dtype) for tensor in as_inputs(x)))
-            (output_loss(out, labels, key=output) / len(batches)).backward()
+            with autocast(amp, next(model.parameters(), torch.empty(0)).device):
+                out = interpreter.run(*(tensor.to(dtype) for tensor in as_inputs(x)))
+                loss = output_loss(out, labels, key=output) / len(batches)
+            loss.backward()
         outputs.append(map_aggregate(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v))
     return Reference(model, tuple(outputs), ops)
 

@@ -43,6 +43,10 @@ def test_a_planned_plan_runs_on_two_ranks_and_equals_the_unsplit_model(repo: Pat
     assert document["iteration_s"] > 0 and document["predicted_iteration_s"] == json.loads(plan.read_text())[
         "predicted"]["iteration_s"]
     assert document["verify"]["passed"] and document["verify"]["grad_max_rel_err"] < 1e-3
+    memory = document["memory"]  # the measured peak of live tensors beside the plan's prediction
+    assert memory["predicted_bytes"] == json.loads(plan.read_text())["predicted"]["memory_bytes_max"]
+    assert 0 < memory["peak_bytes"] < document["memory_bytes_max"]  # tensors, not the process's resident size
+    assert memory["rel_err"] == pytest.approx((memory["predicted_bytes"] - memory["peak_bytes"]) / memory["peak_bytes"])
 
 
 @pytest.mark.skipif(shutil.which("mpirun", path=str(Path(sys.executable).parent)) is None

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from cost_models.errors import InputError
 from parplan.cli.args import (add_model_arguments, add_timeout_argument, add_trace_argument, host_shared_cores,
                               load_profile_argument, non_negative_int, positive_float, positive_int, slowdowns)
-from parplan.cli.run_checks import check_pipeline_flags, check_plan_fits, check_recovery, layout_plan, mpi_size
+from parplan.cli.run_checks import (check_pipeline_flags, check_plan_fits, check_precision, check_recovery, layout_plan,
+                                    mpi_size)
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -51,6 +52,10 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="first compare one step with the unsplit model; exit 1 if the error exceeds --tolerance")
     parser.add_argument("--tolerance", type=positive_float, metavar="X",
                         help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
+    parser.add_argument("--amp", choices=("bf16", "fp16"),
+                        help="mixed precision: the forward under torch.autocast in bfloat16 or float16 (with a loss "
+                             "scaler), float32 weights; --verify compares with the unsplit model under the same "
+                             "autocast, its tolerance following that precision")
     parser.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default 0.01)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
     parser.add_argument("--output", metavar="KEY",
@@ -131,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     plan = plan if plan is not None else layout_plan(graph, args, nproc or mpi_size())
     check_plan_fits(args, plan, graph, nproc)
     check_pipeline_flags(args, plan)
+    check_precision(args, plan)
     check_recovery(args, plan, mpi)
     backend = backend_for(args.backend, nproc or mpi_size(), mpi)
     options = RunOptions(
@@ -143,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
         resume=args.resume, graph=graph, output=args.output, order=args.order, staleness=args.staleness,
         per_layer=args.per_layer, slow_stages=tuple(sorted(args.slow_stages.items())),
-        trace=os.path.abspath(args.trace) if args.trace else "")
+        trace=os.path.abspath(args.trace) if args.trace else "", amp=args.amp or "")
     document = launch(options, nproc, backend, args.max_restarts)
     if document is None:  # an MPI rank other than 0: rank 0 reports
         return 0

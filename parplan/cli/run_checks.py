@@ -52,6 +52,18 @@ def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, npro
                    verify=args.verify)
 
 
+def check_precision(args: argparse.Namespace, plan: Any) -> None:
+    """Refuse ``--amp`` with another dtype than float32, and on pipelines (not run under autocast yet)."""
+    from runtime.precision import check_amp
+
+    why = check_amp(args.amp or "", args.dtype)
+    if why:
+        raise InputError(why)
+    if args.amp and plan.pipeline.stages > 1:
+        raise InputError(f"--amp runs single-stage plans only; this plan has {plan.pipeline.stages} pipeline stages "
+                         f"(make one with --max-stages 1, or drop --amp)")
+
+
 def check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
     """Refuse pipeline flags the plan cannot take, and pipelines the runtime cannot run (``check_pipeline``)."""
     from runtime.pipeline import check_pipeline
