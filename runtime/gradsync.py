@@ -145,6 +145,10 @@ class GradientSync:
                 for param in bucket.params:
                     self._handles.append(param.register_post_accumulate_grad_hook(self._on_gradient))
 
+    def buffers(self) -> list[torch.Tensor]:
+        """The flat gradient buckets this rank holds (memory the gradients live in)."""
+        return [bucket.buffer for group in self._groups for bucket in group.buckets]
+
     def sync(self) -> None:
         """Sum the gradients of every group over its ranks now (a missing gradient counts as zero)."""
         where = self._where()

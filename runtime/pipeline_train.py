@@ -94,13 +94,14 @@ def _peak_tensors(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Op
                   device: torch.device) -> int:
     """One more batch (a sync iteration; a stale batch with its fill and drain), measuring its peak bytes of live
     tensors (``runtime.memory_peak``); the largest rank's."""
-    from runtime.memory_peak import peak_tensor_bytes
+    from runtime.memory_peak import held_tensors, peak_tensor_bytes
     from runtime.train import largest_over_ranks
 
     step = options.warmup + options.steps
     optimizer.zero_grad(set_to_none=True)
+    held = held_tensors(stage.model, optimizer, *stage.model.gradients.buffers())
     return largest_over_ranks(peak_tensor_bytes(
-        lambda: _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device), device), device)
+        lambda: _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device), device, held), device)
 
 
 def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,

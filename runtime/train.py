@@ -34,7 +34,7 @@ from torch import nn
 from runtime.data import synthetic_inputs, synthetic_labels
 from runtime.failures import all_reduce, at
 from runtime.faults import planned, strike
-from runtime.memory_peak import peak_tensor_bytes
+from runtime.memory_peak import held_tensors, peak_tensor_bytes
 from runtime.precision import Precision, autocast
 from runtime.checkpoint import Progress
 from runtime.random_ops import DrawKey
@@ -188,8 +188,9 @@ def _peak_tensors(options: RunOptions, split: Any, optimizer: torch.optim.Optimi
     step = options.warmup + options.steps
     optimizer.zero_grad(set_to_none=True)
     device = precision.device
+    held = held_tensors(split, optimizer, *split.gradients.buffers())
     return largest_over_ranks(peak_tensor_bytes(
-        lambda: _step(split, optimizer, batch(step), precision, DrawKey(options.seed, step)), device), device)
+        lambda: _step(split, optimizer, batch(step), precision, DrawKey(options.seed, step)), device, held), device)
 
 
 def largest_over_ranks(value: int, device: torch.device) -> int:
@@ -386,7 +387,7 @@ def peak_report(peak: int, plan: Any, method: str) -> dict[str, Any]:
 
 def memory_method() -> str:
     """How :func:`runtime.memory_peak.peak_tensor_bytes` measured on this run's device."""
-    return "torch.cuda.max_memory_allocated" if dist.get_backend() == "nccl" else "live storages + torch.profiler"
+    return "torch.cuda.max_memory_allocated" if dist.get_backend() == "nccl" else "held tensors + torch.profiler"
 
 
 def _device() -> torch.device:

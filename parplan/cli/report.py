@@ -285,7 +285,7 @@ def print_measurement(document: dict[str, Any], console: Console | None = None) 
 
 
 def _peak_line(memory: dict[str, Any]) -> str:
-    """``peak tensor memory per rank 41.2 MiB (predicted 39.0 MiB, −5.3 %; live storages + torch.profiler)``."""
+    """``peak tensor memory per rank 41.2 MiB (predicted 39.0 MiB, −5.3 %; held tensors + torch.profiler)``."""
     predicted = memory["predicted_bytes"]
     against = (f"predicted {format_bytes(predicted)}, {memory['rel_err'] * 100:+.1f} %; " if predicted is not None
                and memory["rel_err"] is not None else "")
@@ -337,14 +337,17 @@ def print_validation(document: dict[str, Any], console: Console | None = None) -
     """``parplan validate``'s tables: per plan predicted against measured, the accuracy, per layer key, refinement."""
     console = console or Console()
     shape = "×".join(str(s) for s in document["model"]["input_shape"])
-    table = Table("plan", "layouts", "predicted ms", "measured ms", "IQR ms", "error",
+    table = Table("plan", "layouts", "predicted ms", "measured ms", "IQR ms", "error", "peak tensors",
+                  "memory error",
                   title=f"{document['model']['spec']} {shape} on {document['nproc']} ranks ({document['backend']}), "
                         f"median of {document['steps']} steps", box=box.SIMPLE_HEAD)
     for row in document["plans"]:
         best = " [green](fastest)[/green]" if row["name"] == document["best_measured"] else ""
+        peak = format_bytes(row["peak_bytes"]) if "peak_bytes" in row else ""
+        memory = f"{row['memory_signed_err']:+.1%}" if "memory_signed_err" in row else ""
         table.add_row(row["name"] + best, row["summary"], f"{row['predicted_s'] * 1e3:.2f}",
                       f"{row['measured_s'] * 1e3:.2f}", f"{row['measured_iqr_s'] * 1e3:.2f}",
-                      f"{row['signed_err']:+.1%}")
+                      f"{row['signed_err']:+.1%}", peak, memory)
     console.print(table)
     if document["shared_cores"] is not None:
         console.print(f"predictions for {document['nproc']} ranks sharing this host's cores: at most "

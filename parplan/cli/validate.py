@@ -269,6 +269,16 @@ def _layers_s(document: dict[str, Any]) -> dict[str, float] | None:
     return None if layers is None else {row["name"]: row["forward_s"] + row["backward_s"] for row in layers}
 
 
+def _memory(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
+    """The measured peak of live tensors per rank (``runtime.memory_peak``) beside the plan's predicted peak."""
+    measured = document.get("memory")
+    if not measured:
+        return {}
+    predicted = candidate.estimate.memory_bytes_max
+    return {"peak_bytes": measured["peak_bytes"], "predicted_memory_bytes": predicted,
+            "memory_signed_err": (predicted - measured["peak_bytes"]) / measured["peak_bytes"]}
+
+
 def _plan_row(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
     predicted, measured = candidate.estimate.iteration_s, document["iteration_s"]
     steps = sorted(document["per_step_s"])
@@ -276,7 +286,8 @@ def _plan_row(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
             "predicted_s": predicted, "measured_s": measured, "rel_err": abs(predicted - measured) / measured,
             "signed_err": (predicted - measured) / measured,
             "measured_iqr_s": steps[(3 * len(steps)) // 4] - steps[len(steps) // 4],
-            "memory_bytes_max": document["memory_bytes_max"], "plan": candidate.plan.to_dict(),
+            "memory_bytes_max": document["memory_bytes_max"], **_memory(candidate, document),
+            "plan": candidate.plan.to_dict(),
             **({"layers": document["layers"]} if "layers" in document else {})}
 
 
