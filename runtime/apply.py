@@ -43,7 +43,7 @@ model returning a dict, tuple or list: summed over its floating outputs).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -61,7 +61,7 @@ from runtime._values import (Held, Value, call_node, from4d, geometry, in_geomet
                              reshape_and_cut, reshapes_whole, resolve, same_boxes)
 from runtime.failures import at, place
 from runtime.gradsync import GradientSync
-from runtime.groups import GroupCache, blocks
+from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
 from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_form, input_placement, refusal
@@ -77,7 +77,7 @@ from runtime.slicing import slice_parameters
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["DistributedModel", "apply_plan", "gradient_group_ranks", "group_ranks", "is_container", "local_shape", "output_loss", "parameters_of"]
+__all__ = ["DistributedModel", "apply_plan", "is_container", "local_shape", "output_loss", "parameters_of"]
 
 
 _METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous", "is_signed", "element_size",
@@ -440,24 +440,6 @@ class DistributedModel(DataHelpers, nn.Module):
     def group_ranks(self) -> Iterator[tuple[int, ...]]:
         """The global ranks of every process group this model uses."""
         return group_ranks((site.layout for site in self.sites.values()), self.ranks)
-
-def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-    """The global ranks of every group that layers of ``layouts`` on ``ranks`` use (``runtime.groups``)."""
-    for layout in sorted(set(layouts)):
-        for kind in ("spatial", "samples", "slice", "image"):
-            for members in blocks(layout, len(ranks), kind):
-                yield tuple(ranks[q] for q in members)
-    yield ranks
-
-
-def gradient_group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-    """The global ranks of every group whose gradients layers of ``layouts`` on ``ranks`` may sum: the ranks
-    holding each slice of a channel-split weight, and all of ``ranks`` (``runtime.slicing``)."""
-    for layout in sorted(set(layouts)):
-        for members in blocks(layout, len(ranks), "slice"):
-            yield tuple(ranks[q] for q in members)
-    yield ranks
-
 
 def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, member: int, ranks: tuple[int, ...],
            groups: GroupCache, sync_batchnorm: bool) -> dict[str, Site]:

@@ -22,7 +22,7 @@ of them at once from the sorted set of blocks.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch.distributed as dist
 
@@ -30,7 +30,7 @@ from cost_models.layout import Layout
 from cost_models.redistribution import coordinates
 from runtime.failures import exchange
 
-__all__ = ["GroupCache", "block_of", "blocks"]
+__all__ = ["GroupCache", "block_of", "blocks", "gradient_group_ranks", "group_ranks"]
 
 _KEYS = {"spatial": (True, True, True), "samples": (True, False, True), "slice": (False, False, True),
          "image": (True, True, False)}
@@ -99,3 +99,21 @@ class GroupCache:
         if ranks not in self._groups:
             raise KeyError(f"no process group for ranks {list(ranks)} was built; build() must list every group")
         return self._groups[ranks]
+
+
+def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """The global ranks of every group that layers of ``layouts`` on ``ranks`` use (``runtime.groups``)."""
+    for layout in sorted(set(layouts)):
+        for kind in ("spatial", "samples", "slice", "image"):
+            for members in blocks(layout, len(ranks), kind):
+                yield tuple(ranks[q] for q in members)
+    yield ranks
+
+
+def gradient_group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """The global ranks of every group whose gradients layers of ``layouts`` on ``ranks`` may sum: the ranks
+    holding each slice of a channel-split weight, and all of ``ranks`` (``runtime.slicing``)."""
+    for layout in sorted(set(layouts)):
+        for members in blocks(layout, len(ranks), "slice"):
+            yield tuple(ranks[q] for q in members)
+    yield ranks

@@ -56,11 +56,11 @@ from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
-from runtime.apply import DistributedModel, gradient_group_ranks, group_ranks, local_shape, parameters_of
+from runtime.apply import DistributedModel, local_shape, parameters_of
 from runtime.inputs import Inputs, as_inputs, placeholder_placements
 from runtime.preflight import check_plan, held_plan
 from runtime.failures import at, exchange, wait_all
-from runtime.groups import GroupCache
+from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
 from runtime.placement import Placement
 from runtime.random_ops import DrawKey
 from runtime.schedules import Event
