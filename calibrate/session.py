@@ -2,9 +2,11 @@
 
 The budget is shared: compute kernels get the first ``COMPUTE_SHARE`` of it
 (all of it with one rank), collectives the rest, less a reserve for fitting
-and writing. Problems are measured most important first
-(``calibrate.problems.schedule``); whatever the budget or a Ctrl-C leaves
-unmeasured is predicted by the fitted model, and the profile says how many.
+and writing. Compute kernels are timed as a step runs them — every candidate
+layout's layers in model order, forward then backward, with the host's other
+ranks running the same kernels (``calibrate.sequences``, ``calibrate.busy``);
+whatever the budget or a Ctrl-C leaves unmeasured is predicted by the fitted
+model, and the profile says how many.
 An interrupted run still returns a valid profile of what was measured.
 """
 
@@ -16,16 +18,15 @@ import os
 import platform
 import socket
 import time
-from math import prod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 from calibrate.compute_fit import fit_compute
-from calibrate.problems import Measurement, enumerate_problems, schedule
+from calibrate.problems import enumerate_problems
 from cost_models.errors import InputError
-from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError, Profile
+from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError, OptimizerFit, Profile
 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "no CUDA runtime" noise on CPU
 
@@ -36,10 +37,6 @@ RESERVE_S = 2.0
 MIN_COMM_S = 12.0  # starting ranks costs 4–8 s here (torch import per rank)
 COMM_REPEATS = 21  # timed runs per sample, each a burst of operations (see comm_bench.ops_per_run)
 COMM_SIZES_BYTES = tuple(1024 * 2**k for k in range(17))  # 1 KiB … 64 MiB, every power of two
-MAX_RUN_TIME_S = 0.25
-MIN_RUN_TIME_S = 0.01
-ROUGH_FLOPS_PER_S = 1e9  # before any kernel is timed: a slow CPU core, so big problems wait their turn
-ROUGH_BYTES_PER_S = 1e9
 Progress = Callable[[str, int, int], None]
 
 
@@ -90,15 +87,19 @@ def run_calibration(request: CalibrationRequest, progress: Progress | None = Non
         check_launch(request.ranks, request.budget_s, request.backend)
         comm_s = max(MIN_COMM_S, request.budget_s * (1 - COMPUTE_SHARE))
         compute_deadline = started + max(request.budget_s - comm_s, 0.0) - RESERVE_S
-    measurements = schedule(enumerate_problems(request.graph, request.device_counts))
-    compute, interrupted = measure_compute(measurements, compute_deadline, request.threads, request.device, progress)
-    notes: list[str] = []
+    total = len(enumerate_problems(request.graph, request.device_counts))
+    optimizers, notes = _measure_optimizers(request.graph, request.device, compute_deadline, request.threads)
+    compute, interrupted, compute_notes = measure_compute(
+        request.graph, request.device_counts, compute_deadline, threads=request.threads, device=request.device,
+        helpers=local_helpers(request.ranks, request.threads, request.device), progress=progress)
+    notes += compute_notes
     comm: list[CommSample] = []
     if request.ranks > 1 and not interrupted:
         comm, comm_notes, interrupted = _measure_comm(request, deadline)
         notes += comm_notes
-    profile = _build_profile(request, compute, comm, time.monotonic() - started, interrupted, len(measurements), notes)
-    return CalibrationResult(profile, len(compute), len(measurements) - len(compute), interrupted, notes)
+    profile = _build_profile(request, compute, comm, time.monotonic() - started, interrupted, total, notes,
+                             optimizer_fits=optimizers)
+    return CalibrationResult(profile, len(compute), total - len(compute), interrupted, notes)
 
 
 def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> CalibrationResult | None:
@@ -111,12 +112,19 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
     started = time.monotonic()
     job = init_from_environment(request.backend)
     device = f"cuda:{job.local_rank}" if request.backend == "nccl" else request.device
-    measurements = schedule(enumerate_problems(request.graph, request.device_counts))
+    total = len(enumerate_problems(request.graph, request.device_counts))
     compute: list[ComputeSample] = []
     interrupted = False
+    notes: list[str] = []
+    optimizers: list[OptimizerFit] = []
     if job.rank == 0:
         compute_deadline = started + request.budget_s * COMPUTE_SHARE - RESERVE_S
-        compute, interrupted = measure_compute(measurements, compute_deadline, request.threads, device, progress)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", job.world_size))
+        optimizers, notes = _measure_optimizers(request.graph, device, compute_deadline, request.threads)
+        compute, interrupted, compute_notes = measure_compute(
+            request.graph, request.device_counts, compute_deadline, threads=request.threads, device=device,
+            helpers=local_helpers(local_ranks, request.threads, device), progress=progress)
+        notes += compute_notes
     dist.barrier()
     comm_device = torch.device(device) if request.backend == "nccl" else torch.device("cpu")
     # the planner's most used collectives first, so a short budget still fits them
@@ -126,61 +134,46 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
                                    device=comm_device)
     if job.rank != 0:
         return None
-    notes = [f"{name} not timed: {why}" for name, why in measured.skipped.items()]
+    notes += [f"{name} not timed: {why}" for name, why in measured.skipped.items()]
     in_job = CalibrationRequest(**{**request.__dict__, "ranks": job.world_size, "device": device})
     profile = _build_profile(in_job, compute, list(measured.samples), time.monotonic() - started, interrupted,
-                             len(measurements), notes)
-    return CalibrationResult(profile, len(compute), len(measurements) - len(compute), interrupted, notes)
+                             total, notes, optimizer_fits=optimizers)
+    return CalibrationResult(profile, len(compute), total - len(compute), interrupted, notes)
 
 
-def measure_compute(measurements: Sequence[Measurement], deadline: float, threads: int, device: str,
-                    progress: Progress | None = None,
-                    max_problem_bytes: int | None = None) -> tuple[list[ComputeSample], bool]:
-    """Time measurements in order until the deadline; returns the samples and whether Ctrl-C stopped it.
+def measure_compute(graph: Any, device_counts: Sequence[int], deadline: float, *, threads: int, device: str,
+                    helpers: int = 0, progress: Progress | None = None,
+                    max_problem_bytes: int | None = None) -> tuple[list[ComputeSample], bool, list[str]]:
+    """Time every candidate layout's local problems in model order until the deadline (``calibrate.sequences``).
 
-    Problems whose tensors would not fit in ``max_problem_bytes`` (default: a
-    quarter of the device's memory), or whose one run would not fit in the
-    time left (judged from the fastest FLOP rate seen so far), are left to the
-    fitted model rather than risking the machine or the budget.
+    ``helpers`` processes run the same kernels meanwhile (``calibrate.busy``): the host's other ranks. Problems
+    whose tensors, times the processes running them, would not fit in ``max_problem_bytes`` (default: a quarter
+    of the device's memory) are left to the fitted model. Returns the samples, whether Ctrl-C stopped it, notes.
     """
-    from calibrate.kernels import TIMED_KINDS, build_kernel, time_kernel
+    from calibrate.busy import Busy
+    from calibrate.sequences import layout_chunks, time_chunks
 
     torch.set_num_threads(threads)
-    target = torch.device(device)
-    memory_cap = max_problem_bytes or _device_spec(device).memory_bytes // 4
-    samples: list[ComputeSample] = []
-    timed = [m for m in measurements if m.problem.kind in TIMED_KINDS]
-    best_flops_per_s = ROUGH_FLOPS_PER_S
-    try:
-        for index, item in enumerate(timed):
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                break
-            guess_s = item.flops / best_flops_per_s + _footprint_bytes(item) / ROUGH_BYTES_PER_S
-            if _footprint_bytes(item) > memory_cap or 4 * guess_s > remaining_s:
-                continue  # set-up, warm-up and one run must fit in what is left
-            per_kernel_s = min(MAX_RUN_TIME_S, max(MIN_RUN_TIME_S, remaining_s / (len(timed) - index) / 3))
-            try:
-                kernel = build_kernel(item.problem, item.phase, target)
-            except ValueError:  # a form with no kernel here (an activation it does not know): the pooled fit
-                continue
-            timing = time_kernel(kernel, per_kernel_s, threads)
-            samples.append(ComputeSample(item.problem.kind, item.phase, item.problem.key, item.flops, item.bytes,
-                                         timing.median_s, timing.iqr_s, timing.repeats))
-            best_flops_per_s = max(best_flops_per_s, item.flops / timing.median_s)
-            if progress is not None:
-                progress("compute", index + 1, len(timed))
-    except KeyboardInterrupt:
-        return samples, True
-    return samples, False
+    memory_cap = (max_problem_bytes or _device_spec(device).memory_bytes // 4) // (helpers + 1)
+    chunks = layout_chunks(graph, device_counts, memory_cap)
+    with Busy(chunks, helpers=helpers, threads=threads, device=device) as busy:
+        samples, interrupted = time_chunks(chunks, deadline, device, busy=busy, progress=progress)
+    notes = [f"kernels timed without the other ranks' load: {busy.failed}"] if busy.failed else []
+    return samples, interrupted, notes
 
 
-def _footprint_bytes(item: Measurement) -> int:
-    """Memory one timing needs: inputs, output, weight, and their gradients (twice the tensors)."""
-    problem = item.problem
-    elements = sum(prod(shape) for shape in problem.input_shapes) + prod(problem.output_shape)
-    elements += prod(problem.weight_shape) if problem.weight_shape else 0
-    return 2 * elements * problem.itemsize
+def _measure_optimizers(graph: Any, device: str, deadline: float, threads: int) -> tuple[list[OptimizerFit], list[str]]:
+    from calibrate.optimizer_bench import measure_optimizers
+
+    torch.set_num_threads(threads)
+    return measure_optimizers(graph, device, deadline)
+
+
+def local_helpers(ranks: int, threads: int, device: str) -> int:
+    """Processes to keep busy beside the timing one: the run's other ranks on this host (none on a GPU)."""
+    if device.startswith("cuda") or ranks <= 1:
+        return 0
+    return max(0, min(ranks, (os.cpu_count() or 1) // max(threads, 1)) - 1)
 
 
 def _measure_comm(request: CalibrationRequest, deadline: float) -> tuple[list[CommSample], list[str], bool]:
@@ -201,7 +194,8 @@ def _measure_comm(request: CalibrationRequest, deadline: float) -> tuple[list[Co
 
 
 def _build_profile(request: CalibrationRequest, compute: list[ComputeSample], comm: list[CommSample],
-                   seconds: float, interrupted: bool, total: int, notes: list[str]) -> Profile:
+                   seconds: float, interrupted: bool, total: int, notes: list[str], *,
+                   optimizer_fits: Sequence[OptimizerFit] = ()) -> Profile:
     from calibrate.comm_fit import fit_comm
 
     compute_fits, compute_error = fit_compute(compute) if compute else ([], FitError(None, None, 0))
@@ -212,7 +206,7 @@ def _build_profile(request: CalibrationRequest, compute: list[ComputeSample], co
     }
     return Profile(device=_device_spec(request.device), meta=meta, compute_samples=tuple(compute),
                    compute_fits=tuple(compute_fits), comm_samples=tuple(comm), comm_fits=tuple(comm_fits),
-                   compute_error=compute_error, comm_error=comm_error)
+                   compute_error=compute_error, comm_error=comm_error, optimizer_fits=tuple(optimizer_fits))
 
 
 def _metadata(request: CalibrationRequest, seconds: float) -> dict[str, Any]:

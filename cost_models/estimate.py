@@ -31,11 +31,15 @@ Assumptions:
       compute at once, cores / threads per rank): the iteration takes at
       least the work all ranks need, ``Σ_k G_k · busy_k``, divided by it —
       ``busy_k`` is stage ``k``'s forward and backward seconds per iteration
-      (its forward twice when stale: recomputation), its allreduce and its
-      transfers (on CPUs communication is the cores' work too). One-stage
+      (its forward twice when stale: recomputation), its allreduce, its
+      transfers (on CPUs communication is the cores' work too) and its
+      optimizer step. One-stage
       plans on twice as many ranks as cores run at half speed; pipeline stages
       that wait give their cores to the others. ``Estimate.contention`` says how much the
       bound stretched the iteration.
+    * Each stage steps its optimizer once per iteration after its last
+      backward (``Profile.optimizer_step_s`` over the stage's local
+      parameters); the iteration adds the slowest stage's step.
     * A refined profile (``cost_models.corrections``) adds its per-event
       seconds to each stage's forward and backward of a micro-batch, its
       per-step seconds once to the iteration, and exposes its fraction of the
@@ -63,7 +67,7 @@ from cost_models.layer_cost import LayerCost, problem_cost
 from cost_models.layout import Layout
 from cost_models.orders import NCHW, logical
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, local_problem
-from cost_models.memory import LayerMemory, layer_memory
+from cost_models.memory import LayerMemory, layer_memory, parameter_tensors
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, Prediction, check_plan_for_graph
 from cost_models.profile import Profile
@@ -96,6 +100,8 @@ class StageEstimate:
     allreduce_s: float
     allreduce_exposed_s: float
     memory_bytes: int
+    optimizer_s: float = 0.0
+    """The optimizer's step over the stage's parameters, once per iteration."""
 
 
 @dataclass(frozen=True)
@@ -397,7 +403,10 @@ def _stage_estimate(context: _Context, layers: tuple[LayerEstimate, ...], stage:
                  for layer in own)
     memory += max((layer.memory.transient for layer in own), default=0)
     memory += context.plan.pipeline.staleness[stage] * _boundary_bytes(context, stage, into=True)
-    return StageEstimate(forward, backward, _transfer_s(context, stage, cluster), allreduce, exposed, memory)
+    tensors = sum(parameter_tensors(context.nodes[layer.name]) for layer in own)
+    step_s = slowdown * context.profile.optimizer_step_s(context.optimizer, tensors,
+                                                          sum(layer.memory.weights for layer in own))
+    return StageEstimate(forward, backward, _transfer_s(context, stage, cluster), allreduce, exposed, memory, step_s)
 
 
 def _allreduce_timeline(layers: list[LayerEstimate], overlap: bool) -> tuple[float, float]:
@@ -459,6 +468,7 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
                                       plan.pipeline.staleness)
     else:
         iteration = sync_iteration_s(forward, backward, transfer, micro, [s.allreduce_exposed_s for s in stages])
+    iteration += max((s.optimizer_s for s in stages), default=0.0)
     contention = _contention(stages, plan, micro, iteration, shared_cores)
     iteration = iteration * contention + step_s
     breakdown = {
@@ -472,6 +482,7 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
         "transfer": micro * 2 * sum(transfer),
         "allreduce": sum(s.allreduce_s for s in stages),
         "allreduce_exposed": max((s.allreduce_exposed_s for s in stages), default=0.0),
+        "optimizer": max((s.optimizer_s for s in stages), default=0.0),
         **({"step_overhead": step_s} if step_s else {}),
     }
     worst = max(range(len(stages)), key=lambda k: stages[k].memory_bytes)
@@ -490,6 +501,6 @@ def _contention(stages: tuple[StageEstimate, ...], plan: Plan, micro: int, itera
     stale = plan.pipeline.schedule == "stale" and len(stages) > 1
     passes = 1 if stale else micro
     busy = [(2 * s.forward_s + s.backward_s if stale else micro * (s.forward_s + s.backward_s))
-            + s.allreduce_s + 2 * passes * s.transfer_s for s in stages]
+            + s.allreduce_s + 2 * passes * s.transfer_s + s.optimizer_s for s in stages]
     demand_s = sum(devices * seconds for devices, seconds in zip(plan.pipeline.devices_per_stage, busy))
     return max(1.0, demand_s / shared_cores / iteration_s)

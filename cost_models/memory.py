@@ -29,7 +29,7 @@ from cost_models.errors import InputError
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, LocalProblem
 
-__all__ = ["OPTIMIZER_STATE_COPIES", "LayerMemory", "layer_memory"]
+__all__ = ["OPTIMIZER_STATE_COPIES", "LayerMemory", "layer_memory", "parameter_tensors"]
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
 _KEEP_INPUT = DENSE_KINDS | {"batchnorm", "norm"}
@@ -49,6 +49,16 @@ class LayerMemory:
     def resident_bytes(self) -> int:
         """What stays allocated through the step."""
         return self.weights + self.gradients + self.optimizer + self.saved
+
+
+def parameter_tensors(layer: Mapping[str, Any]) -> int:
+    """How many parameter tensors ``layer`` holds: its weight, and one more when ``params`` count more (a bias,
+    a norm's shift); none without parameters."""
+    params = int(layer.get("params") or 0)
+    if params == 0:
+        return 0
+    weight = prod(layer["weight_shape"]) if layer.get("weight_shape") else params
+    return 1 + (params > weight)
 
 
 def layer_memory(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None, optimizer: str,

@@ -14,6 +14,10 @@ A Profile holds, for one kind of device and its links:
 * ``device``: name, memory, and datasheet peaks when known;
 * ``meta``: where and how it was measured (host, torch version, backend,
   dtype, threads, date, seconds) or, for presets, the datasheets used;
+* ``optimizer``: per optimizer, the seconds of its step over a rank's
+  parameters (:class:`OptimizerFit`: per tensor and per byte), timed by
+  calibration on the model's own parameter shapes; absent in older profiles
+  and presets, whose plans then price the step at zero;
 * fit errors measured on held-out samples (:class:`FitError`);
 * optionally ``corrections`` fitted to whole measured runs by
   ``parplan validate --refine`` (:mod:`cost_models.corrections`).
@@ -41,7 +45,7 @@ from cost_models.schema import check_document
 
 __all__ = [
     "PROFILE_FORMAT", "CommFit", "CommSample", "ComputeFit", "ComputeSample", "DeviceSpec", "FitError",
-    "Profile", "ProfileError", "load_profile", "save_profile",
+    "OptimizerFit", "Profile", "ProfileError", "load_profile", "save_profile",
 ]
 
 PROFILE_FORMAT = "parplan.profile/1"
@@ -138,6 +142,20 @@ class CommFit:
 
 
 @dataclass(frozen=True)
+class OptimizerFit:
+    """``t = s_per_tensor·tensors + s_per_byte·bytes``: one optimizer's step over a rank's parameters."""
+
+    optimizer: str
+    s_per_tensor: float
+    s_per_byte: float
+    n_train: int
+
+    def time_s(self, tensors: int, nbytes: float) -> float:
+        """Predicted seconds of one step over ``tensors`` parameters of ``nbytes`` bytes in all."""
+        return tensors * self.s_per_tensor + nbytes * self.s_per_byte
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """The device: its name, memory, and datasheet peaks where known."""
 
@@ -160,6 +178,7 @@ class Profile:
     compute_error: FitError = FitError(None, None, 0)
     comm_error: FitError = FitError(None, None, 0)
     corrections: Corrections | None = None
+    optimizer_fits: tuple[OptimizerFit, ...] = ()
     _index: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -222,6 +241,11 @@ class Profile:
             )
         return fit
 
+    def optimizer_step_s(self, optimizer: str, tensors: int, nbytes: float) -> float:
+        """Seconds of ``optimizer``'s step over ``tensors`` parameters of ``nbytes``; 0 when it was not timed."""
+        fit = next((f for f in self.optimizer_fits if f.optimizer == optimizer), None)
+        return 0.0 if fit is None or tensors == 0 else fit.time_s(tensors, nbytes)
+
     def comm_time_s(self, collective: str, level: str, group: int, nbytes: float) -> float:
         """Seconds of one collective over ``group`` ranks on link ``level`` (``intra`` or ``inter``)."""
         if group <= 1:
@@ -248,6 +272,7 @@ class Profile:
                      "fits": [_fields(f) for f in self.comm_fits]},
             "fit": {"compute": _fields(self.compute_error), "comm": _fields(self.comm_error)},
             **({} if self.corrections is None else {"corrections": self.corrections.to_dict()}),
+            **({"optimizer": [_fields(f) for f in self.optimizer_fits]} if self.optimizer_fits else {}),
         }
 
     @classmethod
@@ -265,6 +290,7 @@ class Profile:
             compute_error=FitError(**fit["compute"]),
             comm_error=FitError(**fit["comm"]),
             corrections=Corrections.from_dict(document["corrections"]) if "corrections" in document else None,
+            optimizer_fits=tuple(OptimizerFit(**f) for f in document.get("optimizer", ())),
         )
 
 

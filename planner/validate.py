@@ -86,10 +86,12 @@ def accuracy(predicted: Sequence[float], measured: Sequence[float], first: int =
 
 
 def shared_cores(ranks_per_host: int, threads_per_rank: int, cores: int) -> float | None:
-    """How many of the host's ranks can compute at once (``cores / threads``), or ``None`` when all can.
+    """How many of the host's ranks can compute at once (``cores / threads``), or ``None`` when cores are left.
 
-    ``cost_models.estimate`` then bounds the iteration by the compute all ranks need over that number.
+    ``cost_models.estimate`` then bounds the iteration by the work all ranks need over that number. A host whose
+    ranks fill every core (``ranks · threads ≥ cores``) shares them: communication (gloo's copies and sums, the
+    network stack) runs on the same cores as the compute it was meant to overlap.
     """
     if cores < 1 or threads_per_rank < 1 or ranks_per_host < 1:
         raise ValueError(f"ranks {ranks_per_host}, threads {threads_per_rank} and cores {cores} must be positive")
-    return cores / threads_per_rank if ranks_per_host * threads_per_rank > cores else None
+    return cores / threads_per_rank if ranks_per_host * threads_per_rank >= cores else None

@@ -54,7 +54,7 @@ def test_relative_errors_are_signed_and_refuse_bad_input() -> None:
 
 def test_ranks_share_cores_only_when_they_want_more_threads_than_there_are() -> None:
     assert shared_cores(4, 1, 2) == 2.0 and shared_cores(3, 2, 4) == 2.0
-    assert shared_cores(2, 1, 2) is None and shared_cores(1, 1, 16) is None
+    assert shared_cores(2, 1, 2) == 2.0 and shared_cores(1, 1, 16) is None and shared_cores(2, 1, 4) is None
     with pytest.raises(ValueError, match="positive"):
         shared_cores(2, 0, 2)
 

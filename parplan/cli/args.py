@@ -175,12 +175,15 @@ def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
 def host_shared_cores(ranks: int, threads: int | None) -> float | None:
     """How many of ``ranks`` local ranks (``threads`` each, default cores / ranks) can compute at once here.
 
-    ``None`` when all can, and under MPI, whose ranks may span hosts (``planner.validate.shared_cores``).
+    ``None`` when all can, under MPI, whose ranks may span hosts (``planner.validate.shared_cores``), and when
+    each rank has a GPU of its own.
     """
+    import torch
+
     from planner.validate import shared_cores
     from runtime.launch import started_by_mpi
 
-    if started_by_mpi():
+    if started_by_mpi() or (torch.cuda.is_available() and torch.cuda.device_count() >= ranks):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return shared_cores(ranks, threads or max(1, (os.cpu_count() or 1) // ranks), cores)

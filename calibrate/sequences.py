@@ -1,0 +1,223 @@
+"""Timing kernels as a training step runs them: in model order, with the host's other ranks busy.
+
+A kernel timed alone, again and again on the same tensors, finds its weights
+and inputs in cache. In a step, a layer's weights were last touched a whole
+step earlier, and the other ranks on the host share the cores' caches and the
+memory bandwidth. Measured on the 2-core development VM (resnet18, 4 samples,
+one thread): the convolutions of ``layer4`` (9 MiB of weights each) took
+1.5–1.9× their isolated time inside a step, the model's convolutions
+together 1.39× forward and backward.
+
+So each candidate layout's local problems are run as a step runs them: every
+layer's forward in model order, then the backward passes in reverse, each
+kernel on tensors of its own (two layers of the same shape do not share a
+warm weight), each call timed by itself. The sequence repeats; each
+(problem, pass) gets the median of all its calls. With ``helpers`` the same
+sequences run meanwhile in that many other processes, as the other ranks of
+a run on this host would.
+
+Assumptions: a layer's input and output are as cold as its weights (the
+kernels do not hand tensors to each other); sequences longer than the memory
+cap are cut into chunks of consecutive layers, each run by itself; the
+first pass of a chunk warms it up and counts only when no second pass fits.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from calibrate.kernels import TIMED_KINDS, build_kernel
+from cost_models.graph import dtype_itemsize
+from cost_models.layout import Layout, layouts_dividing
+from cost_models.local_problem import LocalProblem, local_problem, phases_of
+from cost_models.profile import ComputeSample
+
+__all__ = ["Call", "Chunk", "layout_chunks", "time_chunks"]
+
+MAX_PASSES = 9
+"""Timed passes per chunk at most (after the warm-up pass)."""
+ROUGH_FLOPS_PER_S = 1e9
+ROUGH_BYTES_PER_S = 1e9
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One kernel call of a sequence: a local problem's pass."""
+
+    problem: LocalProblem
+    phase: str
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of this pass."""
+        flops = self.problem.flops
+        return {"fwd": flops.fwd, "bwd_data": flops.bwd_data, "bwd_weight": flops.bwd_weight, "bwd": flops.bwd}[self.phase]
+
+    @property
+    def bytes(self) -> int:
+        """Bytes this pass moves."""
+        return self.problem.bytes_moved(self.phase)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Consecutive layers of one layout: their forward calls in order, then their backward calls in reverse."""
+
+    layout: Layout
+    calls: tuple[Call, ...]
+
+    @property
+    def footprint_bytes(self) -> int:
+        """Memory its kernels hold at once."""
+        return sum(_footprint_bytes(problem) for problem in {id(c.problem): c.problem for c in self.calls}.values())
+
+    def guess_s(self, flops_per_s: float) -> float:
+        """A rough duration of one pass, before any of it was timed."""
+        return sum(call.flops / flops_per_s + call.bytes / ROUGH_BYTES_PER_S for call in self.calls)
+
+
+def layout_chunks(graph: Any, device_counts: Iterable[int], max_bytes: int) -> list[Chunk]:
+    """Every candidate layout's sequence of ``graph``'s timed layers, cut into chunks of at most ``max_bytes``.
+
+    A layer whose local problem alone exceeds ``max_bytes`` is left out (the fitted model prices it).
+    """
+    layouts = sorted({layout for devices in device_counts for layout in layouts_dividing(devices)},
+                     key=lambda layout: (layout.ranks, layout.parts()))
+    itemsize = dtype_itemsize(graph.graph["dtype"])
+    chunks: list[Chunk] = []
+    for layout in layouts:
+        problems = [local_problem(graph.nodes[name], layout, itemsize, graph.graph["dtype"])
+                    for name in graph.compute_layers()]
+        timed = [p for p in problems if p is not None and p.kind in TIMED_KINDS and _footprint_bytes(p) <= max_bytes]
+        chunks += [_chunk(layout, group) for group in _groups(timed, max_bytes)]
+    return chunks
+
+
+def _groups(problems: Sequence[LocalProblem], max_bytes: int) -> list[list[LocalProblem]]:
+    groups: list[list[LocalProblem]] = [[]]
+    held = 0
+    for problem in problems:
+        size = _footprint_bytes(problem)
+        if groups[-1] and held + size > max_bytes:
+            groups.append([])
+            held = 0
+        groups[-1].append(problem)
+        held += size
+    return [group for group in groups if group]
+
+
+def _chunk(layout: Layout, problems: Sequence[LocalProblem]) -> Chunk:
+    forward = [Call(p, "fwd") for p in problems]
+    backward = [Call(p, phase) for p in reversed(problems) for phase in phases_of(p) if phase != "fwd"]
+    return Chunk(layout, tuple(forward + backward))
+
+
+def _footprint_bytes(problem: LocalProblem) -> int:
+    """Memory one problem's kernels need: inputs, output, weight, and their gradients (twice the tensors)."""
+    elements = sum(prod(shape) for shape in problem.input_shapes) + prod(problem.output_shape)
+    elements += prod(problem.weight_shape) if problem.weight_shape else 0
+    return 2 * elements * problem.itemsize
+
+
+def build_chunk(chunk: Chunk, device: torch.device) -> list[Callable[[], Any] | None]:
+    """One kernel per call (its own tensors); ``None`` where this device has no kernel for the form."""
+    kernels: list[Callable[[], Any] | None] = []
+    for call in chunk.calls:
+        try:
+            kernels.append(build_kernel(call.problem, call.phase, device))
+        except ValueError:
+            kernels.append(None)
+    return kernels
+
+
+def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: Any = None,
+                progress: Progress | None = None) -> tuple[list[ComputeSample], bool]:
+    """Run every chunk's passes until ``deadline``; the samples per (problem, pass), and whether Ctrl-C stopped it.
+
+    ``busy`` (a :class:`calibrate.busy.Busy`) is switched to each chunk before it is timed.
+    """
+    target = torch.device(device)
+    seconds: dict[tuple[str, str], list[float]] = {}
+    calls: dict[tuple[str, str], Call] = {}
+    flops_per_s = ROUGH_FLOPS_PER_S
+    try:
+        for index, chunk in enumerate(chunks):
+            left_s = deadline - time.monotonic()
+            if left_s <= 0 or 3 * chunk.guess_s(flops_per_s) > left_s:
+                continue  # left to the fitted model: building, warming up and one pass must fit
+            if busy is not None:
+                busy.run(index)
+            timed = _time_chunk(chunk, target, left_s / (len(chunks) - index), deadline)
+            for call, runs in timed:
+                key = (call.problem.key, call.phase)
+                calls.setdefault(key, call)
+                seconds.setdefault(key, []).extend(runs)
+                flops_per_s = max(flops_per_s, call.flops / max(min(runs), 1e-9))
+            if progress is not None:
+                progress("compute", index + 1, len(chunks))
+    except KeyboardInterrupt:
+        return _samples(calls, seconds), True
+    return _samples(calls, seconds), False
+
+
+def _time_chunk(chunk: Chunk, device: torch.device, share_s: float, deadline: float) -> list[tuple[Call, list[float]]]:
+    kernels = build_chunk(chunk, device)
+    clock = _Clock(device)
+    started = time.monotonic()
+    first = clock.run(kernels)
+    pass_s = max(time.monotonic() - started, 1e-6)
+    passes = max(0, min(MAX_PASSES, int(share_s / pass_s) - 1, int((deadline - time.monotonic()) / pass_s) - 1))
+    runs: list[list[float]] = [[] for _ in kernels]
+    for _ in range(passes):
+        for index, value in enumerate(clock.run(kernels)):
+            runs[index].append(value)
+    if passes == 0:
+        runs = [[value] for value in first]
+    return [(call, times) for call, kernel, times in zip(chunk.calls, kernels, runs) if kernel is not None]
+
+
+class _Clock:
+    """Times each kernel of a pass: ``perf_counter`` around the call on CPU, CUDA events on a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def run(self, kernels: Sequence[Callable[[], Any] | None]) -> list[float]:
+        if self.cuda:
+            return self._run_cuda(kernels)
+        out: list[float] = []
+        for kernel in kernels:
+            started = time.perf_counter()
+            if kernel is not None:
+                kernel()
+            out.append(time.perf_counter() - started)
+        return out
+
+    @staticmethod
+    def _run_cuda(kernels: Sequence[Callable[[], Any] | None]) -> list[float]:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in kernels]
+        for kernel, (start, end) in zip(kernels, events):
+            start.record()
+            if kernel is not None:
+                kernel()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in events]
+
+
+def _samples(calls: dict[tuple[str, str], Call], seconds: dict[tuple[str, str], list[float]]) -> list[ComputeSample]:
+    samples = []
+    for key, runs in seconds.items():
+        call = calls[key]
+        ordered = sorted(runs)
+        quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 3
+        samples.append(ComputeSample(call.problem.kind, call.phase, call.problem.key, call.flops, call.bytes,
+                                     statistics.median(ordered), quartiles[2] - quartiles[0], len(ordered)))
+    return samples
