@@ -127,7 +127,8 @@ def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shap
     if kind in ("add", "mul", "elementwise"):
         return (lambda a, b=None: a * (b if b is not None else a)) if kind == "mul" else (lambda a, b=None: a + (b if b is not None else a))
     if kind == "dropout":
-        return lambda x: F.dropout(x, 0.5, training=True)
+        rate = float(attrs.get("p", 0.5)) if isinstance(attrs.get("p", 0.5), (int, float)) else 0.5
+        return lambda x: F.dropout(x, rate, training=True)
     if kind == "norm":
         return _norm_function(attrs, weight, output_shape)
     if kind == "pad" and isinstance(attrs.get("pad"), (list, tuple)):
@@ -142,12 +143,14 @@ def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shap
 
 
 def _norm_function(attrs: dict[str, Any], weight: Any, output_shape: tuple[int, ...]) -> Callable[..., torch.Tensor]:
-    """A LayerNorm over its last dimensions, or a GroupNorm (an InstanceNorm: a group per channel), on the box."""
+    """A LayerNorm over its last dimensions, a GroupNorm or an InstanceNorm, on the box."""
     norm = str(attrs.get("norm", ""))
     if norm == "LayerNorm":
         normalized = tuple(attrs.get("normalized_shape") or output_shape[-1:])
         return lambda x: F.layer_norm(x, normalized, eps=float(attrs.get("eps", 1e-5)))
-    if norm.startswith(("GroupNorm", "InstanceNorm")) and len(output_shape) == 4:
+    if norm.startswith("InstanceNorm") and len(output_shape) == 4:  # its own kernel: a batch-norm of N·C channels
+        return lambda x: F.instance_norm(x, eps=float(attrs.get("eps", 1e-5)))
+    if norm == "GroupNorm" and len(output_shape) == 4:
         groups = int(attrs.get("num_groups") or output_shape[1]) if norm == "GroupNorm" else output_shape[1]
         return lambda x: F.group_norm(x, groups, eps=float(attrs.get("eps", 1e-5)))
     raise ValueError(f"no kernel to time for the norm {attrs!r}; it is left to the pooled fit")

@@ -236,6 +236,8 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
         return {"start_dim": module.start_dim, "end_dim": module.end_dim}
     if kind == "activation":
         return {"function": type(module).__name__}
+    if kind == "dropout" and isinstance(getattr(module, "p", None), (int, float)):
+        return {"p": float(module.p)}
     return {}
 
 
@@ -282,6 +284,7 @@ _FUNCTION_FIELDS: dict[str, tuple[str, ...]] = {
     "softmax": ("dim",),
     "pad": ("pad", "mode", "value"),
     "norm": ("normalized_shape", "num_groups", "eps", "use_input_stats"),
+    "dropout": ("p",),
 }
 _FUNCTION_NORMS = {"layer_norm": "LayerNorm", "group_norm": "GroupNorm", "instance_norm": "InstanceNorm"}
 _FUNCTION_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -26,6 +26,11 @@ The fit (:func:`fit_corrections`) has two steps, each a closed form:
    the derivatives are taken by finite differences of the full estimate and
    the step is repeated once from the first solution (Gauss–Newton).
 
+With ``split_layers_only`` (``parplan calibrate``'s split forms) only the
+factors of split layers are kept, and the whole-run fit has no common factor
+and no seconds per iteration: it finds the per-event seconds and the exposed
+allreduce share given those factors.
+
 :func:`held_out_predictions` refits without each run in turn and predicts it
 (leave-one-out): the error after refining is measured only on runs the
 correction never saw.
@@ -47,7 +52,7 @@ from cost_models.profile import Profile
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["Observation", "fit_corrections", "held_out_predictions", "local_s"]
+__all__ = ["Observation", "fit_corrections", "held_out_predictions", "local_s", "observation"]
 
 _FACTOR_BOUNDS = (1e-3, 1e3)  # wider than any machine's own profile needs: a preset on a CPU is ~300×
 _MODEL_ERROR = 0.05  # relative error the model keeps however precise a measurement (weights of the whole-run fit)
@@ -70,6 +75,18 @@ class Observation:
     def estimate(self, graph: LayerGraph, profile: Profile, optimizer: str) -> Any:
         """The full estimate of this run's plan under ``profile``, on the run's shared cores."""
         return estimate(graph, self.plan, profile, optimizer=optimizer, shared_cores=self.shared_cores)
+
+
+def observation(name: str, plan: Plan, document: Mapping[str, Any], shared_cores: float | None) -> Observation:
+    """An Observation from a ``parplan.measurement/1`` document of ``plan``'s run: its median step, its layers'
+    forward plus backward seconds when it timed them, and the median's relative standard error
+    (``1.253·σ/√n``, ``σ`` from the interquartile range of the steps)."""
+    steps = sorted(document["per_step_s"])
+    spread = steps[(3 * len(steps)) // 4] - steps[len(steps) // 4]
+    noise = 1.253 * spread / 1.349 / len(steps) ** 0.5 / document["iteration_s"]
+    rows = document.get("layers")
+    layers = None if rows is None else {row["name"]: row["forward_s"] + row["backward_s"] for row in rows}
+    return Observation(name, plan, document["iteration_s"], layers, shared_cores, noise)
 
 
 def local_s(layer: Any, plan: Plan | None = None, redistribution: bool = False) -> float:
@@ -95,12 +112,20 @@ def _passes(plan: Plan | None) -> tuple[int, int]:
     return plan.pipeline.micro_batches, plan.pipeline.micro_batches
 
 
-def fit_corrections(graph: LayerGraph, profile: Profile, runs: Sequence[Observation], optimizer: str = "sgd") -> Corrections:
-    """Corrections for ``profile`` (its own are ignored) that fit ``runs`` (module docstring)."""
+def fit_corrections(graph: LayerGraph, profile: Profile, runs: Sequence[Observation], optimizer: str = "sgd", *,
+                    split_layers_only: bool = False) -> Corrections:
+    """Corrections for ``profile`` (its own are ignored) that fit ``runs`` (module docstring).
+
+    ``split_layers_only`` keeps the factors of split layers alone (keys ``kind·split`` and ``*·split``), fixes
+    the seconds per iteration at 0 and fits no common factor: the whole-run fit then finds the per-event
+    seconds and the exposed allreduce share given those factors (``parplan calibrate``'s split forms).
+    """
     base = replace(profile, corrections=None)
     factors = _layer_factors(graph, base, runs, optimizer)
+    if split_layers_only:
+        factors = {key: value for key, value in factors.items() if "·" in key}
     free = (any(run.plan.pipeline.stages > 1 for run in runs),
-            any(_hidden_allreduce_s(graph, base, run, optimizer) > 0 for run in runs))
+            any(_hidden_allreduce_s(graph, base, run, optimizer) > 0 for run in runs), not split_layers_only)
     terms = _Terms(1.0, 0.0, 0.0, 0.0)
     for _ in range(2):
         terms = _whole_run_terms(graph, base, runs, factors, terms, free, optimizer)
@@ -168,21 +193,23 @@ def _hidden_allreduce_s(graph: LayerGraph, base: Profile, run: Observation, opti
 
 
 def _whole_run_terms(graph: LayerGraph, base: Profile, runs: Sequence[Observation], factors: Mapping[str, float],
-                     start: _Terms, free: tuple[bool, bool], optimizer: str) -> _Terms:
-    """One Gauss–Newton step for the whole-run terms from ``start`` (``free``: events, allreduce fitted)."""
-    events, allreduce = free
+                     start: _Terms, free: tuple[bool, bool, bool], optimizer: str) -> _Terms:
+    """One Gauss–Newton step for the whole-run terms from ``start`` (``free``: events, allreduce, the per-step
+    seconds and a common factor fitted)."""
+    events, allreduce, whole = free
 
     def predict(run: Observation, scale: float, event_s: float, exposed: float) -> float:
         scaled = {key: value * scale for key, value in factors.items()} | ({} if factors else {POOLED: scale})
         corrections = Corrections(scaled, 0.0, event_s, exposed)
         return float(run.estimate(graph, replace(base, corrections=corrections), optimizer).iteration_s)
 
-    scaled = not factors  # measured layer factors already say how fast each layer runs
+    scaled = whole and not factors  # measured layer factors already say how fast each layer runs
+    stepped = int(whole)
     rows, targets = [], []
     for run in runs:
         at = predict(run, start.scale, start.event_s, start.exposed)
         row = [(predict(run, start.scale + _SCALE_STEP, start.event_s, start.exposed) - at) / _SCALE_STEP] * scaled
-        row.append(1.0)
+        row += [1.0] * stepped
         if events:
             row.append((predict(run, start.scale, start.event_s + _STEP_S, start.exposed) - at) / _STEP_S)
         if allreduce:
@@ -191,11 +218,15 @@ def _whole_run_terms(graph: LayerGraph, base: Profile, runs: Sequence[Observatio
         rows.append([value * weight for value in row])
         targets.append((run.measured_s - at) * weight)
     # unknowns: Δscale, the step (absolute: ``at`` has none), Δevent, Δexposed
-    low = [_FACTOR_BOUNDS[0] - start.scale] * scaled + [0.0] + [-start.event_s] * events + [-start.exposed] * allreduce
-    high = [_FACTOR_BOUNDS[1] - start.scale] * scaled + [np.inf] + [np.inf] * events + [1.0 - start.exposed] * allreduce
+    low = ([_FACTOR_BOUNDS[0] - start.scale] * scaled + [0.0] * stepped + [-start.event_s] * events
+           + [-start.exposed] * allreduce)
+    high = ([_FACTOR_BOUNDS[1] - start.scale] * scaled + [np.inf] * stepped + [np.inf] * events
+            + [1.0 - start.exposed] * allreduce)
+    if not rows[0]:
+        return start
     solution = list(lsq_linear(np.array(rows), np.array(targets), bounds=(low, high)).x)
     scale = start.scale + solution.pop(0) if scaled else 1.0
-    step_s = solution.pop(0)
+    step_s = solution.pop(0) if stepped else 0.0
     event_s = start.event_s + solution.pop(0) if events else 0.0
     exposed = start.exposed + solution.pop(0) if allreduce else 0.0
     return _Terms(scale, step_s, event_s, exposed)

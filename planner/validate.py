@@ -9,8 +9,11 @@ For plans ``i`` with predicted seconds ``p_i`` and measured seconds ``m_i``:
 * regret of the planner's first choice: ``m_first / min_i m_i − 1`` (0 when
   the plan the planner would run is the fastest measured).
 
+The same figures over the plans a profile's calibration did not run
+(:func:`unseen_accuracy`): what it predicts of plans it never saw.
+
 And what the runs' machine does to every prediction: ranks that together
-want more threads than their host has cores share them
+use every core of their host share them, with their communication too
 (:func:`shared_cores`).
 
 Pure functions on numbers; no torch.
@@ -25,7 +28,7 @@ from typing import Sequence
 
 from scipy.stats import kendalltau
 
-__all__ = ["Accuracy", "accuracy", "percentile", "relative_errors", "shared_cores"]
+__all__ = ["Accuracy", "accuracy", "percentile", "relative_errors", "shared_cores", "unseen_accuracy"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,16 @@ def accuracy(predicted: Sequence[float], measured: Sequence[float], first: int =
         tau = None if math.isnan(value) else float(value)
     return Accuracy(statistics.median(errors), percentile(errors, 0.9), tau, measured[first] / min(measured) - 1,
                     len(errors))
+
+
+def unseen_accuracy(seen: Sequence[bool], predicted: Sequence[float], measured: Sequence[float]) -> Accuracy | None:
+    """The figures over the plans not ``seen`` (those calibration did not run), the first choice being the one of
+    them predicted fastest; ``None`` when every plan was seen."""
+    others = [i for i, was_seen in enumerate(seen) if not was_seen]
+    if not others:
+        return None
+    first = min(range(len(others)), key=lambda k: predicted[others[k]])
+    return accuracy([predicted[i] for i in others], [measured[i] for i in others], first)
 
 
 def shared_cores(ranks_per_host: int, threads_per_rank: int, cores: int) -> float | None:

@@ -28,7 +28,7 @@ from planner.settings import SearchSettings
 from planner.cost_table import CostTable
 from planner.ilp import solve_ilp
 from planner.refine import Observation, fit_corrections, held_out_predictions, local_s
-from planner.validate import accuracy, percentile, relative_errors, shared_cores
+from planner.validate import accuracy, percentile, relative_errors, shared_cores, unseen_accuracy
 
 UNET = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,40,24"]
 
@@ -52,7 +52,16 @@ def test_relative_errors_are_signed_and_refuse_bad_input() -> None:
     assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5 and percentile([7.0], 0.9) == 7.0
 
 
-def test_ranks_share_cores_only_when_they_want_more_threads_than_there_are() -> None:
+def test_unseen_accuracy_leaves_out_the_calibration_runs() -> None:
+    predicted, measured = [1.0, 2.0, 3.0, 4.0], [1.0, 2.9, 2.8, 4.4]
+    figures = unseen_accuracy([True, False, False, True], predicted, measured)
+    assert figures is not None and figures.n == 2
+    assert figures.median_rel_err == pytest.approx((0.9 / 2.9 + 0.2 / 2.8) / 2)
+    assert figures.regret == pytest.approx(2.9 / 2.8 - 1) and figures.kendall_tau == pytest.approx(-1.0)
+    assert unseen_accuracy([True] * 4, predicted, measured) is None
+
+
+def test_ranks_share_cores_when_they_fill_them() -> None:
     assert shared_cores(4, 1, 2) == 2.0 and shared_cores(3, 2, 4) == 2.0
     assert shared_cores(2, 1, 2) == 2.0 and shared_cores(1, 1, 16) is None and shared_cores(2, 1, 4) is None
     with pytest.raises(ValueError, match="positive"):
@@ -154,6 +163,27 @@ def test_refining_recovers_corrections_that_made_the_measurements(unet_candidate
     before = accuracy([c.estimate.iteration_s for c in found], [r.measured_s for r in runs])
     after = accuracy(held_out, [r.measured_s for r in runs])
     assert after.median_rel_err < before.median_rel_err
+
+
+def test_split_layers_only_keeps_split_factors_and_fits_pipeline_events(unet_candidates: tuple) -> None:
+    """Calibration's split forms: factors of split layers only, no per-step seconds, the per-event seconds of a
+    pipeline found given those factors."""
+    graph, profile, found = unet_candidates
+    truth = Corrections({"conv·spatial": 3.0, "batchnorm·spatial": 2.5, "*·spatial": 2.0}, 0.0, 0.002, 0.0)
+    made = replace(profile, corrections=truth)
+    runs = []
+    for candidate in found:
+        measured = estimate(graph, candidate.plan, made)
+        layers = {layer.name: local_s(layer, candidate.plan, redistribution=True) for layer in measured.layers}
+        runs.append(Observation(candidate.name, candidate.plan, measured.iteration_s, layers))
+    assert any(run.plan.pipeline.stages > 1 for run in runs) and any(
+        layer.layout.spatial > 1 for run in runs for layer in estimate(graph, run.plan, profile).layers)
+    fitted = fit_corrections(graph, profile, runs, split_layers_only=True)
+    assert fitted.layer_scale and all("·" in key for key in fitted.layer_scale)
+    assert fitted.step_overhead_s == 0.0 and fitted.event_overhead_s == pytest.approx(0.002, rel=0.1)
+    for run in runs:
+        refined = estimate(graph, run.plan, replace(profile, corrections=fitted)).iteration_s
+        assert refined == pytest.approx(run.measured_s, rel=0.05)
 
 
 def _parplan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

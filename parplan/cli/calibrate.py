@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from typing import Any
 
 from cost_models.errors import InputError
@@ -25,6 +27,9 @@ def add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] for the compute kernels (default cpu)")
     parser.add_argument("--backend", default=None, choices=("gloo", "nccl", "mpi"),
                         help="collectives backend (default gloo on cpu, nccl on cuda)")
+    parser.add_argument("--no-forms", action="store_true",
+                        help="with --ranks > 1, do not end by training the model under its single-split plans "
+                             "(nR, cR, hR, wR) to fit what the runtime adds to the kernels")
     parser.add_argument("--out", required=True, metavar="P.json", help="where to write the profile")
     parser.set_defaults(handler=_calibrate)
 
@@ -60,16 +65,23 @@ def _calibrate(args: argparse.Namespace) -> int:
     counts = _device_counts(args.devices, args.ranks)
     check_out_dir(args.out)
     graph, _ = trace_model(args)
+    from calibrate.comm_ranks import in_existing_group
     from calibrate.session import CalibrationRequest, run_calibration
     from cost_models.profile import save_profile
+    from parplan.cli.forms import FORMS_SHARE
     from parplan.cli.report import calibration_progress
 
+    started = time.monotonic()
+    forms = args.ranks > 1 and not args.no_forms and not in_existing_group()
     backend = args.backend or ("nccl" if args.device.startswith("cuda") else "gloo")
-    request = CalibrationRequest(graph, counts, args.ranks, args.budget_s, args.threads, args.device, backend, args.model)
+    request = CalibrationRequest(graph, counts, args.ranks, args.budget_s * (1 - FORMS_SHARE if forms else 1),
+                                 args.threads, args.device, backend, args.model)
     with calibration_progress(enabled=not args.json) as progress:
         result = run_calibration(request, progress)
     if result is None:  # a rank other than 0 under torchrun/mpirun: rank 0 writes and reports
         return 0
+    if forms and not result.interrupted:
+        result = _with_forms(args, graph, backend, result, started)
     save_profile(result.profile, args.out)
     summary = {"profile": args.out, "fit": result.profile.to_dict()["fit"], "measured": result.measured,
                "left_to_fit": result.left_to_fit, "interrupted": result.interrupted, "notes": result.notes,
@@ -81,6 +93,23 @@ def _calibrate(args: argparse.Namespace) -> int:
 
         print_calibration_summary(summary)
     return 130 if result.interrupted else 0
+
+
+def _with_forms(args: argparse.Namespace, graph: Any, backend: str, result: Any, started: float) -> Any:
+    """The calibration result with the forms' corrections (``parplan.cli.forms``)."""
+    from dataclasses import replace
+
+    from cost_models.model_spec import load_model
+    from parplan.cli.forms import FormsRequest, run_forms
+
+    if not args.json:
+        print("running the split forms (nR, cR, hR, wR) on the ranks", file=sys.stderr, flush=True)
+    request = FormsRequest(args.model, load_model(args.model), graph, args.ranks, args.threads, backend,
+                           tuple(args.leaf_module), started + args.budget_s - 1.0)
+    profile, notes = run_forms(request, result.profile)
+    meta = {**profile.meta, "calibration_s": round(time.monotonic() - started, 3),
+            "notes": [*profile.meta.get("notes", []), *notes]}
+    return replace(result, profile=replace(profile, meta=meta), notes=[*result.notes, *notes])
 
 
 def _profile_show(args: argparse.Namespace) -> int:

@@ -353,6 +353,10 @@ def print_validation(document: dict[str, Any], console: Console | None = None) -
         console.print(f"predictions for {document['nproc']} ranks sharing this host's cores: at most "
                       f"{document['shared_cores']:g} compute at once")
     console.print(f"prediction: {_accuracy_text(document)}")
+    if document.get("calibration_runs"):
+        console.print(f"calibration ran {', '.join(document['calibration_runs'])} to fit this profile's corrections")
+    if document.get("unseen"):
+        console.print(f"on the other plans: {_accuracy_text(document['unseen'])}")
     for reason in document["left_out"]:
         console.print(f"[yellow]left out[/yellow] {reason}")
     if document.get("per_layer"):

@@ -233,11 +233,10 @@ def _merged(documents: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _report(args: argparse.Namespace, graph: LayerGraph, profile: Any, candidates: list[Any],
             documents: list[dict[str, Any]], left_out: list[str]) -> dict[str, Any]:
-    from planner.refine import Observation
+    from planner.refine import observation
     from planner.validate import accuracy
 
-    runs = [Observation(c.name, c.plan, d["iteration_s"], _layers_s(d), args.shared_cores, _noise(d))
-            for c, d in zip(candidates, documents)]
+    runs = [observation(c.name, c.plan, d, args.shared_cores) for c, d in zip(candidates, documents)]
     predicted = [c.estimate.iteration_s for c in candidates]
     measured = [run.measured_s for run in runs]
     report: dict[str, Any] = {
@@ -249,6 +248,7 @@ def _report(args: argparse.Namespace, graph: LayerGraph, profile: Any, candidate
         **accuracy(predicted, measured).to_dict(),
         "best_measured": candidates[min(range(len(runs)), key=lambda i: measured[i])].name,
         "left_out": left_out,
+        **_held_out(profile, candidates, predicted, measured),
     }
     if args.per_layer or args.refine:
         report["per_layer"] = _per_key(graph, profile, runs, args.optimizer)
@@ -257,16 +257,18 @@ def _report(args: argparse.Namespace, graph: LayerGraph, profile: Any, candidate
     return report
 
 
-def _noise(document: dict[str, Any]) -> float:
-    """Relative standard error of the median step: ``1.253·σ/√n`` with ``σ`` from the interquartile range."""
-    steps = sorted(document["per_step_s"])
-    spread = steps[(3 * len(steps)) // 4] - steps[len(steps) // 4]
-    return 1.253 * spread / 1.349 / len(steps) ** 0.5 / document["iteration_s"]
+def _held_out(profile: Any, candidates: list[Any], predicted: list[float], measured: list[float]) -> dict[str, Any]:
+    """Which plans ``parplan calibrate`` ran to fit the profile's corrections, and the accuracy on the others."""
+    from planner.validate import unseen_accuracy
 
-
-def _layers_s(document: dict[str, Any]) -> dict[str, float] | None:
-    layers = document.get("layers")
-    return None if layers is None else {row["name"]: row["forward_s"] + row["backward_s"] for row in layers}
+    corrections = profile.corrections
+    if corrections is None or corrections.fitted_on.get("source") != "calibrate":
+        return {}
+    ran = set(corrections.fitted_on.get("runs", ()))
+    seen = [c.plan.summary() in ran for c in candidates]
+    figures: dict[str, Any] = {"calibration_runs": [c.name for c, s in zip(candidates, seen) if s]}
+    unseen = unseen_accuracy(seen, predicted, measured)
+    return figures if unseen is None else {**figures, "unseen": unseen.to_dict()}
 
 
 def _memory(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
