@@ -16,6 +16,12 @@ warm weight), each call timed by itself. The sequence repeats; each
 sequences run meanwhile in that many other processes, as the other ranks of
 a run on this host would.
 
+After the timed passes, one more pass measures each call's peak bytes — the
+most it had allocated at once: its outputs and its kernel's workspace (on CPU
+from ``torch.profiler``'s allocation events inside the call, on CUDA
+``max_memory_allocated`` over it) — which the memory model adds to a layer's
+transient (``cost_models.memory``).
+
 Assumptions: a layer's input and output are as cold as its weights (the
 kernels do not hand tensors to each other); sequences longer than the memory
 cap are cut into chunks of consecutive layers, each run by itself; the
@@ -37,14 +43,16 @@ from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import LocalProblem, local_problem, phases_of
 from cost_models.profile import ComputeSample
+from cost_models.quiet import native_stderr_silenced
 
-__all__ = ["Call", "Chunk", "layout_chunks", "time_chunks"]
+__all__ = ["Call", "Chunk", "layout_chunks", "peak_bytes", "time_chunks"]
 
 MAX_PASSES = 9
 """Timed passes per chunk at most (after the warm-up pass)."""
 ROUGH_FLOPS_PER_S = 1e9
 ROUGH_BYTES_PER_S = 1e9
 Progress = Callable[[str, int, int], None]
+_WINDOW = "parplan.kernel."
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,7 @@ def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: 
     target = torch.device(device)
     seconds: dict[tuple[str, str], list[float]] = {}
     calls: dict[tuple[str, str], Call] = {}
+    peaks: dict[tuple[str, str], int] = {}
     flops_per_s = ROUGH_FLOPS_PER_S
     try:
         for index, chunk in enumerate(chunks):
@@ -155,19 +164,22 @@ def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: 
             if busy is not None:
                 busy.run(index)
             timed = _time_chunk(chunk, target, left_s / (len(chunks) - index), deadline)
-            for call, runs in timed:
+            for call, runs, peak in timed:
                 key = (call.problem.key, call.phase)
                 calls.setdefault(key, call)
                 seconds.setdefault(key, []).extend(runs)
+                if peak is not None:
+                    peaks[key] = max(peaks.get(key, 0), peak)
                 flops_per_s = max(flops_per_s, call.flops / max(min(runs), 1e-9))
             if progress is not None:
                 progress("compute", index + 1, len(chunks))
     except KeyboardInterrupt:
-        return _samples(calls, seconds), True
-    return _samples(calls, seconds), False
+        return _samples(calls, seconds, peaks), True
+    return _samples(calls, seconds, peaks), False
 
 
-def _time_chunk(chunk: Chunk, device: torch.device, share_s: float, deadline: float) -> list[tuple[Call, list[float]]]:
+def _time_chunk(chunk: Chunk, device: torch.device, share_s: float,
+                deadline: float) -> list[tuple[Call, list[float], int | None]]:
     kernels = build_chunk(chunk, device)
     clock = _Clock(device)
     started = time.monotonic()
@@ -180,7 +192,49 @@ def _time_chunk(chunk: Chunk, device: torch.device, share_s: float, deadline: fl
             runs[index].append(value)
     if passes == 0:
         runs = [[value] for value in first]
-    return [(call, times) for call, kernel, times in zip(chunk.calls, kernels, runs) if kernel is not None]
+    peaks = peak_bytes(kernels, device)
+    return [(call, times, peak) for call, kernel, times, peak in zip(chunk.calls, kernels, runs, peaks)
+            if kernel is not None]
+
+
+def peak_bytes(kernels: Sequence[Callable[[], Any] | None], device: torch.device) -> list[int | None]:
+    """Run each kernel once; the most bytes each had allocated at once (``None`` where it could not be told)."""
+    if device.type == "cuda":
+        out: list[int | None] = []
+        for kernel in kernels:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            if kernel is not None:
+                kernel()
+            torch.cuda.synchronize(device)
+            out.append(int(torch.cuda.max_memory_allocated(device) - base) if kernel is not None else None)
+        return out
+    return _cpu_peaks(kernels)
+
+
+def _cpu_peaks(kernels: Sequence[Callable[[], Any] | None]) -> list[int | None]:
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        for index, kernel in enumerate(kernels):
+            if kernel is not None:
+                with record_function(f"{_WINDOW}{index}"):
+                    kernel()
+    events = list(profiler.profiler.kineto_results.events())
+    windows = {int(e.name()[len(_WINDOW):]): (e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
+               if e.name().startswith(_WINDOW)}
+    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    return [_window_peak(changes, *windows[index]) if index in windows else None for index in range(len(kernels))]
+
+
+def _window_peak(changes: Sequence[tuple[int, int]], start_ns: int, stop_ns: int) -> int:
+    total = peak = 0
+    for when, change in changes:
+        if start_ns <= when <= stop_ns:
+            total += change
+            peak = max(peak, total)
+    return peak
 
 
 class _Clock:
@@ -212,12 +266,14 @@ class _Clock:
         return [start.elapsed_time(end) / 1e3 for start, end in events]
 
 
-def _samples(calls: dict[tuple[str, str], Call], seconds: dict[tuple[str, str], list[float]]) -> list[ComputeSample]:
+def _samples(calls: dict[tuple[str, str], Call], seconds: dict[tuple[str, str], list[float]],
+             peaks: dict[tuple[str, str], int]) -> list[ComputeSample]:
     samples = []
     for key, runs in seconds.items():
         call = calls[key]
         ordered = sorted(runs)
         quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 3
         samples.append(ComputeSample(call.problem.kind, call.phase, call.problem.key, call.flops, call.bytes,
-                                     statistics.median(ordered), quartiles[2] - quartiles[0], len(ordered)))
+                                     statistics.median(ordered), quartiles[2] - quartiles[0], len(ordered),
+                                     peaks.get(key)))
     return samples

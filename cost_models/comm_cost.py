@@ -35,7 +35,7 @@ from cost_models.redistribution import rank_loads
 GRADIENT_BUCKET_BYTES = 25 * 2**20
 """Bytes of weight gradients one allreduce carries (DDP's default ``bucket_cap_mb=25``)."""
 
-__all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "nested_mask",
+__all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allgather_s", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "nested_mask",
            "gradient_allreduce_s", "pattern_s", "patterned_s",
            "redistribution_row_s", "redistribution_s", "sendrecv_coefficients"]
 
@@ -51,6 +51,15 @@ def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes
     inside = (profile.comm_time_s("reduce_scatter", "intra", local, nbytes)
               + profile.comm_time_s("allgather", "intra", local, nbytes))
     return inside + profile.comm_time_s("allreduce", "inter", nodes, nbytes / local)
+
+
+def allgather_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes: float) -> float:
+    """Seconds to allgather ``nbytes`` (the gathered tensor each of ``ranks`` ends with): a ring on the intra link
+    inside one node, on the inter link across nodes (its slowest hop)."""
+    if len(ranks) <= 1 or nbytes <= 0:
+        return 0.0
+    nodes, _ = _node_shape(cluster, tuple(ranks))
+    return profile.comm_time_s("allgather", "intra" if nodes == 1 else "inter", len(ranks), nbytes)
 
 
 def gradient_allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes: float) -> float:

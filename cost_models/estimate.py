@@ -20,8 +20,10 @@ Assumptions:
       reverse layer order, each starting when its layer's backward is done and
       the previous allreduce has finished; what runs past the stage's last
       backward is exposed. With ``overlap=False`` all of it is.
-    * ``sync`` runs ``M`` micro-batches of ``⌈N/M⌉`` samples and keeps all their
-      activations (no re-materialisation); ``stale`` runs whole batches and
+    * ``sync`` runs ``M`` micro-batches of ``⌈N/M⌉`` samples in 1F1B order (the
+      runtime's default), so stage ``k`` of ``S`` holds the activations of
+      ``min(M, S − k)`` micro-batches at once (no re-materialisation; GPipe's
+      order, ``parplan run --order gpipe``, holds all ``M``); ``stale`` runs whole batches and
       stage ``k`` stashes ``staleness[k]`` extra copies of its input.
     * Stage ``k`` occupies the ranks after those of stages ``0..k−1``; a stage
       wider than a node starts on a node boundary. Tensors crossing a cut
@@ -56,8 +58,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from math import ceil
-from typing import TYPE_CHECKING, Any, Mapping
+from math import ceil, prod
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
@@ -66,8 +68,9 @@ from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import LayerCost, problem_cost
 from cost_models.layout import Layout
 from cost_models.orders import NCHW, logical
-from cost_models.local_problem import DENSE_KINDS, LocalProblem, local_problem
-from cost_models.memory import LayerMemory, layer_memory, parameter_tensors
+from cost_models.local_problem import DENSE_KINDS, VIEW_KINDS, LocalProblem, local_problem
+from cost_models.memory import (WEIGHT_SPLIT_KINDS, LayerMemory, StepLayer, distinct_saved_bytes, layer_memory,
+                                parameter_tensors, stage_peak_bytes)
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, Prediction, check_plan_for_graph
 from cost_models.profile import Profile
@@ -88,6 +91,8 @@ class LayerEstimate:
     cost: LayerCost
     redistribution_s: float
     memory: LayerMemory
+    saved_input_of: str = ""
+    """Whose tensor the layer's kept input is: the layer whose output it reads as it is, else its own name."""
 
 
 @dataclass(frozen=True)
@@ -214,8 +219,9 @@ class CostMemo:
         """``layer_memory`` of the layer under ``layout`` with ``optimizer``'s state."""
         key = (signature, layout, optimizer)
         if key not in self.memories:
-            self.memories[key] = layer_memory(layer, layout, self.problem(signature, layer, layout), optimizer,
-                                              self.itemsize)
+            problem = self.problem(signature, layer, layout)
+            peaks = self.profile.kernel_peak_bytes(problem.kind, problem.key) if problem is not None else None
+            self.memories[key] = layer_memory(layer, layout, problem, optimizer, self.itemsize, peaks)
         return self.memories[key]
 
     def edge_s(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
@@ -325,7 +331,25 @@ def _layer_estimate(context: _Context, name: str, cluster: Cluster) -> LayerEsti
     cost = context.memo.cost(name, signature, node, assignment.layout, devices, cluster, context.overlap)
     moved = sum(_edge_s(context, source, name, devices, cluster) for source in context.graph.predecessors(name))
     memory = context.memo.memory(signature, node, assignment.layout, context.optimizer)
-    return LayerEstimate(name, node["kind"], assignment.stage, assignment.layout, cost, moved, memory)
+    return LayerEstimate(name, node["kind"], assignment.stage, assignment.layout, cost, moved, memory,
+                         _saved_input_of(context, name, signature))
+
+
+def _saved_input_of(context: _Context, name: str, signature: str) -> str:
+    """The layer whose output ``name`` reads as it is (through views; same layout, same local size: no halo, no
+    redistribution), or ``name`` itself when its input is a tensor of its own."""
+    nodes, layers = context.nodes, context.plan.layers
+    source = next(iter(context.graph.predecessors(name)), None)
+    while source is not None and nodes[source]["kind"] in VIEW_KINDS:
+        source = next(iter(context.graph.predecessors(source)), None)
+    if source is None or source not in layers or layers[source].layout != layers[name].layout \
+            or layers[source].stage != layers[name].stage:
+        return name
+    kept = context.memo.memory(signature, nodes[name], layers[name].layout, context.optimizer).saved_input
+    theirs = context.memo.problem(context.memo.signature(nodes[source]), nodes[source], layers[source].layout)
+    if theirs is None or kept != prod(theirs.output_shape) * context.itemsize:
+        return name
+    return source
 
 
 def _edge_s(context: _Context, source: str, target: str, devices: int, cluster: Cluster) -> float:
@@ -399,14 +423,36 @@ def _stage_estimate(context: _Context, layers: tuple[LayerEstimate, ...], stage:
     allreduce, exposed = _allreduce_timeline(own, context.overlap)
     if context.profile.corrections is not None:  # measured runs hid less of it than the timeline says
         exposed += context.profile.corrections.allreduce_exposed_fraction * (allreduce - exposed)
-    memory = sum(layer.memory.weights + layer.memory.gradients + layer.memory.optimizer + micro * layer.memory.saved
-                 for layer in own)
-    memory += max((layer.memory.transient for layer in own), default=0)
+    memory = stage_peak_bytes(_step_layers(context, own, stage), _in_flight(context.plan, stage, micro))
     memory += context.plan.pipeline.staleness[stage] * _boundary_bytes(context, stage, into=True)
     tensors = sum(parameter_tensors(context.nodes[layer.name]) for layer in own)
     step_s = slowdown * context.profile.optimizer_step_s(context.optimizer, tensors,
                                                           sum(layer.memory.weights for layer in own))
     return StageEstimate(forward, backward, _transfer_s(context, stage, cluster), allreduce, exposed, memory, step_s)
+
+
+def _step_layers(context: _Context, own: Sequence[LayerEstimate], stage: int) -> list[StepLayer]:
+    """The stage's layers as its memory peak sees them (``cost_models.memory.stage_peak_bytes``)."""
+    devices = context.plan.pipeline.devices_per_stage[stage]
+    return [StepLayer(layer.name, layer.kind, layer.saved_input_of, layer.memory,
+                      devices // (layer.layout.c if layer.kind in WEIGHT_SPLIT_KINDS else 1) > 1,
+                      _received_bytes(context, layer)) for layer in own]
+
+
+def _received_bytes(context: _Context, layer: LayerEstimate) -> int:
+    """The local input a layer whose input is redistributed receives (0 when it reads its producer's layout)."""
+    if layer.redistribution_s <= 0:
+        return 0
+    node = context.nodes[layer.name]
+    problem = context.memo.problem(context.memo.signature(node), node, layer.layout)
+    return 0 if problem is None else sum(prod(shape) for shape in problem.input_shapes) * context.itemsize
+
+
+def _in_flight(plan: Plan, stage: int, micro: int) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at once: 1F1B's ``min(M, S − stage)``."""
+    if plan.pipeline.schedule != "sync":
+        return micro
+    return min(micro, len(plan.pipeline.devices_per_stage) - stage)
 
 
 def _allreduce_timeline(layers: list[LayerEstimate], overlap: bool) -> tuple[float, float]:
@@ -488,8 +534,11 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
     worst = max(range(len(stages)), key=lambda k: stages[k].memory_bytes)
     own = [layer for layer in layers if layer.stage == worst]
     memory = {term: sum(getattr(layer.memory, term) for layer in own) for term in ("weights", "gradients", "optimizer")}
-    memory["saved"] = micro * sum(layer.memory.saved for layer in own)
-    memory["transient_and_stash"] = stages[worst].memory_bytes - sum(memory.values())
+    memory["saved"] = _in_flight(plan, worst, micro) * distinct_saved_bytes(
+        [StepLayer(layer.name, layer.kind, layer.saved_input_of, layer.memory, False) for layer in own])
+    # the peak is not the terms' sum (gradients and kept activations are not all alive at once): what it holds
+    # beyond them, if anything, is transients and stashes
+    memory["transient_and_stash"] = max(0, stages[worst].memory_bytes - sum(memory.values()))
     return Estimate(iteration, breakdown, stages[worst].memory_bytes, memory, layers, stages, contention)
 
 

@@ -18,11 +18,13 @@ Assumptions (beyond those of the modules used):
       (``comm_cost.gradient_allreduce_s``).
     * Batch-norm split by space sums its statistics over the ``h·w`` tiles of
       its samples (the runtime's default; statistics per group of samples, as
-      data parallelism computes them): one allreduce of ``2·C`` float64 sums
-      forward and one backward. Synchronised batch-norm (over the whole batch,
-      ``parplan run --sync-batchnorm``) is not priced: it adds the same two
-      allreduces over the ``n·h·w`` ranks. Group-norm and instance-norm split
-      by space do the same with ``2·N·G`` sums (per sample and group).
+      data parallelism computes them): forward, one allgather of each tile's
+      count, mean and variance (``3·C`` float64); backward, one allreduce of
+      ``2·C`` float64 sums (``runtime.norm``). Synchronised batch-norm (over
+      the whole batch, ``parplan run --sync-batchnorm``) is not priced: it
+      runs the same two collectives over the ``n·h·w`` ranks. Group-norm and
+      instance-norm split by space allreduce ``2·N·G`` sums (per sample and
+      group) forward and backward.
     * A filter (``c``) split of a convolution or linear layer needs the full
       input on every rank (an edge redistribution provides it) and sums the
       partial input gradients over the ``c`` group: one allreduce of the local
@@ -39,7 +41,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import allreduce_s, gradient_allreduce_s, halo_exchange_s
+from cost_models.comm_cost import allgather_s, allreduce_s, gradient_allreduce_s, halo_exchange_s
 from cost_models.errors import PlanError
 from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.halo import AxisHalo, axis_halos, halo_messages
@@ -197,8 +199,12 @@ def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
         return 0.0  # a LayerNorm over whole last dimensions reduces within each box
     shape = problem.output_shape
     sums = shape[1] if layer["kind"] == "batchnorm" else shape[0] * attrs.get("num_groups", shape[1])
-    stats_bytes = 2 * sums * 8  # Σx and Σx² per channel (per sample and group: group-norm) in float64 (runtime.norm)
-    return 2 * allreduce_s(profile, cluster, list(range(ranks)), stats_bytes)  # a sample's ranks are consecutive
+    group = list(range(ranks))  # a sample's ranks are consecutive
+    stats_bytes = 2 * sums * 8  # Σx and Σx² (backward: Σg, Σg·x̂) per channel, or per sample and group, in float64
+    if layer["kind"] == "batchnorm":  # forward: each tile's count, mean and variance gathered (runtime.norm)
+        return allgather_s(profile, cluster, group, 3 * sums * 8 * ranks) + allreduce_s(profile, cluster, group,
+                                                                                          stats_bytes)
+    return 2 * allreduce_s(profile, cluster, group, stats_bytes)
 
 
 def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,

@@ -28,10 +28,9 @@ from torch import nn
 from torch.fx import GraphModule, Node
 from torch.fx.node import _get_qualified_name
 
-__all__ = ["KindInfo", "VIEW_KINDS", "classify"]
+from cost_models.local_problem import VIEW_KINDS
 
-VIEW_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
-"""Kinds whose output aliases their input: they move no data and cost no time."""
+__all__ = ["KindInfo", "VIEW_KINDS", "classify"]
 
 _CONV_FIELDS = ("kernel_size", "stride", "padding", "dilation", "groups", "padding_mode")
 _POOL_FIELDS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices",

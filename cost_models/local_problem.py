@@ -37,10 +37,12 @@ from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
 from cost_models.orders import NCHW
 
-__all__ = ["DENSE_KINDS", "LocalProblem", "axis_value", "local_problem", "phases_of"]
+__all__ = ["DENSE_KINDS", "VIEW_KINDS", "LocalProblem", "axis_value", "local_problem", "phases_of"]
 
 DENSE_KINDS = frozenset({"conv", "conv_transpose", "linear"})
-_NO_PROBLEM = frozenset({"input", "flatten", "view", "getitem", "identity"})
+VIEW_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
+"""Kinds whose output aliases their input: they move no data and cost no time (``cost_models.layer_kinds``)."""
+_NO_PROBLEM = VIEW_KINDS | {"input"}
 _SPATIAL_WINDOW = frozenset({"conv", "maxpool", "avgpool"})
 _CHANNEL_SPLIT = frozenset({"batchnorm", "activation", "add", "mul", "elementwise", "dropout", "maxpool", "avgpool",
                             "adaptive_avgpool", "adaptive_maxpool", "upsample", "cat", "pad", "softmax", "norm"})

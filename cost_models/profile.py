@@ -92,6 +92,8 @@ class ComputeSample:
     median_s: float
     iqr_s: float
     repeats: int
+    peak_bytes: int | None = None
+    """The most bytes the pass had allocated at once (its outputs and workspace), when measured."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,12 @@ class Profile:
             return sample.median_s, "measured"
         return self.compute_fit(kind, phase).time_s(flops, nbytes), "fitted"
 
+    def kernel_peak_bytes(self, kind: str, key: str) -> dict[str, int | None]:
+        """Per pass, the measured peak bytes of the local problem ``key`` of ``kind`` (passes never timed: absent)."""
+        samples = self._index["samples"]
+        return {phase: sample.peak_bytes for phase in ("fwd", "bwd", "bwd_data", "bwd_weight")
+                if (sample := samples.get((kind, phase, key))) is not None}
+
     def compute_fit(self, kind: str, phase: str) -> ComputeFit:
         """The fit for ``kind``'s ``phase``, or the pooled one."""
         fits = self._index["compute"]
@@ -266,7 +274,7 @@ class Profile:
             "format": PROFILE_FORMAT,
             "meta": dict(self.meta),
             "device": _fields(self.device),
-            "compute": {"samples": [_fields(s) for s in self.compute_samples],
+            "compute": {"samples": [_without_none(_fields(s)) for s in self.compute_samples],
                         "fits": [_fields(f) for f in self.compute_fits]},
             "comm": {"samples": [_fields(s) for s in self.comm_samples],
                      "fits": [_fields(f) for f in self.comm_fits]},
@@ -307,6 +315,10 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
         ProfileError: Wrong format version or schema violation.
     """
     return Profile.from_dict(read_json(path, "profile"), source=str(path))
+
+
+def _without_none(fields: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _fields(value: Any) -> dict[str, Any]:

@@ -182,7 +182,7 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
             pipeline = Pipeline(stages, (stage_cluster.devices,) * stages, name, micro, staleness)
             scaled = micro_batch_graph(graph, micro)
             costs = LayerCosts(scaled, profile, stage_cluster, stage_cluster.devices, settings.optimizer,
-                               saved_copies=micro, patterns=patterns, memo=memo)
+                               saved_copies=min(micro, stages), patterns=patterns, memo=memo)  # 1F1B: ≤ S in flight
             groups = costs.groups
             floor_s = _floor_s(costs, groups) if len(groups) >= stages else None
             if floor_s is not None:

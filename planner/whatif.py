@@ -95,7 +95,9 @@ class OneDevice:
     memory_bytes: int
     fits: bool
     resident_bytes: int
-    """Weights, gradients, optimizer state and saved activations: what no split can hold less of in all."""
+    """Weights, optimizer state, and the larger of the gradients (all alive after backward) and one sample's
+    activations kept for backward (a pipeline of one-sample micro-batches holds at least those once its first
+    micro-batch reaches the last stage): what no split can hold less of in all at some moment."""
 
     @property
     def samples_per_s(self) -> float:
@@ -111,7 +113,8 @@ def one_device(graph: LayerGraph, profile: Profile, cluster: Cluster) -> OneDevi
 
     single = replace(cluster, devices=1, devices_per_node=1)
     predicted = estimate(graph, uniform_plan(graph, single, [Layout()]), profile)
-    resident = predicted.memory_bytes_max - predicted.memory_bytes.get("transient_and_stash", 0)
+    terms = predicted.memory_bytes  # all gradients exist after backward; one sample's activations at least once
+    resident = terms["weights"] + terms["optimizer"] + max(terms["gradients"], terms["saved"] // graph.input_shape[0])
     return OneDevice(int(graph.input_shape[0]), predicted.iteration_s, predicted.memory_bytes_max,
                      predicted.memory_bytes_max <= cluster.memory_bytes, resident)
 

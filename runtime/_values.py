@@ -14,8 +14,8 @@ from torch.fx.node import map_aggregate
 from cost_models.redistribution import Box
 from runtime.placement import Placement, box_extent
 
-__all__ = ["Held", "Value", "call_node", "copies", "from4d", "geometry", "in_geometry", "local_shape", "plain",
-           "plain_args", "reshape_and_cut", "reshapes_whole", "resolve", "same_boxes", "shape4", "to4d"]
+__all__ = ["Held", "Value", "call_node", "copies", "from4d", "geometry", "in_geometry", "last_reads", "local_shape",
+           "plain", "plain_args", "reshape_and_cut", "reshapes_whole", "resolve", "same_boxes", "shape4", "to4d"]
 
 
 class Value:
@@ -134,6 +134,20 @@ def resolve(node: Node, value_of: Callable[[Node], Any]) -> tuple[Any, Any]:
     args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
     kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
     return args, kwargs
+
+
+def last_reads(nodes: Sequence[Node]) -> list[tuple[str, ...]]:
+    """Per node, the values it is the last of ``nodes`` to read (or makes, when none reads them): what an
+    interpreter running ``nodes`` in order can drop once that node has run, freeing what autograd does not keep."""
+    last: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        last[node.name] = index
+        for source in node.all_input_nodes:
+            last[source.name] = index
+    after: list[list[str]] = [[] for _ in nodes]
+    for name, index in last.items():
+        after[index].append(name)
+    return [tuple(names) for names in after]
 
 
 def call_node(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:

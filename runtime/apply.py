@@ -57,8 +57,8 @@ from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime._data import DataHelpers
 from runtime.direct import runs_directly
-from runtime._values import (Held, Value, call_node, from4d, geometry, in_geometry, local_shape, plain, plain_args,
-                             reshape_and_cut, reshapes_whole, resolve, same_boxes)
+from runtime._values import (Held, Value, call_node, from4d, geometry, in_geometry, last_reads, local_shape, plain,
+                             plain_args, reshape_and_cut, reshapes_whole, resolve, same_boxes)
 from runtime.failures import at, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
@@ -144,6 +144,7 @@ class DistributedModel(DataHelpers, nn.Module):
         program = symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes))
         nodes = list(program.graph.nodes)
         self._nodes = nodes if stage_nodes is None else _stage_nodes(nodes, stage_nodes)
+        self._drops = last_reads(self._nodes)  # values no later node reads: dropped as soon as they are read
         self._output_node = next(node for node in nodes if node.op == "output")
         self._output_key: str | None = None
         self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
@@ -205,9 +206,10 @@ class DistributedModel(DataHelpers, nn.Module):
         """Whether :meth:`forward` runs the traced program as written (``runtime.direct``): pure sample splits."""
         return bool(self._program)
 
-    def run_nodes(self, env: dict[str, Any], inputs: Sequence[torch.Tensor] = (), key: DrawKey | None = None
-                  ) -> dict[str, Any]:
-        """Run this model's nodes on ``env`` (values by node name, :meth:`value` for received ones); returns it.
+    def run_nodes(self, env: dict[str, Any], inputs: Sequence[torch.Tensor] = (), key: DrawKey | None = None,
+                  keep: Collection[str] = ()) -> dict[str, Any]:
+        """Run this model's nodes on ``env`` (values by node name, :meth:`value` for received ones); returns it,
+        holding the values named in ``keep`` and the output, each other value dropped after its last reader.
 
         The model's ``inputs`` (this rank's box of each, in argument order) are needed when the nodes
         include the placeholders; the output node's value is stored under ``"(output)"``. Random ops draw by
@@ -220,24 +222,29 @@ class DistributedModel(DataHelpers, nn.Module):
         self.gradients.where = place()  # backward may run on other threads (CUDA), outside the forward's labels
         for name, value in self._static.items():  # every stage has them: they depend on traced shapes only
             env.setdefault(name, value)
-        for node in self._nodes:
-            if node.name in self._static:
-                continue
-            if node.op == "placeholder":
-                index = self._inputs[node.name]
-                env[node.name] = Value(inputs[index], self.input_placements[index],
-                                        self.layer_graph.input_shapes[index])
-            elif node.op == "get_attr":
-                env[node.name] = module_attribute(self.model, str(node.target))
-            elif node.op == "output":
-                env["(output)"] = plain_args(node.args[0], env)
-            elif self.layer_ranges and node.name in self.plan.layers:
-                with torch.profiler.record_function(f"{LAYER_RANGE}{node.name}"), at(f"layer {node.name}"):
-                    env[node.name] = self._run(node, env)
-            else:
-                with at(f"layer {node.name}"):
-                    env[node.name] = self._run(node, env)
+        for node, drops in zip(self._nodes, self._drops):
+            self._run_node(node, env, inputs)
+            for name in drops:
+                if name not in keep:
+                    env.pop(name, None)
         return env
+
+    def _run_node(self, node: Node, env: dict[str, Any], inputs: Sequence[torch.Tensor]) -> None:
+        if node.name in self._static:
+            return
+        if node.op == "placeholder":
+            index = self._inputs[node.name]
+            env[node.name] = Value(inputs[index], self.input_placements[index], self.layer_graph.input_shapes[index])
+        elif node.op == "get_attr":
+            env[node.name] = module_attribute(self.model, str(node.target))
+        elif node.op == "output":
+            env["(output)"] = plain_args(node.args[0], env)
+        elif self.layer_ranges and node.name in self.plan.layers:
+            with torch.profiler.record_function(f"{LAYER_RANGE}{node.name}"), at(f"layer {node.name}"):
+                env[node.name] = self._run(node, env)
+        else:
+            with at(f"layer {node.name}"):
+                env[node.name] = self._run(node, env)
 
     def _check_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
         """Refuse another number of inputs than the model takes (naming them and this rank's boxes)."""

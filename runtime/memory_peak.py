@@ -26,6 +26,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from cost_models.quiet import native_stderr_silenced
+
 __all__ = ["held_tensors", "live_storage_bytes", "peak_tensor_bytes", "storage_bytes"]
 
 _MEMORY_EVENT = "[memory]"
@@ -87,7 +89,7 @@ def _peak_allocated_during(step: Callable[[], None]) -> int:
     """The highest running total of the bytes allocated (less those freed) while ``step`` runs."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+    with native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         step()
     events = sorted((event.start_ns(), event.nbytes()) for event in profiler.profiler.kineto_results.events()
                     if event.name() == _MEMORY_EVENT and event.device_type() == torch.autograd.DeviceType.CPU)

@@ -2,21 +2,24 @@
 group-norm (and instance-norm) over a tensor split by space: statistics per sample and group, summed over the tiles.
 
 Each rank holds a tile ``(N_local, C, H_tile, W_tile)`` (or ``(N_local, C)``, ``(N_local, C, L)``).
-The per-channel mean and variance of the unsplit layer are sums over every
-sample and position, so the tiles' sums of ``x`` and ``x²`` are added over
-``group`` — the ranks holding the other tiles of the same samples (and the
-other samples' ranks for synchronised batch-norm) — in one allreduce of
-``2·C`` float64 values; the count of values per channel is known from the
-shapes. Accumulating in float64 (as PyTorch's CPU batch-norm does) keeps the
-one-pass variance ``E[x²] − E[x]²`` accurate for float32 data.
+Forward: each tile's per-channel mean and variance come from PyTorch's fused
+kernel (``torch.batch_norm_update_stats``, accumulating in float64 on CPU),
+are gathered over ``group`` — the ranks holding the other tiles of the same
+samples (and the other samples' ranks for synchronised batch-norm) — in one
+allgather of ``3·C`` float64 values (count, mean, variance) and combined with
+Chan's parallel formula, which has no ``E[x²] − E[x]²`` cancellation; the
+tile is then normalised by the fused inference kernel (``F.batch_norm`` with
+those statistics): two passes over the tile, as the unsplit kernel makes.
 
 Backward uses batch-norm's closed form, as cuDNN's and PyTorch's own kernels
-do, with the two per-channel sums it needs (``Σ g`` and ``Σ g·x̂``) added over
-the same group in one more allreduce: ``dx = (γ/σ)·(g − mean(g) −
-x̂·mean(g·x̂))``. Differentiating the forward formula term by term instead is
-exact in real arithmetic but not in float32: ``Σ(x − μ)`` is not zero in
-rounding, and deep networks amplify that into percent-level gradient errors.
-The weight and bias gradients returned are this tile's shares (``Σ g·x̂``,
+do: ``dx = (γ/σ)·(g − mean(g) − x̂·mean(g·x̂))``. The tile's ``Σ g`` and
+``Σ g·x̂`` come from the fused backward kernel (``native_batch_norm_backward``
+with the group's statistics, input gradient masked off), are added over the
+group in one allreduce, and ``dx`` is the fused inference kernel's affine map
+of ``x`` plus ``(γ/σ)·g``. Differentiating the forward formula term by term
+instead is exact in real arithmetic but not in float32: ``Σ(x − μ)`` is not
+zero in rounding, and deep networks amplify that into percent-level gradient
+errors. The weight and bias gradients returned are this tile's shares (``Σ g·x̂``,
 ``Σ g`` over the tile); summing them over the ranks gives the unsplit
 gradients.
 
@@ -60,35 +63,54 @@ class _BatchNorm(torch.autograd.Function):
     def forward(ctx: Any, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float, eps: float,
                 group: Any, count: int) -> torch.Tensor:
-        dims, wide = _reduced(tile), _accumulator(tile)
-        x = tile.to(wide)  # squares, sums and the normalisation in the accumulator: Σx² − (Σx)²/n cancels
-        sums = _summed(torch.stack([x.sum(dim=dims), (x * x).sum(dim=dims)]), group)
-        mean = sums[0] / count
-        var = (sums[1] / count - mean * mean).clamp(min=0)
-        inv_std_wide = torch.rsqrt(var + eps)
-        normalised = ((x - _channel(mean, x)) * _channel(inv_std_wide, x)).to(tile.dtype)
-        inv_std = inv_std_wide.to(tile.dtype)
-        del x
+        mean, var = _group_statistics(tile, group)
         if running_mean is not None and running_var is not None:
             unbiased = var * count / max(count - 1, 1)
             running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))
             running_var.mul_(1 - momentum).add_(momentum * unbiased.to(running_var.dtype))
-        ctx.save_for_backward(normalised, weight, inv_std)
-        ctx.group, ctx.count, ctx.where = group, count, place()
-        return normalised * _channel(weight, tile) + _channel(bias, tile)
+        narrow_mean, narrow_var = mean.to(tile.dtype), var.to(tile.dtype)
+        ctx.save_for_backward(tile, weight, narrow_mean, narrow_var)
+        ctx.group, ctx.count, ctx.eps, ctx.where, ctx.statistics = group, count, eps, place(), (mean, var)
+        return _normalised(tile, mean, var, narrow_mean, weight, bias, eps)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        normalised, weight, inv_std = ctx.saved_tensors
-        count = ctx.count
-        dims, wide = _reduced(grad), _accumulator(grad)
-        grad_bias = grad.sum(dim=dims, dtype=wide)
-        grad_weight = (grad * normalised).sum(dim=dims, dtype=wide)
-        sums = (_summed(torch.stack([grad_bias, grad_weight]), ctx.group, in_backward(ctx.where)) / count).to(grad.dtype)
-        grad_bias, grad_weight = grad_bias.to(grad.dtype), grad_weight.to(grad.dtype)
-        grad_input = (grad - _channel(sums[0], grad) - normalised * _channel(sums[1], grad)) \
-            * _channel(weight * inv_std, grad)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+        tile, weight, mean, _ = ctx.saved_tensors
+        wide_mean, wide_var = ctx.statistics
+        inv_std = torch.rsqrt(wide_var + ctx.eps)
+        # this tile's Σ g·x̂ and Σ g (its shares of the weight and bias gradients) in the fused kernel
+        _, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(  # statistics in the weight's dtype
+            grad, tile, weight, None, None, mean.to(weight.dtype), inv_std.to(weight.dtype), True, ctx.eps,
+            [False, True, True])
+        sums = _summed(torch.stack([grad_bias, grad_weight]).to(inv_std.dtype), ctx.group, in_backward(ctx.where))
+        scale = weight.to(inv_std.dtype) * inv_std / ctx.count
+        # dx = γ/σ·(g − Σg/n − x̂·Σg·x̂/n): the x̂ terms as an affine map of x, then + γ/σ·g
+        grad_input = _normalised(tile, wide_mean, wide_var, mean, -scale * sums[1], -scale * sums[0], ctx.eps)
+        grad_input.addcmul_(grad, _channel((scale * ctx.count).to(grad.dtype), grad))
+        return grad_input, grad_weight.to(weight.dtype), grad_bias.to(weight.dtype), None, None, None, None, None, None
+
+
+def _normalised(tile: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, narrow_mean: torch.Tensor,
+                weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(x − μ)·γ/σ + β`` with one rounding of ``x − μ``: centred on ``μ`` in the tile's dtype, the rest of
+    ``μ`` folded into the shift (the inference kernel folds all of ``μ·γ/σ`` into it: it cancels in float32)."""
+    scale = weight.to(var.dtype) * torch.rsqrt(var + eps)
+    shift = bias.to(var.dtype) - (mean - narrow_mean.to(mean.dtype)) * scale
+    centred = tile - _channel(narrow_mean, tile)  # the one tensor it allocates, then scaled and shifted in place
+    return torch.addcmul(_channel(shift.to(tile.dtype), tile), centred, _channel(scale.to(tile.dtype), tile),
+                         out=centred)
+
+
+def _group_statistics(tile: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (biased) variance over the tiles of ``group``, in the accumulator's dtype: each tile's
+    from the fused kernel, combined with Chan's parallel formula (no ``E[x²] − E[x]²`` cancellation)."""
+    wide = _accumulator(tile)
+    mean, var = torch.batch_norm_update_stats(tile, None, None, 0.0)
+    local = torch.stack([torch.full_like(mean, tile.numel() // tile.shape[1]), mean, var]).to(wide)
+    counts, means, variances = _gathered(local, group).unbind(1)
+    total = counts.sum(0)
+    mean = (counts * means).sum(0) / total
+    return mean, (counts * (variances + (means - mean) ** 2)).sum(0) / total
 
 
 def group_norm(tile: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -165,6 +187,16 @@ def _reduced(like: torch.Tensor) -> tuple[int, ...]:
 def _channel(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Per-channel ``values`` shaped to broadcast over ``like``."""
     return values.view(1, -1, *([1] * (like.dim() - 2)))
+
+
+def _gathered(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    """``tensor`` of every rank of ``group``, stacked along a new first dimension."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor[None]
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    with exchange("the batch-norm statistics allgather"):
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+    return torch.stack(parts)
 
 
 def _summed(tensor: torch.Tensor, group: Any, where: tuple[str, ...] | None = None,

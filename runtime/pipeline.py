@@ -302,7 +302,7 @@ class PipelineStage:
     def _compute(self, stash: _Stash) -> None:
         env = {name: self.model.value(name, _operand(leaf), self.placements[name])
                for name, leaf in stash.inputs.items()}
-        env = self.model.run_nodes(env, stash.x if self.first else (), stash.key)
+        env = self.model.run_nodes(env, stash.x if self.first else (), stash.key, keep={c.name for c in self.cut.sends})
         stash.outputs = {c.name: _tensor(env[c.name]) for c in self.cut.sends}
         if self.last and self.keep_outputs:
             self.outputs[stash.batch] = map_aggregate(env["(output)"], _detached)

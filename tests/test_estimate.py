@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from cost_models.cluster import Cluster, Link
 from cost_models.comm_cost import GRADIENT_BUCKET_BYTES
 from cost_models.errors import PlanError
+from cost_models.memory import LayerMemory, StepLayer, distinct_saved_bytes, stage_peak_bytes
 from cost_models.estimate import estimate
 from cost_models.graph import LayerGraph, compute_fingerprint
 from cost_models.layout import Layout
@@ -229,3 +232,32 @@ def test_estimate_command_bad_inputs(capsys: pytest.CaptureFixture[str], tmp_pat
     (tmp_path / "bad.json").write_text(json.dumps(document))
     assert main(base[:-4] + ["--plan", str(tmp_path / "bad.json"), "--profile", "a100"]) == 2
     assert "does not divide the 2 devices" in capsys.readouterr().err
+
+
+def test_a_sync_stage_holds_the_activations_of_its_1f1b_micro_batches_in_flight() -> None:
+    graph = chain_graph()
+    result = estimate(graph, pipeline_plan(graph, Pipeline(2, (1, 1), "sync", 4, (0, 0))), PROFILE)
+    for stage, in_flight in ((0, 2), (1, 1)):  # 1F1B: min(M, S − k) micro-batches of stage k
+        own = [StepLayer(layer.name, layer.kind, layer.saved_input_of, layer.memory, False)
+               for layer in result.layers if layer.stage == stage]
+        assert result.stages[stage].memory_bytes == stage_peak_bytes(own, in_flight)
+        assert stage_peak_bytes(own, in_flight) > stage_peak_bytes(own, in_flight - 1 or 1) or in_flight == 1
+
+
+def _memory(*, weights: int = 0, saved_input: int = 0, saved_own: int = 0, transient: int = 0) -> LayerMemory:
+    return LayerMemory(weights, weights, weights, saved_input, saved_own, transient)
+
+
+def test_the_step_peak_counts_a_kept_tensor_once_and_gradients_as_backward_makes_them() -> None:
+    conv = _memory(weights=100, saved_input=10, transient=50)  # keeps the model input (a tensor of its own)
+    relu = _memory(saved_own=20, transient=30)  # keeps its output ...
+    conv2 = _memory(weights=200, saved_input=20, transient=40)  # ... which the next convolution keeps too
+    layers = [StepLayer("conv", "conv", "conv", conv, False), StepLayer("relu", "activation", "conv", relu, False),
+              StepLayer("conv2", "conv", "relu", conv2, False)]
+    assert distinct_saved_bytes(layers) == 10 + 20
+    # weights and optimizer state held; backward of conv2: all 30 kept + its transient; of relu: + conv2's
+    # gradient (200); of conv: + 200 + its transient 50; after backward: every gradient (300)
+    assert stage_peak_bytes(layers) == 2 * 300 + max(30 + 40, 30 + 200 + 30, 10 + 200 + 50, 300)
+    bucketed = [replace(layer, bucketed=True) for layer in layers]  # gradients held in buckets from the start
+    assert stage_peak_bytes(bucketed) == 3 * 300 + max(30 + 40, 30 + 30, 10 + 50)
+    assert stage_peak_bytes(layers, in_flight=2) == 2 * 300 + max(60 + 40, 60 + 200 + 30, 20 + 200 + 50, 300)

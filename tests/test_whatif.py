@@ -126,9 +126,9 @@ def test_bad_whatif_input_is_one_line_and_exit_two(extra: list[str], message: st
 
 
 def test_sizes_where_nothing_fits_are_rows_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
-    """A 1 GiB device cannot hold resnet18 at 8×3×512×512: the small sizes say so; the reference still exists."""
+    """A 0.1 GiB device cannot hold resnet18 at 8×3×512×512: the small sizes say so; the reference still exists."""
     code = main(["whatif", "--model", "torchvision:resnet18", "--input-shape", "8,3,512,512", "--profile", "h100",
-                 "--devices", "1,64", "--memory-gb", "1", "--max-stages", "1", "--jobs", "1", "--json"])
+                 "--devices", "1,64", "--memory-gb", "0.1", "--max-stages", "1", "--jobs", "1", "--json"])
     document = json.loads(capsys.readouterr().out)
     assert code == 0 and not document["one_device"]["fits"]
     first, last = document["rows"]
@@ -150,7 +150,7 @@ def test_the_perfect_split_bound_only_skips_sizes_the_planner_cannot_fit() -> No
 
     graph = trace(load_model("torchvision:resnet18"), (8, 3, 512, 512), torch.float32)
     profile = preset_profile("h100", "float32")
-    memory = int(0.5 * 2**30)
+    memory = int(0.06 * 2**30)
     for devices in (1, 2):
         cluster = replace(preset_cluster("h100", devices), memory_bytes=memory)
         assert one_device(graph, profile, cluster).resident_bytes / devices > memory  # the bound skips it
