@@ -19,27 +19,32 @@ from cost_models.graph import dtype_itemsize
 from cost_models.layout import layouts_dividing
 from cost_models.local_problem import LocalProblem, local_problem, phases_of
 
-__all__ = ["Measurement", "enumerate_problems"]
+__all__ = ["Call", "Measurement", "enumerate_problems"]
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """One thing to time: a local problem's pass, with how many layer×layout cases it stands for."""
+class Call:
+    """One kernel call: a local problem's pass."""
 
     problem: LocalProblem
     phase: str
-    occurrences: int
 
     @property
     def flops(self) -> int:
         """FLOPs of this pass."""
-        flops = self.problem.flops
-        return {"fwd": flops.fwd, "bwd_data": flops.bwd_data, "bwd_weight": flops.bwd_weight, "bwd": flops.bwd}[self.phase]
+        return self.problem.phase_flops(self.phase)
 
     @property
     def bytes(self) -> int:
         """Bytes this pass moves."""
         return self.problem.bytes_moved(self.phase)
+
+
+@dataclass(frozen=True)
+class Measurement(Call):
+    """One thing to time: a local problem's pass, with how many layer×layout cases it stands for."""
+
+    occurrences: int
 
 
 def enumerate_problems(graph: Any, device_counts: Iterable[int]) -> list[Measurement]:

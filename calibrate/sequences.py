@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from calibrate.kernels import TIMED_KINDS, build_kernel
+from calibrate.problems import Call
 from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import LocalProblem, local_problem, phases_of
@@ -53,25 +54,6 @@ ROUGH_FLOPS_PER_S = 1e9
 ROUGH_BYTES_PER_S = 1e9
 Progress = Callable[[str, int, int], None]
 _WINDOW = "parplan.kernel."
-
-
-@dataclass(frozen=True)
-class Call:
-    """One kernel call of a sequence: a local problem's pass."""
-
-    problem: LocalProblem
-    phase: str
-
-    @property
-    def flops(self) -> int:
-        """FLOPs of this pass."""
-        flops = self.problem.flops
-        return {"fwd": flops.fwd, "bwd_data": flops.bwd_data, "bwd_weight": flops.bwd_weight, "bwd": flops.bwd}[self.phase]
-
-    @property
-    def bytes(self) -> int:
-        """Bytes this pass moves."""
-        return self.problem.bytes_moved(self.phase)
 
 
 @dataclass(frozen=True)

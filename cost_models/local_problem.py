@@ -76,6 +76,11 @@ class LocalProblem:
         return layer_flops(self.kind, [list(s) for s in self.input_shapes], list(self.output_shape), dict(self.attrs),
                            needs_input_grad=self.needs_input_grad, has_weight=self.has_weight)
 
+    def phase_flops(self, phase: str) -> int:
+        """FLOPs of one pass: ``fwd``, ``bwd_data``, ``bwd_weight`` or ``bwd``."""
+        flops = self.flops
+        return {"fwd": flops.fwd, "bwd_data": flops.bwd_data, "bwd_weight": flops.bwd_weight, "bwd": flops.bwd}[phase]
+
     def bytes_moved(self, phase: str) -> int:
         """Bytes a pass reads and writes once: inputs, weights, outputs (or their gradients)."""
         inputs = sum(_numel(s) for s in self.input_shapes) * self.itemsize

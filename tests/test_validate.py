@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 from dataclasses import replace
 from pathlib import Path
 
@@ -145,15 +146,20 @@ def test_candidates_put_the_planners_choice_first_and_add_the_baselines(unet_can
     assert len(set(keys)) == len(keys)
 
 
+def _measured_under(truth: Corrections, graph: Any, profile: Any, found: Any) -> list[Observation]:
+    """What runs of ``found`` would measure were ``truth`` the machine's corrections: each plan's estimate under it."""
+    runs = []
+    for candidate in found:
+        measured = estimate(graph, candidate.plan, replace(profile, corrections=truth))
+        layers = {layer.name: local_s(layer, candidate.plan, redistribution=True) for layer in measured.layers}
+        runs.append(Observation(candidate.name, candidate.plan, measured.iteration_s, layers))
+    return runs
+
+
 def test_refining_recovers_corrections_that_made_the_measurements(unet_candidates: tuple) -> None:
     graph, profile, found = unet_candidates
     truth = Corrections({"conv": 1.8, "conv·spatial": 3.0, "batchnorm·spatial": 2.5, "*": 1.3}, 0.004, 0.0, 0.5)
-    made = replace(profile, corrections=truth)
-    runs = []
-    for candidate in found:
-        measured = estimate(graph, candidate.plan, made)
-        layers = {layer.name: local_s(layer, candidate.plan, redistribution=True) for layer in measured.layers}
-        runs.append(Observation(candidate.name, candidate.plan, measured.iteration_s, layers))
+    runs = _measured_under(truth, graph, profile, found)
     fitted = fit_corrections(graph, profile, runs)
     for run in runs:
         refined = estimate(graph, run.plan, replace(profile, corrections=fitted)).iteration_s
@@ -170,12 +176,7 @@ def test_split_layers_only_keeps_split_factors_and_fits_pipeline_events(unet_can
     pipeline found given those factors."""
     graph, profile, found = unet_candidates
     truth = Corrections({"conv·spatial": 3.0, "batchnorm·spatial": 2.5, "*·spatial": 2.0}, 0.0, 0.002, 0.0)
-    made = replace(profile, corrections=truth)
-    runs = []
-    for candidate in found:
-        measured = estimate(graph, candidate.plan, made)
-        layers = {layer.name: local_s(layer, candidate.plan, redistribution=True) for layer in measured.layers}
-        runs.append(Observation(candidate.name, candidate.plan, measured.iteration_s, layers))
+    runs = _measured_under(truth, graph, profile, found)
     assert any(run.plan.pipeline.stages > 1 for run in runs) and any(
         layer.layout.spatial > 1 for run in runs for layer in estimate(graph, run.plan, profile).layers)
     fitted = fit_corrections(graph, profile, runs, split_layers_only=True)
