@@ -12,9 +12,9 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
