@@ -3,7 +3,7 @@
 Per layer (``layer_cost``): compute from the profile, exposed halo exchange,
 batch-norm statistics, the input-gradient sum of a filter split, and its
 weight-gradient allreduce. Per edge whose two layouts differ
-(``comm_cost.redistribution_s``): the redistribution forward and, for the
+(``cost_models.edges``): the redistribution forward and, for the
 gradient, backward. Per pipeline stage: its forward and backward time per
 micro-batch, the transfer to the next stage, and the part of its gradient
 allreduce left after its last backward; the schedule (``pipeline_cost``) turns
@@ -63,12 +63,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
+from cost_models.edges import edge_move
 from cost_models.errors import InputError, PlanError
 from cost_models.graph import dtype_itemsize
 from cost_models.layer_cost import LayerCost, problem_cost
 from cost_models.layout import Layout
-from cost_models.orders import NCHW, logical
-from cost_models.local_problem import DENSE_KINDS, VIEW_KINDS, LocalProblem, local_problem
+from cost_models.local_problem import VIEW_KINDS, LocalProblem, local_problem
 from cost_models.memory import (WEIGHT_SPLIT_KINDS, LayerMemory, StepLayer, distinct_saved_bytes, layer_memory,
                                 parameter_tensors, stage_peak_bytes)
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
@@ -78,7 +78,7 @@ from cost_models.profile import Profile
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "edge_layouts", "edge_move", "edge_s", "estimate"]
+__all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "estimate"]
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -226,7 +226,7 @@ class CostMemo:
 
     def edge_s(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
                cluster: Cluster) -> float:
-        """:func:`edge_s` on ``devices`` ranks of ``cluster``."""
+        """:func:`cost_models.edges.edge_s` on ``devices`` ranks of ``cluster``."""
         move = edge_move(source, target, have, layout)
         if move is None:
             return 0.0
@@ -358,58 +358,6 @@ def _edge_s(context: _Context, source: str, target: str, devices: int, cluster: 
         return 0.0  # the input is loaded in place; stage crossings are transfers
     return context.memo.edge_s(nodes[source], nodes[target], plan.layers[source].layout, plan.layers[target].layout,
                                devices, cluster)
-
-
-def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
-           profile: Profile, cluster: Cluster, itemsize: int) -> float:
-    """Seconds to move ``source``'s output from layout ``have`` to what ``target`` under ``layout`` reads, and back.
-
-    The forward redistribution of the activation plus the backward one of its
-    gradient; zero from the model input (loaded in place) and for equal layouts.
-    """
-    move = edge_move(source, target, have, layout)
-    if move is None:
-        return 0.0
-    shape4, have, want = move
-    return (redistribution_s(profile, cluster, shape4, itemsize, have, want, devices)
-            + redistribution_s(profile, cluster, shape4, itemsize, want, have, devices))
-
-
-def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
-                 layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
-    """The 4-D shape, held and wanted layouts of the edge's tensor; ``None`` for edges free by rule (the input).
-
-    Each layout projects on its own: a 2-D tensor keeps ``n`` and ``c``; a
-    filter-split reader (``c > 1`` on a convolution or linear layer) wants ``c = 1``.
-    """
-    shape = source["output_shape"]
-    if source["kind"] == "input" or not shape or isinstance(shape[0], list):
-        return None
-    if len(shape) == 4:  # a channels-last value moves its axes wherever its order holds them: priced as nchw
-        shape = logical(shape, source.get("attrs", {}).get("order", NCHW))
-    return _as_4d(shape, have, _input_layout(target["kind"], layout))
-
-
-def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
-              layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
-    """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
-    if have == layout and (layout.c == 1 or target["kind"] not in DENSE_KINDS):
-        return None  # both project alike (:func:`edge_layouts`)
-    move = edge_layouts(source, target, have, layout)
-    return None if move is None or move[1] == move[2] else move
-
-
-def _input_layout(kind: str, layout: Layout) -> Layout:
-    return Layout(layout.n, 1, layout.h, layout.w) if kind in DENSE_KINDS and layout.c > 1 else layout
-
-
-def _as_4d(shape: list[int], have: Layout, want: Layout) -> tuple[tuple[int, ...], Layout, Layout]:
-    if len(shape) == 4:
-        return tuple(shape), have, want
-    features = 1
-    for extent in shape[1:]:
-        features *= extent
-    return (shape[0], features, 1, 1), Layout(have.n, have.c), Layout(want.n, want.c)
 
 
 def _stage_estimate(context: _Context, layers: tuple[LayerEstimate, ...], stage: int, cluster: Cluster,

@@ -24,7 +24,7 @@ import numpy as np
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import (PATTERN_CASES, move_patterns, nested_mask, patterned_s, redistribution_row_s,
                                   sendrecv_coefficients)
-from cost_models.estimate import edge_layouts
+from cost_models.edges import edge_layouts
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.profile import Profile

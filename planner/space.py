@@ -52,8 +52,9 @@ import networkx as nx
 import numpy as np
 
 from cost_models.cluster import Cluster
+from cost_models.edges import edge_layouts, edge_move
 from cost_models.errors import InputError
-from cost_models.estimate import CostMemo, edge_layouts, edge_move
+from cost_models.estimate import CostMemo
 from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.profile import Profile

@@ -100,7 +100,7 @@ def test_an_add_that_would_close_a_circle_is_its_own_decision() -> None:
 @pytest.mark.parametrize("devices", [8, 6])
 def test_edge_matrices_equal_the_estimate_edge_costs(devices: int) -> None:
     from cost_models.cluster import Cluster
-    from cost_models.estimate import edge_s
+    from cost_models.edges import edge_s
     from cost_models.graph import dtype_itemsize
     from planner.edge_costs import EdgeCosts
 
