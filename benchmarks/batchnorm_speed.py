@@ -9,7 +9,8 @@ One process, no communication: forward and backward of a training-mode
 batch-norm, ``F.batch_norm`` against parplan's on a tile said to be half of
 its group (so that every pass a real split runs is timed; without a process
 group the sums are this tile's alone), interleaved repeat by repeat.
-Prints the medians and the ratio per shape (issue 21's target: ≤ 1.2).
+Prints the medians and, per shape, the median of the repeats' paired ratios with their
+interquartile range (issue 21's target: ≤ 1.2).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cost_models.heap import steady_heap  # noqa: E402
 from runtime.norm import batch_norm  # noqa: E402
 
 
@@ -62,7 +64,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"# {' '.join(sys.argv)}\n# torch {torch.__version__}, {args.threads} thread(s), {args.dtype}")
+    heap = "steady heap" if steady_heap() else "the allocator's own heap settings"
+    print(f"# {' '.join(sys.argv)}\n# torch {torch.__version__}, {args.threads} thread(s), {args.dtype}, {heap}")
     for text in args.shapes.split(","):
         shape = tuple(int(v) for v in text.split("x"))
         x = torch.randn(shape, dtype=getattr(torch, args.dtype), requires_grad=True)
@@ -75,8 +78,10 @@ def main() -> None:
                 if repeat >= 2:
                     times[name].append(seconds)
         fused, tiles = (statistics.median(times[name]) for name in runs)
+        ratios = sorted(b / a for a, b in zip(*times.values()))  # each repeat's pair: drift cancels
+        quartiles = statistics.quantiles(ratios, n=4)
         print(f"{text:>16}: F.batch_norm {fused * 1e3:7.2f} ms   parplan {tiles * 1e3:7.2f} ms   "
-              f"ratio {tiles / fused:.2f}")
+              f"ratio {statistics.median(ratios):.2f} (pairs' median; IQR {quartiles[0]:.2f}–{quartiles[2]:.2f})")
 
 
 if __name__ == "__main__":

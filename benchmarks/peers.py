@@ -8,7 +8,8 @@ Usage::
 
 Two gloo ranks on this machine (``--threads`` each), one process pair for all
 of it, so both sides of a comparison run in the same processes, on the same
-batch, weights, optimizer (SGD with momentum 0.9) and threads:
+batch, weights, optimizer (SGD with momentum 0.9), threads and host heap settings
+(``cost_models.heap.steady_heap``, which parplan's ranks take):
 
 * ``ddp``: ``parplan run``'s pure sample plan (``n2``: ``apply_plan``) against
   ``DistributedDataParallel``, each rank its half of the ``--shape`` batch.
@@ -51,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cost_models.cluster import Cluster, Link  # noqa: E402
 from cost_models.graph import parse_input_shape, trace  # noqa: E402
+from cost_models.heap import steady_heap  # noqa: E402
 from cost_models.layout import Layout  # noqa: E402
 from cost_models.model_spec import load_model  # noqa: E402
 from cost_models.uniform import staged, uniform_plan  # noqa: E402
@@ -117,6 +119,7 @@ def _free_port() -> int:
 def _rank(rank: int, world: int, port: int, settings: Settings, result: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(settings.threads)
+    steady_heap()  # what parplan's ranks take; both sides of every comparison run in these processes
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         figures: dict[str, Any] = {}
@@ -291,6 +294,7 @@ def _unsplit(settings: Settings) -> dict[str, Any]:
     from runtime.apply import apply_plan
 
     torch.set_num_threads(settings.threads)
+    steady_heap()
     plain = _fresh(settings)
     graph = trace(plain, settings.shape)
     split = apply_plan(_fresh(settings), uniform_plan(graph, _cluster(1), [Layout()]), graph=graph)

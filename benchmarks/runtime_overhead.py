@@ -34,6 +34,7 @@ import torch
 
 from cost_models.cluster import Cluster, Link
 from cost_models.graph import parse_input_shape, trace
+from cost_models.heap import steady_heap
 from cost_models.layout import Layout
 from cost_models.model_spec import load_model
 from cost_models.uniform import uniform_plan
@@ -121,6 +122,7 @@ def main() -> None:
     parser.add_argument("--skip-split", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    steady_heap()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{args.threads} threads")
     print(f"1 rank, {args.model} {args.shape}, {args.steps} steps:")

@@ -21,6 +21,8 @@ from typing import Any, Sequence
 import torch
 import torch.multiprocessing as mp
 
+from cost_models.heap import steady_heap
+
 __all__ = ["Busy"]
 
 START_TIMEOUT_S = 60.0
@@ -77,6 +79,7 @@ def _help(index: int, chunks: Sequence[Any], threads: int, device: str, target: 
     from calibrate.sequences import build_chunk
 
     torch.set_num_threads(threads)
+    steady_heap()
     current, kernels = None, []
     while True:
         wanted = target.value

@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 from calibrate.comm_bench import DEFAULT_SIZES_BYTES, CommMeasurement, default_group_sizes, measure_collectives
 from cost_models.collectives import COLLECTIVES
 from cost_models.errors import InputError
+from cost_models.heap import steady_heap
 from cost_models.profile import CommSample
 
 __all__ = [
@@ -245,6 +246,7 @@ def _check_alive(processes: Sequence[Any], pending: set[int]) -> None:
 def _rank_main(task: _RankTask, rank: int, results: Any) -> None:
     """Body of one spawned rank: join the group, measure, report (rank 0 its result, others None)."""
     torch.set_num_threads(1)
+    steady_heap()
     phase = "joining the process group"
     try:
         device = _spawned_device(task.backend, rank)

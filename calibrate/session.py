@@ -26,6 +26,7 @@ import torch
 from calibrate.compute_fit import fit_compute
 from calibrate.problems import enumerate_problems
 from cost_models.errors import InputError
+from cost_models.heap import steady_heap
 from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError, OptimizerFit, Profile
 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "no CUDA runtime" noise on CPU
@@ -154,6 +155,7 @@ def measure_compute(graph: Any, device_counts: Sequence[int], deadline: float, *
     from calibrate.sequences import layout_chunks, time_chunks
 
     torch.set_num_threads(threads)
+    steady_heap()
     memory_cap = (max_problem_bytes or _device_spec(device).memory_bytes // 4) // (helpers + 1)
     chunks = layout_chunks(graph, device_counts, memory_cap)
     with Busy(chunks, helpers=helpers, threads=threads, device=device) as busy:
@@ -166,6 +168,7 @@ def _measure_optimizers(graph: Any, device: str, deadline: float, threads: int) 
     from calibrate.optimizer_bench import measure_optimizers
 
     torch.set_num_threads(threads)
+    steady_heap()
     return measure_optimizers(graph, device, deadline)
 
 

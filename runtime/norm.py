@@ -97,8 +97,8 @@ def _normalised(tile: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, narro
     scale = weight.to(var.dtype) * torch.rsqrt(var + eps)
     shift = bias.to(var.dtype) - (mean - narrow_mean.to(mean.dtype)) * scale
     centred = tile - _channel(narrow_mean, tile)  # the one tensor it allocates, then scaled and shifted in place
-    return torch.addcmul(_channel(shift.to(tile.dtype), tile), centred, _channel(scale.to(tile.dtype), tile),
-                         out=centred)
+    # (two in-place passes: a broadcast addcmul is 3–7× slower than both together on CPU)
+    return centred.mul_(_channel(scale.to(tile.dtype), tile)).add_(_channel(shift.to(tile.dtype), tile))
 
 
 def _group_statistics(tile: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:

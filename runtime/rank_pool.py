@@ -338,7 +338,10 @@ def _rank_main(rank: int, world: int, rendezvous: str, tasks: Any, results: Any,
     import torch
     import torch.distributed as dist
 
+    from cost_models.heap import steady_heap
+
     torch.set_num_threads(threads)
+    steady_heap()
     try:
         dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=group_timeout_s))

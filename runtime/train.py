@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cost_models.heap import steady_heap
 from runtime.data import synthetic_inputs, synthetic_labels
 from runtime.failures import all_reduce, at
 from runtime.faults import planned, strike
@@ -123,6 +124,7 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
 
     if options.threads:
         torch.set_num_threads(options.threads)
+    steady_heap()
     device = _device()
     plan = Plan.from_dict(options.plan)
     if plan.pipeline.stages > 1:
