@@ -20,7 +20,11 @@ After the timed passes, one more pass measures each call's peak bytes — the
 most it had allocated at once: its outputs and its kernel's workspace (on CPU
 from ``torch.profiler``'s allocation events inside the call, on CUDA
 ``max_memory_allocated`` over it) — which the memory model adds to a layer's
-transient (``cost_models.memory``).
+transient (``cost_models.memory``). On CPU a second such pass at another
+thread count (the host's cores, or one thread) says how much of it grows per
+thread (oneDNN's weight-gradient convolution keeps a workspace per thread:
+36 MiB at one thread and 72 at two on resnet18's 2×2 ``layer4`` maps), so a
+run with more threads per rank than calibration's is priced with its own.
 
 Assumptions: a layer's input and output are as cold as its weights (the
 kernels do not hand tensors to each other); sequences longer than the memory
@@ -30,6 +34,7 @@ first pass of a chunk warms it up and counts only when no second pass fits.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -46,7 +51,7 @@ from cost_models.local_problem import LocalProblem, local_problem, phases_of
 from cost_models.profile import ComputeSample
 from cost_models.quiet import native_stderr_silenced
 
-__all__ = ["Call", "Chunk", "layout_chunks", "peak_bytes", "time_chunks"]
+__all__ = ["Call", "Chunk", "growth_per_thread", "layout_chunks", "peak_bytes", "time_chunks"]
 
 MAX_PASSES = 9
 """Timed passes per chunk at most (after the warm-up pass)."""
@@ -136,7 +141,7 @@ def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: 
     target = torch.device(device)
     seconds: dict[tuple[str, str], list[float]] = {}
     calls: dict[tuple[str, str], Call] = {}
-    peaks: dict[tuple[str, str], int] = {}
+    peaks: dict[tuple[str, str], tuple[int, int | None]] = {}
     flops_per_s = ROUGH_FLOPS_PER_S
     try:
         for index, chunk in enumerate(chunks):
@@ -150,8 +155,8 @@ def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: 
                 key = (call.problem.key, call.phase)
                 calls.setdefault(key, call)
                 seconds.setdefault(key, []).extend(runs)
-                if peak is not None:
-                    peaks[key] = max(peaks.get(key, 0), peak)
+                if peak[0] is not None:
+                    peaks[key] = max(peaks.get(key, (0, None)), peak, key=lambda known: known[0])
                 flops_per_s = max(flops_per_s, call.flops / max(min(runs), 1e-9))
             if progress is not None:
                 progress("compute", index + 1, len(chunks))
@@ -161,7 +166,7 @@ def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: 
 
 
 def _time_chunk(chunk: Chunk, device: torch.device, share_s: float,
-                deadline: float) -> list[tuple[Call, list[float], int | None]]:
+                deadline: float) -> list[tuple[Call, list[float], tuple[int | None, int | None]]]:
     kernels = build_chunk(chunk, device)
     clock = _Clock(device)
     started = time.monotonic()
@@ -175,8 +180,9 @@ def _time_chunk(chunk: Chunk, device: torch.device, share_s: float,
     if passes == 0:
         runs = [[value] for value in first]
     peaks = peak_bytes(kernels, device)
-    return [(call, times, peak) for call, kernel, times, peak in zip(chunk.calls, kernels, runs, peaks)
-            if kernel is not None]
+    growth = growth_per_thread(kernels, device, peaks)
+    return [(call, times, (peak, grows)) for call, kernel, times, peak, grows
+            in zip(chunk.calls, kernels, runs, peaks, growth) if kernel is not None]
 
 
 def peak_bytes(kernels: Sequence[Callable[[], Any] | None], device: torch.device) -> list[int | None]:
@@ -193,6 +199,24 @@ def peak_bytes(kernels: Sequence[Callable[[], Any] | None], device: torch.device
             out.append(int(torch.cuda.max_memory_allocated(device) - base) if kernel is not None else None)
         return out
     return _cpu_peaks(kernels)
+
+
+def growth_per_thread(kernels: Sequence[Callable[[], Any] | None], device: torch.device,
+                      peaks: Sequence[int | None]) -> list[int | None]:
+    """How much each kernel's ``peaks`` (at this process's threads) grows per thread: its peak measured again at
+    another thread count (the host's cores, or one thread when this process has them all); CPU only."""
+    threads = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    other = cores if cores > threads else 1
+    if device.type != "cpu" or other == threads:
+        return [None] * len(kernels)
+    torch.set_num_threads(other)
+    try:
+        again = _cpu_peaks(kernels)
+    finally:
+        torch.set_num_threads(threads)
+    return [None if base is None or moved is None else max(0, round((moved - base) / (other - threads)))
+            for base, moved in zip(peaks, again)]
 
 
 def _cpu_peaks(kernels: Sequence[Callable[[], Any] | None]) -> list[int | None]:
@@ -249,7 +273,7 @@ class _Clock:
 
 
 def _samples(calls: dict[tuple[str, str], Call], seconds: dict[tuple[str, str], list[float]],
-             peaks: dict[tuple[str, str], int]) -> list[ComputeSample]:
+             peaks: dict[tuple[str, str], tuple[int, int | None]]) -> list[ComputeSample]:
     samples = []
     for key, runs in seconds.items():
         call = calls[key]
@@ -257,5 +281,5 @@ def _samples(calls: dict[tuple[str, str], Call], seconds: dict[tuple[str, str], 
         quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 3
         samples.append(ComputeSample(call.problem.kind, call.phase, call.problem.key, call.flops, call.bytes,
                                      statistics.median(ordered), quartiles[2] - quartiles[0], len(ordered),
-                                     peaks.get(key)))
+                                     *peaks.get(key, (None, None))))
     return samples

@@ -151,7 +151,7 @@ class Estimate:
 
 
 class CostMemo:
-    """Local problems, layer costs and edge seconds already computed for one profile and dtype.
+    """Local problems, layer costs and edge seconds already computed for one profile, dtype and thread count.
 
     A layer is known by its :meth:`signature` (everything its traced node
     carries but the module it belongs to), so repeated blocks — and a layer
@@ -161,8 +161,9 @@ class CostMemo:
     priced must not change while the memo is in use.
     """
 
-    def __init__(self, profile: Profile, dtype: str) -> None:
-        self.profile, self.dtype, self.itemsize = profile, dtype, dtype_itemsize(dtype)
+    def __init__(self, profile: Profile, dtype: str, threads: int | None = None) -> None:
+        """``threads``: CPU threads per rank of the runs priced (kernels' workspace; ``None``: the profile's)."""
+        self.profile, self.dtype, self.itemsize, self.threads = profile, dtype, dtype_itemsize(dtype), threads
         self.problems: dict[tuple[str, Layout], LocalProblem | None] = {}
         self.costs: dict[tuple[Any, ...], LayerCost] = {}
         self.memories: dict[tuple[str, Layout, str], LayerMemory] = {}
@@ -171,7 +172,7 @@ class CostMemo:
 
     def renewed(self) -> "CostMemo":
         """A memo sharing these results but no remembered signatures: for graphs that may have changed since."""
-        memo = CostMemo(self.profile, self.dtype)
+        memo = CostMemo(self.profile, self.dtype, self.threads)
         memo.problems, memo.costs, memo.memories, memo.edges = self.problems, self.costs, self.memories, self.edges
         return memo
 
@@ -179,9 +180,10 @@ class CostMemo:
         """How many results it holds."""
         return len(self.problems) + len(self.costs) + len(self.memories) + len(self.edges)
 
-    def serves(self, profile: Profile, dtype: str) -> bool:
-        """Whether its results hold for ``profile`` (the same, or equal) and ``dtype``."""
-        return dtype == self.dtype and (profile is self.profile or profile == self.profile)
+    def serves(self, profile: Profile, dtype: str, threads: int | None = None) -> bool:
+        """Whether its results hold for ``profile`` (the same, or equal), ``dtype`` and ``threads``."""
+        return (dtype == self.dtype and threads == self.threads
+                and (profile is self.profile or profile == self.profile))
 
     def signature(self, layer: Mapping[str, Any]) -> str:
         """The text that identifies a layer's costs: its node's data but the module."""
@@ -192,11 +194,12 @@ class CostMemo:
         self.signatures[id(layer)] = (layer, text)
         return text
 
-    def check(self, profile: Profile, dtype: str) -> None:
-        """Refuse a memo made for another profile or dtype (its values would be wrong)."""
-        if not self.serves(profile, dtype):
-            raise ValueError(f"a cost memo for {self.dtype} with profile {self.profile.device.name!r} cannot price "
-                             f"{dtype} with profile {profile.device.name!r}; make one per profile and dtype")
+    def check(self, profile: Profile, dtype: str, threads: int | None = None) -> None:
+        """Refuse a memo made for another profile, dtype or thread count (its values would be wrong)."""
+        if not self.serves(profile, dtype, threads):
+            raise ValueError(f"a cost memo for {self.dtype} with profile {self.profile.device.name!r} on "
+                             f"{self.threads} threads cannot price {dtype} with profile {profile.device.name!r} on "
+                             f"{threads} threads; make one per profile, dtype and thread count")
 
     def problem(self, signature: str, layer: Mapping[str, Any], layout: Layout) -> LocalProblem | None:
         """``local_problem`` of the layer under ``layout``."""
@@ -220,7 +223,8 @@ class CostMemo:
         key = (signature, layout, optimizer)
         if key not in self.memories:
             problem = self.problem(signature, layer, layout)
-            peaks = self.profile.kernel_peak_bytes(problem.kind, problem.key) if problem is not None else None
+            peaks = None if problem is None else self.profile.kernel_peak_bytes(problem.kind, problem.key,
+                                                                                  self.threads)
             self.memories[key] = layer_memory(layer, layout, problem, optimizer, self.itemsize, peaks)
         return self.memories[key]
 
@@ -266,7 +270,8 @@ class _Context:
 
 def estimate(graph: LayerGraph, plan: Plan, profile: Profile, cluster: Cluster | None = None, optimizer: str = "sgd",
              overlap: bool = True, slowdown: Mapping[int, float] | None = None,
-             shared_cores: float | None = None, *, memo: CostMemo | None = None) -> Estimate:
+             shared_cores: float | None = None, *, memo: CostMemo | None = None,
+             threads: int | None = None) -> Estimate:
     """Predict one training iteration of ``plan`` for the traced ``graph``.
 
     Args:
@@ -274,6 +279,7 @@ def estimate(graph: LayerGraph, plan: Plan, profile: Profile, cluster: Cluster |
         shared_cores: When all ranks share one host's cores: how many ranks can compute at once
             (cores / threads per rank); ``None``: every rank has its own device.
         memo: What other estimates of this profile and dtype computed (:class:`CostMemo`); a fresh one by default.
+        threads: CPU threads per rank of the run (its kernels' workspace); ``None``: the profile's.
 
     Raises:
         PlanError: The plan does not fit the graph or a layout cannot split its layer.
@@ -285,8 +291,8 @@ def estimate(graph: LayerGraph, plan: Plan, profile: Profile, cluster: Cluster |
     check_plan_for_graph(plan, graph)
     micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
     dtype = graph.graph["dtype"]
-    memo = memo or CostMemo(profile, dtype)
-    memo.check(profile, dtype)
+    memo = memo or CostMemo(profile, dtype, threads)
+    memo.check(profile, dtype, threads)
     context = _Context(graph, _micro_batch_nodes(graph, micro), plan, profile, dtype_itemsize(dtype), dtype,
                        optimizer, overlap, memo)
     clusters: dict[int, Cluster] = {}  # per stage, made when a layer of it is met

@@ -22,8 +22,9 @@ Assumptions:
       gradients, and its kernels' workspace — the peak bytes calibration
       measured for the local problem's passes where the profile has them
       (``ComputeSample.peak_bytes``: oneDNN's weight-gradient convolution on
-      small maps allocates four times its weights), the gradients alone where
-      it does not.
+      small maps allocates four times its weights, per thread: a run with more
+      threads per rank than calibration's gets what the profile measured the
+      peak to grow by per thread), the gradients alone where it does not.
     * The peak of a step is all weights, gradients, optimizer state, then,
       layer by layer, the activations saved so far plus that layer's
       transient (``cost_models.estimate``). Received halos are part of the

@@ -94,6 +94,9 @@ class ComputeSample:
     repeats: int
     peak_bytes: int | None = None
     """The most bytes the pass had allocated at once (its outputs and workspace), when measured."""
+    peak_bytes_per_thread: int | None = None
+    """How much ``peak_bytes`` grows per thread beyond the calibration's threads per rank (CPU: measured again at
+    another thread count; oneDNN's weight-gradient convolution keeps a workspace per thread), when measured."""
 
 
 @dataclass(frozen=True)
@@ -233,10 +236,13 @@ class Profile:
             return sample.median_s, "measured"
         return self.compute_fit(kind, phase).time_s(flops, nbytes), "fitted"
 
-    def kernel_peak_bytes(self, kind: str, key: str) -> dict[str, int | None]:
-        """Per pass, the measured peak bytes of the local problem ``key`` of ``kind`` (passes never timed: absent)."""
+    def kernel_peak_bytes(self, kind: str, key: str, threads: int | None = None) -> dict[str, int | None]:
+        """Per pass, the measured peak bytes of the local problem ``key`` of ``kind`` (passes never timed: absent),
+        on ``threads`` threads per rank (default: the calibration's; others move it by what it grew per thread)."""
         samples = self._index["samples"]
-        return {phase: sample.peak_bytes for phase in ("fwd", "bwd", "bwd_data", "bwd_weight")
+        calibrated = self.meta.get("threads_per_rank")
+        extra = 0 if threads is None or not isinstance(calibrated, int) else threads - calibrated
+        return {phase: _on_threads(sample, extra) for phase in ("fwd", "bwd", "bwd_data", "bwd_weight")
                 if (sample := samples.get((kind, phase, key))) is not None}
 
     def compute_fit(self, kind: str, phase: str) -> ComputeFit:
@@ -315,6 +321,13 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
         ProfileError: Wrong format version or schema violation.
     """
     return Profile.from_dict(read_json(path, "profile"), source=str(path))
+
+
+def _on_threads(sample: ComputeSample, extra_threads: int) -> int | None:
+    """``sample``'s peak bytes with ``extra_threads`` more threads than calibration ran it on (fewer: negative)."""
+    if sample.peak_bytes is None or not extra_threads or sample.peak_bytes_per_thread is None:
+        return sample.peak_bytes
+    return max(0, sample.peak_bytes + extra_threads * sample.peak_bytes_per_thread)
 
 
 def _without_none(fields: dict[str, Any]) -> dict[str, Any]:

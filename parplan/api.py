@@ -75,11 +75,13 @@ def plan(graph: LayerGraph, *, profile: str | os.PathLike[str] | Profile, device
 
 
 def estimate(graph: LayerGraph, plan: Plan, *, profile: str | os.PathLike[str] | Profile, optimizer: str = "sgd",
-             overlap: bool = True) -> Estimate:
-    """``plan``'s predicted iteration time per layer and term, and memory per rank, for ``graph``."""
+             overlap: bool = True, threads: int | None = None) -> Estimate:
+    """``plan``'s predicted iteration time per layer and term, and memory per rank, for ``graph``; ``threads``:
+    CPU threads per rank of the run (its kernels' workspace), ``None`` for the profile's own."""
     from cost_models.estimate import estimate as price
 
-    return price(graph, plan, load_profile(profile, dtype=graph.graph["dtype"]), optimizer=optimizer, overlap=overlap)
+    return price(graph, plan, load_profile(profile, dtype=graph.graph["dtype"]), optimizer=optimizer, overlap=overlap,
+                 threads=threads)
 
 
 def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, devices: Sequence[int],

@@ -90,3 +90,51 @@ def test_profiles_keep_their_optimizer_fits(tmp_path) -> None:  # noqa: ANN001
     loaded = load_profile(tmp_path / "p.json")
     assert loaded.optimizer_fits == (fit,) and isinstance(loaded, Profile)
     assert loaded.optimizer_step_s("momentum", 3, 1000) == pytest.approx(3 * 2e-6 + 1000 * 3e-10)
+
+
+def test_a_kernels_growth_per_thread_is_measured_at_another_thread_count() -> None:
+    import os
+
+    import torch
+
+    from calibrate.sequences import growth_per_thread, peak_bytes
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    mib = 1 << 20
+
+    def per_thread() -> None:  # a workspace per thread, as oneDNN's weight-gradient convolution keeps
+        torch.empty(torch.get_num_threads() * mib, dtype=torch.uint8).fill_(1)
+
+    def fixed() -> None:
+        torch.empty(3 * mib, dtype=torch.uint8).fill_(1)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        kernels = [per_thread, None, fixed]
+        peaks = peak_bytes(kernels, torch.device("cpu"))
+        assert peaks == [mib, None, 3 * mib]
+        assert growth_per_thread(kernels, torch.device("cpu"), peaks) == [mib, None, 0]
+        assert torch.get_num_threads() == 1  # restored
+        assert growth_per_thread(kernels, torch.device("meta"), peaks) == [None, None, None]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_run_with_more_threads_than_calibration_is_priced_with_their_workspace() -> None:
+    from cost_models.local_problem import local_problem
+    from cost_models.profile import ComputeSample
+
+    graph = conv_graph()
+    problem = local_problem(graph.nodes["conv"], Layout(), 4, "float32")
+    assert problem is not None
+    workspace, growth = 256 << 20, 32 << 20  # large enough to be the step's peak
+    sample = ComputeSample(problem.kind, "bwd_weight", problem.key, 1, 1, 1e-3, 0.0, 3, workspace, growth)
+    profile = replace(PROFILE, meta={"source": "measured", "threads_per_rank": 1}, compute_samples=(sample,))
+    plan = plan_for(graph, 1, {"conv": Layout(), "relu": Layout()})
+    calibrated = estimate(graph, plan, profile).memory_bytes_max
+    assert estimate(graph, plan, profile, threads=1).memory_bytes_max == calibrated
+    assert estimate(graph, plan, profile, threads=3).memory_bytes_max == calibrated + 2 * growth
+    without = replace(profile, compute_samples=(replace(sample, peak_bytes_per_thread=None),))
+    assert estimate(graph, plan, without, threads=3).memory_bytes_max == calibrated

@@ -275,13 +275,18 @@ def print_measurement(document: dict[str, Any], console: Console | None = None) 
         _print_stages(document["pipeline"], console)
     verified = document.get("verify")
     if verified is not None:
-        verdict = "[green]passed[/green]" if verified["passed"] else "[red]FAILED[/red]"
+        conclusive = verified.get("conclusive", True)
+        verdict = ("[red]FAILED[/red]" if not verified["passed"] else "[green]passed[/green]" if conclusive
+                   else "[yellow]inconclusive[/yellow] (within its rounding floor)")
         console.print(f"verify {verdict}: output max err {verified['output_max_abs_err']:.2e} of its scale "
                       f"({verified['output_max_rel_err']:.2e} of its own), gradient max err "
                       f"{verified['grad_max_abs_err']:.2e} of the model's largest gradient "
-                      f"({verified['grad_max_rel_err']:.2e} of its own tensor's) (tolerance {verified['tolerance']:.0e})")
-        if not verified.get("conclusive", True):
-            console.print(f"[yellow]verify inconclusive[/yellow]: {verified['note']}")
+                      f"({verified['grad_max_rel_err']:.2e} of its own tensor's); allowed: "
+                      f"{verified['tolerance']:.0e} of each tensor's own"
+                      + (f" + {verified['grad_floor']:.1e} of the model's largest gradient"
+                         if "grad_floor" in verified else ""))
+        if not conclusive:
+            console.print(f"[yellow]why inconclusive[/yellow]: {verified['note']}")
 
 
 def _peak_line(memory: dict[str, Any]) -> str:

@@ -172,8 +172,10 @@ def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph) -> Any:
 
     from cost_models.estimate import estimate
 
+    ranks = args.nproc or plan.cluster.devices
     result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages,
-                      shared_cores=host_shared_cores(args.nproc or plan.cluster.devices, args.threads))
+                      shared_cores=host_shared_cores(ranks, args.threads),
+                      threads=args.threads or max(1, (os.cpu_count() or 1) // ranks))
     return replace(plan, predicted=result.prediction())
 
 
