@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from cost_models.graph import dtype_itemsize
 from cost_models.layout import layouts_dividing
-from cost_models.local_problem import LocalProblem, local_problem, phases_of
+from cost_models.local_problem import LocalProblem, layer_problem, phases_of
 
 __all__ = ["Call", "Measurement", "enumerate_problems"]
 
@@ -56,12 +55,11 @@ def enumerate_problems(graph: Any, device_counts: Iterable[int]) -> list[Measure
     """
     layouts = sorted({layout for devices in device_counts for layout in layouts_dividing(devices)},
                      key=lambda layout: (layout.ranks, layout.parts()))
-    itemsize = dtype_itemsize(graph.graph["dtype"])
     counts: dict[str, int] = {}
     problems: dict[str, LocalProblem] = {}
     for name in graph.compute_layers():
         for layout in layouts:
-            problem = local_problem(graph.nodes[name], layout, itemsize, graph.graph["dtype"])
+            problem = layer_problem(graph.nodes[name], layout, graph.graph["dtype"])
             if problem is not None:
                 problems.setdefault(problem.key, problem)
                 counts[problem.key] = counts.get(problem.key, 0) + 1

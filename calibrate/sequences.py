@@ -45,9 +45,8 @@ import torch
 
 from calibrate.kernels import TIMED_KINDS, build_kernel
 from calibrate.problems import Call
-from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, layouts_dividing
-from cost_models.local_problem import LocalProblem, local_problem, phases_of
+from cost_models.local_problem import LocalProblem, layer_problem, phases_of
 from cost_models.profile import ComputeSample
 from cost_models.quiet import native_stderr_silenced
 
@@ -85,10 +84,9 @@ def layout_chunks(graph: Any, device_counts: Iterable[int], max_bytes: int) -> l
     """
     layouts = sorted({layout for devices in device_counts for layout in layouts_dividing(devices)},
                      key=lambda layout: (layout.ranks, layout.parts()))
-    itemsize = dtype_itemsize(graph.graph["dtype"])
     chunks: list[Chunk] = []
     for layout in layouts:
-        problems = [local_problem(graph.nodes[name], layout, itemsize, graph.graph["dtype"])
+        problems = [layer_problem(graph.nodes[name], layout, graph.graph["dtype"])
                     for name in graph.compute_layers()]
         timed = [p for p in problems if p is not None and p.kind in TIMED_KINDS and _footprint_bytes(p) <= max_bytes]
         chunks += [_chunk(layout, group) for group in _groups(timed, max_bytes)]

@@ -220,6 +220,7 @@ def _metadata(request: CalibrationRequest, seconds: float) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "backend": request.backend,
         "dtype": request.graph.graph["dtype"],
+        **({"amp": request.graph.graph["amp"]} if request.graph.graph.get("amp") else {}),
         "threads_per_rank": request.threads,
         "ranks": request.ranks,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

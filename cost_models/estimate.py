@@ -47,29 +47,26 @@ Assumptions:
       per-step seconds once to the iteration, and exposes its fraction of the
       allreduce time the timeline hides.
 
-A :class:`CostMemo` keeps what was computed per layer signature and layout
-(local problem, cost terms) and per redistribution, so that the plans of one
-search — and the planner's search space, which asks the same questions —
-compute each once; it changes no value.
+A :class:`~cost_models.cost_memo.CostMemo` keeps what was computed per layer
+signature and layout (local problem, cost terms) and per redistribution, so
+that the plans of one search — and the planner's search space, which asks the
+same questions — compute each once; it changes no value.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from math import ceil, prod
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import redistribution_s
-from cost_models.edges import edge_move
+from cost_models.cost_memo import CostMemo
 from cost_models.errors import InputError, PlanError
-from cost_models.graph import dtype_itemsize
-from cost_models.layer_cost import LayerCost, problem_cost
+from cost_models.layer_cost import LayerCost
+from cost_models.graph import layer_itemsize
 from cost_models.layout import Layout
-from cost_models.local_problem import VIEW_KINDS, LocalProblem, local_problem
-from cost_models.memory import (WEIGHT_SPLIT_KINDS, LayerMemory, StepLayer, distinct_saved_bytes, layer_memory,
+from cost_models.local_problem import VIEW_KINDS
+from cost_models.memory import (WEIGHT_SPLIT_KINDS, LayerMemory, StepLayer, distinct_saved_bytes,
                                 parameter_tensors, stage_peak_bytes)
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, Prediction, check_plan_for_graph
@@ -150,118 +147,12 @@ class Estimate:
         return counts
 
 
-class CostMemo:
-    """Local problems, layer costs and edge seconds already computed for one profile, dtype and thread count.
-
-    A layer is known by its :meth:`signature` (everything its traced node
-    carries but the module it belongs to), so repeated blocks — and a layer
-    met again in another plan or in the planner's search space — are costed
-    once. Only results are kept: a layout that raises raises again. The
-    signature of a node's data is remembered by identity, so the graphs
-    priced must not change while the memo is in use.
-    """
-
-    def __init__(self, profile: Profile, dtype: str, threads: int | None = None) -> None:
-        """``threads``: CPU threads per rank of the runs priced (kernels' workspace; ``None``: the profile's)."""
-        self.profile, self.dtype, self.itemsize, self.threads = profile, dtype, dtype_itemsize(dtype), threads
-        self.problems: dict[tuple[str, Layout], LocalProblem | None] = {}
-        self.costs: dict[tuple[Any, ...], LayerCost] = {}
-        self.memories: dict[tuple[str, Layout, str], LayerMemory] = {}
-        self.edges: dict[tuple[Any, ...], float] = {}
-        self.signatures: dict[int, tuple[Mapping[str, Any], str]] = {}  # by id: the node data (kept alive) and its text
-
-    def renewed(self) -> "CostMemo":
-        """A memo sharing these results but no remembered signatures: for graphs that may have changed since."""
-        memo = CostMemo(self.profile, self.dtype, self.threads)
-        memo.problems, memo.costs, memo.memories, memo.edges = self.problems, self.costs, self.memories, self.edges
-        return memo
-
-    def size(self) -> int:
-        """How many results it holds."""
-        return len(self.problems) + len(self.costs) + len(self.memories) + len(self.edges)
-
-    def serves(self, profile: Profile, dtype: str, threads: int | None = None) -> bool:
-        """Whether its results hold for ``profile`` (the same, or equal), ``dtype`` and ``threads``."""
-        return (dtype == self.dtype and threads == self.threads
-                and (profile is self.profile or profile == self.profile))
-
-    def signature(self, layer: Mapping[str, Any]) -> str:
-        """The text that identifies a layer's costs: its node's data but the module."""
-        known = self.signatures.get(id(layer))
-        if known is not None and known[0] is layer:
-            return known[1]
-        text = json.dumps({key: value for key, value in layer.items() if key != "module"}, sort_keys=True, default=repr)
-        self.signatures[id(layer)] = (layer, text)
-        return text
-
-    def check(self, profile: Profile, dtype: str, threads: int | None = None) -> None:
-        """Refuse a memo made for another profile, dtype or thread count (its values would be wrong)."""
-        if not self.serves(profile, dtype, threads):
-            raise ValueError(f"a cost memo for {self.dtype} with profile {self.profile.device.name!r} on "
-                             f"{self.threads} threads cannot price {dtype} with profile {profile.device.name!r} on "
-                             f"{threads} threads; make one per profile, dtype and thread count")
-
-    def problem(self, signature: str, layer: Mapping[str, Any], layout: Layout) -> LocalProblem | None:
-        """``local_problem`` of the layer under ``layout``."""
-        key = (signature, layout)
-        if key not in self.problems:
-            self.problems[key] = local_problem(layer, layout, self.itemsize, self.dtype)
-        return self.problems[key]
-
-    def cost(self, name: str, signature: str, layer: Mapping[str, Any], layout: Layout, devices: int,
-             cluster: Cluster, overlap: bool = True) -> LayerCost:
-        """``layer_cost`` of the layer under ``layout`` on ``devices`` ranks of ``cluster``."""
-        cluster = _one_node_normalised(cluster)
-        key = (signature, layout, devices, cluster, overlap)
-        if key not in self.costs:
-            self.costs[key] = problem_cost(name, layer, layout, self.problem(signature, layer, layout), devices,
-                                           self.profile, cluster, self.itemsize, overlap)
-        return self.costs[key]
-
-    def memory(self, signature: str, layer: Mapping[str, Any], layout: Layout, optimizer: str) -> LayerMemory:
-        """``layer_memory`` of the layer under ``layout`` with ``optimizer``'s state."""
-        key = (signature, layout, optimizer)
-        if key not in self.memories:
-            problem = self.problem(signature, layer, layout)
-            peaks = None if problem is None else self.profile.kernel_peak_bytes(problem.kind, problem.key,
-                                                                                  self.threads)
-            self.memories[key] = layer_memory(layer, layout, problem, optimizer, self.itemsize, peaks)
-        return self.memories[key]
-
-    def edge_s(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
-               cluster: Cluster) -> float:
-        """:func:`cost_models.edges.edge_s` on ``devices`` ranks of ``cluster``."""
-        move = edge_move(source, target, have, layout)
-        if move is None:
-            return 0.0
-        cluster = _one_node_normalised(cluster)
-        key = (*move, devices, cluster)
-        if key not in self.edges:
-            shape4, held, wanted = move
-            self.edges[key] = (redistribution_s(self.profile, cluster, shape4, self.itemsize, held, wanted, devices)
-                               + redistribution_s(self.profile, cluster, shape4, self.itemsize, wanted, held, devices))
-        return self.edges[key]
-
-
-@lru_cache(maxsize=256)
-def _one_node_normalised(cluster: Cluster) -> Cluster:
-    """``cluster`` with a node of ``devices`` devices when it is one partly used node: the same costs, one key.
-
-    Costs read the nodes of ranks ``0 … devices − 1`` only (``Cluster.node_of`` refuses others), which are all
-    on node 0 whether the node has ``devices`` devices or more.
-    """
-    if cluster.devices_per_node <= cluster.devices:
-        return cluster
-    return replace(cluster, devices_per_node=cluster.devices)
-
-
 @dataclass(frozen=True)
 class _Context:
     graph: LayerGraph
     nodes: Mapping[str, Mapping[str, Any]]
     plan: Plan
     profile: Profile
-    itemsize: int
     dtype: str
     optimizer: str
     overlap: bool
@@ -293,7 +184,7 @@ def estimate(graph: LayerGraph, plan: Plan, profile: Profile, cluster: Cluster |
     dtype = graph.graph["dtype"]
     memo = memo or CostMemo(profile, dtype, threads)
     memo.check(profile, dtype, threads)
-    context = _Context(graph, _micro_batch_nodes(graph, micro), plan, profile, dtype_itemsize(dtype), dtype,
+    context = _Context(graph, _micro_batch_nodes(graph, micro), plan, profile, dtype,
                        optimizer, overlap, memo)
     clusters: dict[int, Cluster] = {}  # per stage, made when a layer of it is met
     layers = tuple(_layer_estimate(context, name, _cached_stage_cluster(clusters, cluster, plan,
@@ -353,7 +244,7 @@ def _saved_input_of(context: _Context, name: str, signature: str) -> str:
         return name
     kept = context.memo.memory(signature, nodes[name], layers[name].layout, context.optimizer).saved_input
     theirs = context.memo.problem(context.memo.signature(nodes[source]), nodes[source], layers[source].layout)
-    if theirs is None or kept != prod(theirs.output_shape) * context.itemsize:
+    if theirs is None or kept != prod(theirs.output_shape) * theirs.itemsize:
         return name
     return source
 
@@ -399,7 +290,7 @@ def _received_bytes(context: _Context, layer: LayerEstimate) -> int:
         return 0
     node = context.nodes[layer.name]
     problem = context.memo.problem(context.memo.signature(node), node, layer.layout)
-    return 0 if problem is None else sum(prod(shape) for shape in problem.input_shapes) * context.itemsize
+    return 0 if problem is None else sum(prod(shape) for shape in problem.input_shapes) * problem.itemsize
 
 
 def _in_flight(plan: Plan, stage: int, micro: int) -> int:
@@ -435,7 +326,8 @@ def _boundary_bytes(context: _Context, stage: int, into: bool) -> int:
             crosses = target in plan.layers and plan.layers[source].stage <= cut < plan.layers[target].stage
             layout = plan.layers[source].layout
         if crosses:
-            total += ceil(_elements(context.nodes[source]["output_shape"]) / layout.ranks) * context.itemsize
+            total += ceil(_elements(context.nodes[source]["output_shape"]) / layout.ranks) * layer_itemsize(
+                context.nodes[source], context.dtype)
     return total
 
 

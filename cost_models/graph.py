@@ -22,14 +22,17 @@ layers in execution (topological) order, keyed by their torch.fx node name
 ``needs_input_grad``  backward must produce its input's gradient (false before the first weights)
 ``has_weight``      it has trainable weights (a weight gradient is computed)
 ``attrs``           hyper-parameters: kernel, stride, padding, dilation, groups, ...
+``dtype``           under mixed precision only: the dtype the layer computes in
+                    and outputs, where it is not the weights' (:func:`layer_dtype`)
 ==================  ==========================================================
 
 Edges ``(producer, consumer)`` carry ``bytes`` (the tensor passed) and
 ``shape``. ``graph.graph`` holds ``input_shape`` (the first input's),
 ``input_shapes`` (every input's, in the order of the forward's positional
-arguments; one ``kind == "input"`` node each), ``dtype``, ``outputs`` and
-``fingerprint``: a stable hash of everything above, so a plan made for one
-model and input shape is refused on another.
+arguments; one ``kind == "input"`` node each), ``dtype`` (the weights'),
+``amp`` (under mixed precision: ``bfloat16`` or ``float16``, the autocast
+dtype), ``outputs`` and ``fingerprint``: a stable hash of everything above, so
+a plan made for one model and input shape is refused on another.
 
 Shapes come from torch.fx shape propagation on fake tensors, so a batch of
 2048×2048 images costs no memory.
@@ -43,7 +46,11 @@ from typing import Any, Iterable, Sequence
 
 import networkx as nx
 
-__all__ = ["LayerGraph", "compute_fingerprint", "dtype_itemsize", "parse_input_shape", "parse_input_shapes", "trace"]
+__all__ = ["AMP_DTYPES", "LayerGraph", "amp_of", "compute_fingerprint", "dtype_itemsize", "layer_dtype", "layer_itemsize",
+           "parse_input_shape", "parse_input_shapes", "trace"]
+
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+"""Mixed precision's names (``--amp``) and the dtype autocast computes in."""
 
 GRAPH_FORMAT = "parplan.graph/1"
 _ITEMSIZE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
@@ -108,6 +115,7 @@ class LayerGraph(nx.DiGraph):
             "input_shapes": [list(shape) for shape in self.input_shapes],
             "opaque_modules": self.graph.get("opaque_modules", []),
             "held_together": self.graph.get("held_together", []),
+            **({"amp": self.graph["amp"]} if self.graph.get("amp") else {}),
             "layers": [{"name": name, **_jsonable(self.nodes[name])} for name in self.nodes],
             "edges": [{"src": u, "dst": v, **_jsonable(self.edges[u, v])}  # each layer's inputs in argument order
                       for v in self.nodes for u in self.predecessors(v)],
@@ -121,12 +129,31 @@ class LayerGraph(nx.DiGraph):
         graph.graph["input_shapes"] = [list(shape) for shape in data.get("input_shapes", [data["input_shape"]])]
         graph.graph["opaque_modules"] = list(data.get("opaque_modules", []))
         graph.graph["held_together"] = [list(span) for span in data.get("held_together", [])]
+        if data.get("amp"):
+            graph.graph["amp"] = data["amp"]
         for layer in data["layers"]:
             attributes = {key: value for key, value in layer.items() if key != "name"}
             graph.add_node(layer["name"], **attributes)
         for edge in data["edges"]:
             graph.add_edge(edge["src"], edge["dst"], **{k: v for k, v in edge.items() if k not in ("src", "dst")})
         return graph
+
+
+def amp_of(graph: nx.DiGraph) -> str:
+    """The ``--amp`` a graph was traced under (``bf16``, ``fp16``), ``""`` for none."""
+    names = {dtype: name for name, dtype in AMP_DTYPES.items()}
+    return names[graph.graph["amp"]] if graph.graph.get("amp") else ""
+
+
+def layer_dtype(layer: dict[str, Any], dtype: str) -> str:
+    """The dtype ``layer`` (a node's data) computes in and outputs: its own under mixed precision, else ``dtype``
+    (the graph's)."""
+    return layer.get("dtype") or dtype
+
+
+def layer_itemsize(layer: dict[str, Any], dtype: str) -> int:
+    """Bytes per element of ``layer``'s activations (:func:`layer_dtype`)."""
+    return dtype_itemsize(layer_dtype(layer, dtype))
 
 
 def dtype_itemsize(dtype: str) -> int:
@@ -151,6 +178,7 @@ def compute_fingerprint(graph: nx.DiGraph) -> str:
         "input_shape": list(graph.graph["input_shape"]),
         **({"input_shapes": shapes} if len(shapes) > 1 else {}),
         "dtype": graph.graph["dtype"],
+        **({"amp": graph.graph["amp"]} if graph.graph.get("amp") else {}),
         "layers": [[name, [_jsonable(graph.nodes[name].get(k)) for k in _FINGERPRINT_NODE_KEYS]] for name in graph.nodes],
         "edges": sorted([u, v] for u, v in graph.edges),
     }
@@ -235,7 +263,7 @@ def _integers(text: str | Sequence[int], hint: str) -> tuple[int, ...]:
 
 
 def trace(model: Any, input_shape: Sequence[int] | Sequence[Sequence[int]], dtype: Any = None,
-          leaf_modules: Iterable[str] = ()) -> LayerGraph:
+          leaf_modules: Iterable[str] = (), amp: str = "") -> LayerGraph:
     """Trace ``model`` at ``input_shape`` into a :class:`LayerGraph`.
 
     Args:
@@ -245,6 +273,8 @@ def trace(model: Any, input_shape: Sequence[int] | Sequence[Sequence[int]], dtyp
         dtype: Element type of the input and activations, a ``torch.dtype`` or its name (default ``float32``).
         leaf_modules: Qualified names or class names of modules to keep opaque
             (not traced into), for modules torch.fx cannot trace.
+        amp: ``bf16`` or ``fp16``: trace under ``torch.autocast`` (mixed precision; ``dtype`` is then the
+            weights', each layer's own compute dtype is recorded).
 
     Raises:
         TraceError: torch.fx cannot trace a module (named), or the model rejects the input.
@@ -252,7 +282,11 @@ def trace(model: Any, input_shape: Sequence[int] | Sequence[Sequence[int]], dtyp
     """
     from cost_models.tracing import build_layer_graph
 
-    return build_layer_graph(model, parse_input_shapes(input_shape), dtype, tuple(leaf_modules))
+    if amp and amp not in AMP_DTYPES:
+        from cost_models.errors import InputError
+
+        raise InputError(f"amp {amp!r} is not a mixed precision parplan knows; use one of {', '.join(AMP_DTYPES)}")
+    return build_layer_graph(model, parse_input_shapes(input_shape), dtype, tuple(leaf_modules), amp)
 
 
 def _jsonable(value: Any) -> Any:

@@ -37,7 +37,7 @@ from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
 from cost_models.orders import NCHW
 
-__all__ = ["DENSE_KINDS", "VIEW_KINDS", "LocalProblem", "axis_value", "local_problem", "phases_of"]
+__all__ = ["DENSE_KINDS", "VIEW_KINDS", "LocalProblem", "axis_value", "layer_problem", "local_problem", "phases_of"]
 
 DENSE_KINDS = frozenset({"conv", "conv_transpose", "linear"})
 VIEW_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
@@ -147,6 +147,15 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         dtype=dtype, itemsize=itemsize, needs_input_grad=bool(layer.get("needs_input_grad", True)),
         has_weight=bool(layer.get("has_weight", layer.get("weight_shape") is not None)),
     )
+
+
+def layer_problem(layer: Mapping[str, Any], layout: Layout, dtype: str) -> LocalProblem | None:
+    """:func:`local_problem` of a traced layer in a graph of ``dtype``: in the layer's own dtype under mixed
+    precision (``cost_models.graph.layer_dtype``)."""
+    from cost_models.graph import dtype_itemsize, layer_dtype
+
+    own = layer_dtype(layer, dtype)  # type: ignore[arg-type]
+    return local_problem(layer, layout, dtype_itemsize(own), own)
 
 
 def _called_filters(layer: Mapping[str, Any]) -> list[int] | None:

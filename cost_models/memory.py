@@ -31,6 +31,11 @@ Assumptions:
       halo-extended local input, so they are counted with it.
     * A stale pipeline stage keeps ``staleness`` extra copies of its input
       (DSP recomputes the forward from them).
+    * Mixed precision (``--amp``): weights, gradients and optimizer state in
+      the weights' dtype (float32); activations, what layers keep and their
+      transients in the dtype each layer computes in (traced under autocast);
+      a convolution or linear layer also keeps autocast's half-precision copy
+      of its weights for backward.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from math import prod
 from typing import Any, Mapping, Sequence
 
 from cost_models.errors import InputError
+from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, LocalProblem
 
@@ -50,6 +56,8 @@ __all__ = ["OPTIMIZER_STATE_COPIES", "WEIGHT_SPLIT_KINDS", "LayerMemory", "StepL
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
 _KEEP_INPUT = DENSE_KINDS | {"batchnorm", "norm"}
+_AUTOCAST_WEIGHTS = DENSE_KINDS
+"""Kinds autocast runs on a cast copy of their weights (kept for backward)."""
 WEIGHT_SPLIT_KINDS = DENSE_KINDS | {"batchnorm"}
 """Kinds whose weights a ``c`` split slices (the others keep them whole on every rank)."""
 
@@ -93,9 +101,13 @@ def layer_memory(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise InputError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATE_COPIES)}")
     split = layout.c if layer["kind"] in WEIGHT_SPLIT_KINDS else 1
-    weights = -(-layer.get("params", 0) // split) * itemsize
-    output = _output_bytes(layer, layout, itemsize) if problem is None else prod(problem.output_shape) * itemsize
+    elements = -(-layer.get("params", 0) // split)
+    weights = elements * itemsize
+    output = _output_bytes(layer, layout, dtype_itemsize(layer["dtype"]) if layer.get("dtype") else itemsize) \
+        if problem is None else prod(problem.output_shape) * problem.itemsize
     saved_input, saved_own = _saved_bytes(layer, layout, problem)
+    if problem is not None and problem.itemsize != itemsize and problem.kind in _AUTOCAST_WEIGHTS:
+        saved_own += elements * problem.itemsize  # autocast's cast copy of the weights, kept for backward
     return LayerMemory(
         weights=weights,
         gradients=weights,

@@ -196,8 +196,9 @@ class Profile:
         """Whether this profile was measured (rather than built from datasheets)."""
         return self.meta.get("source") == "measured"
 
-    def compatibility_warnings(self, torch_version: str, dtype: str | None = None) -> list[str]:
-        """Why this profile may not fit a run with ``torch_version`` and ``dtype`` (empty when it does)."""
+    def compatibility_warnings(self, torch_version: str, dtype: str | None = None, amp: str | None = None) -> list[str]:
+        """Why this profile may not fit a run with ``torch_version``, ``dtype`` and mixed precision ``amp`` (the
+        graph's autocast dtype, ``""`` for none; ``None``: not checked) (empty when it does)."""
         warnings = []
         recorded_torch, recorded_dtype = self.meta.get("torch_version"), self.meta.get("dtype")
         if self.is_measured and recorded_torch and recorded_torch != torch_version:
@@ -206,6 +207,10 @@ class Profile:
         if dtype is not None and recorded_dtype and recorded_dtype != dtype:
             warnings.append(f"profile is for {recorded_dtype}, the model runs in {dtype}: times will be off; "
                             f"calibrate with --dtype {dtype}")
+        if amp is not None and self.is_measured and (self.meta.get("amp") or "") != amp:
+            ran, runs = self.meta.get("amp") or "no mixed precision", amp or "no mixed precision"
+            warnings.append(f"profile was calibrated with {ran}, the model runs with {runs}: kernel times will be off; "
+                            f"calibrate with the run's --amp")
         return warnings
 
     def cluster(self, devices: int, devices_per_node: int | None = None) -> Cluster:

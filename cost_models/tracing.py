@@ -26,6 +26,7 @@ copy, stored per output element as ``attrs["flops_per_output"]``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import replace
@@ -41,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
-from cost_models.graph import LayerGraph, compute_fingerprint
+from cost_models.graph import AMP_DTYPES, LayerGraph, compute_fingerprint
 from cost_models._held import held_together
 from cost_models._traced_attrs import TensorMeta, shape_attrs, with_orders
 from cost_models.layer_kinds import TF_SAME, KindInfo, classify
@@ -55,9 +56,13 @@ MAX_AUTOMATIC_LEAVES = 64
 
 def build_layer_graph(
     model: nn.Module, input_shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype | str | None,
-    leaf_modules: tuple[str, ...]
+    leaf_modules: tuple[str, ...], amp: str = ""
 ) -> LayerGraph:
-    """Trace ``model`` and assemble its :class:`LayerGraph` (see ``graph.trace``); one shape per model input."""
+    """Trace ``model`` and assemble its :class:`LayerGraph` (see ``graph.trace``); one shape per model input.
+
+    ``amp`` (``bf16``/``fp16``): shapes propagate under ``torch.autocast`` (CPU's casting lists), so each layer
+    records the dtype it computes in (``dtype``) and its activations' bytes in it; ``dtype`` stays the
+    weights'."""
     if not isinstance(model, nn.Module):
         raise InputError(f"expected a torch.nn.Module to trace, got {type(model).__name__}")
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
@@ -76,9 +81,11 @@ def build_layer_graph(
     names = frozenset(entry["module"] for entry in opaque)
     propagator = _FakePropagator(fake_traced, fake_mode, _opaque_layers(fake_traced, names))
     _check_arguments(traced, input_shapes)
-    metas = propagator.propagate(input_shapes, dtype)
+    metas = propagator.propagate(input_shapes, dtype, amp)
     graph = _assemble(fake_traced, metas, propagator.flops, names, input_shapes, str(dtype).removeprefix("torch."))
     _record_pads(graph, propagator.pads)
+    if amp:
+        _record_amp(graph, amp, propagator.dtypes)
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
     graph.graph["opaque_modules"] = opaque
     return graph
@@ -276,9 +283,12 @@ class _FakePropagator(Interpreter):
         self.metas: dict[str, TensorMeta | None] = {}
         self.flops: dict[str, int] = {}  # forward FLOPs of the ``counted`` nodes (torch.utils.flop_counter)
         self.pads: dict[str, list[int]] = {}  # F.pad's amounts as the call received them (computed from shapes too)
+        self.dtypes: dict[str, str] = {}  # each node's (first) output dtype
 
-    def propagate(self, input_shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype) -> dict[str, TensorMeta | None]:
-        with self.fake_mode:
+    def propagate(self, input_shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype,
+                  amp: str = "") -> dict[str, TensorMeta | None]:
+        cast = torch.autocast("cpu", dtype=getattr(torch, AMP_DTYPES[amp])) if amp else contextlib.nullcontext()
+        with self.fake_mode, cast:
             self.run(*(torch.empty(shape, dtype=dtype) for shape in input_shapes))
         return self.metas
 
@@ -305,6 +315,10 @@ class _FakePropagator(Interpreter):
                 f"({_node_label(n)}): {_first_line(err)}; check --input-shape against what the model expects"
             ) from err
         self.metas[n.name] = _tensor_meta(result)
+        first = result if isinstance(result, torch.Tensor) else next(
+            (v for v in result if isinstance(v, torch.Tensor)), None) if isinstance(result, (tuple, list)) else None
+        if first is not None:
+            self.dtypes[n.name] = str(first.dtype).removeprefix("torch.")
         return result
 
     def _counted_run(self, n: Node) -> Any:
@@ -382,6 +396,15 @@ def _record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
         graph.nodes[name]["attrs"] = {**graph.nodes[name]["attrs"], "pad": amounts, "pad_from_shapes": True}
     if computed:
         graph.graph["fingerprint"] = compute_fingerprint(graph)
+
+
+def _record_amp(graph: LayerGraph, amp: str, dtypes: dict[str, str]) -> None:
+    """Under ``amp``: each layer's compute dtype where it differs from the weights' (``dtype``), and ``amp``."""
+    graph.graph["amp"] = AMP_DTYPES[amp]
+    for name in graph.nodes:
+        if dtypes.get(name, graph.graph["dtype"]) != graph.graph["dtype"]:
+            graph.nodes[name]["dtype"] = dtypes[name]
+    graph.graph["fingerprint"] = compute_fingerprint(graph)
 
 
 def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, meta: TensorMeta,

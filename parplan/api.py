@@ -22,14 +22,20 @@ WHATIF_FORMAT = "parplan.whatif/1"
 
 
 def trace(model: Any, input_shape: Sequence[int] | Sequence[Sequence[int]], *, dtype: Any = None,
-          leaf_modules: Iterable[str] = ()) -> LayerGraph:
+          leaf_modules: Iterable[str] = (), amp: str = "") -> LayerGraph:
     """``model`` traced at its global ``input_shape`` (several shapes: one per forward argument) into a LayerGraph.
 
-    ``dtype``: a ``torch.dtype`` or its name (default float32); ``leaf_modules``: modules kept opaque to torch.fx.
+    ``dtype``: a ``torch.dtype`` or its name (default float32); ``leaf_modules``: modules kept opaque to torch.fx;
+    ``amp``: ``bf16`` or ``fp16`` to trace (and so price) the forward under ``torch.autocast``.
     """
     from cost_models.graph import trace as trace_graph
 
-    return trace_graph(model, input_shape, dtype, leaf_modules)
+    return trace_graph(model, input_shape, dtype, leaf_modules, amp=amp)
+
+
+def _rates_dtype(graph: LayerGraph) -> str:
+    """The dtype a preset's compute rates are taken for: the autocast dtype under mixed precision."""
+    return graph.graph.get("amp") or graph.graph["dtype"]
 
 
 def load_profile(profile: str | os.PathLike[str] | Profile, *, dtype: str = "float32") -> Profile:
@@ -68,9 +74,9 @@ def plan(graph: LayerGraph, *, profile: str | os.PathLike[str] | Profile, device
     from planner.search import plan_model
     from planner.settings import SearchSettings
 
-    loaded = load_profile(profile, dtype=graph.graph["dtype"])
+    loaded = load_profile(profile, dtype=_rates_dtype(graph))
     where = cluster(profile if not isinstance(profile, Profile) else loaded, devices,
-                    devices_per_node=devices_per_node, dtype=graph.graph["dtype"])
+                    devices_per_node=devices_per_node, dtype=_rates_dtype(graph))
     return plan_model(graph, loaded, where, settings or SearchSettings(), model_spec=model_spec)
 
 
@@ -80,14 +86,15 @@ def estimate(graph: LayerGraph, plan: Plan, *, profile: str | os.PathLike[str] |
     CPU threads per rank of the run (its kernels' workspace), ``None`` for the profile's own."""
     from cost_models.estimate import estimate as price
 
-    return price(graph, plan, load_profile(profile, dtype=graph.graph["dtype"]), optimizer=optimizer, overlap=overlap,
+    return price(graph, plan, load_profile(profile, dtype=_rates_dtype(graph)), optimizer=optimizer, overlap=overlap,
                  threads=threads)
 
 
 def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, devices: Sequence[int],
            devices_per_node: int | None = None, scale_inter_bw: float = 1.0, scale_intra_bw: float = 1.0,
            memory_gb: float | None = None, weak_scaling: bool = False, settings: Any = None, dtype: str = "float32",
-           jobs: int | None = None, leaf_modules: Sequence[str] = (), progress: Any = None) -> dict[str, Any]:
+           jobs: int | None = None, leaf_modules: Sequence[str] = (), progress: Any = None,
+           amp: str = "") -> dict[str, Any]:
     """Plan ``model`` at each of ``devices`` and return the ``parplan.whatif/1`` document (``parplan whatif``).
 
     Args:
@@ -100,28 +107,31 @@ def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, device
         settings: A ``planner.settings.SearchSettings`` (default: ``parplan plan``'s defaults).
         jobs: Processes planning in parallel (default: one per core).
         progress: Called ``(done, total)`` as sizes finish (a progress bar).
+        amp: ``bf16`` or ``fp16``: priced under mixed precision (autocast dtypes, float32 weights; one stage).
 
     Raises:
         InputError: Bad shape, profile, factors or model (one line each).
     """
     from dataclasses import asdict, replace
 
-    from cost_models.graph import parse_input_shapes
+    from cost_models.graph import AMP_DTYPES, parse_input_shapes
     from cost_models.model_spec import load_model
     from planner.settings import SearchSettings
     from planner.whatif import scaled_profile, sweep
 
     settings = settings or SearchSettings()
+    settings = replace(settings, max_stages=1) if amp else settings  # pipelines do not run under autocast
     shapes = parse_input_shapes(input_shape)
     memory = int(memory_gb * 2**30) if memory_gb else None
-    scaled = scaled_profile(load_profile(profile, dtype=dtype), scale_intra_bw, scale_inter_bw, memory)
+    scaled = scaled_profile(load_profile(profile, dtype=AMP_DTYPES[amp] if amp else dtype), scale_intra_bw,
+                            scale_inter_bw, memory)
     network = load_model(model)
     graphs: dict[int, LayerGraph] = {}
 
     def graph_for(batch: int) -> LayerGraph:
         if batch not in graphs:
             graphs[batch] = trace(network, [(batch, *each[1:]) for each in shapes], dtype=dtype,
-                                  leaf_modules=list(leaf_modules))
+                                  leaf_modules=list(leaf_modules), amp=amp)
         return graphs[batch]
 
     def cluster_at(count: int) -> Cluster:
@@ -132,7 +142,7 @@ def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, device
                             jobs=jobs, model_spec=model, progress=progress)
     return {"format": WHATIF_FORMAT, "model": model, "input_shape": list(shapes[0]),
             **({"input_shapes": [list(each) for each in shapes]} if len(shapes) > 1 else {}),
-            "dtype": dtype, "profile": profile,
+            "dtype": dtype, **({"amp": amp} if amp else {}), "profile": profile,
             "device": scaled.device.name, "scaling": "weak" if weak_scaling else "strong",
             "devices_per_node": cluster_at(max(devices)).devices_per_node,
             "scale_inter_bw": scale_inter_bw, "scale_intra_bw": scale_intra_bw,

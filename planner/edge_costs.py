@@ -25,6 +25,7 @@ from cost_models.cluster import Cluster
 from cost_models.comm_cost import (PATTERN_CASES, move_patterns, nested_mask, patterned_s, redistribution_row_s,
                                   sendrecv_coefficients)
 from cost_models.edges import edge_layouts
+from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.profile import Profile
@@ -77,26 +78,28 @@ class EdgeCosts:
     def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, itemsize: int,
                  patterns: PatternTable | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.itemsize = graph, profile, cluster, devices, itemsize
-        self.coefficients = sendrecv_coefficients(profile, itemsize)
+        self.coefficients = {itemsize: sendrecv_coefficients(profile, itemsize)}  # per activation itemsize
         self.table = patterns or PatternTable(cluster, devices)
         if (self.table.cluster, self.table.devices) != (cluster, devices):
             raise ValueError(f"a pattern table for {self.table.devices} devices cannot price moves on {devices}")
         self.layouts, self.index, self.parts = self.table.layouts, self.table.index, self.table.parts
         self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
-        self.moves: dict[tuple[int, ...], np.ndarray] = {}  # per tensor shape: seconds between table layouts
-        self.shape_key = {name: json.dumps([data["output_shape"], data.get("attrs", {}).get("order")])
-                          for name, data in graph.nodes(data=True)}
+        self.moves: dict[tuple[Any, ...], np.ndarray] = {}  # per tensor shape, itemsize: seconds between layouts
+        self.sizes = {name: dtype_itemsize(data["dtype"]) if data.get("dtype") else itemsize  # mixed precision
+                      for name, data in graph.nodes(data=True)}
+        self.shape_key = {name: json.dumps([data["output_shape"], data.get("attrs", {}).get("order"),
+                                            self.sizes[name]]) for name, data in graph.nodes(data=True)}
 
     def matrix(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
         """Seconds for each pair of ``haves`` (rows, the producer's layouts) and ``layouts`` (the reader's)."""
         src, dst = self.graph.nodes[source], self.graph.nodes[target]
         key = (src["kind"] == "input", self.shape_key[source], dst["kind"] in DENSE_KINDS, haves, layouts)
         if key not in self.matrices:
-            self.matrices[key] = self._matrix(src, dst, haves, layouts)
+            self.matrices[key] = self._matrix(src, dst, haves, layouts, self.sizes[source])
         return self.matrices[key]
 
     def _matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
-                layouts: tuple[Layout, ...]) -> np.ndarray:
+                layouts: tuple[Layout, ...], itemsize: int) -> np.ndarray:
         first = edge_layouts(src, dst, haves[0], layouts[0])
         if first is None:  # the model input is loaded in place
             return np.zeros((len(haves), len(layouts)))
@@ -106,28 +109,29 @@ class EdgeCosts:
                            for layout in layouts])
         starts, rows = np.unique(held, return_inverse=True)
         ends, columns = np.unique(wanted, return_inverse=True)
-        forward = self._moves_s(shape, starts, ends)
-        backward = self._moves_s(shape, ends, starts)
+        forward = self._moves_s(shape, itemsize, starts, ends)
+        backward = self._moves_s(shape, itemsize, ends, starts)
         seconds = forward[rows][:, columns] + backward[columns][:, rows].T
         return np.where(held[:, None] == wanted[None, :], 0.0, seconds)
 
-    def _moves_s(self, shape: tuple[int, ...], starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Seconds of the busiest rank moving a ``shape`` tensor from each of ``starts`` to each of ``ends``.
+    def _moves_s(self, shape: tuple[int, ...], itemsize: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Seconds of the busiest rank moving a ``shape`` tensor of ``itemsize``-byte elements from each of
+        ``starts`` to each of ``ends``.
 
         Each move is priced once per tensor shape (kept in a dense table over the layouts, NaN until priced).
         """
-        if shape not in self.moves:
-            self.moves[shape] = np.full((len(self.layouts), len(self.layouts)), np.nan)
-        known = self.moves[shape]
+        if (shape, itemsize) not in self.moves:
+            self.moves[shape, itemsize] = np.full((len(self.layouts), len(self.layouts)), np.nan)
+        known = self.moves[shape, itemsize]
         block = np.ix_(starts, ends)
         seconds = known[block]
         missing = np.isnan(seconds)
         if missing.any():
-            seconds = np.where(missing, self._priced_moves_s(shape, starts, ends, missing), seconds)
+            seconds = np.where(missing, self._priced_moves_s(shape, itemsize, starts, ends, missing), seconds)
             known[block] = seconds
         return seconds
 
-    def _priced_moves_s(self, shape: tuple[int, ...], starts: np.ndarray, ends: np.ndarray,
+    def _priced_moves_s(self, shape: tuple[int, ...], itemsize: int, starts: np.ndarray, ends: np.ndarray,
                         wanted: np.ndarray) -> np.ndarray:
         """The moves of :meth:`_moves_s`, priced where ``wanted`` (elsewhere: any value)."""
         extents = np.array(shape, dtype=np.int64)
@@ -135,10 +139,12 @@ class EdgeCosts:
         patterned = nested_mask(extents, source, target)
         self.table.examine(starts, ends, patterned & wanted)
         table = self.table
-        seconds = patterned_s(self.coefficients, table.pattern_parts[starts][:, ends],
+        if itemsize not in self.coefficients:
+            self.coefficients[itemsize] = sendrecv_coefficients(self.profile, itemsize)
+        seconds = patterned_s(self.coefficients[itemsize], table.pattern_parts[starts][:, ends],
                               table.pattern_cases[:, starts][:, :, ends], extents, source, target)
         for row, column in zip(*np.nonzero(~patterned & wanted)):  # rank by rank: splits that do not nest or divide
-            seconds[row, column] = redistribution_row_s(self.profile, self.cluster, shape, self.itemsize,
+            seconds[row, column] = redistribution_row_s(self.profile, self.cluster, shape, itemsize,
                                                         self.layouts[starts[row]], [self.layouts[ends[column]]],
                                                         self.devices)[0]
         return seconds

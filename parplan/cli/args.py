@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 from cost_models.errors import InputError
 
 __all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
-           "add_trace_argument", "check_out_dir",
-           "check_plot_path", "cluster_for", "host_shared_cores", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
+           "add_trace_argument", "amp_argument", "check_out_dir",
+           "check_plot_path", "cluster_for", "compute_dtype", "host_shared_cores", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
            "positive_int", "print_json", "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
 
 
@@ -30,8 +30,8 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model``, ``--input-shape``, ``--dtype`` and ``--leaf-module``."""
+def add_model_arguments(parser: argparse.ArgumentParser, *, amp: bool = True) -> None:
+    """``--model``, ``--input-shape``, ``--dtype``, ``--leaf-module`` and (with ``amp``) ``--amp``."""
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
     parser.add_argument("--input-shape", required=True, action="append", metavar="N,C,H,W",
@@ -42,6 +42,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="element type of inputs and activations (default float32)")
     parser.add_argument("--leaf-module", action="append", default=[], metavar="NAME",
                         help="keep this module (qualified or class name) opaque to torch.fx; repeatable")
+    if amp:
+        parser.add_argument("--amp", choices=("bf16", "fp16"),
+                            help="mixed precision: the forward under torch.autocast in bfloat16 or float16 (fp16 with "
+                                 "a loss scaler), float32 weights; priced with each layer's autocast dtype (calibrate "
+                                 "with the same --amp); plans are single-stage (pipelines do not run under autocast)")
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +67,8 @@ def search_settings(args: argparse.Namespace) -> Any:
     """The ``SearchSettings`` of :func:`add_search_arguments`' options."""
     from planner.settings import SearchSettings
 
-    return SearchSettings(max_stages=args.max_stages, schedule=args.schedule, max_staleness=args.max_staleness,
+    stages = 1 if getattr(args, "amp", None) else args.max_stages  # pipelines do not run under autocast
+    return SearchSettings(max_stages=stages, schedule=args.schedule, max_staleness=args.max_staleness,
                           solver=args.solver, time_limit_s=args.time_limit_s, optimizer=args.optimizer)
 
 
@@ -167,9 +173,28 @@ def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
 
     model = load_model(args.model)
     loaded = time.perf_counter()
-    graph = trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    graph = trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module, amp=amp_argument(args))
     timing = {"load": round(loaded - started, 3), "trace": round(time.perf_counter() - loaded, 3)}
     return graph, timing
+
+
+def amp_argument(args: argparse.Namespace) -> str:
+    """``--amp`` (``""`` without it), refused in one line with a ``--dtype`` other than float32."""
+    from runtime.precision import check_amp
+
+    amp = getattr(args, "amp", None) or ""
+    why = check_amp(amp, args.dtype)
+    if why:
+        raise InputError(why)
+    return amp
+
+
+def compute_dtype(args: argparse.Namespace) -> str:
+    """The dtype the model's kernels compute in: ``--amp``'s, else ``--dtype`` (a preset's rates follow it)."""
+    from cost_models.graph import AMP_DTYPES
+
+    amp = getattr(args, "amp", None)
+    return AMP_DTYPES[amp] if amp else args.dtype
 
 
 def host_shared_cores(ranks: int, threads: int | None) -> float | None:

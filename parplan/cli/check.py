@@ -388,7 +388,7 @@ def add_check(commands: Any, common: argparse.ArgumentParser) -> None:
         "check", parents=[common], help="what parplan can plan and run for a model",
         description="Trace MODEL, plan it on each device count and verify each plan and each layout against the "
                     "unsplit model; each check passes, is refused before any rank starts, or fails.")
-    add_model_arguments(parser)
+    add_model_arguments(parser, amp=False)
     parser.add_argument("--devices", default=",".join(map(str, DEFAULT_DEVICES)), metavar="D,D,…",
                         help="device counts to plan for, one node (default 2,4)")
     parser.add_argument("--layouts", default=",".join(DEFAULT_LAYOUTS), metavar="L,L,…",

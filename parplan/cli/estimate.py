@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import (add_model_arguments, add_trace_argument, load_profile_argument, print_json, slowdowns,
+from parplan.cli.args import (add_model_arguments, add_trace_argument, compute_dtype, load_profile_argument, print_json, slowdowns,
                               trace_model, write_predicted_trace)
 
 __all__ = ["add_estimate", "estimate_document"]
@@ -37,7 +37,7 @@ def _estimate(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)  # a malformed plan is refused before the model is built
     graph, timing = trace_model(args)
     plan = load_plan(args.plan, expected_fingerprint=graph.fingerprint)
-    profile = load_profile_argument(args.profile, args.dtype)
+    profile = load_profile_argument(args.profile, compute_dtype(args))
     import torch
 
     from cost_models.estimate import estimate
@@ -47,7 +47,8 @@ def _estimate(args: argparse.Namespace) -> int:
     if any(stage >= plan.pipeline.stages for stage in slow):
         raise InputError(f"--slow-stage names stage {max(slow)}, but the plan has {plan.pipeline.stages} stages")
     result = estimate(graph, plan, profile, optimizer=args.optimizer, overlap=not args.no_overlap, slowdown=slow)
-    document = estimate_document(result, profile.compatibility_warnings(torch.__version__, graph.graph["dtype"]))
+    document = estimate_document(result, profile.compatibility_warnings(torch.__version__, graph.graph["dtype"],
+                                                                             graph.graph.get("amp", "")))
     document["timing_s"] = {**timing, "estimate": round(time.perf_counter() - started, 4)}
     if args.trace:
         write_predicted_trace(args.trace, plan, result)

@@ -122,13 +122,15 @@ def _refusal(request: FormsRequest, plan: Any) -> str | None:
 
 
 def _launch(request: FormsRequest, plans: list[Any]) -> list[dict[str, Any]]:
+    from cost_models.graph import amp_of
     from runtime.launch import launch_many
     from runtime.train import RunOptions
 
     runs = [RunOptions(model=request.model_spec, input_shape=tuple(request.graph.input_shape),
                        input_shapes=request.graph.input_shapes, dtype=request.graph.graph["dtype"],
                        plan=plan.to_dict(), steps=STEPS, warmup=WARMUP, leaf_modules=request.leaf_modules,
-                       threads=request.threads, quiet=True, graph=request.graph, per_layer=True)
+                       threads=request.threads, quiet=True, graph=request.graph, per_layer=True,
+                       amp=amp_of(request.graph))
             for plan in plans]
     documents = launch_many(runs, request.ranks, request.backend)
     assert documents is not None  # a plain process, not an MPI rank

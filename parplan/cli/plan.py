@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from parplan.cli.args import (add_model_arguments, add_search_arguments, add_trace_argument, check_out_dir,
-                              check_plot_path, cluster_for, load_profile_argument, positive_int, print_json,
+                              check_plot_path, cluster_for, compute_dtype, load_profile_argument, positive_int, print_json,
                               search_settings, trace_model, write_predicted_trace)
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def _plan(args: argparse.Namespace) -> int:
         check_out_dir(args.trace, "--trace")
     if args.plot:
         check_plot_path(args.plot)
-    profile = load_profile_argument(args.profile, args.dtype)
+    profile = load_profile_argument(args.profile, compute_dtype(args))
     cluster_for(args.profile, profile, args.devices, args.devices_per_node)  # a bad device count before tracing
     graph, _ = trace_model(args)
     from cost_models.plan import save_plan
@@ -72,7 +72,7 @@ def search_plan(args: argparse.Namespace, graph: LayerGraph, profile: Any = None
     from parplan.cli.report import progress_bar
     from planner.search import plan_model
 
-    profile = profile if profile is not None else load_profile_argument(args.profile, args.dtype)
+    profile = profile if profile is not None else load_profile_argument(args.profile, compute_dtype(args))
     cluster = cluster_for(args.profile, profile, args.devices, args.devices_per_node)
     with progress_bar("stage search", enabled=not getattr(args, "json", True)) as progress:
         return plan_model(graph, profile, cluster, search_settings(args), model_spec=args.model, progress=progress)

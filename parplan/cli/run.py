@@ -17,8 +17,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import (add_model_arguments, add_timeout_argument, add_trace_argument, host_shared_cores,
-                              load_profile_argument, non_negative_int, positive_float, positive_int, slowdowns)
+from parplan.cli.args import (add_model_arguments, add_timeout_argument, add_trace_argument, amp_argument,
+                              compute_dtype, host_shared_cores, load_profile_argument, non_negative_int, positive_float, positive_int, slowdowns)
 from parplan.cli.run_checks import (check_pipeline_flags, check_plan_fits, check_precision, check_recovery, layout_plan,
                                     mpi_size)
 
@@ -52,10 +52,6 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="first compare one step with the unsplit model; exit 1 if the error exceeds --tolerance")
     parser.add_argument("--tolerance", type=positive_float, metavar="X",
                         help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
-    parser.add_argument("--amp", choices=("bf16", "fp16"),
-                        help="mixed precision: the forward under torch.autocast in bfloat16 or float16 (with a loss "
-                             "scaler), float32 weights; --verify compares with the unsplit model under the same "
-                             "autocast, its tolerance following that precision")
     parser.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default 0.01)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
     parser.add_argument("--output", metavar="KEY",
@@ -128,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     plan = _read_plan(args.plan) if args.plan else None
     model = load_model(args.model)
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
-    graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module)
+    graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module, amp=amp_argument(args))
     mpi = started_by_mpi()
     nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
     if nproc is None and not mpi:
@@ -173,7 +169,7 @@ def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph) -> Any:
     from cost_models.estimate import estimate
 
     ranks = args.nproc or plan.cluster.devices
-    result = estimate(graph, plan, load_profile_argument(args.profile, args.dtype), slowdown=args.slow_stages,
+    result = estimate(graph, plan, load_profile_argument(args.profile, compute_dtype(args)), slowdown=args.slow_stages,
                       shared_cores=host_shared_cores(ranks, args.threads),
                       threads=args.threads or max(1, (os.cpu_count() or 1) // ranks))
     return replace(plan, predicted=result.prediction())

@@ -75,7 +75,7 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from parplan.cli.args import host_shared_cores, load_profile_argument
+    from parplan.cli.args import compute_dtype, host_shared_cores, load_profile_argument
     from parplan.cli.report import print_validation
 
     from cost_models.jsonio import check_writable
@@ -84,7 +84,7 @@ def _validate(args: argparse.Namespace) -> int:
     check_writable(args.refine, "--refine")
     if args.trace_dir and not os.path.isdir(args.trace_dir):
         raise InputError(f"--trace-dir {args.trace_dir} is not a folder; create it first")
-    profile = load_profile_argument(args.profile, args.dtype)
+    profile = load_profile_argument(args.profile, compute_dtype(args))
     graph, model = _traced(args)
     args.shared_cores = host_shared_cores(args.nproc, _threads(args))
     candidates, left_out = _candidates(args, graph, model, profile)
@@ -122,10 +122,11 @@ def _threads(args: argparse.Namespace) -> int:
 def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
     from cost_models.graph import parse_input_shapes, trace
     from cost_models.model_spec import load_model
+    from parplan.cli.args import amp_argument
 
     shape = parse_input_shapes(args.input_shape)
     model = load_model(args.model)
-    return trace(model, shape, args.dtype, leaf_modules=args.leaf_module), model
+    return trace(model, shape, args.dtype, leaf_modules=args.leaf_module, amp=amp_argument(args)), model
 
 
 def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
@@ -166,7 +167,7 @@ def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph)
                        dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
                        warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,
                        quiet=True, timeout_s=args.timeout_s, graph=graph, per_layer=per_layer and r == rounds - 1,
-                       trace=_trace_path(args, candidates[i], "measured") if args.trace_dir and r == rounds - 1 else "")
+                       amp=args.amp or "", trace=_trace_path(args, candidates[i], "measured") if args.trace_dir and r == rounds - 1 else "")
             for r, i in order]
     backend = backend_for(args.backend, args.nproc, mpi)
     with _progress(runs, enabled=not args.json and not mpi) as told:
@@ -240,7 +241,8 @@ def _report(args: argparse.Namespace, graph: LayerGraph, profile: Any, candidate
     predicted = [c.estimate.iteration_s for c in candidates]
     measured = [run.measured_s for run in runs]
     report: dict[str, Any] = {
-        "format": FORMAT, "model": {"spec": args.model, "input_shape": list(graph.input_shape), "dtype": args.dtype},
+        "format": FORMAT, "model": {"spec": args.model, "input_shape": list(graph.input_shape), "dtype": args.dtype,
+                                     **({"amp": args.amp} if args.amp else {})},
         "profile": args.profile, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
         "rounds": min(args.rounds, args.steps), "shared_cores": args.shared_cores,
         "machine": documents[0]["machine"], "backend": documents[0]["backend"],

@@ -69,8 +69,11 @@ def parse_devices(text: str) -> list[int]:
 
 def whatif_command(args: argparse.Namespace) -> int:
     """The handler: check, trace, sweep, report."""
+    from parplan.cli.args import amp_argument
+
     devices = parse_devices(args.devices)
     _check_outputs(args)
+    amp_argument(args)  # --amp with another --dtype: refused before any work
     document = run_sweep(args, devices)
     if args.csv:
         _write_csv(args.csv, document["rows"])
@@ -94,7 +97,7 @@ def whatif_command(args: argparse.Namespace) -> int:
 def run_sweep(args: argparse.Namespace, devices: list[int]) -> dict[str, Any]:
     """The command's sweep from its arguments (``parplan.whatif``)."""
     from parplan.api import whatif
-    from parplan.cli.args import search_settings
+    from parplan.cli.args import amp_argument, search_settings
     from parplan.cli.report import progress_bar
 
     with progress_bar("planning cluster sizes", enabled=not args.json) as progress:
@@ -102,7 +105,7 @@ def run_sweep(args: argparse.Namespace, devices: list[int]) -> dict[str, Any]:
                       devices_per_node=args.devices_per_node, scale_inter_bw=args.scale_inter_bw,
                       scale_intra_bw=args.scale_intra_bw, memory_gb=args.memory_gb, weak_scaling=args.weak_scaling,
                       settings=search_settings(args), dtype=args.dtype, jobs=args.jobs or None,
-                      leaf_modules=tuple(args.leaf_module), progress=progress)
+                      leaf_modules=tuple(args.leaf_module), progress=progress, amp=amp_argument(args))
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
