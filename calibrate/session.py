@@ -111,6 +111,7 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
     from cost_models.collectives import COLLECTIVES
 
     started = time.monotonic()
+    joined = not dist.is_initialized()  # a group this call starts, it also ends
     job = init_from_environment(request.backend)
     device = f"cuda:{job.local_rank}" if request.backend == "nccl" else request.device
     total = len(enumerate_problems(request.graph, request.device_counts))
@@ -133,6 +134,9 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
     measured = measure_collectives(request.comm_sizes_bytes or COMM_SIZES_BYTES, default_group_sizes(job.world_size),
                                    order, started + request.budget_s - RESERVE_S, repeats=COMM_REPEATS,
                                    device=comm_device)
+    if joined:  # before the interpreter exits: gloo's threads must not outlive it (an abort at exit otherwise)
+        dist.barrier()
+        dist.destroy_process_group()
     if job.rank != 0:
         return None
     notes += [f"{name} not timed: {why}" for name, why in measured.skipped.items()]
