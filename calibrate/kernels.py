@@ -110,14 +110,16 @@ def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shap
         gamma = torch.ones(channels, requires_grad=True)
         beta = torch.zeros(channels, requires_grad=True)
         return lambda x: F.batch_norm(x, None, None, gamma, beta, training=True, eps=attrs.get("eps", 1e-5))
+    axes = min(max(len(output_shape) - 2, 1), 3)  # 1-D sequences, 2-D images, 3-D volumes
     if kind in ("maxpool", "avgpool"):
-        pool = F.max_pool2d if kind == "maxpool" else F.avg_pool2d
+        pool = getattr(F, f"{'max' if kind == 'maxpool' else 'avg'}_pool{axes}d")
         extra = {"dilation": attrs.get("dilation", 1)} if kind == "maxpool" else {}
         return lambda x: pool(x, attrs["kernel_size"], attrs.get("stride") or attrs["kernel_size"], attrs.get("padding", 0),
                               ceil_mode=bool(attrs.get("ceil_mode", False)), **extra)
     if kind in ("adaptive_avgpool", "adaptive_maxpool"):
         size = tuple(output_shape[2:])
-        return (lambda x: F.adaptive_avg_pool2d(x, size)) if kind == "adaptive_avgpool" else (lambda x: F.adaptive_max_pool2d(x, size))
+        adaptive = getattr(F, f"adaptive_{'avg' if kind == 'adaptive_avgpool' else 'max'}_pool{axes}d")
+        return lambda x: adaptive(x, size)
     if kind == "upsample":
         mode = attrs.get("mode") or "nearest"
         corners = attrs.get("align_corners") if mode in ("bilinear", "bicubic") else None

@@ -156,7 +156,7 @@ def _elementwise_flops(
 ) -> Flops:
     out_elements = prod(output_shape)
     if kind in _POOLING:
-        window = prod(_pair(attrs.get("kernel_size") or 1))
+        window = prod(_per_axis(attrs.get("kernel_size") or 1, max(1, len(output_shape) - 2)))
         return Flops(fwd=out_elements * window, bwd_data=out_elements * window if needs_input_grad else 0)
     if kind in ("adaptive_avgpool", "adaptive_maxpool"):
         in_elements = prod(input_shapes[0]) if input_shapes else out_elements
@@ -169,7 +169,8 @@ def _elementwise_flops(
     )
 
 
-def _pair(value: Any) -> tuple[int, ...]:
+def _per_axis(value: Any, axes: int) -> tuple[int, ...]:
+    """A hyper-parameter per spatial axis: as given when a sequence, else one value repeated ``axes`` times."""
     if isinstance(value, (list, tuple)):
         return tuple(int(v) for v in value)
-    return (int(value), int(value))
+    return (int(value),) * axes

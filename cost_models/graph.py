@@ -186,23 +186,24 @@ def compute_fingerprint(graph: nx.DiGraph) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
-def parse_input_shape(text: str | Sequence[int]) -> tuple[int, int, int, int]:
-    """Read ``N,C,H,W`` (or a sequence of ints) into a shape, refusing anything else.
+def parse_input_shape(text: str | Sequence[int]) -> tuple[int, ...]:
+    """Read the first input's shape (or a sequence of ints): ``N,C,H,W`` images, ``N,C,D,H,W`` volumes or
+    ``N,C,L`` sequences, refusing anything else.
 
     Raises:
-        InputError: Not four comma-separated positive integers.
+        InputError: Not three to five comma-separated positive integers.
     """
     from cost_models.errors import InputError
 
     shape = _integers(text, "write it as N,C,H,W, e.g. 8,3,224,224")
-    if len(shape) != 4:
+    if not 3 <= len(shape) <= 5:
         raise InputError(
-            f"input shape {text!r} has {len(shape)} dimensions; parplan plans 2-D CNNs and needs N,C,H,W, "
-            f"e.g. 8,3,224,224"
+            f"input shape {text!r} has {len(shape)} dimensions; parplan plans CNNs on N,C,H,W images (e.g. "
+            f"8,3,224,224), N,C,D,H,W volumes (e.g. 2,4,64,64,64) or N,C,L sequences (e.g. 8,1,4096)"
         )
     if any(extent < 1 for extent in shape):
-        raise InputError(f"input shape {text!r} has a non-positive extent; every one of N,C,H,W must be >= 1")
-    return shape  # type: ignore[return-value]
+        raise InputError(f"input shape {text!r} has a non-positive extent; every extent must be >= 1")
+    return shape
 
 
 def parse_input_shapes(texts: str | Sequence[str | Sequence[int]]) -> tuple[tuple[int, ...], ...]:

@@ -136,7 +136,7 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     if kind in ("conv", "conv_transpose", "maxpool", "avgpool"):
         inputs[0] = _pre_padded(inputs[0], attrs, layout) if (kind == "conv" or "pads" in attrs) and inputs else \
             inputs[0]
-        attrs = _unpad_split_dims(attrs, layout)
+        attrs = _unpad_split_dims(attrs, layout, len(local_out))
     if weight is not None:
         attrs["weight_shape"] = list(weight)
     if kind == "conv" and layout.c > 1 and attrs.get("groups", 1) > 1:
@@ -238,10 +238,10 @@ def _tile_padding(pad: list[Any], shape: Any, local_out: Sequence[int], layout: 
 def _pre_padded(shape: Any, attrs: dict[str, Any], layout: Layout) -> Any:
     """A convolution's local input with an asymmetric padding's extra rows (an even kernel's ``'same'``) on its
     unsplit axes, so that the symmetric padding before gives the local output."""
-    if shape is None or len(shape) != 4 or not isinstance(attrs.get("padding"), str):
+    if shape is None or len(shape) < 3 or not isinstance(attrs.get("padding"), str):
         return shape
     padded = list(shape)
-    for axis, parts in enumerate((layout.h, layout.w)):
+    for axis, parts in enumerate(_spatial_parts(layout, len(shape))):
         before, after = axis_pads(attrs, axis)
         if parts == 1:
             padded[2 + axis] += after - before
@@ -260,14 +260,21 @@ def _local_weight(weight: Sequence[int] | None, layout: Layout, kind: str, attrs
     return local
 
 
-def _unpad_split_dims(attrs: dict[str, Any], layout: Layout) -> dict[str, Any]:
+def _unpad_split_dims(attrs: dict[str, Any], layout: Layout, rank: int = 4) -> dict[str, Any]:
     """The padding left to the local problem: none along split axes (the tile reads its halos instead); a string
     ``'same'`` as explicit amounts (the side before; :func:`_pre_padded` adds an even kernel's extra row)."""
-    padding = [axis_pads(attrs, axis)[0] for axis in (0, 1)] if attrs.get("padding") is not None else [0, 0]
-    for axis, parts in enumerate((layout.h, layout.w)):
-        if parts > 1:
+    parts = _spatial_parts(layout, rank)
+    padding = [axis_pads(attrs, axis)[0] if attrs.get("padding") is not None else 0 for axis in range(len(parts))]
+    for axis, split in enumerate(parts):
+        if split > 1:
             padding[axis] = 0
     return {**attrs, "padding": padding}
+
+
+def _spatial_parts(layout: Layout, rank: int) -> tuple[int, ...]:
+    """Parts along each spatial axis of a ``rank``-D tensor: ``h`` and ``w`` of an image; none of a sequence's
+    or a volume's axes split yet (the capability predicate refuses their spatial layouts)."""
+    return (layout.h, layout.w) if rank == 4 else (1,) * max(rank - 2, 1)
 
 
 def axis_value(value: Any, axis: int) -> Any:

@@ -24,7 +24,11 @@ Assumptions:
       (``ComputeSample.peak_bytes``: oneDNN's weight-gradient convolution on
       small maps allocates four times its weights, per thread: a run with more
       threads per rank than calibration's gets what the profile measured the
-      peak to grow by per thread), the gradients alone where it does not.
+      peak to grow by per thread), the gradients alone where it does not. The
+      backward passes timed apart (data and weight gradients) run as one call
+      that returns both gradients and reuses one workspace: their workspaces
+      (a pass's peak less what it returns) count once, the largest (a 3-D
+      convolution's column buffer is as large as its gradients).
     * The peak of a step is all weights, gradients, optimizer state, then,
       layer by layer, the activations saved so far plus that layer's
       transient (``cost_models.estimate``). Received halos are part of the
@@ -179,12 +183,16 @@ def _keep(seen: dict[str, int], layer: StepLayer) -> None:
 def _transient_bytes(problem: LocalProblem | None, output: int, weights: int,
                      peaks: Mapping[str, int | None]) -> int:
     """The larger of the forward's (output, or its measured peak) and the backward's (output gradient, plus the
-    input and weight gradients or the measured peaks of the backward passes)."""
+    input and weight gradients, or what the measured peaks of the backward passes say they return and use)."""
     inputs = 0 if problem is None else sum(prod(shape) for shape in problem.input_shapes) * problem.itemsize
     forward = max(output, peaks.get("fwd") or 0)
-    backward_phases = [phase for phase in ("bwd", "bwd_data", "bwd_weight") if peaks.get(phase) is not None]
-    made = sum(peaks[phase] or 0 for phase in backward_phases) if backward_phases else inputs + weights
-    return max(forward, output + made)
+    made_by = {"bwd": inputs + weights, "bwd_data": inputs, "bwd_weight": weights}  # what each pass returns
+    backward_phases = [phase for phase in made_by if peaks.get(phase) is not None]
+    if not backward_phases:
+        return max(forward, output + inputs + weights)
+    # one backward call returns every pass's gradients and reuses one workspace (freed between them)
+    workspace = max(max(0, (peaks[phase] or 0) - made_by[phase]) for phase in backward_phases)
+    return max(forward, output + sum(made_by[phase] for phase in backward_phases) + workspace)
 
 
 def _saved_bytes(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None) -> tuple[int, int]:

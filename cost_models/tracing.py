@@ -29,9 +29,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import logging
 from dataclasses import replace
 from math import prod
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -288,7 +289,7 @@ class _FakePropagator(Interpreter):
     def propagate(self, input_shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype,
                   amp: str = "") -> dict[str, TensorMeta | None]:
         cast = torch.autocast("cpu", dtype=getattr(torch, AMP_DTYPES[amp])) if amp else contextlib.nullcontext()
-        with self.fake_mode, cast:
+        with self.fake_mode, cast, _fake_tensor_log_quiet():
             self.run(*(torch.empty(shape, dtype=dtype) for shape in input_shapes))
         return self.metas
 
@@ -326,6 +327,18 @@ class _FakePropagator(Interpreter):
             result = super().run_node(n)
         self.flops[n.name] = int(counter.get_total_flops())
         return result
+
+
+@contextlib.contextmanager
+def _fake_tensor_log_quiet() -> Iterator[None]:
+    """Fake tensors log a model's rejection of its input with a traceback; the trace reports it in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _batchnorm_output(module: nn.Module, args: Any, kwargs: Any) -> torch.Tensor | None:

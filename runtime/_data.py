@@ -92,6 +92,8 @@ class DataHelpers:
         """The slices of a global target (``(N,)`` labels, ``(N, H, W)`` maps or the output's shape) this rank needs."""
         box = self.loss_placement().box(shape4(self._output_shape()), self.member)
         n, c, h, w = (slice(start, stop) for start, stop in box)
+        if len(self._output_shape()) != 4:  # held flattened, (N, features): split by samples only
+            return (n,) + (slice(None),) * (len(target_shape) - 1)
         return {1: (n,), 2: (n, c), 3: (n, h, w), 4: (n, c, h, w)}[len(target_shape)]
 
     def loss(self, local_output: Any, local_target: torch.Tensor,

@@ -68,7 +68,7 @@ def test_single_input_graph_hashes_as_before() -> None:
 
 @pytest.mark.parametrize(("shapes", "words"), [
     (["4,3,16,16", "2,8"], ["2,8", "batch 2", "4,3,16,16", "batch 4"]),
-    (["4,3,16"], ["N,C,H,W"]),
+    (["4,3"], ["N,C,H,W"]),
     (["4,3,16,16", "4,0"], ["positive"]),
     (["4,3,16,16", "4,x8"], ["not a list of integers"]),
 ])

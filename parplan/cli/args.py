@@ -35,7 +35,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, amp: bool = True) ->
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
     parser.add_argument("--input-shape", required=True, action="append", metavar="N,C,H,W",
-                        help="global input shape, e.g. 64,3,224,224; repeatable: a model whose forward takes several "
+                        help="global input shape: N,C,H,W images (e.g. 64,3,224,224), N,C,D,H,W volumes (e.g. "
+                             "4,4,128,128,128) or N,C,L sequences; volumes and sequences split by samples and into "
+                             "pipeline stages (their spatial splits are not offered yet); repeatable: a model whose forward takes several "
                              "tensors gets one per positional argument, in order, each batch first (e.g. "
                              "--input-shape 64,3,224,224 --input-shape 64,16)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "float64"),

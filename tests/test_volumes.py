@@ -1,0 +1,123 @@
+"""Volumes (``N,C,D,H,W``) and sequences (``N,C,L``): traced, counted, calibrated, planned and run split by
+samples and into pipeline stages, equal to the unsplit model in float64 (issue 22's first step; their channel
+and spatial splits are refused by the one capability predicate until the runtime runs them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+import torch
+from torch import nn
+
+from cost_models.capability import layer_refusal
+from cost_models.errors import InputError
+from cost_models.graph import parse_input_shapes, trace
+from cost_models.layout import Layout
+from cost_models.local_problem import layer_problem, phases_of
+from distributed import run_ranks
+from runtime_check import step_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+from cosmoflow import CosmoFlow  # noqa: E402
+from unet3d import UNet3d  # noqa: E402
+
+PARPLAN = str(Path(sys.executable).parent / "parplan")
+
+
+class Sequence1d(nn.Module):
+    """A 1-D CNN over a sequence: convolutions, batch-norm, pooling, a global pool and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(2, 8, 5, padding=2), nn.BatchNorm1d(8), nn.ReLU(), nn.MaxPool1d(2),
+                                  nn.Conv1d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool1d(1))
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).flatten(1))
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "cosmoflow":
+        model: nn.Module = CosmoFlow(size=8, blocks=2, width=4, outputs=5)
+    elif name == "unet3d":  # the segmentation map pooled to five scores (the test's labels are per sample)
+        model = nn.Sequential(UNet3d(in_channels=2, classes=5, width=4, depth=2), nn.AdaptiveAvgPool3d(1),
+                              nn.Flatten())
+    else:
+        model = Sequence1d()
+    return model.to(torch.float64).train()
+
+
+SHAPES = {"cosmoflow": (4, 4, 8, 8, 8), "unet3d": (4, 2, 8, 8, 8), "sequence": (4, 2, 32)}
+
+
+def test_volumes_and_sequences_are_read_and_other_ranks_refused_in_one_line() -> None:
+    assert parse_input_shapes("2,4,16,16,16") == ((2, 4, 16, 16, 16),)
+    assert parse_input_shapes("8,1,4096") == ((8, 1, 4096),)
+    for text in ("8,16", "1,2,3,4,5,6"):
+        with pytest.raises(InputError, match="N,C,D,H,W volumes"):
+            parse_input_shapes(text)
+
+
+def test_three_d_layers_are_counted_per_voxel() -> None:
+    graph = trace(_model("cosmoflow"), SHAPES["cosmoflow"])
+    conv, pool = graph.nodes["features_0"], graph.nodes["features_2"]
+    assert conv["kind"] == "conv" and conv["flops_fwd"] == 2 * 4 * 4 * 8**3 * 4 * 27  # N·C_out·voxels·C_in·k³
+    assert pool["kind"] == "maxpool" and pool["flops_fwd"] == 4 * 4 * 4**3 * 8  # a 2×2×2 window per output
+
+
+def test_volume_layers_split_by_samples_only_for_now() -> None:
+    for name in ("cosmoflow", "unet3d", "sequence"):
+        graph = trace(_model(name), SHAPES[name])
+        for layer, data in graph.nodes(data=True):
+            if data["kind"] == "input" or len(data["output_shape"]) == 2:
+                continue
+            assert layer_refusal(data, Layout(n=2)) is None, (name, layer)
+            for layout in (Layout(c=2), Layout(h=2), Layout(w=2)):
+                assert layer_refusal(data, layout) is not None, (name, layer, layout)
+
+
+def test_calibration_builds_every_pass_of_the_volume_and_sequence_problems() -> None:
+    from calibrate.kernels import build_kernel
+
+    for name in ("unet3d", "sequence"):
+        graph = trace(_model(name), SHAPES[name])
+        for data in graph.nodes.values():
+            problem = layer_problem(data, Layout(n=2), "float32")
+            if problem is None:
+                continue
+            for phase in phases_of(problem):
+                build_kernel(problem, phase, torch.device("cpu"))()
+
+
+def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
+    return step_cases(cases, world, _model, lambda name: SHAPES[name])
+
+
+@pytest.mark.multirank
+def test_volumes_and_sequences_split_by_samples_equal_the_unsplit_model() -> None:
+    cases = [(name, "n2") for name in SHAPES]
+    results = run_ranks(_cases, 2, args=(cases,), timeout_s=300)[0]
+    for name in SHAPES:  # every layer split (none fell back to whole)
+        graph = trace(_model(name), SHAPES[name], torch.float64)
+        assert {results[f"{name} n2"][layer] for layer in graph.compute_layers()} == {"n2"}, name
+
+
+@pytest.mark.multirank
+def test_a_volume_pipeline_verifies_from_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "meas.json"
+    run = subprocess.run([PARPLAN, "run", "--model", "examples/unet3d.py:unet3d", "--input-shape", "2,1,16,16,16",
+                          "--layout", "n1", "--stages", "2", "--micro-batches", "2", "--nproc", "2", "--dtype",
+                          "float64", "--steps", "1", "--warmup", "0", "--verify", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    measured: dict[str, Any] = json.loads(out.read_text())
+    assert measured["verify"]["passed"] and measured["model"]["input_shape"] == [2, 1, 16, 16, 16]
