@@ -206,7 +206,7 @@ def test_parplan_check_reports_each_check_as_json() -> None:
 
 @pytest.mark.parametrize("args, says", [
     (["--model", "torchvision:no_such_net", "--input-shape", "2,3,32,32"], "torchvision has no model"),
-    (["--model", "torchvision:resnet18", "--input-shape", "2,3,32"], "input shape"),
+    (["--model", "torchvision:resnet18", "--input-shape", "2,3"], "input shape"),
     (["--model", "torchvision:resnet18", "--input-shape", "2,3,32,32", "--layouts", "h2,q3"], "cannot read layout"),
     (["--model", "torchvision:resnet18", "--input-shape", "2,3,32,32", "--profile", "v99"], "v99"),
 ])
