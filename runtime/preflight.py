@@ -41,8 +41,10 @@ def check_plan(plan: Plan, graph: LayerGraph, ranks: int, where: str = "the plan
     """
     if graph.fingerprint != plan.fingerprint:
         shapes = " and ".join(str(list(shape)) for shape in graph.input_shapes)
+        precision = graph.graph["dtype"] + (f" under autocast to {graph.graph['amp']}" if graph.graph.get("amp") else "")
         raise PlanError(f"{where} was made for model fingerprint {plan.fingerprint}, but this model at input "
-                        f"{shapes} ({graph.graph['dtype']}) traces to {graph.fingerprint}; make a new plan")
+                        f"{shapes} ({precision}) traces to {graph.fingerprint}; make a new plan (with the same "
+                        f"--dtype and --amp as the run)")
     check_plan_for_graph(plan, graph)
     devices = sum(plan.pipeline.devices_per_stage)
     if ranks != devices:
