@@ -150,9 +150,9 @@ def _norm_function(attrs: dict[str, Any], weight: Any, output_shape: tuple[int, 
     if norm == "LayerNorm":
         normalized = tuple(attrs.get("normalized_shape") or output_shape[-1:])
         return lambda x: F.layer_norm(x, normalized, eps=float(attrs.get("eps", 1e-5)))
-    if norm.startswith("InstanceNorm") and len(output_shape) == 4:  # its own kernel: a batch-norm of N·C channels
+    if norm.startswith("InstanceNorm") and len(output_shape) >= 3:  # its own kernel: a batch-norm of N·C channels
         return lambda x: F.instance_norm(x, eps=float(attrs.get("eps", 1e-5)))
-    if norm == "GroupNorm" and len(output_shape) == 4:
+    if norm == "GroupNorm" and len(output_shape) >= 3:
         groups = int(attrs.get("num_groups") or output_shape[1]) if norm == "GroupNorm" else output_shape[1]
         return lambda x: F.group_norm(x, groups, eps=float(attrs.get("eps", 1e-5)))
     raise ValueError(f"no kernel to time for the norm {attrs!r}; it is left to the pooled fit")

@@ -44,6 +44,38 @@ class Sequence1d(nn.Module):
         return self.head(self.body(x).flatten(1))
 
 
+class Mixed3d(nn.Module):
+    """Modern volume layers: reflect padding, group- and instance-norm, SiLU, average pooling, trilinear and
+    nearest upsampling, a global pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(2, 8, 3, padding=1, padding_mode="reflect")
+        self.group, self.instance = nn.GroupNorm(2, 8), nn.InstanceNorm3d(8, affine=True)
+        self.pool = nn.AvgPool3d(2)
+        self.smooth = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False)
+        self.near = nn.Upsample(scale_factor=2, mode="nearest")
+        self.head = nn.Sequential(nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(8, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.silu(self.instance(self.group(self.conv(x))))
+        return self.head(self.smooth(self.pool(y)) + self.near(self.pool(y)))
+
+
+class Mixed1d(nn.Module):
+    """A 1-D encoder-decoder: a strided convolution down, a transposed one up, linear upsampling, a mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.down = nn.Conv1d(2, 8, 3, padding=1), nn.Conv1d(8, 8, 2, stride=2)
+        self.up, self.smooth = nn.ConvTranspose1d(8, 8, 2, stride=2), nn.Upsample(scale_factor=2, mode="linear")
+        self.pool, self.fc = nn.AvgPool1d(2), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.up(self.down(torch.relu(self.conv(x))))
+        return self.fc(self.smooth(self.pool(y)).mean(2))
+
+
 def _model(name: str) -> nn.Module:
     torch.manual_seed(0)
     if name == "cosmoflow":
@@ -51,12 +83,17 @@ def _model(name: str) -> nn.Module:
     elif name == "unet3d":  # the segmentation map pooled to five scores (the test's labels are per sample)
         model = nn.Sequential(UNet3d(in_channels=2, classes=5, width=4, depth=2), nn.AdaptiveAvgPool3d(1),
                               nn.Flatten())
+    elif name == "mixed3d":
+        model = Mixed3d()
+    elif name == "mixed1d":
+        model = Mixed1d()
     else:
         model = Sequence1d()
     return model.to(torch.float64).train()
 
 
-SHAPES = {"cosmoflow": (4, 4, 8, 8, 8), "unet3d": (4, 2, 8, 8, 8), "sequence": (4, 2, 32)}
+SHAPES = {"cosmoflow": (4, 4, 8, 8, 8), "unet3d": (4, 2, 8, 8, 8), "sequence": (4, 2, 32), "mixed3d": (4, 2, 8, 8, 8),
+          "mixed1d": (4, 2, 32)}
 
 
 def test_volumes_and_sequences_are_read_and_other_ranks_refused_in_one_line() -> None:
@@ -88,7 +125,7 @@ def test_volume_layers_split_by_samples_only_for_now() -> None:
 def test_calibration_builds_every_pass_of_the_volume_and_sequence_problems() -> None:
     from calibrate.kernels import build_kernel
 
-    for name in ("unet3d", "sequence"):
+    for name in ("unet3d", "sequence", "mixed3d"):
         graph = trace(_model(name), SHAPES[name])
         for data in graph.nodes.values():
             problem = layer_problem(data, Layout(n=2), "float32")
