@@ -1,6 +1,7 @@
 """What the tracer adds to a layer's attributes from the graph traced so far (``cost_models.tracing``): the orders
 of its value and inputs (``cost_models.orders``), TensorFlow-'SAME' pads from its input's extent
-(``cost_models.layer_kinds.TF_SAME``), and a convolution call's filters (``F.conv2d(x, standardise(w))``)."""
+(``cost_models.layer_kinds.TF_SAME``), and a convolution call's filters (``F.conv2d(x, standardise(w))``); and, on
+the assembled graph, ``F.pad`` amounts computed from shapes and each layer's autocast dtype (mixed precision)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
+from cost_models.graph import AMP_DTYPES, compute_fingerprint
 from cost_models.layer_kinds import KindInfo, tf_same_pads
 from cost_models.orders import default_order, output_order, piece_order, reduced, stacked, unknown_order
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 
     from cost_models.graph import LayerGraph
 
-__all__ = ["TensorMeta", "shape_attrs", "with_orders"]
+__all__ = ["TensorMeta", "record_amp", "record_pads", "shape_attrs", "with_orders"]
 
 TensorMeta = list[tuple[tuple[int, ...], int]]
 """Per node: (shape, itemsize) of each tensor it produced."""
@@ -106,3 +108,22 @@ def _function_conv_attrs(graph: LayerGraph, weight: str) -> dict[str, Any]:
         return {}
     from_batch = any(graph.nodes[name]["kind"] == "input" for name in nx.ancestors(graph, weight) | {weight})
     return {"kernel_size": list(shape[2:]), "weight_from_batch": from_batch}
+
+
+def record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
+    """``F.pad`` amounts computed from shapes (timm's ``pad_same``) as the traced call received them: the unsplit
+    program's, which the runtime's distributed padding and the capability predicate read (``attrs["pad"]``)."""
+    computed = {name: amounts for name, amounts in pads.items() if name in graph and "pad" not in graph.nodes[name]["attrs"]}
+    for name, amounts in computed.items():
+        graph.nodes[name]["attrs"] = {**graph.nodes[name]["attrs"], "pad": amounts, "pad_from_shapes": True}
+    if computed:
+        graph.graph["fingerprint"] = compute_fingerprint(graph)
+
+
+def record_amp(graph: LayerGraph, amp: str, dtypes: dict[str, str]) -> None:
+    """Under ``amp``: each layer's compute dtype where it differs from the weights' (``dtype``), and ``amp``."""
+    graph.graph["amp"] = AMP_DTYPES[amp]
+    for name in graph.nodes:
+        if dtypes.get(name, graph.graph["dtype"]) != graph.graph["dtype"]:
+            graph.nodes[name]["dtype"] = dtypes[name]
+    graph.graph["fingerprint"] = compute_fingerprint(graph)

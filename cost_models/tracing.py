@@ -45,7 +45,7 @@ from cost_models.errors import InputError, TraceError
 from cost_models.flops import layer_flops
 from cost_models.graph import AMP_DTYPES, LayerGraph, compute_fingerprint
 from cost_models._held import held_together
-from cost_models._traced_attrs import TensorMeta, shape_attrs, with_orders
+from cost_models._traced_attrs import TensorMeta, record_amp, record_pads, shape_attrs, with_orders
 from cost_models.layer_kinds import TF_SAME, KindInfo, classify
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace"]
@@ -84,9 +84,9 @@ def build_layer_graph(
     _check_arguments(traced, input_shapes)
     metas = propagator.propagate(input_shapes, dtype, amp)
     graph = _assemble(fake_traced, metas, propagator.flops, names, input_shapes, str(dtype).removeprefix("torch."))
-    _record_pads(graph, propagator.pads)
+    record_pads(graph, propagator.pads)
     if amp:
-        _record_amp(graph, amp, propagator.dtypes)
+        record_amp(graph, amp, propagator.dtypes)
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
     graph.graph["opaque_modules"] = opaque
     return graph
@@ -399,25 +399,6 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
     graph.graph["held_together"] = held_together(gm, graph)
     graph.graph["fingerprint"] = compute_fingerprint(graph)
     return graph
-
-
-def _record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
-    """``F.pad`` amounts computed from shapes (timm's ``pad_same``) as the traced call received them: the unsplit
-    program's, which the runtime's distributed padding and the capability predicate read (``attrs["pad"]``)."""
-    computed = {name: amounts for name, amounts in pads.items() if name in graph and "pad" not in graph.nodes[name]["attrs"]}
-    for name, amounts in computed.items():
-        graph.nodes[name]["attrs"] = {**graph.nodes[name]["attrs"], "pad": amounts, "pad_from_shapes": True}
-    if computed:
-        graph.graph["fingerprint"] = compute_fingerprint(graph)
-
-
-def _record_amp(graph: LayerGraph, amp: str, dtypes: dict[str, str]) -> None:
-    """Under ``amp``: each layer's compute dtype where it differs from the weights' (``dtype``), and ``amp``."""
-    graph.graph["amp"] = AMP_DTYPES[amp]
-    for name in graph.nodes:
-        if dtypes.get(name, graph.graph["dtype"]) != graph.graph["dtype"]:
-            graph.nodes[name]["dtype"] = dtypes[name]
-    graph.graph["fingerprint"] = compute_fingerprint(graph)
 
 
 def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, meta: TensorMeta,
