@@ -55,12 +55,18 @@ def spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return _halo_refusal(layer, layout) if kind in _HALO_KINDS else None
 
 
+def _tiles(layout: Layout, rank: int) -> tuple[tuple[int, str], ...]:
+    """``(parts, name)`` of each spatial axis of a ``rank``-D tensor: rows and columns; slices too of a volume."""
+    names = {5: ("slices", "rows", "columns"), 4: ("rows", "columns"), 3: ("columns",)}.get(rank, ())
+    return tuple(zip(layout.parts_of(rank)[2:], names)) if names else ()
+
+
 def _input_fit_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A layer reading tiles of its input needs a non-empty tile of it on every rank (not only of its output)."""
     shape = layer["input_shapes"][0] if layer["input_shapes"] else None
-    if not shape or len(shape) != 4 or isinstance(shape[0], list):
+    if not shape or len(shape) not in (4, 5) or isinstance(shape[0], list):
         return None
-    small = [f"{extent} {name}" for extent, parts, name in zip(shape[2:], (layout.h, layout.w), ("rows", "columns"))
+    small = [f"{extent} {name}" for extent, (parts, name) in zip(shape[2:], _tiles(layout, len(shape)))
              if extent < parts]
     return (f"its input {tuple(shape)} is {', '.join(small)}: fewer than the {layout} tiles it would be read in"
             if small else None)
@@ -68,7 +74,7 @@ def _input_fit_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
 
 def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
-    for axis, parts in ((0, layout.h), (1, layout.w)):
+    for axis, (parts, _) in enumerate(_tiles(layout, len(shape))):
         if parts == 1:
             continue
         kernel, stride, dilation, padding = (_axis(attrs.get(key, default), axis) for key, default in
@@ -83,18 +89,20 @@ def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
 
 def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
     attrs = layer.get("attrs", {})
-    if attrs.get("mode", "nearest") not in ("nearest", "bilinear") or attrs.get("align_corners"):
-        return "upsampling across tiles supports nearest and bilinear (align_corners=False) only"
-    (_, _, h_in, w_in), (_, _, h_out, w_out) = layer["input_shapes"][0], layer["output_shape"]
-    if h_out % h_in or w_out % w_in:
-        return f"upsampling {h_in}×{w_in} to {h_out}×{w_out} is not an integer scale"
+    if attrs.get("mode", "nearest") not in ("nearest", "bilinear", "trilinear") or attrs.get("align_corners"):
+        return "upsampling across tiles supports nearest and bi/trilinear (align_corners=False) only"
+    extents_in, extents_out = layer["input_shapes"][0][2:], layer["output_shape"][2:]
+    if any(out % extent for extent, out in zip(extents_in, extents_out)):
+        return (f"upsampling {'×'.join(map(str, extents_in))} to {'×'.join(map(str, extents_out))} is not an integer "
+                f"scale")
     return None
 
 
 def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """Adaptive average pooling's output tiles read their windows' rows; no tile may read past its neighbours'."""
     (_, _, *extents_in), (_, _, *extents_out) = layer["input_shapes"][0], layer["output_shape"]
-    for extent_in, extent_out, parts, name in zip(extents_in, extents_out, (layout.h, layout.w), ("rows", "columns")):
+    tiles = _tiles(layout, len(extents_in) + 2)
+    for extent_in, extent_out, (parts, name) in zip(extents_in, extents_out, tiles):
         if parts == 1 or extent_in < parts:  # an input shorter than the tiles is read whole
             continue
         if reads_beyond_neighbours(extent_in, extent_out, parts,
@@ -111,12 +119,12 @@ def norm_refusal(layer: Mapping[str, Any]) -> str | None:
     attrs = layer.get("attrs", {})
     function = attrs.get("function_form") and not (attrs.get("norm") == "GroupNorm"
                                                    and isinstance(attrs.get("num_groups"), int))
-    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d") or function:
+    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d", "InstanceNorm3d") or function:
         return (f"{attrs.get('norm', 'this norm')} cannot be split by channel or space yet (GroupNorm and "
-                f"InstanceNorm2d modules and F.group_norm can)")
-    if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) != 4:
-        return ("an instance-norm tracking running statistics, or of other than (N, C, H, W), cannot be split by "
-                "channel or space")
+                f"InstanceNorm2d/3d modules and F.group_norm can)")
+    if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) not in (4, 5):
+        return ("an instance-norm tracking running statistics, or of other than (N, C, H, W) or (N, C, D, H, W), "
+                "cannot be split by channel or space")
     return None
 
 
@@ -154,8 +162,9 @@ def _border_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     else:
         mode = attrs.get("padding_mode", "zeros")
         windows = [((_axis(attrs.get("kernel_size", 1), axis), _axis(attrs.get("stride", 1), axis),
-                     _axis(attrs.get("dilation", 1), axis)), axis_pads(dict(attrs), axis)) for axis in (0, 1)]
-    for axis, parts in ((0, layout.h), (1, layout.w)):
+                     _axis(attrs.get("dilation", 1), axis)), axis_pads(dict(attrs), axis))
+                   for axis in range(len(shape) - 2)]
+    for axis, (parts, _) in enumerate(_tiles(layout, len(shape))):
         if parts > 1:
             window, pads = windows[axis]
             try:

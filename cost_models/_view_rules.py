@@ -33,7 +33,7 @@ def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if layout.n > 1 and unsampled:  # dimension 0 merges the samples with more (B·heads): held whole, not split
         return (f"it reads a value in the order {unsampled[0]}, which holds no sample axis to split under {layout}; "
                 f"split it by space or channel only")
-    if not orders or layout.c * layout.h * layout.w == 1:
+    if not orders or layout.c * layout.spatial == 1:
         return None
     ordered = {order for order in orders if order}
     if layer["kind"] == "view" or (len(ordered) == 1 and (layer["kind"] in KEEPING_KINDS | {"cat"}

@@ -51,6 +51,10 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       convolution) has at least one row (column) of its input per tile;
       upsampling and adaptive pooling read an input with fewer rows than
       tiles whole (deeplabv3's pooled branch: 1×1 upsampled to the map).
+    * A volume ``(N, C, D, H, W)`` splits by depth as by height and width, its
+      halos exchanged along each split axis, for the kinds whose forms the
+      runtime runs on tiles of any rank (``cost_models._volume_rules``);
+      a 4-D value has no depth to split.
     * A 4-D value whose dimensions hold its axes in another order than
       ``nchw`` (``cost_models.orders``: ConvNeXt's channels-last blocks) is
       split by axis wherever its order puts them: a permutation of a 4-D
@@ -88,6 +92,7 @@ from math import prod
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
+from cost_models._volume_rules import volume_refusal, volume_refusal_applies
 from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_last_dims, order_refusal, permutes,
                                      reduction_refusal, reshape_refusal, sample_dim_refusal, sample_view_refusal,
                                      stacks_or_reduces)
@@ -165,14 +170,20 @@ def piece_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str | 
 
 
 def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
-    if len(shape) == 4:
+    if len(shape) == 5:
         small = [f"{extent} {name}" for extent, parts, name in zip(shape, layout.parts(), ("samples", "channels",
+                 "slices", "rows", "columns")) if extent < parts]
+        return f"its output {tuple(shape)} has only {', '.join(small)} for {layout}" if small else None
+    if len(shape) == 4:
+        if layout.d > 1:
+            return f"its output {tuple(shape)} is an image: it has no depth to split ({layout})"
+        small = [f"{extent} {name}" for extent, parts, name in zip(shape, layout.parts_of(4), ("samples", "channels",
                  "rows", "columns")) if extent < parts]
         return f"its output {tuple(shape)} has only {', '.join(small)} for {layout}" if small else None
-    if layout.h > 1 or layout.w > 1:
-        return f"a {len(shape)}-D tensor {tuple(shape)} has no height and width to split"
+    if layout.spatial > 1:
+        return f"a {len(shape)}-D tensor {tuple(shape)} has no depth, height or width to split"
     if layout.c > 1 and len(shape) != 2:
-        return f"only 2-D (N, features) and 4-D (N, C, H, W) tensors split by channel, not {tuple(shape)}"
+        return f"only 2-D (N, features), 4-D (N, C, H, W) and 5-D tensors split by channel, not {tuple(shape)}"
     if shape[0] < layout.n or (layout.c > 1 and shape[1] < layout.c):
         return f"its output {tuple(shape)} has fewer elements than the {layout} parts"
     return None
@@ -182,7 +193,7 @@ def _ordered_fit_refusal(shape: list[int], order: str, layout: Layout) -> str | 
     """:func:`_fit_refusal` of a value whose dimensions hold the axes ``order`` names (a 4-D one, or a reshape's)."""
     if len(order) != len(shape):
         return _fit_refusal(shape, layout)
-    missing = [axis for axis in "nchw" if getattr(layout, axis) > 1 and axis not in order]
+    missing = [axis for axis in "ncdhw" if getattr(layout, axis) > 1 and axis not in order]
     if missing:
         return f"its {len(shape)}-D value {tuple(shape)} ({order}) has no {'/'.join(missing)} axis to split"
     return _fit_refusal(logical(shape, order), layout)
@@ -190,7 +201,9 @@ def _ordered_fit_refusal(shape: list[int], order: str, layout: Layout) -> str | 
 
 def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     kind, attrs = layer["kind"], layer.get("attrs", {})
-    spatial = layout.h * layout.w > 1
+    spatial = layout.spatial > 1
+    if volume_refusal_applies(layer, layout) and (why := volume_refusal(layer, layout)):
+        return why
     if permutes(layer):
         return sample_view_refusal(layer, layout) if layout.n > 1 else None
     if kind == "view" and spatial and layout.c == 1 and layer["input_shapes"]:
@@ -234,7 +247,7 @@ def _tiled_function(layer: Mapping[str, Any]) -> bool:
 
 def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
     """``x[:, a:b, …]`` computes on every part what it computes on the whole when it slices no split dimension."""
-    cut = sorted({dim for dim, parts in enumerate(layout.parts()) if parts > 1} & set(sliced))
+    cut = sorted({dim for dim, parts in enumerate(layout.parts_of(4)) if parts > 1} & set(sliced))
     return f"it slices dimension {cut[0]}, which {layout} splits" if cut else None
 
 
@@ -296,7 +309,7 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
             f"batch-norm (--sync-batchnorm)")
 
 
-_INHERENT = ("has only", "has no height and width", "summing over the batch", "fewer elements than", "too fine for", "reading padding only",
+_INHERENT = ("has only", "has no height and width", "has no depth, height or width", "has no depth to split", "summing over the batch", "fewer elements than", "too fine for", "reading padding only",
              "cannot split an extent", "along a split dimension", "softmax across tiles",
              "softmax over the split channel", "from parameters and constants alone")
 
@@ -409,5 +422,5 @@ def _ordered_dim_split(layout: Layout, dim: int, layer: Mapping[str, Any]) -> bo
 
 def _dim_split(layout: Layout, dim: int, rank: int) -> bool:
     dim = dim % rank if rank else 0
-    parts = layout.parts() if rank == 4 else (layout.n, layout.c)
+    parts = layout.parts_of(4) if rank == 4 else (layout.n, layout.c)
     return dim < len(parts) and parts[dim] > 1

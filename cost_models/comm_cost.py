@@ -28,7 +28,7 @@ import numpy as np
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.halo import HaloMessage
-from cost_models.layout import Layout
+from cost_models.layout import Layout, as_volume
 from cost_models.profile import Profile
 from cost_models.redistribution import rank_loads
 
@@ -133,11 +133,11 @@ PATTERN_CASES: tuple[tuple[bool, bool], ...] = ((False, False), (False, True), (
 
 def nested(source: Layout, target: Layout, shape: Sequence[int]) -> bool:
     """Whether :func:`move_patterns` applies: nesting splits that divide ``shape`` exactly."""
-    return bool(nested_mask(np.array(shape), np.array(source.parts()), np.array(target.parts())))
+    return bool(nested_mask(np.array(as_volume(shape)), np.array(source.parts()), np.array(target.parts())))
 
 
 def nested_mask(extents: np.ndarray, source_parts: np.ndarray, target_parts: np.ndarray) -> np.ndarray:
-    """:func:`nested` for arrays of part counts (last axis ``n, c, h, w``), broadcast against each other."""
+    """:func:`nested` for arrays of part counts (last axis ``n, c, d, h, w``), broadcast against each other."""
     divides = (extents % source_parts == 0) & (extents % target_parts == 0)
     return (divides & ((source_parts % target_parts == 0) | (target_parts % source_parts == 0))).all(axis=-1)
 
@@ -172,14 +172,14 @@ def pattern_s(coefficients: Mapping[bool, tuple[float, float]], pattern: MovePat
         coefficients: :func:`sendrecv_coefficients` of the profile and element size.
     """
     present = np.array([[case in pattern.cases] for case in PATTERN_CASES])
-    return float(patterned_s(coefficients, np.array([pattern.parts]), present, np.array(shape),
+    return float(patterned_s(coefficients, np.array([pattern.parts]), present, np.array(as_volume(shape)),
                              np.array([source.parts()]), np.array([target.parts()]))[0])
 
 
 def patterned_s(coefficients: Mapping[bool, tuple[float, float]], parts: np.ndarray, present: np.ndarray,
                 extents: np.ndarray, source_parts: np.ndarray, target_parts: np.ndarray) -> np.ndarray:
     """:func:`pattern_s` for arrays of moves: their patterns' ``parts`` and ``present`` cases (first axis in
-    :data:`PATTERN_CASES` order), and part counts (last axis ``n, c, h, w``) broadcast to the moves' shape."""
+    :data:`PATTERN_CASES` order), and part counts (last axis ``n, c, d, h, w``) broadcast to the moves' shape."""
     wanted = (extents // target_parts).prod(axis=-1).astype(np.float64)
     own = (extents // np.maximum(source_parts, target_parts)).prod(axis=-1).astype(np.float64)
     parts = parts.astype(np.float64)

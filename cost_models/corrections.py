@@ -41,7 +41,7 @@ POOLED = "*"
 
 def split_class(layout: Layout) -> str:
     """How ``layout`` cuts a layer's own work: ``""`` (whole samples), ``spatial``, ``channel`` or both."""
-    parts = (["channel"] if layout.c > 1 else []) + (["spatial"] if layout.h * layout.w > 1 else [])
+    parts = (["channel"] if layout.c > 1 else []) + (["spatial"] if layout.spatial > 1 else [])
     return "·".join(parts)
 
 

@@ -10,6 +10,8 @@ order holds them).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
@@ -62,7 +64,7 @@ def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout
 
 
 def _input_layout(kind: str, layout: Layout) -> Layout:
-    return Layout(layout.n, 1, layout.h, layout.w) if kind in DENSE_KINDS and layout.c > 1 else layout
+    return replace(layout, c=1) if kind in DENSE_KINDS and layout.c > 1 else layout
 
 
 def _as_4d(shape: list[int], have: Layout, want: Layout) -> tuple[tuple[int, ...], Layout, Layout]:
@@ -71,4 +73,4 @@ def _as_4d(shape: list[int], have: Layout, want: Layout) -> tuple[tuple[int, ...
     features = 1
     for extent in shape[1:]:
         features *= extent
-    return (shape[0], features, 1, 1), Layout(have.n, have.c), Layout(want.n, want.c)
+    return (shape[0], features, 1, 1), Layout(n=have.n, c=have.c), Layout(n=want.n, c=want.c)

@@ -1,10 +1,16 @@
-"""How one activation tensor ``(N, C, H, W)`` is split over the ranks of a layer.
+"""How one activation tensor ``(N, C, D, H, W)`` is split over the ranks of a layer.
 
-``Layout(n, c, h, w)`` gives the number of parts along sample, channel, height
-and width; ``n·c·h·w`` ranks work on the layer. Its short form omits the
-dimensions that are not split: ``Layout(4, 1, 2, 2)`` prints as ``n4·h2·w2``
-and the unsplit layout as ``n1``. ``Layout.parse`` reads that form back (``.``
-or ``*`` may stand for ``·``, so it can be typed on any keyboard).
+``Layout(n=, c=, d=, h=, w=)`` gives the number of parts along sample, channel,
+depth, height and width; ``n·c·d·h·w`` ranks work on the layer. Its short form
+omits the dimensions that are not split: ``Layout(n=4, h=2, w=2)`` prints as
+``n4·h2·w2`` and the unsplit layout as ``n1``. ``Layout.parse`` reads that form
+back (``.`` or ``*`` may stand for ``·``, so it can be typed on any keyboard).
+
+Tensors of other ranks name a subset of the axes (:func:`axes_of`): an image
+``(N, C, H, W)`` has no depth, a sequence ``(N, C, L)`` splits its length as
+``w``. :func:`as_volume` puts any of them in the five-axis frame (extent 1 on
+the axes it lacks), where a dimension of extent 1 is held whole whatever the
+layout says.
 
 A dimension of extent ``E`` split into ``p`` parts gives balanced parts, as
 ``torch.tensor_split`` does (sizes differ by at most one);
@@ -15,28 +21,34 @@ bounds time and memory.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import product
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 from cost_models.errors import InputError
 
-__all__ = ["DIMS", "Layout", "layouts_dividing"]
+__all__ = ["DIMS", "Layout", "as_volume", "axes_of", "from_volume", "layouts_dividing"]
 
-DIMS: tuple[str, ...] = ("n", "c", "h", "w")
-_PART = re.compile(r"^([nchw])(\d+)$")
+DIMS: tuple[str, ...] = ("n", "c", "d", "h", "w")
+_AXES = {1: "n", 2: "nc", 3: "ncw", 4: "nchw", 5: "ncdhw"}
+_PART = re.compile(r"^([ncdhw])(\d+)$")
 _SEPARATORS = re.compile(r"[·.*]")
 
 
 @dataclass(frozen=True, order=True)
 class Layout:
-    """Number of parts along sample (``n``), channel (``c``), height (``h``), width (``w``)."""
+    """Number of parts along sample (``n``), channel (``c``), depth (``d``), height (``h``), width (``w``).
 
-    n: int = 1
-    c: int = 1
-    h: int = 1
-    w: int = 1
+    Construct with keywords (``Layout(n=4, h=2)``): the fields are keyword-only, so a four-number call written
+    for the 2-D form cannot silently mean depth.
+    """
+
+    n: int = field(default=1, kw_only=True)
+    c: int = field(default=1, kw_only=True)
+    d: int = field(default=1, kw_only=True)
+    h: int = field(default=1, kw_only=True)
+    w: int = field(default=1, kw_only=True)
 
     def __post_init__(self) -> None:
         for dim in DIMS:
@@ -46,36 +58,40 @@ class Layout:
 
     @property
     def ranks(self) -> int:
-        """Number of ranks that work on the layer: ``n·c·h·w``."""
-        return self.n * self.c * self.h * self.w
+        """Number of ranks that work on the layer: ``n·c·d·h·w``."""
+        return self.n * self.c * self.d * self.h * self.w
 
     @property
     def spatial(self) -> int:
-        """Number of spatial tiles per sample: ``h·w``."""
-        return self.h * self.w
+        """Number of spatial tiles per sample: ``d·h·w``."""
+        return self.d * self.h * self.w
 
-    def parts(self) -> tuple[int, int, int, int]:
-        """The four split counts in ``(n, c, h, w)`` order."""
-        return (self.n, self.c, self.h, self.w)
+    def parts(self) -> tuple[int, int, int, int, int]:
+        """The five split counts in ``(n, c, d, h, w)`` order."""
+        return (self.n, self.c, self.d, self.h, self.w)
+
+    def parts_of(self, rank: int) -> tuple[int, ...]:
+        """The split counts of the axes a ``rank``-D tensor holds (:func:`axes_of`), in its order."""
+        return tuple(getattr(self, axis) for axis in axes_of(rank))
 
     def items(self) -> Iterator[tuple[str, int]]:
-        """``(dimension letter, parts)`` pairs in ``n, c, h, w`` order."""
+        """``(dimension letter, parts)`` pairs in ``n, c, d, h, w`` order."""
         return iter(zip(DIMS, self.parts()))
 
     def divides(self, shape: tuple[int, ...]) -> bool:
-        """Whether every split divides its extent of the 4-D ``shape`` exactly."""
-        return all(extent % parts == 0 for extent, parts in zip(_as_4d(shape), self.parts()))
+        """Whether every split divides its extent of ``shape`` (4-D or 5-D) exactly."""
+        return all(extent % parts == 0 for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
     def fits(self, shape: tuple[int, ...]) -> bool:
         """Whether every part gets at least one element (near-equal split possible)."""
-        return all(parts <= extent for extent, parts in zip(_as_4d(shape), self.parts()))
+        return all(parts <= extent for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
-    def local_shape(self, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-        """The largest local part of a 4-D ``shape`` under this layout (ceil division)."""
-        return tuple(-(-extent // parts) for extent, parts in zip(_as_4d(shape), self.parts()))  # type: ignore[return-value]
+    def local_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The largest local part of a 4-D or 5-D ``shape`` under this layout (ceil division)."""
+        return tuple(-(-extent // parts) for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
     def to_dict(self) -> dict[str, int]:
-        """JSON form: ``{"n": 4, "c": 1, "h": 2, "w": 2}``."""
+        """JSON form: ``{"n": 4, "c": 1, "d": 1, "h": 2, "w": 2}``."""
         return dict(self.items())
 
     @classmethod
@@ -83,7 +99,7 @@ class Layout:
         """Inverse of :meth:`to_dict`; missing dimensions default to 1."""
         unknown = set(data) - set(DIMS)
         if unknown:
-            raise InputError(f"layout has unknown dimensions {sorted(unknown)}; use only n, c, h, w")
+            raise InputError(f"layout has unknown dimensions {sorted(unknown)}; use only n, c, d, h, w")
         return cls(**{dim: data.get(dim, 1) for dim in DIMS})
 
     @classmethod
@@ -98,7 +114,7 @@ class Layout:
             match = _PART.match(token.strip())
             if match is None:
                 raise InputError(
-                    f"cannot read layout {text!r}: part {token!r} is not a letter n/c/h/w followed by a count "
+                    f"cannot read layout {text!r}: part {token!r} is not a letter n/c/d/h/w followed by a count "
                     f"(example: n4·h2·w2)"
                 )
             dim, count = match.group(1), int(match.group(2))
@@ -115,19 +131,45 @@ class Layout:
         return "·".join(split) if split else "n1"
 
 
-def layouts_dividing(devices: int) -> list[Layout]:
-    """Every Layout whose rank count divides ``devices`` (the rest hold copies), fewest ranks first."""
-    return list(_layouts_dividing(devices))
+def layouts_dividing(devices: int, *, depth: bool = False) -> list[Layout]:
+    """Every Layout whose rank count divides ``devices`` (the rest hold copies), fewest ranks first; with ``depth``
+    those splitting ``d`` too (a model of volumes), else ``d = 1``."""
+    return list(_layouts_dividing(devices, depth))
 
 
 @lru_cache(maxsize=64)
-def _layouts_dividing(devices: int) -> tuple[Layout, ...]:
+def _layouts_dividing(devices: int, depth: bool) -> tuple[Layout, ...]:
     divisors = [d for d in range(1, devices + 1) if devices % d == 0]
-    layouts = {Layout(n, c, h, w) for n, c, h, w in product(divisors, repeat=4) if devices % (n * c * h * w) == 0}
+    layouts = {Layout(n=n, c=c, d=d, h=h, w=w) for n, c, h, w in product(divisors, repeat=4)
+               for d in (divisors if depth else (1,)) if devices % (n * c * d * h * w) == 0}
     return tuple(sorted(layouts, key=lambda layout: (layout.ranks, layout.parts())))
 
 
-def _as_4d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-    if len(shape) != 4:
-        raise InputError(f"a Layout splits 4-D (N, C, H, W) tensors, got shape {tuple(shape)}")
-    return tuple(shape)  # type: ignore[return-value]
+def axes_of(rank: int) -> str:
+    """The axes a ``rank``-D activation holds, in order: ``ncdhw`` (volumes), ``nchw`` (images), ``ncw``
+    (sequences: the length is split as ``w``), ``nc``, ``n``.
+
+    Raises:
+        InputError: A rank other than 1 to 5.
+    """
+    if rank not in _AXES:
+        raise InputError(f"a Layout splits tensors of 1 to 5 dimensions (N, C, D, H, W), got {rank}")
+    return _AXES[rank]
+
+
+def as_volume(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
+    """``shape`` in the five-axis frame ``(N, C, D, H, W)``: extent 1 on the axes its rank lacks."""
+    extents = dict(zip(axes_of(len(shape)), (int(extent) for extent in shape)))
+    return tuple(extents.get(axis, 1) for axis in DIMS)  # type: ignore[return-value]
+
+
+def from_volume(values: Sequence[Any], rank: int) -> tuple[Any, ...]:
+    """The entries of a five-axis tuple (``n, c, d, h, w``) that a ``rank``-D tensor holds, in its order."""
+    return tuple(values[DIMS.index(axis)] for axis in axes_of(rank))
+
+
+def _spatial_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    if len(shape) not in (4, 5):
+        raise InputError(f"a Layout splits 4-D (N, C, H, W) and 5-D (N, C, D, H, W) tensors, got shape "
+                         f"{tuple(shape)}")
+    return tuple(int(extent) for extent in shape)

@@ -35,7 +35,7 @@ from cost_models.borders import axis_pads
 from cost_models.capability import layer_refusal
 from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
-from cost_models.orders import NCHW
+from cost_models.orders import NCDHW, NCHW, default_order
 
 __all__ = ["DENSE_KINDS", "VIEW_KINDS", "LocalProblem", "axis_value", "layer_problem", "local_problem", "phases_of"]
 
@@ -120,12 +120,12 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     if output and isinstance(output[0], list):  # several output tensors, kept whole: costed by the first (as traced)
         output = list(output[0])
     attrs = dict(layer.get("attrs", {}))
-    local_out = _split_shape(output, layout, attrs.get("order", NCHW)) if len(output) == 4 else \
-        _split_flat(output, layout)
+    local_out = _split_shape(output, layout, attrs.get("order") or default_order(len(output))) \
+        if len(output) in (4, 5) else _split_flat(output, layout)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
     read = replace(layout, c=1) if kind in DENSE_KINDS else layout  # a filter split reads its channels whole
     shapes = layer["input_shapes"][:1] if kind == "conv" else layer["input_shapes"]  # F.conv2d's filters: whole
-    inputs = [_split_shape(s, read, order) if len(s) == 4 and order != NCHW else
+    inputs = [_split_shape(s, read, order) if _reordered(s, order) else
               _local_input(kind, list(s), output, local_out, layout, attrs)
               for s, order in zip(shapes, orders)] + [list(s) for s in layer["input_shapes"][len(shapes):]]
     if any(s is None for s in inputs):
@@ -170,8 +170,13 @@ def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
 
 
 def _split_shape(shape: Sequence[int], layout: Layout, order: str = NCHW) -> list[int]:
-    """The largest local part of a 4-D ``shape`` whose dimensions hold the axes ``order`` names."""
+    """The largest local part of a 4-D (5-D) ``shape`` whose dimensions hold the axes ``order`` names."""
     return [-(-int(extent) // getattr(layout, axis, 1)) for extent, axis in zip(shape, order)]  # ".": whole
+
+
+def _reordered(shape: Sequence[int], order: str) -> bool:
+    """Whether an input of ``shape`` holds its axes in an order of its own (channels-last, stacked branches)."""
+    return len(shape) in (4, 5) and order not in (NCHW, NCDHW) and len(order) == len(shape)
 
 
 def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:
@@ -185,7 +190,7 @@ def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:
 
 def _local_input(kind: str, shape: list[int], output: list[int], local_out: list[int], layout: Layout,
                  attrs: dict[str, Any]) -> list[int] | None:
-    if len(shape) != 4:
+    if len(shape) not in (4, 5) or (len(shape) == 5 and len(output) != 5):  # held flattened: split by samples
         local = list(shape)
         if local:  # a 0-D operand (a scalar tensor) is read whole
             local[0] = -(-local[0] // layout.n)
@@ -193,8 +198,8 @@ def _local_input(kind: str, shape: list[int], output: list[int], local_out: list
     channels = shape[1] if kind in DENSE_KINDS else -(-shape[1] // layout.c)
     if kind == "conv" and attrs.get("groups", 1) > 1:
         channels = -(-shape[1] // layout.c)
-    local = [-(-shape[0] // layout.n), channels, shape[2], shape[3]]
-    for axis, parts in ((2, layout.h), (3, layout.w)):
+    local = [-(-shape[0] // layout.n), channels, *shape[2:]]
+    for axis, parts in enumerate(_spatial_parts(layout, len(shape)), start=2):
         if parts > 1:
             extent = _input_extent(kind, shape[axis], output[axis], local_out[axis], parts, axis - 2, attrs)
             if extent is None:
@@ -272,9 +277,9 @@ def _unpad_split_dims(attrs: dict[str, Any], layout: Layout, rank: int = 4) -> d
 
 
 def _spatial_parts(layout: Layout, rank: int) -> tuple[int, ...]:
-    """Parts along each spatial axis of a ``rank``-D tensor: ``h`` and ``w`` of an image; none of a sequence's
-    or a volume's axes split yet (the capability predicate refuses their spatial layouts)."""
-    return (layout.h, layout.w) if rank == 4 else (1,) * max(rank - 2, 1)
+    """Parts along each spatial axis of a ``rank``-D tensor: ``h`` and ``w`` of an image, ``d``, ``h`` and ``w``
+    of a volume; none of a sequence's axis split yet (the capability predicate refuses its spatial layouts)."""
+    return layout.parts_of(rank)[2:] if rank in (4, 5) else (1,) * max(rank - 2, 1)
 
 
 def axis_value(value: Any, axis: int) -> Any:

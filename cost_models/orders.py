@@ -31,9 +31,10 @@ Rules (:func:`output_order`):
     * an opaque layer (kind ``other``) reading a value in another order makes
       ``n...`` (:func:`unknown_order`): its samples, nothing else named — and
       so do the layers computing on that (a reshape keeps it unnamed);
-    * every other layer makes ``nchw``: what it computes, in PyTorch's layout
-      (and the predicate splits it by channel or space only when its inputs
-      are ``nchw`` too).
+    * every other layer makes ``nchw`` (``ncdhw`` when 5-D: a volume): what it
+      computes, in PyTorch's layout (and the predicate splits it by channel or
+      space only when its inputs are in that order too) — but what it makes of
+      a 5-D value in another order (``n.chw``: branches stacked) has none.
 """
 
 from __future__ import annotations
@@ -43,18 +44,19 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from torch.fx import Node
 
-__all__ = ["NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
+__all__ = ["NCDHW", "NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
            "reduced", "reshaped", "stacked", "unknown_order", "unnamed"]
 
 NCHW = "nchw"
+NCDHW = "ncdhw"
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
 _PERMUTING = frozenset({"permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis"})
 
 
 def default_order(rank: int) -> str:
-    """The order of a value no rule gives one: ``nchw`` for 4-D values, none (``""``) for others (their features,
-    flattened, are the channels of ``runtime.placement``)."""
-    return NCHW if rank == 4 else ""
+    """The order of a value no rule gives one: ``nchw`` for 4-D values, ``ncdhw`` for 5-D ones (volumes), none
+    (``""``) for others (their features, flattened, are the channels of ``runtime.placement``)."""
+    return NCHW if rank == 4 else NCDHW if rank == 5 else ""
 
 
 def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None, shape: Sequence[int]) -> str:
@@ -71,6 +73,8 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
         return made or (unknown_order(order, source_shape, shape) if unnamed(order) else default_order(rank))
     if kind == "other" and order != default_order(len(order)):
         return unknown_order(order, source_shape, shape)
+    if rank == 5 and len(order) == rank and order != NCDHW and kind not in KEEPING_KINDS | {"view", "cat"}:
+        return ""  # what a layer makes of a 5-D value holding other axes (stacked branches) is no volume
     return order if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank else default_order(rank)
 
 
@@ -88,7 +92,7 @@ def unknown_order(order: str, source: Sequence[int], shape: Sequence[int]) -> st
     rank = len(shape)
     samples = order[:1] == "n" and len(source) > 0 and rank > 0 and source[0] == shape[0]
     if samples:
-        return "n" + "." * (rank - 1) if rank == 4 else default_order(rank)
+        return "n" + "." * (rank - 1) if rank in (4, 5) else default_order(rank)
     return "." * rank  # dimension 0 merged the samples with more (B·W rows into an LSTM): no sample axis
 
 
@@ -119,7 +123,7 @@ def reduced(order: str, dims: Sequence[int], keepdim: bool) -> str:
     result = "".join("." if i in gone else axis for i, axis in enumerate(order) if keepdim or i not in gone)
     if len(result) == 4 and result.count(".") == 1 and set(result) == {"n", "h", "w", "."}:
         result = result.replace(".", "c")
-    return result if {"h", "w"} & set(result) or unnamed(order) else ""
+    return result if {"d", "h", "w"} & set(result) or unnamed(order) else ""
 
 
 def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | None:
@@ -139,7 +143,7 @@ def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | 
     result = order[:lead] + middle + order[len(order) - trail:]
     if middle == "c" and ("c" in order[:lead] + order[len(order) - trail:] or len(result) != 4):
         result = order[:lead] + "." + order[len(order) - trail:]
-    return result if {"h", "w"} & set(result) else None
+    return result if {"d", "h", "w"} & set(result) else None
 
 
 def permutation(node: Node, rank: int) -> list[int] | None:
@@ -182,10 +186,12 @@ def _normalised(dims: Any, rank: int) -> list[int] | None:
 
 
 def logical(shape: Sequence[int], order: str) -> list[int]:
-    """A ``shape`` of a value in ``order``, as ``(N, C, H, W)``: an axis it does not hold has extent 1, and the
-    channels are every dimension that holds no sample, row or column axis."""
+    """A ``shape`` of a value in ``order``, as ``(N, C, H, W)`` (``(N, C, D, H, W)`` when it holds a depth axis):
+    an axis it does not hold has extent 1, and the channels are every dimension that holds no sample, slice, row
+    or column axis."""
     extents = {axis: int(extent) for axis, extent in zip(order, shape)}
     channels = 1
     for axis, extent in zip(order, shape):
         channels *= int(extent) if axis in "c." else 1
-    return [extents.get("n", 1), channels, extents.get("h", 1), extents.get("w", 1)]
+    spatial = [extents.get(axis, 1) for axis in ("dhw" if "d" in order else "hw")]
+    return [extents.get("n", 1), channels, *spatial]

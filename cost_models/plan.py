@@ -1,8 +1,10 @@
 """The answer parplan gives: per layer a Layout and a stage, the pipeline, and how it was found.
 
-A :class:`Plan` is saved as versioned JSON (``"format": "parplan.plan/1"``),
-validated on load against ``schemas/plan-1.schema.json``, and written
-atomically. It records the fingerprint of the traced model it was made for;
+A :class:`Plan` is saved as versioned JSON (``"format": "parplan.plan/2"``),
+validated on load against ``schemas/plan-2.schema.json``, and written
+atomically; a ``parplan.plan/1`` file (written before layouts split depth)
+still reads, its layouts with ``d = 1``, and a newer version is refused with
+both versions named. It records the fingerprint of the traced model it was made for;
 :func:`load_plan` refuses a plan whose fingerprint differs from the model it is
 applied to, naming both. A plan for a model taking several tensors also
 records every input's shape (``model.input_shapes``, in argument order); a
@@ -33,7 +35,7 @@ from cost_models.errors import PlanError
 from cost_models.jsonio import read_json, write_json_atomic
 from cost_models.layout import Layout
 from cost_models.orders import NCHW, logical
-from cost_models.schema import check_document
+from cost_models.schema import check_versioned
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -43,7 +45,9 @@ __all__ = [
     "check_plan_for_graph", "load_plan", "recorded_shapes", "save_plan",
 ]
 
-PLAN_FORMAT = "parplan.plan/1"
+PLAN_FORMAT = "parplan.plan/2"
+READABLE_FORMATS = {PLAN_FORMAT: "plan-2", "parplan.plan/1": "plan-1"}
+"""Plan formats this code reads, newest first: ``/1`` predates the depth split (its layouts read as ``d = 1``)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ class Plan:
         return f"{layouts}; {self.pipeline}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``parplan.plan/1`` JSON document."""
+        """The ``parplan.plan/2`` JSON document."""
         return {
             "format": PLAN_FORMAT,
             "model": {"spec": self.model_spec, "fingerprint": self.fingerprint,
@@ -154,8 +158,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], source: str = "plan") -> "Plan":
-        """Validate a ``parplan.plan/1`` document (format, schema, consistency) and build the Plan."""
-        check_document(document, PLAN_FORMAT, "plan-1", source, PlanError)
+        """Validate a ``parplan.plan/2`` (or ``/1``) document (format, schema, consistency) and build the Plan."""
+        check_versioned(document, READABLE_FORMATS, source, PlanError)
         names = [layer["name"] for layer in document["layers"]]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
@@ -186,7 +190,7 @@ class Plan:
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan`` as ``parplan.plan/1`` JSON, atomically."""
+    """Write ``plan`` as ``parplan.plan/2`` JSON, atomically."""
     write_json_atomic(path, plan.to_dict())
 
 

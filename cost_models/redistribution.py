@@ -1,11 +1,12 @@
 """Which data each rank must receive when an edge's two layouts differ (a "shuffle").
 
-Rank placement: a layer with ``Layout(n, c, h, w)`` on ``D`` devices puts rank
-``r`` at grid coordinates ``divmod`` of ``r mod L.ranks`` in row-major
-``(n, c, h, w)`` order; ``r // L.ranks`` is its replica index (the remaining
-``D / L.ranks`` copies compute the same thing). Its part of a 4-D tensor is
-the box of balanced ranges (:func:`cost_models.halo.partition`) at those
-coordinates (:func:`rank_box`). A dimension of extent 1 is held whole
+Rank placement: a layer with ``Layout(n, c, d, h, w)`` on ``D`` devices puts
+rank ``r`` at grid coordinates ``divmod`` of ``r mod L.ranks`` in row-major
+``(n, c, d, h, w)`` order; ``r // L.ranks`` is its replica index (the remaining
+``D / L.ranks`` copies compute the same thing). Its part of a tensor is the box
+of balanced ranges (:func:`cost_models.halo.partition`) at those coordinates
+(:func:`rank_box`). Every function here reads a tensor of any rank in the
+five-axis frame (``cost_models.layout.as_volume``: an image has depth 1). A dimension of extent 1 is held whole
 whatever the layout says, as the runtime holds broadcast operands such as
 ``(N, C, 1, 1)`` scales (``runtime.placement``): the ranks differing only in
 their coordinates along it hold copies.
@@ -31,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cost_models.halo import partition
-from cost_models.layout import Layout
+from cost_models.layout import Layout, as_volume, from_volume
 
 __all__ = ["Box", "RankLoads", "RankTransfer", "coordinates", "holdable", "part_range", "rank_box", "rank_loads",
            "redistribution"]
@@ -49,14 +50,16 @@ class RankTransfer:
 
 
 def rank_box(shape: Sequence[int], layout: Layout, rank: int) -> Box:
-    """The index box ``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` rank ``rank`` holds."""
-    return tuple(part_range(extent, parts, index)
-                 for extent, parts, index in zip(shape, layout.parts(), coordinates(layout, rank)))
+    """The index box ``((n0, n1), (c0, c1), (h0, h1), (w0, w1))`` rank ``rank`` holds of a 4-D ``shape`` (one
+    range per dimension of ``shape``: ``d`` too for a volume)."""
+    box = tuple(part_range(extent, parts, index)
+                for extent, parts, index in zip(as_volume(shape), layout.parts(), coordinates(layout, rank)))
+    return from_volume(box, len(shape))
 
 
 def holdable(shape: Sequence[int], layout: Layout) -> bool:
-    """Whether every rank's part of a 4-D ``shape`` under ``layout`` is non-empty (an extent of 1 is held whole)."""
-    return all(extent == 1 or parts <= extent for extent, parts in zip(shape, layout.parts()))
+    """Whether every rank's part of ``shape`` under ``layout`` is non-empty (an extent of 1 is held whole)."""
+    return all(extent == 1 or parts <= extent for extent, parts in zip(as_volume(shape), layout.parts()))
 
 
 def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices: int) -> list[RankTransfer]:
@@ -69,6 +72,7 @@ def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices
     Raises:
         InputError: ``source`` splits an extent (other than 1) into empty parts.
     """
+    shape = as_volume(shape)
     _check_holdable(shape, source)
     blocks, copies = _holder_arrays(shape, source, devices)
     transfers = []
@@ -123,6 +127,7 @@ def rank_loads(shape: Sequence[int], source: Layout, target: Layout | Sequence[L
     forms of the balanced split; the box quantities are their products.
     Given several target layouts, every array gets a leading axis over them.
     """
+    shape = as_volume(shape)
     _check_holdable(shape, source)
     targets = [target] if isinstance(target, Layout) else list(target)
     wanted_coords = [np.stack(axis) for axis in zip(*(_coordinate_arrays(layout, devices) for layout in targets))]
@@ -183,8 +188,8 @@ def _holder_arrays(shape: Sequence[int], source: Layout, devices: int) -> tuple[
     ranks = np.arange(devices, dtype=np.int64)
     whole = [extent == 1 and parts > 1 for extent, parts in zip(shape, source.parts())]
     distinct = prod(parts for parts, kept in zip(source.parts(), whole) if not kept)
-    copy, coords = ranks // distinct, [np.zeros(devices, np.int64) for _ in range(4)]
-    for d in reversed(range(4)):
+    copy, coords = ranks // distinct, [np.zeros(devices, np.int64) for _ in range(len(whole))]
+    for d in reversed(range(len(whole))):
         if whole[d]:
             copy, coords[d] = np.divmod(copy, source.parts()[d])
     return copy, coords
@@ -192,7 +197,7 @@ def _holder_arrays(shape: Sequence[int], source: Layout, devices: int) -> tuple[
 
 @lru_cache(maxsize=4096)
 def _coordinate_arrays(layout: Layout, devices: int) -> tuple[np.ndarray, ...]:
-    """Each rank's part index along n, c, h, w (read-only arrays, shared between calls)."""
+    """Each rank's part index along n, c, d, h, w (read-only arrays, shared between calls)."""
     coords, rest = [], np.arange(devices, dtype=np.int64) % layout.ranks
     for parts in reversed(layout.parts()):
         rest, index = np.divmod(rest, parts)
@@ -217,7 +222,7 @@ def _part_of_array(extent: int, parts: int, position: np.ndarray) -> np.ndarray:
 
 
 def coordinates(layout: Layout, rank: int) -> list[int]:
-    """Grid coordinates ``[n, c, h, w]`` of ``rank`` under ``layout`` (row-major, ``rank mod layout.ranks``)."""
+    """Grid coordinates ``[n, c, d, h, w]`` of ``rank`` under ``layout`` (row-major, ``rank mod layout.ranks``)."""
     coords, rest = [], rank % layout.ranks
     for parts in reversed(layout.parts()):
         rest, index = divmod(rest, parts)

@@ -24,7 +24,7 @@ from typing import Any
 
 from cost_models.errors import InputError
 
-__all__ = ["check_document", "load_schema"]
+__all__ = ["check_document", "check_versioned", "load_schema"]
 
 SKIPPED_WARNING = ("parplan: warning: jsonschema is not installed: full schema validation of plan, profile, "
                    "measurement and checkpoint files skipped (format, version, required fields and types still "
@@ -45,7 +45,7 @@ def check_document(document: Any, expected_format: str, schema_name: str, source
 
     Args:
         document: The parsed JSON.
-        expected_format: E.g. ``parplan.plan/1``.
+        expected_format: E.g. ``parplan.plan/2``.
         schema_name: File stem under ``cost_models/schemas``.
         source: Where the document came from, for messages (a path).
         error: The :class:`InputError` subclass to raise.
@@ -64,6 +64,17 @@ def check_document(document: Any, expected_format: str, schema_name: str, source
     where_what = _schema_problem(document, load_schema(schema_name))
     if where_what is not None:
         raise error(f"{source} is not a valid {expected_format} document: at {_path(where_what[0])}: {where_what[1]}")
+
+
+def check_versioned(document: Any, formats: dict[str, str], source: str, error: type[InputError]) -> str:
+    """:func:`check_document` against whichever of ``formats`` (format → schema name, newest first) the document
+    declares; any other format — a newer version than this code knows — is refused naming the newest. Returns
+    the document's format."""
+    newest = next(iter(formats))
+    found = document.get("format") if isinstance(document, dict) else None
+    chosen = found if isinstance(found, str) and found in formats else newest
+    check_document(document, chosen, formats[chosen], source, error)
+    return chosen
 
 
 def _schema_problem(document: Any, schema: dict[str, Any]) -> tuple[Any, str] | None:

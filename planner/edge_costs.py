@@ -26,7 +26,7 @@ from cost_models.comm_cost import (PATTERN_CASES, move_patterns, nested_mask, pa
                                   sendrecv_coefficients)
 from cost_models.edges import edge_layouts
 from cost_models.graph import dtype_itemsize
-from cost_models.layout import Layout, layouts_dividing
+from cost_models.layout import Layout, as_volume, layouts_dividing
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.profile import Profile
 
@@ -134,7 +134,7 @@ class EdgeCosts:
     def _priced_moves_s(self, shape: tuple[int, ...], itemsize: int, starts: np.ndarray, ends: np.ndarray,
                         wanted: np.ndarray) -> np.ndarray:
         """The moves of :meth:`_moves_s`, priced where ``wanted`` (elsewhere: any value)."""
-        extents = np.array(shape, dtype=np.int64)
+        extents = np.array(as_volume(shape), dtype=np.int64)
         source, target = self.parts[starts][:, None, :], self.parts[ends][None, :, :]
         patterned = nested_mask(extents, source, target)
         self.table.examine(starts, ends, patterned & wanted)

@@ -101,7 +101,7 @@ def reshapes_whole(source: Placement, source_shape: Sequence[int], placement: Pl
     """Whether a reshape of a value of ``source_shape`` held under ``source`` into a map of ``shape`` split by rows
     or columns under ``placement`` reads a value holding none (tokens ``(N, C, H·W)``: the capability predicate's
     reshape rule), whole on every rank but for its samples, which stay the map's."""
-    holds_space = source.holds(source_shape) and bool({"h", "w"} & set(source.order))
+    holds_space = source.holds(source_shape) and bool({"d", "h", "w"} & set(source.order))
     same_samples = placement.layout.n == 1 or int(source_shape[0]) == int(shape[0])
     return (not holds_space and same_samples and placement.holds(shape)
             and (placement.keeps("h") or placement.keeps("w")))
@@ -110,10 +110,10 @@ def reshapes_whole(source: Placement, source_shape: Sequence[int], placement: Pl
 def reshape_and_cut(tensor: torch.Tensor, shape: Sequence[int], placement: Placement, member: int) -> torch.Tensor:
     """``tensor`` — whole but for its samples — reshaped into the whole map of global ``shape``, then cut to the
     rows and columns of ``member``'s box under ``placement``."""
-    samples = Placement(placement.layout, placement.whole + "hw", placement.order)
+    samples = Placement(placement.layout, placement.whole + "dhw", placement.order)
     whole = tensor.reshape(local_shape(shape, samples, member))
     box = placement.box(tuple(int(extent) for extent in shape), member)
-    return whole[tuple(slice(*box[i]) if axis in "hw" else slice(None) for i, axis in enumerate(placement.order))]
+    return whole[tuple(slice(*box[i]) if axis in "dhw" else slice(None) for i, axis in enumerate(placement.order))]
 
 
 # --- reading values for the program's calls ------------------------------------------------------------------

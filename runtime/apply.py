@@ -314,7 +314,7 @@ class DistributedModel(DataHelpers, nn.Module):
         held = {value.placement for value in split if isinstance(value, Held)}  # cannot move: the call takes
         placements = held or {value.placement for value in split}  # theirs, the tensors are fetched to it
         placement = next(iter(placements)) if len(placements) == 1 else Placement(Layout())
-        if placement.layout.c * placement.layout.h * placement.layout.w > 1:
+        if placement.layout.c * placement.layout.spatial > 1:
             placement = Placement(Layout())
         return Held(call_node(node, self.model, *resolve(node, lambda n: self._held_input(node, env[n.name],
                                                                                            placement))), placement)
@@ -428,18 +428,21 @@ class DistributedModel(DataHelpers, nn.Module):
 
     def _pools_tiles(self, site: Site, value: Any) -> bool:
         out = site.layer["output_shape"]
-        return (isinstance(value, Value) and len(out) == 4 and out[2:] == [1, 1] and value.placement.order == "nchw"
-                and (value.placement.keeps("h") or value.placement.keeps("w")))  # tiles' sums over dims 2 and 3
+        axes = value.placement.order[2:] if isinstance(value, Value) else ""
+        return (isinstance(value, Value) and len(out) in (4, 5) and set(out[2:]) == {1}
+                and value.placement.order in ("nchw", "ncdhw") and len(out) == len(value.placement.order)
+                and any(value.placement.keeps(axis) for axis in axes))  # tiles' sums over the spatial dims
 
     def _global_pool(self, site: Site, value: Value) -> Value:
         from runtime.spatial import global_avg_pool2d
 
         layout = value.placement.layout
         tiles = Site(site.name, site.kind, layout, site.layer, None, self.member, self.ranks, self.groups, False)
-        pooled = global_avg_pool2d(value.tensor, (int(value.shape[2]), int(value.shape[3])),
+        pooled = global_avg_pool2d(value.tensor, tuple(int(extent) for extent in value.shape[2:]),
                                    self.groups.get(tiles.block("spatial")))
         shape = site.layer["output_shape"]
-        held = Value(pooled, Placement(layout, value.placement.whole + "hw"), shape)
+        whole = value.placement.whole + "".join(set(value.placement.order[2:]) - set(value.placement.whole))
+        held = Value(pooled, Placement(layout, "".join(sorted(whole)), value.placement.order), shape)
         return self._wrap(site, self._fetch(held, site.placement))
 
     # --- construction --------------------------------------------------------------------------------------

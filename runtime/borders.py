@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from cost_models.borders import owner_of, source_row, window_reads
 from cost_models.halo import partition
 from runtime.failures import exchange, in_backward, place
-from runtime.spatial import TileGrid, pair
+from runtime.spatial import CONV, TileGrid, by_rank, ntuple
 
 __all__ = ["AxisGather", "axis_gather", "gather_axis", "padded_conv2d", "padded_pad2d"]
 
-Pads = tuple[tuple[int, int], tuple[int, int]]  # ((top, bottom), (left, right))
+Pads = tuple[tuple[int, int], ...]  # per spatial axis (before, after): ((top, bottom), (left, right)) of an image
 
 
 @dataclass(frozen=True)
@@ -144,20 +144,22 @@ def _rows_like(like: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
     return like.new_empty(shape)
 
 
-def padded_tiles(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], pads: Pads, mode: str,
+def padded_tiles(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], pads: Pads, mode: str,
                  windows: Sequence[tuple[int, int, int]], fill: float = 0.0) -> torch.Tensor:
-    """The tile extended by its windows' padded reads on each split axis, padded locally on the others.
+    """The tile extended by its windows' padded reads on each split axis, padded locally on the others (an
+    image's or a volume's).
 
     ``windows[axis]`` is ``(kernel, stride, dilation)``; ``pads[axis]`` the padding before and after.
     """
     local = tile
-    for axis, parts in enumerate((grid.h, grid.w)):
+    for axis, parts in enumerate(grid.parts):
         if parts == 1:
             continue
-        ranks = _axis_ranks(grid, axis)
+        ranks = grid.axis_ranks(axis)
         reads = tuple(window_reads(full_hw[axis], parts, *windows[axis], pads[axis]))
         local = gather_axis(local, axis_gather(full_hw[axis], reads, grid.tile[axis], ranks, mode, 2 + axis), fill)
-    here = [*(pads[1] if grid.w == 1 else (0, 0)), *(pads[0] if grid.h == 1 else (0, 0))]
+    here = [amount for axis in reversed(range(len(grid.parts)))
+            for amount in (pads[axis] if grid.parts[axis] == 1 else (0, 0))]
     if not any(here):
         return local
     if mode in ("zeros", "constant"):
@@ -165,21 +167,16 @@ def padded_tiles(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], p
     return F.pad(local, here, mode=mode)
 
 
-def _axis_ranks(grid: TileGrid, axis: int) -> tuple[int, ...]:
-    i, j = grid.tile
-    if axis == 0:
-        return tuple(grid.ranks[row * grid.w + j] for row in range(grid.h))
-    return tuple(grid.ranks[i * grid.w + col] for col in range(grid.w))
-
-
 def padded_conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
                   full_hw: tuple[int, int], stride: int | Sequence[int], pads: Pads, dilation: int | Sequence[int],
                   groups: int, mode: str) -> torch.Tensor:
-    """This tile of a convolution padded by ``pads`` in ``mode`` (``nn.Conv2d``'s ``padding_mode``, or ``zeros``)."""
-    stride, dilation = pair(stride), pair(dilation)
-    windows = [(int(weight.shape[2 + axis]), stride[axis], dilation[axis]) for axis in (0, 1)]
+    """This tile of a convolution padded by ``pads`` in ``mode`` (``nn.Conv2d``'s ``padding_mode``, or ``zeros``; a
+    volume's ``nn.Conv3d``)."""
+    rank = len(grid.parts)
+    stride, dilation = ntuple(stride, rank), ntuple(dilation, rank)
+    windows = [(int(weight.shape[2 + axis]), stride[axis], dilation[axis]) for axis in range(rank)]
     local = padded_tiles(tile, grid, full_hw, pads, mode, windows)
-    return F.conv2d(local, weight, bias, stride, 0, dilation, groups)
+    return by_rank(CONV, tile)(local, weight, bias, stride, 0, dilation, groups)
 
 
 def padded_pad2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], pad: Sequence[int],

@@ -3,7 +3,7 @@
 ``--checkpoint-dir D`` holds one folder per checkpoint::
 
     D/step-00000006/rank-00000.pt    rank 0's shard (torch.save; loads with weights_only=True)
-    D/step-00000006/manifest.json    parplan.checkpoint/1: step, plan, fingerprint, each shard's bytes and sha256
+    D/step-00000006/manifest.json    parplan.checkpoint/2: step, plan, fingerprint, each shard's bytes and sha256
     D/step-00000006/full.pt          the plan-independent form, written on request (:func:`write_full`)
 
 Writing (:func:`save`, collective): every rank writes its shard atomically
@@ -47,7 +47,9 @@ from cost_models.jsonio import read_json, write_bytes_atomic, write_json_atomic
 __all__ = ["FORMAT", "Progress", "State", "check_compatible", "check_sizes", "complete", "gather", "latest",
            "plan_digest", "restore", "save", "write_full"]
 
-FORMAT = "parplan.checkpoint/1"
+FORMAT = "parplan.checkpoint/2"
+READABLE_FORMATS = {FORMAT: "checkpoint-2", "parplan.checkpoint/1": "checkpoint-1"}
+"""Manifest formats this code reads, newest first (``/1`` embeds a ``parplan.plan/1`` document)."""
 SHARD_FORMAT = "parplan.checkpoint-shard/1"
 FULL_FORMAT = "parplan.checkpoint-full/1"
 KEEP = 2
@@ -74,8 +76,11 @@ class State:
 
 
 def plan_digest(plan: Mapping[str, Any]) -> str:
-    """A digest of what decides the shards' contents: layouts, stages, pipeline and device count."""
-    key = {"layers": plan["layers"], "pipeline": plan["pipeline"], "devices": plan["cluster"]["devices"]}
+    """A digest of what decides the shards' contents: layouts, stages, pipeline and device count (a layout's
+    unsplit depth left out, so a ``parplan.plan/1`` document and its ``/2`` form digest alike)."""
+    layers = [{**layer, "layout": {axis: parts for axis, parts in layer["layout"].items()
+                                   if not (axis == "d" and parts == 1)}} for layer in plan["layers"]]
+    key = {"layers": layers, "pipeline": plan["pipeline"], "devices": plan["cluster"]["devices"]}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -99,12 +104,12 @@ def latest(directory: str | Path) -> dict[str, Any] | None:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """``folder/manifest.json``, checked against ``parplan.checkpoint/1``, with ``folder`` added."""
-    from cost_models.schema import check_document
+    """``folder/manifest.json``, checked against ``parplan.checkpoint/2`` (or ``/1``), with ``folder`` added."""
+    from cost_models.schema import check_versioned
 
     path = folder / "manifest.json"
     document = read_json(path, "checkpoint manifest")
-    check_document(document, FORMAT, "checkpoint-1", str(path), InputError)
+    check_versioned(document, READABLE_FORMATS, str(path), InputError)
     return {**document, "folder": str(folder)}
 
 

@@ -41,7 +41,7 @@ def blocks(layout: Layout, size: int, kind: str) -> list[tuple[int, ...]]:
     replica, sample, channel = _KEYS[kind]
     found: dict[tuple[int, ...], list[int]] = {}
     for member in range(size):
-        n, c, _, _ = coordinates(layout, member)
+        n, c, *_ = coordinates(layout, member)
         key = (member // layout.ranks if replica else -1, n if sample else -1, c if channel else -1)
         found.setdefault(key, []).append(member)
     return [tuple(members) for members in found.values()]

@@ -14,12 +14,14 @@ as the runtime always did.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import torch
 from torch.fx import Node
 
 from cost_models.layout import Layout
+from cost_models.orders import NCDHW
 from runtime.layers import read_placement
 from runtime.placement import Placement
 from runtime.shapes import nd_box
@@ -57,6 +59,8 @@ def input_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph
     found = {}
     for name, shape in zip(input_names(nodes, len(shapes)), shapes):
         placement = _first_reader_placement(nodes, name, layouts, graph)
+        if len(shape) == 5:  # a volume is held in its own order (cost_models.orders), as the layers make them
+            placement = replace(placement, order=NCDHW)
         whole = any(nd_box(shape, placement, member) is None for member in range(size))
         found[name] = Placement(Layout()) if whole else placement
     return found

@@ -41,7 +41,7 @@ from torch import nn
 from cost_models.borders import axis_pads
 from cost_models.capability import layer_refusal
 from cost_models.halo import partition
-from cost_models.layout import Layout
+from cost_models.layout import Layout, axes_of
 from runtime import borders, norm, resample, spatial
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
@@ -71,14 +71,22 @@ class Site:
         return tuple(self.ranks[q] for q in block_of(layout or self.layout, len(self.ranks), kind, self.member))
 
     def grid(self, layout: Layout | None = None) -> spatial.TileGrid:
-        """This rank's tile grid under ``layout`` (default: the layer's)."""
+        """This rank's tile grid under ``layout`` (default: the layer's), over the spatial axes of its input:
+        ``(h, w)`` of an image, ``(d, h, w)`` of a volume, ``(w,)`` of a sequence."""
         layout = layout or self.layout
-        return spatial.TileGrid.of_rank(layout.h, layout.w, self.block("spatial", layout), self.ranks[self.member])
+        parts = layout.parts_of(self.rank)[2:]
+        return spatial.TileGrid.of_rank(parts, self.block("spatial", layout), self.ranks[self.member])
 
-    def input_hw(self, index: int = 0) -> tuple[int, int]:
-        """Global height and width of tensor input ``index``."""
+    @property
+    def rank(self) -> int:
+        """The number of dimensions of the layer's (first) input: 4 for an image, 5 for a volume."""
+        shapes = self.layer.get("input_shapes") or [self.layer["output_shape"]]
+        return len(shapes[0])
+
+    def input_hw(self, index: int = 0) -> tuple[int, ...]:
+        """Global spatial extents of tensor input ``index``: height and width (depth first, of a volume)."""
         shape = self.layer["input_shapes"][index]
-        return int(shape[2]), int(shape[3])
+        return tuple(int(extent) for extent in shape[2:])
 
     @property
     def placement(self) -> Placement:
@@ -87,7 +95,7 @@ class Site:
 
     @property
     def spatial_split(self) -> bool:
-        return self.layout.h * self.layout.w > 1
+        return self.layout.spatial > 1
 
 
 def input_placement(site: Site) -> Placement:
@@ -125,21 +133,23 @@ def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
     attrs, mode = site.layer["attrs"], module.padding_mode
     if not site.spatial_split:
         if mode != "zeros" or "pads" in attrs:  # a mode, or TensorFlow's 'SAME' (module.padding is 0)
-            return F.conv2d(F.pad(x, _pad_list(attrs), mode="constant" if mode == "zeros" else mode), module.weight,
-                            module.bias, module.stride, 0, module.dilation, groups)
-        return F.conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation, groups)
+            padded = F.pad(x, _pad_list(attrs, x.dim() - 2), mode="constant" if mode == "zeros" else mode)
+            return spatial.by_rank(spatial.CONV, x)(padded, module.weight, module.bias, module.stride, 0,
+                                                    module.dilation, groups)
+        return spatial.by_rank(spatial.CONV, x)(x, module.weight, module.bias, module.stride, module.padding,
+                                                module.dilation, groups)
     if mode != "zeros" or isinstance(attrs["padding"], str):  # a mode, or an even kernel's 'same' (asymmetric)
-        pads = (axis_pads(attrs, 0), axis_pads(attrs, 1))
+        pads = tuple(axis_pads(attrs, axis) for axis in range(x.dim() - 2))
         return borders.padded_conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride,
                                      pads, module.dilation, groups, mode)
     return spatial.conv2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride,
                           attrs["padding"], module.dilation, groups)
 
 
-def _pad_list(attrs: Mapping[str, Any]) -> list[int]:
-    """``F.pad``'s amounts (left, right, top, bottom) of a convolution's padding."""
-    (top, bottom), (left, right) = axis_pads(dict(attrs), 0), axis_pads(dict(attrs), 1)
-    return [left, right, top, bottom]
+def _pad_list(attrs: Mapping[str, Any], axes: int = 2) -> list[int]:
+    """``F.pad``'s amounts of a convolution's padding over ``axes`` spatial axes, the last axis first (left,
+    right, top, bottom; then front, back of a volume)."""
+    return [amount for axis in reversed(range(axes)) for amount in axis_pads(dict(attrs), axis)]
 
 
 def _conv_transpose(site: Site, fetch: Fetch) -> torch.Tensor | None:
@@ -148,8 +158,8 @@ def _conv_transpose(site: Site, fetch: Fetch) -> torch.Tensor | None:
     if module is None or (site.layout.c == 1 and not site.spatial_split):
         return None
     if not site.spatial_split:
-        return F.conv_transpose2d(x, module.weight, module.bias, module.stride, module.padding, module.output_padding,
-                                  module.groups, module.dilation)
+        return spatial.by_rank(resample.CONV_TRANSPOSE, x)(x, module.weight, module.bias, module.stride, module.padding,
+                                                           module.output_padding, module.groups, module.dilation)
     return resample.conv_transpose2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride,
                                      module.padding, module.output_padding, module.dilation, module.groups)
 
@@ -259,7 +269,7 @@ def functional_conv(site: Site, args: Any, kwargs: Any) -> torch.Tensor:
 
 def _tiled_group_norm(site: Site, x: torch.Tensor, groups: int, weight: torch.Tensor | None,
                       bias: torch.Tensor | None, eps: float) -> torch.Tensor | None:
-    if site.layout.c * site.layout.h * site.layout.w == 1:
+    if site.layout.c * site.layout.spatial == 1:
         return None  # one rank's samples whole: the call as written
     shape = site.layer["input_shapes"][0]
     count = int(shape[1]) // groups * math.prod(shape[2:])
@@ -306,19 +316,20 @@ def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:
         return None
     whole = _short_axes(site)
     x = fetch(0, _reading_whole(site, whole))
-    (_, _, h_in, w_in), (_, _, h_out, w_out) = site.layer["input_shapes"][0], site.layer["output_shape"]
+    extents, outputs = site.input_hw(), site.layer["output_shape"][2:]
     mode = site.layer.get("attrs", {}).get("mode", "nearest")
-    return resample.interpolate(x, site.grid(), (h_in, w_in), (h_out // h_in, w_out // w_in), mode, whole)
+    scales = tuple(int(out) // extent for out, extent in zip(outputs, extents))
+    return resample.interpolate(x, site.grid(), extents, scales, mode, whole)
 
 
-def _short_axes(site: Site) -> tuple[bool, bool]:
+def _short_axes(site: Site) -> tuple[bool, ...]:
     """The split axes along which the input has fewer rows (columns) than tiles: it is read whole there."""
-    return tuple(parts > 1 and extent < parts for extent, parts in  # type: ignore[return-value]
-                 zip(site.input_hw(), (site.layout.h, site.layout.w)))
+    return tuple(parts > 1 and extent < parts for extent, parts in zip(site.input_hw(), site.grid().parts))
 
 
-def _reading_whole(site: Site, whole: tuple[bool, bool]) -> Placement:
-    return Placement(site.layout, "".join(axis for axis, short in zip("hw", whole) if short))
+def _reading_whole(site: Site, whole: tuple[bool, ...]) -> Placement:
+    axes = axes_of(site.rank)[2:]
+    return Placement(site.layout, "".join(axis for axis, short in zip(axes, whole) if short))
 
 
 def _adaptive_avgpool(site: Site, fetch: Fetch) -> torch.Tensor | None:

@@ -61,7 +61,7 @@ from runtime.inputs import Inputs, as_inputs, placeholder_placements
 from runtime.preflight import check_plan, held_plan
 from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
-from runtime.placement import Placement
+from runtime.placement import Placement, value_placement
 from runtime.random_ops import DrawKey
 from runtime.schedules import Event
 from runtime.shapes import static_nodes, tensor_names
@@ -371,7 +371,8 @@ def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], plan: Plan,
     in, ``runtime.inputs``)."""
     held = {name: assignment.layout for name, assignment in held_plan(plan, nodes, graph).layers.items()}
     loaded = placeholder_placements(nodes, held, graph, plan.pipeline.devices_per_stage[0])
-    return {crossing.name: Placement(plan.layers[crossing.name].layout) if crossing.name in plan.layers
+    return {crossing.name: value_placement(plan.layers[crossing.name].layout, graph.nodes[crossing.name])
+            if crossing.name in plan.layers
             else loaded[crossing.name] for crossing in (c for cut in cuts for c in cut.sends)}
 
 

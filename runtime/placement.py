@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from cost_models.layout import DIMS, Layout
+from cost_models.orders import default_order
 from cost_models.redistribution import Box, coordinates, part_range
 
 __all__ = ["Placement", "as_placement", "box_extent", "broadcast_part", "value_placement"]
@@ -85,7 +86,9 @@ class Placement:
 
 def value_placement(layout: Layout, layer: Mapping[str, Any]) -> Placement:
     """Where a layer under ``layout`` puts its value (``layer``: its LayerGraph node): its grid, in the value's order."""
-    return Placement(layout, order=layer.get("attrs", {}).get("order") or "nchw")
+    shape = layer.get("output_shape") or []
+    rank = len(shape) if shape and not isinstance(shape[0], list) else 4
+    return Placement(layout, order=layer.get("attrs", {}).get("order") or default_order(rank) or "nchw")
 
 
 def as_placement(value: Layout | Placement) -> Placement:

@@ -35,36 +35,41 @@ import torch.nn.functional as F
 
 from cost_models.halo import adaptive_reads, partition
 from runtime.halo_exchange import exchange_halo, window_of_reads
-from runtime.spatial import TileGrid, pair
+from runtime.spatial import TileGrid, by_rank, ntuple, pair
 
 __all__ = ["adaptive_avg_pool2d", "conv_transpose2d", "interpolate", "pad2d"]
 
 Reads = Callable[[int, int], tuple[int, int]]  # output rows [o0, o1) -> input rows [i0, i1) (may leave [0, I))
+_LINEAR = {1: "linear", 2: "bilinear", 3: "trilinear"}
+CONV_TRANSPOSE = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}
 
 
-def interpolate(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], scale: Sequence[int],
-                mode: str = "nearest", whole: tuple[bool, bool] = (False, False)) -> torch.Tensor:
-    """This tile of ``F.interpolate(x, scale_factor=scale, mode=mode)`` of the global input (integer scales).
+def interpolate(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], scale: Sequence[int],
+                mode: str = "nearest", whole: tuple[bool, ...] | None = None) -> torch.Tensor:
+    """This tile of ``F.interpolate(x, scale_factor=scale, mode=mode)`` of the global input (integer scales; an
+    image's, a volume's or a sequence's).
 
     ``whole[a]``: ``tile`` holds every row of axis ``a`` (an input with fewer rows than tiles: deeplabv3's
     pooled 1×1 branch); each tile then reads its rows from it instead of exchanging halos.
 
     Raises:
-        ValueError: A mode other than ``nearest`` or ``bilinear`` (``align_corners=False``) on a split axis.
+        ValueError: A mode other than ``nearest`` or the (bi/tri)linear of the tile's rank
+            (``align_corners=False``) on a split axis.
     """
-    scale_hw = pair(tuple(scale))  # type: ignore[arg-type]
-    if mode not in ("nearest", "bilinear"):
-        raise ValueError(f"upsampling mode {mode!r} is not supported on spatial tiles; use nearest or bilinear")
-    margin = 1 if mode == "bilinear" else 0
+    rank = len(grid.parts)
+    scales = ntuple(tuple(scale), rank)
+    if mode not in ("nearest", _LINEAR[rank]):
+        raise ValueError(f"upsampling mode {mode!r} is not supported on spatial tiles; use nearest or {_LINEAR[rank]}")
+    margin = 0 if mode == "nearest" else 1
 
     def reads(axis: int) -> Reads:
-        s = scale_hw[axis]
+        s = scales[axis]
         return lambda o0, o1: (o0 // s - margin, (o1 - 1) // s + 1 + margin)
 
-    outputs = tuple(extent * s for extent, s in zip(full_hw, scale_hw))
-    local, starts = _gather_reads(tile, grid, full_hw, outputs, (reads(0), reads(1)), whole)
-    result = F.interpolate(local, scale_factor=scale_hw, mode=mode, align_corners=False if mode == "bilinear" else None)
-    origins = tuple(start * s for start, s in zip(starts, scale_hw))
+    outputs = tuple(extent * s for extent, s in zip(full_hw, scales))
+    local, starts = _gather_reads(tile, grid, full_hw, outputs, tuple(reads(axis) for axis in range(rank)), whole)
+    result = F.interpolate(local, scale_factor=scales, mode=mode, align_corners=None if mode == "nearest" else False)
+    origins = tuple(start * s for start, s in zip(starts, scales))
     return _crop(result, grid, outputs, origins)
 
 
@@ -72,9 +77,11 @@ def conv_transpose2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
                      full_hw: tuple[int, int], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
                      output_padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
                      groups: int = 1) -> torch.Tensor:
-    """This tile of ``F.conv_transpose2d`` of the global input (spatial extent ``full_hw``)."""
-    stride_, padding_, dilation_ = pair(stride), pair(padding), pair(dilation)
-    output_padding_ = pair(output_padding)
+    """This tile of ``F.conv_transpose2d`` of the global input (spatial extents ``full_hw``; a volume's
+    ``F.conv_transpose3d``)."""
+    rank = len(grid.parts)
+    stride_, padding_, dilation_ = ntuple(stride, rank), ntuple(padding, rank), ntuple(dilation, rank)
+    output_padding_ = ntuple(output_padding, rank)
     kernel = tuple(weight.shape[2:])
     outputs = tuple((extent - 1) * s - 2 * p + d * (k - 1) + op + 1 for extent, s, p, d, k, op
                     in zip(full_hw, stride_, padding_, dilation_, kernel, output_padding_))
@@ -83,14 +90,15 @@ def conv_transpose2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         s, p, reach = stride_[axis], padding_[axis], dilation_[axis] * (kernel[axis] - 1)
         return lambda o0, o1: (-(-(o0 + p - reach) // s), (o1 - 1 + p) // s + 1)
 
-    local, starts = _gather_reads(tile, grid, full_hw, outputs, (reads(0), reads(1)))
-    split = (grid.h > 1, grid.w > 1)
-    local_padding = tuple(0 if split[a] else padding_[a] for a in range(2))
-    local_output_padding = tuple(0 if split[a] else output_padding_[a] for a in range(2))
-    result = F.conv_transpose2d(local, weight, None, stride_, local_padding, local_output_padding, groups, dilation_)
+    local, starts = _gather_reads(tile, grid, full_hw, outputs, tuple(reads(axis) for axis in range(rank)))
+    split = tuple(parts > 1 for parts in grid.parts)
+    local_padding = tuple(0 if split[a] else padding_[a] for a in range(rank))
+    local_output_padding = tuple(0 if split[a] else output_padding_[a] for a in range(rank))
+    result = by_rank(CONV_TRANSPOSE, tile)(local, weight, None, stride_, local_padding, local_output_padding, groups,
+                                           dilation_)
     origins = tuple(start * s - p for start, s, p in zip(starts, stride_, padding_))
     result = _crop(result, grid, outputs, origins)
-    return result if bias is None else result + bias.view(1, -1, 1, 1)
+    return result if bias is None else result + bias.view(1, -1, *([1] * rank))
 
 
 def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], output_hw: tuple[int, int],
@@ -147,12 +155,12 @@ def _averaging(extent_in: int, extent_out: int, outputs: tuple[int, int], start:
 
 
 def _gather_reads(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], outputs: tuple[int, ...],
-                  reads: tuple[Reads, Reads], whole: tuple[bool, bool] = (False, False)
-                  ) -> tuple[torch.Tensor, tuple[int, int]]:
+                  reads: tuple[Reads, ...], whole: tuple[bool, ...] | None = None) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The tile extended by the rows its outputs read (clipped to the tensor), and the first row held per axis;
     along an axis ``whole`` holds entirely, the rows read are cut from it."""
-    local, starts = tile, [0, 0]
-    for axis, parts in enumerate((grid.h, grid.w)):
+    local, starts = tile, [0] * len(grid.parts)
+    whole = whole or (False,) * len(grid.parts)
+    for axis, parts in enumerate(grid.parts):
         if parts == 1:
             continue
         ranges = [_clip(reads[axis](o0, o1), full_hw[axis]) for o0, o1 in partition(outputs[axis], parts)]
@@ -163,21 +171,22 @@ def _gather_reads(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], 
         window = window_of_reads(full_hw[axis], ranges, grid.tile[axis], grid.neighbours(axis), "this upsampling")
         local = exchange_halo(local, 2 + axis, window)
         starts[axis] = window.read_start
-    return local, (starts[0], starts[1])
+    return local, tuple(starts)
 
 
 def _crop(result: torch.Tensor, grid: TileGrid, outputs: tuple[int, ...], origins: tuple[int, ...],
           fill: float = 0.0) -> torch.Tensor:
     """Rows ``partition(outputs, parts)[tile]`` of ``result``, whose first row is global row ``origins`` (rows it
     does not hold are ``fill``)."""
-    for axis, parts in enumerate((grid.h, grid.w)):
+    rank = len(grid.parts)
+    for axis, parts in enumerate(grid.parts):
         if parts == 1:
             continue
         o0, o1 = partition(outputs[axis], parts)[grid.tile[axis]]
         dim, origin = 2 + axis, origins[axis]
         before, after = max(0, origin - o0), max(0, o1 - (origin + result.shape[dim]))
-        pads = [0, 0, 0, 0]  # rows no input reaches (a stride wider than the kernel, output padding)
-        pads[2 * (1 - axis)], pads[2 * (1 - axis) + 1] = before, after
+        pads = [0, 0] * rank  # rows no input reaches (a stride wider than the kernel, output padding)
+        pads[2 * (rank - 1 - axis)], pads[2 * (rank - 1 - axis) + 1] = before, after
         result = F.pad(result, pads, value=fill)  # on every tile, even when zero: every rank's graph has one shape
         result = result.narrow(dim, o0 - origin + before, o1 - o0)
     return result

@@ -346,7 +346,7 @@ def _operand_refusal(node: Node, graph: LayerGraph, layout: Layout, constants: C
                      whole_shape: Callable[[Node], Sequence[int] | None]) -> list[str]:
     """A layer that is not element-wise reads a whole parameter or constant: exact under a sample split only."""
     kind = graph.nodes[node.name]["kind"]
-    if layout.c * layout.h * layout.w == 1 or kind in ELEMENTWISE_KINDS or kind == "batchnorm" or (
+    if layout.c * layout.spatial == 1 or kind in ELEMENTWISE_KINDS or kind == "batchnorm" or (
             kind == "conv" and layout.c == 1):  # F.conv2d by space: whole filters (runtime.layers.functional_conv)
         return []  # F.batch_norm takes its per-channel tensors whole (runtime.layers.functional_batch_norm)
     if on_last_dims(graph.nodes[node.name]):

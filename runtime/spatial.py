@@ -1,12 +1,15 @@
-"""Convolution and pooling on a tile of a height/width split, equal to the unsplit operation's tile.
+"""Convolution and pooling on a tile of a spatial split, equal to the unsplit operation's tile.
 
 A :class:`TileGrid` says how the spatial dimensions are split (``h × w``
-tiles, row-major) and which global rank holds each tile. The functions take
-this rank's tile of the input — rows ``partition(H, h)[i]``, columns
-``partition(W, w)[j]`` — exchange halos with the neighbouring tiles
-(``runtime.halo_exchange``) and return this rank's tile of the output; their
+tiles of an image, ``d × h × w`` of a volume, ``w`` of a sequence; row-major)
+and which global rank holds each tile. The functions take this rank's tile of
+the input — rows ``partition(H, h)[i]``, columns ``partition(W, w)[j]`` (and
+slices ``partition(D, d)[k]``) — exchange halos with the neighbouring tiles
+(``runtime.halo_exchange``, one axis after the other, so edges and corners
+arrive with the later axes) and return this rank's tile of the output; their
 backward returns the tile's input gradient with the halo gradients added
-back. Weight and bias gradients are this tile's share: summing them over
+back. Each works on tensors of the grid's rank: the ``2d`` in a name is the
+image form, and a volume's (a sequence's) tile runs the 3-D (1-D) operation. Weight and bias gradients are this tile's share: summing them over
 the tiles (and samples) gives the unsplit gradients.
 
 Global padding is applied by the exchange on border tiles (zeros for
@@ -17,7 +20,8 @@ operation runs without padding along split axes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from math import prod
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -27,50 +31,87 @@ import torch.nn.functional as F
 from runtime.halo_exchange import AxisWindow, axis_window, exchange_halo
 from runtime.overlap import bands_are_uniform, conv2d_overlapped
 
-__all__ = ["TileGrid", "avg_pool2d", "conv2d", "global_avg_pool2d", "max_pool2d"]
+__all__ = ["AVG_POOL", "CONV", "MAX_POOL", "TileGrid", "avg_pool2d", "by_rank", "conv2d", "global_avg_pool2d",
+           "max_pool2d", "ntuple", "pair"]
 
 
 @dataclass(frozen=True)
 class TileGrid:
-    """An ``h × w`` split of the spatial dimensions; ``ranks[i * w + j]`` holds tile ``(i, j)``."""
+    """A split of the spatial axes into ``parts`` (one count per axis: ``(h, w)`` of an image, ``(d, h, w)`` of a
+    volume, ``(w,)`` of a sequence), tiles numbered row-major: ``ranks[index]`` holds tile ``tile``."""
 
-    h: int
-    w: int
+    parts: tuple[int, ...]
     ranks: tuple[int, ...]
-    tile: tuple[int, int]
+    tile: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if len(self.ranks) != self.h * self.w:
-            raise ValueError(f"a {self.h}×{self.w} grid needs {self.h * self.w} ranks, got {len(self.ranks)}")
-        if not (0 <= self.tile[0] < self.h and 0 <= self.tile[1] < self.w):
-            raise ValueError(f"tile {self.tile} is outside the {self.h}×{self.w} grid")
+        grid = "×".join(map(str, self.parts))
+        if len(self.ranks) != prod(self.parts):
+            raise ValueError(f"a {grid} grid needs {prod(self.parts)} ranks, got {len(self.ranks)}")
+        if len(self.tile) != len(self.parts) or not all(0 <= t < p for t, p in zip(self.tile, self.parts)):
+            raise ValueError(f"tile {self.tile} is outside the {grid} grid")
 
     @classmethod
-    def of_rank(cls, h: int, w: int, ranks: Sequence[int], rank: int) -> "TileGrid":
+    def of_rank(cls, parts: Sequence[int], ranks: Sequence[int], rank: int) -> "TileGrid":
         """The grid seen by ``rank`` (one of ``ranks``, row-major)."""
-        index = list(ranks).index(rank)
-        return cls(h, w, tuple(ranks), divmod(index, w))
+        index, tile = list(ranks).index(rank), []
+        for count in reversed(tuple(parts)):
+            index, position = divmod(index, count)
+            tile.append(position)
+        return cls(tuple(parts), tuple(ranks), tuple(reversed(tile)))
+
+    @property
+    def h(self) -> int:
+        """Tiles along the height (the image form's first axis)."""
+        return self.parts[-2] if len(self.parts) > 1 else 1
+
+    @property
+    def w(self) -> int:
+        """Tiles along the width (every grid's last axis)."""
+        return self.parts[-1]
+
+    def axis_ranks(self, axis: int) -> tuple[int, ...]:
+        """Global ranks of the tiles in this tile's line along ``axis``, first to last."""
+        stride = prod(self.parts[axis + 1:])
+        base = self._index() - self.tile[axis] * stride
+        return tuple(self.ranks[base + position * stride] for position in range(self.parts[axis]))
 
     def neighbours(self, axis: int) -> tuple[int | None, int | None]:
-        """Global ranks of the tiles before and after this one along ``axis`` (0: height, 1: width)."""
-        i, j = self.tile
-        if axis == 0:
-            return (self.ranks[(i - 1) * self.w + j] if i > 0 else None,
-                    self.ranks[(i + 1) * self.w + j] if i + 1 < self.h else None)
-        return (self.ranks[i * self.w + j - 1] if j > 0 else None,
-                self.ranks[i * self.w + j + 1] if j + 1 < self.w else None)
+        """Global ranks of the tiles before and after this one along ``axis`` (``None`` at the borders)."""
+        line, position = self.axis_ranks(axis), self.tile[axis]
+        return (line[position - 1] if position > 0 else None,
+                line[position + 1] if position + 1 < len(line) else None)
+
+    def _index(self) -> int:
+        index = 0
+        for count, position in zip(self.parts, self.tile):
+            index = index * count + position
+        return index
+
+
+def by_rank(operations: dict[int, Callable[..., torch.Tensor]], tensor: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The operation of ``operations`` (keyed by tensor rank: 3, 4, 5) that ``tensor``'s rank takes."""
+    if tensor.dim() not in operations:
+        raise ValueError(f"a {tensor.dim()}-D tile has no spatial operation here; tiles are 3-D, 4-D or 5-D")
+    return operations[tensor.dim()]
+
+
+CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
+MAX_POOL = {3: F.max_pool1d, 4: F.max_pool2d, 5: F.max_pool3d}
+AVG_POOL = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}
 
 
 def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
            full_hw: tuple[int, int], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
            dilation: int | Sequence[int] = 1, groups: int = 1, overlap: bool = True) -> torch.Tensor:
-    """This tile of ``F.conv2d`` of the global input (spatial extent ``full_hw``).
+    """This tile of ``F.conv2d`` of the global input (spatial extents ``full_hw``; a volume's ``F.conv3d``).
 
-    With ``overlap`` the tile's interior is convolved while the halos travel (``runtime.overlap``).
+    With ``overlap`` an image tile's interior is convolved while the halos travel (``runtime.overlap``).
     """
-    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
+    rank = len(grid.parts)
+    stride, padding, dilation = ntuple(stride, rank), ntuple(padding, rank), ntuple(dilation, rank)
     kernel = tuple(weight.shape[2:])
-    if overlap and grid.h * grid.w > 1:
+    if overlap and rank == 2 and grid.h * grid.w > 1:
         every = [[axis_window(full_hw[axis], parts, index, kernel[axis], stride[axis], dilation[axis], padding[axis],
                               grid.neighbours(axis)) for index in range(parts)] if parts > 1 else None
                  for axis, parts in enumerate((grid.h, grid.w))]
@@ -81,7 +122,7 @@ def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
         uniform = bands_are_uniform(every, rows, stride, reach, padding)
         return conv2d_overlapped(tile, weight, bias, windows, stride, padding, dilation, groups, uniform)
     local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride, dilation, padding, 0.0)
-    return F.conv2d(local, weight, bias, stride, local_padding, dilation, groups)
+    return by_rank(CONV, tile)(local, weight, bias, stride, local_padding, dilation, groups)
 
 
 def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
@@ -92,11 +133,12 @@ def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
     With ``ceil_mode`` every tile pools in ceil mode: a tile's windows but the global last fit its rows exactly
     (ceil and floor agree), and the last tile holds the rows up to the padding's end, as the whole does.
     """
-    kernel = pair(kernel_size)
-    stride_ = pair(stride) if stride is not None else kernel
-    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, pair(dilation), pair(padding),
-                                       float("-inf"), ceil_mode)
-    return F.max_pool2d(local, kernel, stride_, local_padding, pair(dilation), ceil_mode=ceil_mode)
+    rank = len(grid.parts)
+    kernel = ntuple(kernel_size, rank)
+    stride_ = ntuple(stride, rank) if stride is not None else kernel
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, ntuple(dilation, rank),
+                                       ntuple(padding, rank), float("-inf"), ceil_mode)
+    return by_rank(MAX_POOL, tile)(local, kernel, stride_, local_padding, ntuple(dilation, rank), ceil_mode=ceil_mode)
 
 
 def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
@@ -108,63 +150,73 @@ def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
     Without ``count_include_pad`` a window's divisor counts its input elements only: the same average of a
     mask of the tile's real rows (halos included, global padding not) divides it.
     """
-    kernel = pair(kernel_size)
-    stride_ = pair(stride) if stride is not None else kernel
-    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1, 1), pair(padding), 0.0, ceil_mode)
-    average = F.avg_pool2d(local, kernel, stride_, local_padding, ceil_mode=ceil_mode, count_include_pad=True)
+    rank = len(grid.parts)
+    kernel = ntuple(kernel_size, rank)
+    stride_ = ntuple(stride, rank) if stride is not None else kernel
+    local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride_, (1,) * rank, ntuple(padding, rank), 0.0,
+                                       ceil_mode)
+    pool = by_rank(AVG_POOL, tile)
+    average = pool(local, kernel, stride_, local_padding, ceil_mode=ceil_mode, count_include_pad=True)
     if count_include_pad:
         return average
-    real = _real_positions(local, grid, full_hw, kernel, stride_, pair(padding), ceil_mode)
-    return average / F.avg_pool2d(real, kernel, stride_, local_padding, ceil_mode=ceil_mode, count_include_pad=True)
+    real = _real_positions(local, grid, full_hw, kernel, stride_, ntuple(padding, rank), ceil_mode)
+    return average / pool(real, kernel, stride_, local_padding, ceil_mode=ceil_mode, count_include_pad=True)
 
 
-def _real_positions(local: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel: tuple[int, ...],
-                    stride: tuple[int, int], padding: tuple[int, int], ceil_mode: bool) -> torch.Tensor:
-    """A ``(1, 1, H, W)`` mask of ``local`` (a tile with its halos and global padding): 1 where it holds an input
-    element, 0 in the global padding of a split axis."""
-    masks = []
-    for axis, parts in enumerate((grid.h, grid.w)):
-        mask = torch.ones(local.shape[2 + axis], dtype=local.dtype, device=local.device)
+def _real_positions(local: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], kernel: tuple[int, ...],
+                    stride: tuple[int, ...], padding: tuple[int, ...], ceil_mode: bool) -> torch.Tensor:
+    """A ``(1, 1, H, W)`` mask (``(1, 1, D, H, W)`` of a volume) of ``local`` (a tile with its halos and global
+    padding): 1 where it holds an input element, 0 in the global padding of a split axis."""
+    mask = local.new_ones((1, 1, *local.shape[2:]))
+    for axis, parts in enumerate(grid.parts):
         if parts > 1:
             window = axis_window(full_hw[axis], parts, grid.tile[axis], kernel[axis], stride[axis], 1, padding[axis],
                                  grid.neighbours(axis), ceil_mode)
-            mask[:max(0, -window.read_start)] = 0
-            mask[mask.numel() - max(0, window.read_stop - full_hw[axis]):] = 0
-        masks.append(mask)
-    return (masks[0][:, None] * masks[1][None, :])[None, None]
+            mask.narrow(2 + axis, 0, max(0, -window.read_start)).zero_()
+            after = max(0, window.read_stop - full_hw[axis])
+            mask.narrow(2 + axis, mask.shape[2 + axis] - after, after).zero_()
+    return mask
 
 
-def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, int], group: Any = None) -> torch.Tensor:
-    """``F.adaptive_avg_pool2d(x, 1)`` of the global input: tile sums added over the spatial ``group``.
+def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, ...], group: Any = None) -> torch.Tensor:
+    """``F.adaptive_avg_pool2d(x, 1)`` of the global input (``F.adaptive_avg_pool3d`` of a volume): tile sums added
+    over the spatial ``group``.
 
-    The result ``(N, C, 1, 1)`` is whole on every rank of the group. Backward
+    The result ``(N, C, 1, 1)`` (``(N, C, 1, 1, 1)``) is whole on every rank of the group. Backward
     adds the gradients of all those copies (``runtime.collectives.all_reduce_sum``),
     so when every rank goes on to compute the same loss from its copy, each
     rank must weigh its copy by ``1/len(group)`` to get the unsplit gradient.
     """
-    summed = tile.sum(dim=(2, 3), keepdim=True)
+    summed = tile.sum(dim=tuple(range(2, tile.dim())), keepdim=True)
     if dist.is_available() and dist.is_initialized():
         summed = all_reduce_sum(summed, group)
-    return summed / (full_hw[0] * full_hw[1])
+    return summed / prod(full_hw)
 
 
-def _with_halos(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel: tuple[int, ...],
-                stride: tuple[int, int], dilation: tuple[int, int], padding: tuple[int, int],
-                fill: float, ceil_mode: bool = False) -> tuple[torch.Tensor, tuple[int, int]]:
+def _with_halos(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], kernel: tuple[int, ...],
+                stride: tuple[int, ...], dilation: tuple[int, ...], padding: tuple[int, ...],
+                fill: float, ceil_mode: bool = False) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The tile with its halos on every split axis, and the padding left for the local operation."""
     local, local_padding = tile, list(padding)
-    for axis, parts in enumerate((grid.h, grid.w)):
+    for axis, parts in enumerate(grid.parts):
         if parts == 1:
             continue
         window: AxisWindow = axis_window(full_hw[axis], parts, grid.tile[axis], kernel[axis], stride[axis],
                                          dilation[axis], padding[axis], grid.neighbours(axis), ceil_mode)
         local = exchange_halo(local, 2 + axis, window, fill)
         local_padding[axis] = 0
-    return local, (local_padding[0], local_padding[1])
+    return local, tuple(local_padding)
+
+
+def ntuple(value: int | Sequence[int], rank: int) -> tuple[int, ...]:
+    """``value`` for each of ``rank`` axes (an int repeated, or a sequence of that length)."""
+    if isinstance(value, int):
+        return (value,) * rank
+    values = tuple(int(v) for v in value)
+    if len(values) != rank:
+        raise ValueError(f"{values} gives {len(values)} values for {rank} spatial axes")
+    return values
 
 
 def pair(value: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(value, int):
-        return value, value
-    first, second = tuple(value)
-    return int(first), int(second)
+    return ntuple(value, 2)  # type: ignore[return-value]

@@ -59,7 +59,7 @@ class RunOptions:
     model: str
     input_shape: tuple[int, int, int, int]
     dtype: str
-    plan: dict[str, Any]  # the parplan.plan/1 document
+    plan: dict[str, Any]  # the parplan.plan/2 document
     steps: int
     warmup: int
     lr: float = 0.01

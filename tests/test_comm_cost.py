@@ -73,7 +73,7 @@ def test_move_patterns_give_the_per_rank_answer(source: tuple[int, ...], target:
     from calibrate.presets import preset_profile
     from cost_models.comm_cost import move_patterns, nested, pattern_s, redistribution_s, sendrecv_coefficients
 
-    src, dst = Layout(*source), Layout(*target)
+    src, dst = _layout(*source), _layout(*target)
     devices = max(src.ranks, dst.ranks) * 2
     if devices % src.ranks or devices % dst.ranks:
         return
@@ -86,3 +86,7 @@ def test_move_patterns_give_the_per_rank_answer(source: tuple[int, ...], target:
     expected = redistribution_s(profile, cluster, shape, 4, src, dst, devices)
     seconds = pattern_s(sendrecv_coefficients(profile, 4), pattern, shape, src, dst)
     assert seconds == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def _layout(n: int, c: int, h: int, w: int) -> Layout:
+    return Layout(n=n, c=c, h=h, w=w)

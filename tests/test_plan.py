@@ -27,7 +27,7 @@ def make_plan(**overrides: object) -> Plan:
         "input_shape": (8, 3, 64, 64),
         "dtype": "float32",
         "cluster": CLUSTER,
-        "layers": {"conv1": LayerAssignment(Layout(4, 1, 2, 1)), "fc": LayerAssignment(Layout(n=8))},
+        "layers": {"conv1": LayerAssignment(Layout(n=4, h=2)), "fc": LayerAssignment(Layout(n=8))},
         "pipeline": Pipeline(stages=1, devices_per_stage=(8,)),
         "predicted": Prediction(0.125, 3 * 2**30, {"compute": 0.1, "halo": 0.025}),
         "solver": SolverInfo("cbc", "Optimal", 0.42, objective=0.125, gap=0.0),
@@ -56,8 +56,25 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
     save_plan(plan, tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json", expected_fingerprint=FINGERPRINT) == plan
     document = json.loads((tmp_path / "plan.json").read_text())
-    assert document["format"] == "parplan.plan/1"
-    assert document["layers"][0] == {"name": "conv1", "layout": {"n": 4, "c": 1, "h": 2, "w": 1}, "stage": 0}
+    assert document["format"] == "parplan.plan/2"
+    assert document["layers"][0] == {"name": "conv1", "layout": {"n": 4, "c": 1, "d": 1, "h": 2, "w": 1}, "stage": 0}
+
+
+def test_a_version_1_plan_reads_with_unsplit_depth(tmp_path: Path) -> None:
+    document = make_plan().to_dict() | {"format": "parplan.plan/1"}
+    for layer in document["layers"]:
+        del layer["layout"]["d"]
+    assert load_plan(write(tmp_path / "p.json", document)) == make_plan(created=document["created"])
+    document["layers"][0]["layout"]["d"] = 1  # a /1 document has no depth
+    with pytest.raises(PlanError, match="not a valid parplan.plan/1 document"):
+        load_plan(write(tmp_path / "p.json", document))
+
+
+def test_a_version_2_plan_without_depth_is_refused(tmp_path: Path) -> None:
+    document = make_plan().to_dict()
+    del document["layers"][0]["layout"]["d"]
+    with pytest.raises(PlanError, match=r"not a valid parplan.plan/2 document: at \$.layers\[0\].layout"):
+        load_plan(write(tmp_path / "p.json", document))
 
 
 def test_summary_is_one_line() -> None:
@@ -74,8 +91,8 @@ def test_fingerprint_mismatch_names_both(tmp_path: Path) -> None:
 
 
 def test_unknown_version_is_refused_naming_both(tmp_path: Path) -> None:
-    document = make_plan().to_dict() | {"format": "parplan.plan/2"}
-    with pytest.raises(PlanError, match=r"'parplan.plan/2' but this parplan reads 'parplan.plan/1'"):
+    document = make_plan().to_dict() | {"format": "parplan.plan/3"}
+    with pytest.raises(PlanError, match=r"'parplan.plan/3' but this parplan reads 'parplan.plan/2'"):
         load_plan(write(tmp_path / "p.json", document))
 
 

@@ -84,7 +84,7 @@ def _shard_state(rank: int, full: nn.Module) -> State:
 
 def _write_checkpoint(folder: Path, step: int, states: list[State]) -> dict:
     """What ``checkpoint.save`` writes, without ranks: one shard per state and the manifest."""
-    plan = {"format": "parplan.plan/1", "model": {"spec": "m", "fingerprint": "sha256:0123456789", "dtype": "float32",
+    plan = {"format": "parplan.plan/2", "model": {"spec": "m", "fingerprint": "sha256:0123456789", "dtype": "float32",
                                                   "input_shape": [2, 1, 4, 4]},
             "cluster": {"devices": len(states)}, "layers": [], "pipeline": {}}
     target = checkpoint.step_folder(folder, step)
@@ -113,6 +113,23 @@ def test_gathering_joins_slices_keeps_replicas_and_maps_optimizer_state_by_name(
     path = checkpoint.write_full(manifest)
     assert torch.load(path, weights_only=True)["parameters"].keys() == {"weight", "bias"}
     assert "full" in checkpoint.latest(tmp_path)
+
+
+def test_a_version_1_manifest_still_reads_and_its_plan_digests_as_its_version_2_form(tmp_path: Path) -> None:
+    manifest = _write_checkpoint(tmp_path, 2, [_shard_state(r, nn.Linear(3, 4)) for r in range(2)])
+    old = {key: value for key, value in manifest.items() if key != "folder"} | {"format": "parplan.checkpoint/1"}
+    old["plan"] = old["plan"] | {"format": "parplan.plan/1"}
+    (Path(manifest["folder"]) / "manifest.json").write_text(json.dumps(old))
+    assert checkpoint.read_manifest(Path(manifest["folder"]))["format"] == "parplan.checkpoint/1"
+    layer = {"name": "conv", "stage": 0, "layout": {"n": 2, "c": 1, "h": 1, "w": 1}}
+    first = {"layers": [layer], "pipeline": {}, "cluster": {"devices": 2}}
+    second = first | {"layers": [layer | {"layout": layer["layout"] | {"d": 1}}]}
+    assert checkpoint.plan_digest(first) == checkpoint.plan_digest(second)
+    assert checkpoint.plan_digest(first) != checkpoint.plan_digest(
+        first | {"layers": [layer | {"layout": layer["layout"] | {"d": 2}}]})
+    (Path(manifest["folder"]) / "manifest.json").write_text(json.dumps(old | {"format": "parplan.checkpoint/3"}))
+    with pytest.raises(InputError, match="'parplan.checkpoint/3' but this parplan reads 'parplan.checkpoint/2'"):
+        checkpoint.read_manifest(Path(manifest["folder"]))
 
 
 def test_a_state_loads_its_slice_of_the_gathered_form(tmp_path: Path) -> None:

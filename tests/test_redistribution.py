@@ -46,7 +46,7 @@ def test_same_layout_moves_nothing_and_replicas_keep_their_own() -> None:
     target=st.tuples(st.sampled_from([1, 2]), st.sampled_from([1, 2]), st.sampled_from([1, 2]), st.sampled_from([1, 2])),
 )
 def test_volumes_match_explicit_index_sets(shape: tuple[int, ...], source: tuple[int, ...], target: tuple[int, ...]) -> None:
-    src, dst = Layout(*source), Layout(*target)
+    src, dst = _layout(*source), _layout(*target)
     if not (src.fits(shape) and dst.fits(shape)):
         return
     devices = max(src.ranks, dst.ranks) * (2 if src.ranks == dst.ranks else 1)
@@ -78,7 +78,7 @@ def test_uneven_extents_use_balanced_parts() -> None:
 )
 def test_rank_loads_equal_the_per_rank_reference(shape: tuple[int, ...], source: tuple[int, ...],
                                                  target: tuple[int, ...], copies: int) -> None:
-    src, dst = Layout(*source), Layout(*target)
+    src, dst = _layout(*source), _layout(*target)
     if not (src.fits(shape) and dst.fits(shape)):
         return
     devices = src.ranks * dst.ranks * copies
@@ -89,3 +89,7 @@ def test_rank_loads_equal_the_per_rank_reference(shape: tuple[int, ...], source:
         assert loads.peers[rank] == len(transfer.peers)
         assert loads.lowest[rank] == min((rank, *transfer.peers))
         assert loads.highest[rank] == max((rank, *transfer.peers))
+
+
+def _layout(n: int, c: int, h: int, w: int) -> Layout:
+    return Layout(n=n, c=c, h=h, w=w)

@@ -34,7 +34,7 @@ def _runtime_receives(shape: tuple[int, ...], source: Layout, target: Layout, de
 )
 def test_moves_with_whole_extents_equal_the_runtime(shape: tuple[int, ...], source: tuple[int, ...],
                                                     target: tuple[int, ...], copies: int) -> None:
-    src, dst = Layout(*source), Layout(*target)
+    src, dst = _layout(*source), _layout(*target)
     if not (holdable(shape, src) and holdable(shape, dst)) or src.ranks * dst.ranks * copies > 48:
         return
     devices = src.ranks * dst.ranks * copies
@@ -60,3 +60,7 @@ def test_an_extent_split_into_empty_parts_is_still_refused() -> None:
     assert not holdable((2, 4, 3, 1), Layout(h=4)) and holdable((2, 4, 1, 1), Layout(h=4))
     with pytest.raises(Exception, match="non-empty parts"):
         rank_loads((2, 4, 3, 1), Layout(h=4), Layout(), 4)
+
+
+def _layout(n: int, c: int, h: int, w: int) -> Layout:
+    return Layout(n=n, c=c, h=h, w=w)

@@ -30,7 +30,11 @@ def _cluster(devices: int) -> Cluster:
     return Cluster(devices=devices, devices_per_node=devices, memory_bytes=2**34, intra=LINK, inter=LINK)
 
 
-LAYOUTS = [Layout(*parts) for parts in product((1, 2), (1, 2), (1, 2, 3), (1, 2)) if Layout(*parts).ranks <= 6]
+def _layout(n: int, c: int, h: int, w: int) -> Layout:
+    return Layout(n=n, c=c, h=h, w=w)
+
+
+LAYOUTS = [_layout(*parts) for parts in product((1, 2), (1, 2), (1, 2, 3), (1, 2)) if _layout(*parts).ranks <= 6]
 
 
 @settings(max_examples=60, deadline=None)

@@ -39,7 +39,7 @@ def _check(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name:
     dtype = getattr(torch, dtype_name)
     checked = 0
     for h, w in grids:
-        grid = TileGrid.of_rank(h, w, list(range(world_size)), rank)
+        grid = TileGrid.of_rank((h, w), list(range(world_size)), rank)
         for index, (operation, kw) in enumerate(CASES):
             generator = torch.Generator().manual_seed(100 * h + 10 * w + index)
             rows = kw.get("rows", 13)

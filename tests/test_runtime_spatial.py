@@ -41,7 +41,7 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
     dtype = getattr(torch, dtype_name)
     checked = refused = 0
     for h, w in grids:
-        grid = TileGrid.of_rank(h, w, list(range(world_size)), rank)
+        grid = TileGrid.of_rank((h, w), list(range(world_size)), rank)
         for operation, kw in CASES:
             generator = torch.Generator().manual_seed(1000 * h + 10 * w + checked)
             x = torch.randn(2, 4, 13, 14, dtype=dtype, generator=generator, requires_grad=True)

@@ -91,7 +91,7 @@ def test_a_broken_plan_is_refused_at_its_path(no_jsonschema: None, name: str) ->
     change, path, message = PLAN_BREAKS[name]
     document = plan_document()
     change(document)
-    with pytest.raises(PlanError, match=rf"is not a valid parplan.plan/1 document: at {_escape(path)}: .*{message}"):
+    with pytest.raises(PlanError, match=rf"is not a valid parplan.plan/2 document: at {_escape(path)}: .*{message}"):
         Plan.from_dict(document, source="p.json")
 
 
@@ -121,7 +121,9 @@ def test_what_the_fallback_refuses_jsonschema_refuses_at_the_same_path(name: str
     change(document)
     kind = "plan" if name in PLAN_BREAKS else "profile"
     with pytest.raises(InputError, match=rf"at {_escape(path)}: "):
-        schema.check_document(copy.deepcopy(document), f"parplan.{kind}/1", f"{kind}-1", "p.json", InputError)
+        version = 2 if kind == "plan" else 1
+        schema.check_document(copy.deepcopy(document), f"parplan.{kind}/{version}", f"{kind}-{version}", "p.json",
+                              InputError)
 
 
 def test_the_warning_is_printed_once_per_process_and_not_again_by_the_ranks_it_starts(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Volumes (``N,C,D,H,W``) and sequences (``N,C,L``): traced, counted, calibrated, planned and run split by
-samples and into pipeline stages, equal to the unsplit model in float64 (issue 22's first step; their channel
-and spatial splits are refused by the one capability predicate until the runtime runs them)."""
+samples, channels, depth, height and width and into pipeline stages, equal to the unsplit model in float64
+(sequences: by samples only so far)."""
 
 from __future__ import annotations
 
@@ -111,15 +111,22 @@ def test_three_d_layers_are_counted_per_voxel() -> None:
     assert pool["kind"] == "maxpool" and pool["flops_fwd"] == 4 * 4 * 4**3 * 8  # a 2×2×2 window per output
 
 
-def test_volume_layers_split_by_samples_only_for_now() -> None:
+def test_volume_layers_split_by_depth_height_width_and_channel_sequences_by_samples() -> None:
     for name in ("cosmoflow", "unet3d", "sequence"):
         graph = trace(_model(name), SHAPES[name])
         for layer, data in graph.nodes(data=True):
             if data["kind"] == "input" or len(data["output_shape"]) == 2:
                 continue
             assert layer_refusal(data, Layout(n=2)) is None, (name, layer)
-            for layout in (Layout(c=2), Layout(h=2), Layout(w=2)):
-                assert layer_refusal(data, layout) is not None, (name, layer, layout)
+            for layout in (Layout(c=2), Layout(d=2), Layout(h=2), Layout(w=2)):
+                why = layer_refusal(data, layout)
+                pooled = set(data["output_shape"][2:]) == {1}  # a global pool's output: split by channel only
+                volume = len(data["output_shape"]) == 5 and (not pooled or layout.c > 1)
+                channels_cut = data["kind"] == "cat" and layout.c > 1  # concatenated along the channels
+                assert (why is None) == (volume and not channels_cut), (name, layer, layout, why)
+    image = trace(_model("cosmoflow"), SHAPES["cosmoflow"]).nodes["features_0"] | {"output_shape": [4, 4, 8, 8],
+                                                                                  "input_shapes": [[4, 4, 8, 8]]}
+    assert "has no d axis to split" in layer_refusal(image, Layout(d=2))
 
 
 def test_calibration_builds_every_pass_of_the_volume_and_sequence_problems() -> None:
@@ -146,6 +153,22 @@ def test_volumes_and_sequences_split_by_samples_equal_the_unsplit_model() -> Non
     for name in SHAPES:  # every layer split (none fell back to whole)
         graph = trace(_model(name), SHAPES[name], torch.float64)
         assert {results[f"{name} n2"][layer] for layer in graph.compute_layers()} == {"n2"}, name
+
+
+VOLUME_LAYOUTS = {2: ("d2", "w2", "c2"), 4: ("h2·w2", "d2·h2", "n2·d2", "c2·d2")}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world", sorted(VOLUME_LAYOUTS))
+def test_volumes_split_by_depth_height_width_and_channel_equal_the_unsplit_model(world: int) -> None:
+    cases = [(name, layout) for name in ("cosmoflow", "unet3d", "mixed3d") for layout in VOLUME_LAYOUTS[world]]
+    results = run_ranks(_cases, world, args=(cases,), timeout_s=600)[0]
+    for name, text in cases:  # every volume layer took the layout; the global pool and the dense head: samples
+        graph, layout = trace(_model(name), SHAPES[name], torch.float64), Layout.parse(text)
+        volumes = [layer for layer in graph.compute_layers() if len(graph.nodes[layer]["output_shape"]) == 5
+                   and set(graph.nodes[layer]["output_shape"][2:]) != {1}
+                   and not (graph.nodes[layer]["kind"] == "cat" and layout.c > 1)]
+        assert volumes and {results[f"{name} {text}"][layer] for layer in volumes} == {text}, (name, text)
 
 
 @pytest.mark.multirank
