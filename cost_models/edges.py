@@ -18,7 +18,7 @@ from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS
-from cost_models.orders import NCHW, logical
+from cost_models.orders import NCDHW, NCHW, default_order, logical
 from cost_models.profile import Profile
 
 __all__ = ["edge_layouts", "edge_move", "edge_s"]
@@ -41,7 +41,8 @@ def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, l
 
 def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
                  layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
-    """The 4-D shape, held and wanted layouts of the edge's tensor; ``None`` for edges free by rule (the input).
+    """The 4-D shape (5-D of a volume), held and wanted layouts of the edge's tensor; ``None`` for edges free by rule
+    (the input).
 
     Each layout projects on its own: a 2-D tensor keeps ``n`` and ``c``; a
     filter-split reader (``c > 1`` on a convolution or linear layer) wants ``c = 1``.
@@ -49,8 +50,11 @@ def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Lay
     shape = source["output_shape"]
     if source["kind"] == "input" or not shape or isinstance(shape[0], list):
         return None
+    order = source.get("attrs", {}).get("order") or default_order(len(shape))
     if len(shape) == 4:  # a channels-last value moves its axes wherever its order holds them: priced as nchw
-        shape = logical(shape, source.get("attrs", {}).get("order", NCHW))
+        shape = logical(shape, order)
+    if len(shape) == 5 and order == NCDHW:  # a volume moves as one
+        return tuple(shape), have, _input_layout(target["kind"], layout)
     return _as_4d(shape, have, _input_layout(target["kind"], layout))
 
 

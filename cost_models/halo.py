@@ -21,6 +21,10 @@ Assumptions:
       such splits; the planner does not offer them).
     * A 2-D (h×w) split exchanges with up to eight neighbours: four edges and,
       when both halos on a corner are non-zero, the corner block.
+    * A volume's tile exchanges as ``runtime.halo_exchange`` does, one axis
+      after the other (:func:`volume_halo_messages`): two messages per split
+      axis, each a face of the tile extended by the halos of the axes before
+      (edges and corners travel inside the later faces).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Callable, Sequence
 from cost_models.errors import InputError
 
 __all__ = ["AxisHalo", "HaloMessage", "adaptive_reads", "axis_halos", "halo_messages", "partition",
-           "reads_beyond_neighbours", "window_output_extent"]
+           "reads_beyond_neighbours", "volume_halo_messages", "window_output_extent"]
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,10 @@ class AxisHalo:
 
 @dataclass(frozen=True)
 class HaloMessage:
-    """One halo message of a tile: its neighbour offset ``(dh, dw)``, shape of the block and bytes."""
+    """One halo message of a tile: its neighbour offset ``(dh, dw)`` (``(dd, dh, dw)`` of a volume), shape of the
+    block (a volume's: its rows are slices × rows) and bytes."""
 
-    offset: tuple[int, int]
+    offset: tuple[int, ...]
     rows: int
     cols: int
     nbytes: int
@@ -169,3 +174,26 @@ def halo_messages(rows: Sequence[AxisHalo], cols: Sequence[AxisHalo], tile: tupl
              (1, -1): (row_halo.after, col_halo.before), (1, 1): (row_halo.after, col_halo.after)}
     return [HaloMessage(offset, height, width, height * width * plane_bytes)
             for offset, (height, width) in sides.items() if height > 0 and width > 0]
+
+
+def volume_halo_messages(halos: Sequence[AxisHalo], tile_shape: Sequence[int], plane_bytes: int) -> list[HaloMessage]:
+    """The messages a volume's tile receives for one exchange, axis after axis (depth, rows, columns): before and
+    after along each, the face of the tile as extended by the halos already received.
+
+    Args:
+        halos: The tile's halo along each spatial axis (``AxisHalo(0, 0)`` where the axis is not split).
+        tile_shape: Its own input extents ``(slices, rows, columns)``.
+        plane_bytes: Bytes of one spatial element across the local batch and channels.
+    """
+    extents, found = list(tile_shape), []
+    for axis, halo in enumerate(halos):
+        for sign, depth in ((-1, halo.before), (1, halo.after)):
+            block = [depth if a == axis else extent for a, extent in enumerate(extents)]
+            if depth > 0 and min(block) > 0:
+                offset = tuple(sign if a == axis else 0 for a in range(len(extents)))
+                rows = 1
+                for extent in block[:-1]:
+                    rows *= extent
+                found.append(HaloMessage(offset, rows, block[-1], rows * block[-1] * plane_bytes))  # type: ignore[arg-type]
+        extents[axis] += halo.before + halo.after
+    return found

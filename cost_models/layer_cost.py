@@ -38,13 +38,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import product
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import allgather_s, allreduce_s, gradient_allreduce_s, halo_exchange_s
 from cost_models.errors import PlanError
 from cost_models.borders import axis_pads, gathered_halos, window_reads
-from cost_models.halo import AxisHalo, axis_halos, halo_messages
+from cost_models.halo import AxisHalo, axis_halos, halo_messages, volume_halo_messages
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, local_problem, phases_of
 from cost_models.profile import Profile
@@ -122,8 +123,9 @@ def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, f
     return forward_s, backward_s, weight_s, sources.pop() if len(sources) == 1 else "mixed"
 
 
-def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], list[AxisHalo]] | None:
-    """Per-tile halos ``(rows, columns)`` of a convolution or pooling split by height/width; ``None`` if it has none.
+def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], ...] | None:
+    """Per-tile halos of each spatial axis (``(rows, columns)`` of an image; slices first of a volume) of a
+    convolution or pooling split by space; ``None`` if it has none.
 
     Raises:
         InputError: A tile would read beyond its adjacent tile.
@@ -135,46 +137,47 @@ def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHa
                                                          or attrs.get("padding_mode", "zeros") != "zeros")):
         return _gathered(layer, layout)
     halos = []
-    for axis, parts in ((0, layout.h), (1, layout.w)):
+    for axis, parts in enumerate(layout.parts_of(len(shape))[2:]):
         kernel, stride, dilation, padding = (axis_value(attrs.get(key, default), axis) for key, default in
                                              (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
         halos.append(_axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding,
                                  bool(attrs.get("ceil_mode"))))
-    return halos[0], halos[1]
+    return tuple(halos)
 
 
-def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], list[AxisHalo]]:
+def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], ...]:
     """The halos of a convolution padded in a mode or asymmetrically (``cost_models.borders``): circular padding
     gives the border tiles a halo from the opposite end, as an interior tile has."""
     attrs, shape = layer["attrs"], layer["input_shapes"][0]
     halos = []
-    for axis, parts in ((0, layout.h), (1, layout.w)):
+    for axis, parts in enumerate(layout.parts_of(len(shape))[2:]):
         window = tuple(axis_value(attrs.get(key, 1), axis) for key in ("kernel_size", "stride", "dilation"))
         reads = window_reads(shape[2 + axis], parts, *window, axis_pads(dict(attrs), axis))  # type: ignore[arg-type]
         halos.append(gathered_halos(shape[2 + axis], reads, attrs.get("padding_mode", "zeros")))
-    return halos[0], halos[1]
+    return tuple(halos)
 
 
 def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
     halos = spatial_halos(layer, layout)
     if halos is None:
         return 0.0
-    rows, cols = halos
     shape = layer["input_shapes"][0]
-    tile_shape = (-(-shape[2] // layout.h), -(-shape[3] // layout.w))
+    tile_shape = layout.local_shape(tuple(shape))[2:]
     plane_bytes = problem.input_shapes[0][0] * problem.input_shapes[0][1] * problem.itemsize
     level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
-    # A tile's messages depend only on its two halos (sizes use the largest tile), which take few distinct values.
-    distinct_rows, distinct_cols = list(dict.fromkeys(rows)), list(dict.fromkeys(cols))
-    worst = max(halo_exchange_s(profile, halo_messages(distinct_rows, distinct_cols, (i, j), tile_shape, plane_bytes),
-                                level)
-                for i in range(len(distinct_rows)) for j in range(len(distinct_cols)))
-    return 2 * worst  # forward activations, backward their gradients
+    # A tile's messages depend only on its halos (sizes use the largest tile), which take few distinct values.
+    distinct = [list(dict.fromkeys(axis)) for axis in halos]
+    if len(distinct) == 3:
+        messages = (volume_halo_messages(combination, tile_shape, plane_bytes) for combination in product(*distinct))
+    else:
+        messages = (halo_messages(distinct[0], distinct[1], (i, j), tile_shape, plane_bytes)  # type: ignore[arg-type]
+                    for i in range(len(distinct[0])) for j in range(len(distinct[1])))
+    return 2 * max(halo_exchange_s(profile, found, level) for found in messages)  # forward, backward gradients
 
 
 def _interior_share(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem) -> float:
     halos = spatial_halos(layer, layout)
-    if halos is None:
+    if halos is None or len(halos) != 2:  # a volume's tile is convolved after its exchange (runtime.spatial)
         return 0.0
     out_h, out_w = problem.output_shape[2], problem.output_shape[3]
     rows, cols = halos

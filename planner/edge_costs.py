@@ -33,21 +33,28 @@ from cost_models.profile import Profile
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["EdgeCosts", "PatternTable"]
+__all__ = ["EdgeCosts", "PatternTable", "has_volumes"]
 
+
+
+def has_volumes(graph: LayerGraph) -> bool:
+    """Whether a layer of ``graph`` makes a volume (5-D), whose layouts split depth too."""
+    return any(shape and not isinstance(shape[0], list) and len(shape) == 5
+               for shape in (data["output_shape"] for _, data in graph.nodes(data=True)))
 
 
 class PatternTable:
-    """Move patterns between the layouts whose rank count divides ``devices``, examined once per pair.
+    """Move patterns between the layouts whose rank count divides ``devices`` (splitting depth too with
+    ``depth``), examined once per pair.
 
     Dense tables indexed by layout, shared by every graph and batch size
     planned on the same devices of the same cluster (patterns do not depend
     on the tensor).
     """
 
-    def __init__(self, cluster: Cluster, devices: int) -> None:
-        self.cluster, self.devices = cluster, devices
-        self.layouts = layouts_dividing(devices)
+    def __init__(self, cluster: Cluster, devices: int, *, depth: bool = False) -> None:
+        self.cluster, self.devices, self.depth = cluster, devices, depth
+        self.layouts = layouts_dividing(devices, depth=depth)
         self.index = {layout: position for position, layout in enumerate(self.layouts)}
         self.parts = np.array([layout.parts() for layout in self.layouts], dtype=np.int64)
         count = len(self.layouts)
@@ -79,9 +86,11 @@ class EdgeCosts:
                  patterns: PatternTable | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.itemsize = graph, profile, cluster, devices, itemsize
         self.coefficients = {itemsize: sendrecv_coefficients(profile, itemsize)}  # per activation itemsize
-        self.table = patterns or PatternTable(cluster, devices)
-        if (self.table.cluster, self.table.devices) != (cluster, devices):
-            raise ValueError(f"a pattern table for {self.table.devices} devices cannot price moves on {devices}")
+        volumes = has_volumes(graph)
+        self.table = patterns or PatternTable(cluster, devices, depth=volumes)
+        if (self.table.cluster, self.table.devices) != (cluster, devices) or (volumes and not self.table.depth):
+            raise ValueError(f"a pattern table for {self.table.devices} devices{'' if self.table.depth else ' of images'} "
+                             f"cannot price moves of this graph on {devices}")
         self.layouts, self.index, self.parts = self.table.layouts, self.table.index, self.table.parts
         self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
         self.moves: dict[tuple[Any, ...], np.ndarray] = {}  # per tensor shape, itemsize: seconds between layouts

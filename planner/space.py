@@ -286,9 +286,11 @@ def _layout_tiers(node: Mapping[str, Any], devices: int, per_node: int) -> list[
 @lru_cache(maxsize=1024)
 def _tiers(shape_text: str, devices: int, per_node: int) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
     shape = json.loads(shape_text)
-    dividing = [layout for layout in layouts_dividing(devices)
+    volume = len(shape) == 5
+    dividing = [layout for layout in layouts_dividing(devices, depth=volume)
                 if _divides(shape, layout) and layout.c <= max(per_node, 1)
-                and (layout.h, layout.w) in _tilings(layout.spatial)]
+                and ((layout.d, layout.h, layout.w) in _volume_tilings(layout.spatial) if volume
+                     else (layout.h, layout.w) in _tilings(layout.spatial))]
     return (tuple(lay for lay in dividing if lay.ranks == devices), tuple(lay for lay in dividing if lay.ranks < devices))
 
 
@@ -296,6 +298,35 @@ def _tilings(tiles: int) -> set[tuple[int, int]]:
     """Rows-only, columns-only and the most nearly square ``(h, w)`` grid of ``tiles`` tiles (``h ≥ w``)."""
     rows = min(h for h in range(1, tiles + 1) if tiles % h == 0 and h * h >= tiles)
     return {(tiles, 1), (1, tiles), (rows, tiles // rows)}
+
+
+@lru_cache(maxsize=256)
+def _volume_tilings(tiles: int) -> frozenset[tuple[int, int, int]]:
+    """The ``(d, h, w)`` grids of ``tiles`` tiles a volume may take: slabs (one axis split), pencils (the most
+    nearly square split of two axes, either way round) and cubes (the most nearly cubic split of all three, in
+    every order) — each priced, none preferred: which wins depends on the halos, the extents and the links."""
+    found: set[tuple[int, int, int]] = set()
+    for axes in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
+        for counts in _balanced(tiles, len(axes)):
+            grid = [1, 1, 1]
+            for axis, count in zip(axes, counts):
+                grid[axis] = count
+            found.add((grid[0], grid[1], grid[2]))
+    return frozenset(found)
+
+
+def _balanced(tiles: int, axes: int) -> set[tuple[int, ...]]:
+    """Every order of the most balanced factorisation of ``tiles`` into ``axes`` factors (largest factor least)."""
+    factorisations = [f for f in _factorisations(tiles, axes)]
+    best = min(max(f) for f in factorisations)
+    return {f for f in factorisations if max(f) == best}
+
+
+def _factorisations(tiles: int, axes: int) -> list[tuple[int, ...]]:
+    if axes == 1:
+        return [(tiles,)]
+    return [(first, *rest) for first in range(1, tiles + 1) if tiles % first == 0
+            for rest in _factorisations(tiles // first, axes - 1)]
 
 
 def _decision_row(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...], layout: Layout) -> _Row | None:
@@ -391,9 +422,9 @@ def _tables(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list
 def _divides(shape: Any, layout: Layout) -> bool:
     if not shape or isinstance(shape[0], list):  # a tuple of tensors: kept whole
         return layout.ranks == 1
-    if len(shape) == 4:
+    if len(shape) in (4, 5):
         return layout.divides(tuple(shape))
     features = 1
     for extent in shape[1:]:
         features *= extent
-    return layout.h == layout.w == 1 and shape[0] % layout.n == 0 and features % layout.c == 0
+    return layout.spatial == 1 and shape[0] % layout.n == 0 and features % layout.c == 0

@@ -39,7 +39,7 @@ from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
 from planner.cost_table import Solution
 from planner.exact import solve_exact
-from planner.edge_costs import PatternTable
+from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
 from planner.space import LayerCosts, build_space
@@ -171,7 +171,7 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
     schedule, max_staleness = settings.schedule, settings.max_staleness
     for stages in stage_counts(cluster.devices, cluster.devices_per_node, settings.max_stages):
         stage_cluster = _stage_cluster(cluster, stages)
-        patterns = PatternTable(stage_cluster, stage_cluster.devices)  # shared by both schedules' searches
+        patterns = PatternTable(stage_cluster, stage_cluster.devices, depth=has_volumes(graph))  # both schedules
         schedules = []
         if schedule in ("sync", "auto"):
             schedules.append(("sync", micro_batches(batch, stages)))

@@ -13,7 +13,7 @@ from torch import nn
 
 from cost_models.errors import PlanError
 from cost_models.layout import Layout
-from runtime._values import Value, copies, shape4
+from runtime._values import Value, copies, geometry
 from runtime.failures import exchange
 from runtime.inputs import input_boxes
 from runtime.outputs import Everywhere, paired, select_nodes, select_value
@@ -86,13 +86,19 @@ class DataHelpers:
 
     def loss_placement(self) -> Placement:
         """Where :meth:`loss` evaluates the loss: the output's placement with every channel (class) whole."""
-        return Placement(self.output_placement.layout, "c")
+        return Placement(self.output_placement.layout, "c", self.output_placement.order)
 
     def target_box(self, target_shape: Sequence[int]) -> tuple[slice, ...]:
-        """The slices of a global target (``(N,)`` labels, ``(N, H, W)`` maps or the output's shape) this rank needs."""
-        box = self.loss_placement().box(shape4(self._output_shape()), self.member)
-        n, c, h, w = (slice(start, stop) for start, stop in box)
-        if len(self._output_shape()) != 4:  # held flattened, (N, features): split by samples only
+        """The slices of a global target (``(N,)`` labels, ``(N, H, W)`` maps — ``(N, D, H, W)`` of a volume — or
+        the output's shape) this rank needs."""
+        shape, placement = self._output_shape(), self.loss_placement()
+        box = [slice(start, stop) for start, stop in placement.box(geometry(shape, placement), self.member)]
+        if len(shape) == 5 and placement.holds(shape):  # a volume's segmentation: maps are (N, D, H, W)
+            n, c, d, h, w = box
+            return {1: (n,), 4: (n, d, h, w), 5: (n, c, d, h, w)}.get(len(target_shape),
+                                                                      (n,) + (slice(None),) * (len(target_shape) - 1))
+        n, c, h, w = box if len(box) == 4 else (box[0], box[1], slice(None), slice(None))
+        if len(shape) != 4:  # held flattened, (N, features): split by samples only
             return (n,) + (slice(None),) * (len(target_shape) - 1)
         return {1: (n,), 2: (n, c), 3: (n, h, w), 4: (n, c, h, w)}[len(target_shape)]
 
@@ -133,7 +139,7 @@ class DataHelpers:
                             f"against the same target, so give them one shape (or return only the first)")
         placement = self.loss_placement()
         output = self._fetch(Value(local, value_placement(self.plan.layers[name].layout, self.layer_graph.nodes[name]), shape), placement)  # any stage's
-        held = copies(shape4(shape), placement, len(self.ranks), self.member)
+        held = copies(geometry(shape, placement), placement, len(self.ranks), self.member)
         total = 1
         for extent in shape:
             total *= extent

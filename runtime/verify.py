@@ -38,7 +38,7 @@ from cost_models.tracing import symbolic_trace
 from runtime.outputs import output_loss
 from runtime.failures import all_reduce
 from runtime.inputs import Inputs, as_inputs
-from runtime.placement import Placement
+from runtime.placement import value_placement
 from runtime.precision import autocast
 from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, inside_switched_off, random_ops
 from runtime.shapes import nd_box
@@ -261,7 +261,8 @@ def compare_outputs(comparison: Comparison, split: Any, local: Any, whole: Any) 
     wholes = dict(split.outputs(whole))
     for name, value in split.outputs(local):
         expected = wholes[name]
-        box = nd_box(tuple(expected.shape), Placement(split.plan.layers[name].layout), split.member)
+        placement = value_placement(split.plan.layers[name].layout, split.layer_graph.nodes[name])
+        box = nd_box(tuple(expected.shape), placement, split.member)
         comparison.output(value, expected[tuple(slice(a, b) for a, b in box)])
 
 

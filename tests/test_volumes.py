@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,7 +21,7 @@ from cost_models.graph import parse_input_shapes, trace
 from cost_models.layout import Layout
 from cost_models.local_problem import layer_problem, phases_of
 from distributed import run_ranks
-from runtime_check import step_cases
+from runtime_check import split_step_matches, step_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -80,6 +81,8 @@ def _model(name: str) -> nn.Module:
     torch.manual_seed(0)
     if name == "cosmoflow":
         model: nn.Module = CosmoFlow(size=8, blocks=2, width=4, outputs=5)
+    elif name == "cosmoflow32":
+        model = CosmoFlow(size=32, blocks=3, width=8, outputs=5)
     elif name == "unet3d":  # the segmentation map pooled to five scores (the test's labels are per sample)
         model = nn.Sequential(UNet3d(in_channels=2, classes=5, width=4, depth=2), nn.AdaptiveAvgPool3d(1),
                               nn.Flatten())
@@ -155,6 +158,39 @@ def test_volumes_and_sequences_split_by_samples_equal_the_unsplit_model() -> Non
         assert {results[f"{name} n2"][layer] for layer in graph.compute_layers()} == {"n2"}, name
 
 
+PLANNED = {"cosmoflow32": (1, 4, 32, 32, 32), "unet3d": (1, 2, 16, 16, 16)}
+
+
+def _planned_cases(rank: int, world: int, documents: dict[str, dict[str, Any]]) -> bool:
+    from cost_models.plan import Plan
+
+    for name, document in documents.items():
+        graph = trace(_model(name), PLANNED[name], torch.float64)
+        split_step_matches(lambda: _model(name), Plan.from_dict(document), graph, PLANNED[name], f"{name} planned")
+    return True
+
+
+@pytest.mark.multirank
+def test_the_planners_plans_of_one_volume_split_it_and_equal_the_unsplit_model() -> None:
+    from calibrate.presets import preset_profile
+    from cost_models.cluster import Cluster, Link
+    from planner.search import SearchSettings, plan_model
+
+    link = Link(1e-6, 1e10)
+    cluster = Cluster(devices=2, devices_per_node=2, memory_bytes=2**34, intra=link, inter=link)
+    documents = {}
+    for name, shape in PLANNED.items():  # one sample, too small to gain from a split on a V100: n1 …
+        graph, profile = trace(_model(name), shape), preset_profile("v100", "float32")
+        whole = plan_model(graph, profile, cluster, SearchSettings(max_stages=1)).plan
+        assert whole.predicted is not None
+        small = replace(cluster, memory_bytes=int(whole.predicted.memory_bytes_max * 0.95))  # … unless it must
+        plan = plan_model(graph, profile, small, SearchSettings(max_stages=1)).plan
+        assert any(a.layout.spatial > 1 for a in plan.layers.values()), (name, plan.summary())
+        exact = trace(_model(name), shape, torch.float64)  # the same layers, checked in float64
+        documents[name] = replace(plan, fingerprint=exact.fingerprint, dtype="float64").to_dict()
+    assert all(run_ranks(_planned_cases, 2, args=(documents,), timeout_s=300))
+
+
 VOLUME_LAYOUTS = {2: ("d2", "w2", "c2"), 4: ("h2·w2", "d2·h2", "n2·d2", "c2·d2")}
 
 
@@ -175,9 +211,10 @@ def test_volumes_split_by_depth_height_width_and_channel_equal_the_unsplit_model
 def test_a_volume_pipeline_verifies_from_the_command_line(tmp_path: Path) -> None:
     out = tmp_path / "meas.json"
     run = subprocess.run([PARPLAN, "run", "--model", "examples/unet3d.py:unet3d", "--input-shape", "2,1,16,16,16",
-                          "--layout", "n1", "--stages", "2", "--micro-batches", "2", "--nproc", "2", "--dtype",
+                          "--layout", "d2", "--stages", "2", "--micro-batches", "2", "--nproc", "4", "--dtype",
                           "float64", "--steps", "1", "--warmup", "0", "--verify", "--out", str(out)],
                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     measured: dict[str, Any] = json.loads(out.read_text())
     assert measured["verify"]["passed"] and measured["model"]["input_shape"] == [2, 1, 16, 16, 16]
+    assert "d2" in measured["plan"]["summary"] and "2 stages" in measured["plan"]["summary"], measured["plan"]
