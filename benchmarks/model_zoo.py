@@ -8,7 +8,9 @@ Models are chosen by rule, so that nobody picks the easy ones:
   model of ``timm.list_models()`` with the fewest parameters, at most 100 M
   (``pretrained=False``: nothing is downloaded);
 * MONAI — its 2-D networks at the small sizes of ``MONAI_NETWORKS`` (stated in
-  the table); one that does not build here is listed as skipped, with why.
+  the table), and its 3-D ones (``MONAI_VOLUME_NETWORKS``, named ``NAME 3d``)
+  on ``4×1×S×S×S`` volumes of ``VOLUME_SIZES``; one that does not build here is
+  listed as skipped, with why.
 
 Parameters are counted on the meta device (nothing allocated); larger models
 are listed as skipped with their count. Input: a batch of 4, float32, the
@@ -64,11 +66,13 @@ if str(REPO) not in sys.path:  # run as a script, or imported by path in the ran
     sys.path.insert(0, str(REPO))
 
 from benchmarks.zoo_table import COLUMNS, ZOOS, checks_of, markdown  # noqa: E402 - after the path above
-from benchmarks.zoo_models import (MONAI_NETWORKS, ZooModel, first_line as _first_line,  # noqa: E402
-                                   monai_catalogue, monai_model, spec_of, timm_catalogue, timm_model,
-                                   torchvision_catalogue, torchvision_model)
+from benchmarks.zoo_models import (MONAI_NETWORKS, MONAI_VOLUME_NETWORKS, VOLUME_SUFFIX,  # noqa: E402
+                                   ZooModel, first_line as _first_line, is_volume, monai_catalogue, monai_model,
+                                   spec_of, timm_catalogue, timm_model, torchvision_catalogue, torchvision_model)
 
 SIZES = (32, 64, 96, 128, 224)
+VOLUME_SIZES = (16, 32)
+"""The sides a 3-D network is tried at: volumes are checked small (``S³`` voxels, one channel)."""
 BATCH = 4
 CAP_S = 300.0
 FORMAT = "parplan.model-zoo/1"
@@ -87,6 +91,8 @@ def __getattr__(name: str) -> Callable[[], Any]:
             return lambda: timm_model(model, int(side))
     if zoo == "monai" and rest in MONAI_NETWORKS:
         return lambda: monai_model(rest)
+    if zoo == "monai" and rest.endswith("__3d") and rest[:-4] in MONAI_VOLUME_NETWORKS:
+        return lambda: monai_model(rest[:-4] + VOLUME_SUFFIX)
     if zoo == "torchvision" and rest:
         return lambda: torchvision_model(rest)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -99,19 +105,24 @@ def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
 
     error = ""
     takes_img_size = entry.zoo == "timm"
-    for side in (*SIZES, *_fixed_side(entry)):
+    for side in VOLUME_SIZES if is_volume(entry) else (*SIZES, *_fixed_side(entry)):
         try:
             model, takes_img_size = _build_for(entry, side, takes_img_size and side in SIZES)
             torch.manual_seed(0)
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model.train()(torch.randn(BATCH, 3, side, side))
+                model.train()(torch.randn(input_shape(entry, side)))
         except Exception as err:
             error = f"{side}: {type(err).__name__}: {_first_line(err)}"
             continue
         spec = entry.spec or spec_of(f"timm__{entry.name}__{side if takes_img_size else 0}")
         return side, spec, ""
     return None, entry.spec, error
+
+
+def input_shape(entry: ZooModel, side: int) -> tuple[int, ...]:
+    """The batch the entry is checked on: ``BATCH×3×side×side`` images, ``BATCH×1×side³`` volumes."""
+    return (BATCH, 1, side, side, side) if is_volume(entry) else (BATCH, 3, side, side)
 
 
 def _fixed_side(entry: ZooModel) -> tuple[int, ...]:
@@ -174,7 +185,7 @@ def run_model(entry: ZooModel, pools: Any, cap_s: float, on_check: Callable[[Any
     if side is None:
         result["report"] = _no_trace(f"accepts none of the sides {list(SIZES)} in training mode (last: {error})")
     else:
-        request = CheckRequest(spec, (BATCH, 3, side, side), timeout_s=cap_s, budget_s=cap_s)
+        request = CheckRequest(spec, input_shape(entry, side), timeout_s=cap_s, budget_s=cap_s)
         try:
             result["report"] = check_model(request, pools, on_check).to_dict()
         except InputError as err:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["MAX_PARAMS", "MONAI_NETWORKS", "ZooModel", "first_line", "meta_params", "monai_catalogue", "monai_model",
+__all__ = ["MAX_PARAMS", "MONAI_NETWORKS", "MONAI_VOLUME_NETWORKS", "VOLUME_SUFFIX", "ZooModel", "first_line",
+           "is_volume", "meta_params", "monai_catalogue", "monai_model",
            "spec_of", "timm_catalogue", "timm_model", "torchvision_catalogue", "torchvision_model"]
 
 MODEL_ZOO = Path(__file__).resolve().with_name("model_zoo.py")
@@ -39,6 +40,20 @@ MONAI_NETWORKS: dict[str, dict[str, Any]] = {
                   "depths": (1, 1, 1, 1)},
 }
 """MONAI's 2-D networks and the small configuration each is built with."""
+
+MONAI_VOLUME_NETWORKS: dict[str, dict[str, Any]] = {
+    "UNet": {"spatial_dims": 3, "in_channels": 1, "out_channels": 2, "channels": (8, 16, 32), "strides": (2, 2),
+             "num_res_units": 1},
+    "BasicUNet": {"spatial_dims": 3, "in_channels": 1, "out_channels": 2, "features": (8, 8, 16, 32, 64, 8)},
+    "AttentionUnet": {"spatial_dims": 3, "in_channels": 1, "out_channels": 2, "channels": (8, 16, 32),
+                      "strides": (2, 2)},
+    "SegResNet": {"spatial_dims": 3, "in_channels": 1, "out_channels": 2, "init_filters": 8},
+    "DynUNet": {"spatial_dims": 3, "in_channels": 1, "out_channels": 2, "kernel_size": (3, 3, 3),
+                "strides": (1, 2, 2), "upsample_kernel_size": (2, 2), "filters": (8, 16, 32)},
+}
+"""MONAI's 3-D networks (one input channel: a medical volume) at the small configuration each is built with;
+their zoo entries are named ``NAME 3d`` and take ``N,1,S,S,S`` volumes."""
+VOLUME_SUFFIX = " 3d"
 
 
 @dataclass(frozen=True)
@@ -72,12 +87,19 @@ def timm_model(name: str, side: int = 0) -> Any:
 
 
 def monai_model(name: str) -> Any:
-    """MONAI's network ``name`` in its ``MONAI_NETWORKS`` configuration."""
+    """MONAI's network ``name`` in its ``MONAI_NETWORKS`` configuration (``NAME 3d``: ``MONAI_VOLUME_NETWORKS``)."""
     from monai.networks import nets
 
+    volume = name.endswith(VOLUME_SUFFIX)
+    base = name[:-len(VOLUME_SUFFIX)] if volume else name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return getattr(nets, name)(**MONAI_NETWORKS[name])
+        return getattr(nets, base)(**(MONAI_VOLUME_NETWORKS if volume else MONAI_NETWORKS)[base])
+
+
+def is_volume(entry: ZooModel) -> bool:
+    """Whether the zoo entry is a 3-D network (its input is a volume)."""
+    return entry.zoo == "monai" and entry.name.endswith(VOLUME_SUFFIX)
 
 
 def spec_of(factory: str) -> str:
@@ -174,7 +196,9 @@ def timm_catalogue(progress: Callable[[str], None] = print) -> list[ZooModel]:
 
 def monai_catalogue() -> list[ZooModel]:
     found = []
-    for name, config in MONAI_NETWORKS.items():
+    networks = [*MONAI_NETWORKS.items(), *((name + VOLUME_SUFFIX, config) for name, config in
+                                           MONAI_VOLUME_NETWORKS.items())]
+    for name, config in networks:
         text = ", ".join(f"{key}={value}" for key, value in config.items())
         try:
             params = meta_params(lambda: monai_model(name))
@@ -182,7 +206,8 @@ def monai_catalogue() -> list[ZooModel]:
             found.append(ZooModel("monai", name, "", None, config=text,
                                   skip=f"does not build: {type(err).__name__}: {first_line(err)}"))
             continue
-        found.append(ZooModel("monai", name, spec_of(f"monai__{name}"), params, config=text, skip=_too_large(params)))
+        factory = f"monai__{name.replace(VOLUME_SUFFIX, '__3d')}"
+        found.append(ZooModel("monai", name, spec_of(factory), params, config=text, skip=_too_large(params)))
     return found
 
 
