@@ -64,7 +64,7 @@ def _tiles(layout: Layout, rank: int) -> tuple[tuple[int, str], ...]:
 def _input_fit_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A layer reading tiles of its input needs a non-empty tile of it on every rank (not only of its output)."""
     shape = layer["input_shapes"][0] if layer["input_shapes"] else None
-    if not shape or len(shape) not in (4, 5) or isinstance(shape[0], list):
+    if not shape or len(shape) not in (3, 4, 5) or isinstance(shape[0], list):
         return None
     small = [f"{extent} {name}" for extent, (parts, name) in zip(shape[2:], _tiles(layout, len(shape)))
              if extent < parts]
@@ -89,8 +89,9 @@ def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
 
 def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
     attrs = layer.get("attrs", {})
-    if attrs.get("mode", "nearest") not in ("nearest", "bilinear", "trilinear") or attrs.get("align_corners"):
-        return "upsampling across tiles supports nearest and bi/trilinear (align_corners=False) only"
+    linear = {3: "linear", 4: "bilinear", 5: "trilinear"}.get(len(layer["output_shape"]))
+    if attrs.get("mode", "nearest") not in ("nearest", linear) or attrs.get("align_corners"):
+        return "upsampling across tiles supports nearest and (bi/tri)linear (align_corners=False) only"
     extents_in, extents_out = layer["input_shapes"][0][2:], layer["output_shape"][2:]
     if any(out % extent for extent, out in zip(extents_in, extents_out)):
         return (f"upsampling {'×'.join(map(str, extents_in))} to {'×'.join(map(str, extents_out))} is not an integer "
@@ -119,12 +120,12 @@ def norm_refusal(layer: Mapping[str, Any]) -> str | None:
     attrs = layer.get("attrs", {})
     function = attrs.get("function_form") and not (attrs.get("norm") == "GroupNorm"
                                                    and isinstance(attrs.get("num_groups"), int))
-    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm2d", "InstanceNorm3d") or function:
+    if attrs.get("norm") not in ("GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d") or function:
         return (f"{attrs.get('norm', 'this norm')} cannot be split by channel or space yet (GroupNorm and "
-                f"InstanceNorm2d/3d modules and F.group_norm can)")
-    if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) not in (4, 5):
-        return ("an instance-norm tracking running statistics, or of other than (N, C, H, W) or (N, C, D, H, W), "
-                "cannot be split by channel or space")
+                f"InstanceNorm1d/2d/3d modules and F.group_norm can)")
+    if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) not in (3, 4, 5):
+        return ("an instance-norm tracking running statistics, or of other than (N, C, L), (N, C, H, W) or "
+                "(N, C, D, H, W), cannot be split by channel or space")
     return None
 
 

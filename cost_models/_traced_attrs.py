@@ -12,7 +12,8 @@ import networkx as nx
 
 from cost_models.graph import AMP_DTYPES, compute_fingerprint
 from cost_models.layer_kinds import KindInfo, tf_same_pads
-from cost_models.orders import default_order, output_order, piece_order, reduced, stacked, unknown_order
+from cost_models.orders import (NCW, default_order, output_order, piece_order, reduced, sequence_layer, stacked,
+                                 unknown_order)
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -64,6 +65,11 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
     held = [orders.get(name, "") for name, made in zip(inputs, shapes) if made and isinstance(made[0], list)]
     order = held[0] if info.kind == "getitem" and held and len(held[0]) == len(shape) else \
         output_order(node, info.kind, source, shape)
+    kinds = [graph.nodes[name]["kind"] for name in inputs]
+    if sequence_layer(info.kind, info.attrs, shape, list(zip(kinds, input_orders, shapes))):  # its length is w
+        order = NCW
+        input_orders = [NCW if len(s) == 3 and (o == NCW or k == "input") else o
+                         for k, o, s in zip(kinds, input_orders, shapes)]
     untraced = _untraced_source(node, graph, orders) if not inputs else None
     if untraced is not None:  # the result of a call the trace did not shape (an LSTM's (out, (h, c))) on it
         order = unknown_order(*untraced, shape)

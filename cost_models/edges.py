@@ -18,7 +18,7 @@ from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS
-from cost_models.orders import NCDHW, NCHW, default_order, logical
+from cost_models.orders import NCDHW, NCHW, NCW, default_order, logical
 from cost_models.profile import Profile
 
 __all__ = ["edge_layouts", "edge_move", "edge_s"]
@@ -53,7 +53,7 @@ def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Lay
     order = source.get("attrs", {}).get("order") or default_order(len(shape))
     if len(shape) == 4:  # a channels-last value moves its axes wherever its order holds them: priced as nchw
         shape = logical(shape, order)
-    if len(shape) == 5 and order == NCDHW:  # a volume moves as one
+    if (len(shape) == 5 and order == NCDHW) or (len(shape) == 3 and order == NCW):  # a volume, a sequence
         return tuple(shape), have, _input_layout(target["kind"], layout)
     return _as_4d(shape, have, _input_layout(target["kind"], layout))
 

@@ -167,7 +167,7 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
     level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
     # A tile's messages depend only on its halos (sizes use the largest tile), which take few distinct values.
     distinct = [list(dict.fromkeys(axis)) for axis in halos]
-    if len(distinct) == 3:
+    if len(distinct) != 2:  # a volume's or a sequence's tile: its axes one after the other
         messages = (volume_halo_messages(combination, tile_shape, plane_bytes) for combination in product(*distinct))
     else:
         messages = (halo_messages(distinct[0], distinct[1], (i, j), tile_shape, plane_bytes)  # type: ignore[arg-type]

@@ -79,7 +79,7 @@ class Layout:
         return iter(zip(DIMS, self.parts()))
 
     def divides(self, shape: tuple[int, ...]) -> bool:
-        """Whether every split divides its extent of ``shape`` (4-D or 5-D) exactly."""
+        """Whether every split divides its extent of ``shape`` (3-D, 4-D or 5-D) exactly."""
         return all(extent % parts == 0 for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
     def fits(self, shape: tuple[int, ...]) -> bool:
@@ -87,7 +87,7 @@ class Layout:
         return all(parts <= extent for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
     def local_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The largest local part of a 4-D or 5-D ``shape`` under this layout (ceil division)."""
+        """The largest local part of a 3-D, 4-D or 5-D ``shape`` under this layout (ceil division)."""
         return tuple(-(-extent // parts) for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
     def to_dict(self) -> dict[str, int]:
@@ -169,7 +169,7 @@ def from_volume(values: Sequence[Any], rank: int) -> tuple[Any, ...]:
 
 
 def _spatial_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    if len(shape) not in (4, 5):
-        raise InputError(f"a Layout splits 4-D (N, C, H, W) and 5-D (N, C, D, H, W) tensors, got shape "
-                         f"{tuple(shape)}")
+    if len(shape) not in (3, 4, 5):
+        raise InputError(f"a Layout splits 3-D (N, C, L), 4-D (N, C, H, W) and 5-D (N, C, D, H, W) tensors, got "
+                         f"shape {tuple(shape)}")
     return tuple(int(extent) for extent in shape)

@@ -35,7 +35,7 @@ from cost_models.borders import axis_pads
 from cost_models.capability import layer_refusal
 from cost_models.flops import Flops, layer_flops
 from cost_models.layout import Layout
-from cost_models.orders import NCDHW, NCHW, default_order
+from cost_models.orders import NCDHW, NCHW, NCW, default_order
 
 __all__ = ["DENSE_KINDS", "VIEW_KINDS", "LocalProblem", "axis_value", "layer_problem", "local_problem", "phases_of"]
 
@@ -120,13 +120,14 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     if output and isinstance(output[0], list):  # several output tensors, kept whole: costed by the first (as traced)
         output = list(output[0])
     attrs = dict(layer.get("attrs", {}))
-    local_out = _split_shape(output, layout, attrs.get("order") or default_order(len(output))) \
-        if len(output) in (4, 5) else _split_flat(output, layout)
+    own_order = attrs.get("order") or default_order(len(output))
+    local_out = _split_shape(output, layout, own_order) if len(output) in (4, 5) or own_order == NCW else \
+        _split_flat(output, layout)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
     read = replace(layout, c=1) if kind in DENSE_KINDS else layout  # a filter split reads its channels whole
     shapes = layer["input_shapes"][:1] if kind == "conv" else layer["input_shapes"]  # F.conv2d's filters: whole
     inputs = [_split_shape(s, read, order) if _reordered(s, order) else
-              _local_input(kind, list(s), output, local_out, layout, attrs)
+              _local_input(kind, list(s), output, local_out, layout, attrs, order)
               for s, order in zip(shapes, orders)] + [list(s) for s in layer["input_shapes"][len(shapes):]]
     if any(s is None for s in inputs):
         return None
@@ -176,7 +177,7 @@ def _split_shape(shape: Sequence[int], layout: Layout, order: str = NCHW) -> lis
 
 def _reordered(shape: Sequence[int], order: str) -> bool:
     """Whether an input of ``shape`` holds its axes in an order of its own (channels-last, stacked branches)."""
-    return len(shape) in (4, 5) and order not in (NCHW, NCDHW) and len(order) == len(shape)
+    return len(shape) in (4, 5) and order not in (NCHW, NCDHW) and len(order) == len(shape)  # (ncw: a sequence)
 
 
 def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:
@@ -189,8 +190,9 @@ def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:
 
 
 def _local_input(kind: str, shape: list[int], output: list[int], local_out: list[int], layout: Layout,
-                 attrs: dict[str, Any]) -> list[int] | None:
-    if len(shape) not in (4, 5) or (len(shape) == 5 and len(output) != 5):  # held flattened: split by samples
+                 attrs: dict[str, Any], order: str = NCHW) -> list[int] | None:
+    sequence = len(shape) == 3 and order == NCW and len(output) == 3
+    if not sequence and (len(shape) not in (4, 5) or (len(shape) == 5 and len(output) != 5)):  # held flattened
         local = list(shape)
         if local:  # a 0-D operand (a scalar tensor) is read whole
             local[0] = -(-local[0] // layout.n)
@@ -278,8 +280,9 @@ def _unpad_split_dims(attrs: dict[str, Any], layout: Layout, rank: int = 4) -> d
 
 def _spatial_parts(layout: Layout, rank: int) -> tuple[int, ...]:
     """Parts along each spatial axis of a ``rank``-D tensor: ``h`` and ``w`` of an image, ``d``, ``h`` and ``w``
-    of a volume; none of a sequence's axis split yet (the capability predicate refuses its spatial layouts)."""
-    return layout.parts_of(rank)[2:] if rank in (4, 5) else (1,) * max(rank - 2, 1)
+    of a volume, ``w`` of a sequence (its length; a 3-D value of other axes is split by samples only: the
+    capability predicate refuses the rest)."""
+    return layout.parts_of(rank)[2:] if rank in (3, 4, 5) else (1,) * max(rank - 2, 1)
 
 
 def axis_value(value: Any, axis: int) -> Any:

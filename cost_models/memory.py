@@ -220,7 +220,7 @@ def _saved_bytes(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem
 def _tile_bytes(layer: Mapping[str, Any], layout: Layout, itemsize: int) -> int | None:
     """Bytes of the tile of the layer's first input a spatially split layer receives, before any halo."""
     shapes = layer.get("input_shapes") or []
-    if layout.spatial == 1 or not shapes or len(shapes[0]) not in (4, 5) or not layout.fits(tuple(shapes[0])):
+    if layout.spatial == 1 or not shapes or len(shapes[0]) not in (3, 4, 5) or not layout.fits(tuple(shapes[0])):
         return None
     return prod(layout.local_shape(tuple(shapes[0]))) * itemsize
 
@@ -229,6 +229,6 @@ def _output_bytes(layer: Mapping[str, Any], layout: Layout, itemsize: int) -> in
     shape = layer["output_shape"]
     if not shape or isinstance(shape[0], list):
         return 0
-    if len(shape) in (4, 5) and layout.fits(tuple(shape)):
+    if (len(shape) in (4, 5) or layer.get("attrs", {}).get("order") == "ncw") and layout.fits(tuple(shape)):
         return prod(layout.local_shape(tuple(shape))) * itemsize
     return prod(shape) * itemsize // max(1, layout.n)

@@ -44,11 +44,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from torch.fx import Node
 
-__all__ = ["NCDHW", "NCHW", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
-           "reduced", "reshaped", "stacked", "unknown_order", "unnamed"]
+__all__ = ["NCDHW", "NCHW", "NCW", "SEQUENCE_KINDS", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
+           "reduced", "reshaped", "sequence_layer", "stacked", "unknown_order", "unnamed"]
 
 NCHW = "nchw"
 NCDHW = "ncdhw"
+NCW = "ncw"
+SEQUENCE_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm"})
+_SEQUENCE_NORMS = frozenset({"GroupNorm", "InstanceNorm1d"})
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
 _PERMUTING = frozenset({"permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis"})
 
@@ -76,6 +79,17 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
     if rank == 5 and len(order) == rank and order != NCDHW and kind not in KEEPING_KINDS | {"view", "cat"}:
         return ""  # what a layer makes of a 5-D value holding other axes (stacked branches) is no volume
     return order if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank else default_order(rank)
+
+
+def sequence_layer(kind: str, attrs: dict[str, Any], shape: Sequence[int],
+                   sources: Sequence[tuple[str, str, Sequence[int]]]) -> bool:
+    """Whether a layer making a 3-D value computes on ``(N, C, L)`` sequences — a 1-D convolution, pooling,
+    batch-, group- or instance-norm, upsampling — reading one (the model's input, or a value in order ``ncw``):
+    its value is then ``ncw``, its length the ``w`` axis. ``sources``: each input's kind, order and shape."""
+    if len(shape) != 3 or not (kind in SEQUENCE_KINDS or (kind == "norm" and attrs.get("norm") in _SEQUENCE_NORMS)):
+        return False
+    first = next(((source, order) for source, order, made in sources if len(made) == 3), None)
+    return first is not None and (first[1] == NCW or first[0] == "input")
 
 
 def unnamed(order: str) -> bool:

@@ -424,6 +424,8 @@ def _divides(shape: Any, layout: Layout) -> bool:
         return layout.ranks == 1
     if len(shape) in (4, 5):
         return layout.divides(tuple(shape))
+    if len(shape) == 3:  # a sequence (N, C, L), its length split as w (other 3-D values: the predicate refuses)
+        return layout.d == layout.h == 1 and layout.divides(tuple(shape))
     features = 1
     for extent in shape[1:]:
         features *= extent

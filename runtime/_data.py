@@ -97,6 +97,9 @@ class DataHelpers:
             n, c, d, h, w = box
             return {1: (n,), 4: (n, d, h, w), 5: (n, c, d, h, w)}.get(len(target_shape),
                                                                       (n,) + (slice(None),) * (len(target_shape) - 1))
+        if len(shape) == 3 and placement.holds(shape):  # a sequence's labels per position are (N, L)
+            n, c, w = box
+            return {1: (n,), 2: (n, w), 3: (n, c, w)}[len(target_shape)]
         n, c, h, w = box if len(box) == 4 else (box[0], box[1], slice(None), slice(None))
         if len(shape) != 4:  # held flattened, (N, features): split by samples only
             return (n,) + (slice(None),) * (len(target_shape) - 1)

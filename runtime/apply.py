@@ -429,8 +429,8 @@ class DistributedModel(DataHelpers, nn.Module):
     def _pools_tiles(self, site: Site, value: Any) -> bool:
         out = site.layer["output_shape"]
         axes = value.placement.order[2:] if isinstance(value, Value) else ""
-        return (isinstance(value, Value) and len(out) in (4, 5) and set(out[2:]) == {1}
-                and value.placement.order in ("nchw", "ncdhw") and len(out) == len(value.placement.order)
+        return (isinstance(value, Value) and len(out) in (3, 4, 5) and set(out[2:]) == {1}
+                and value.placement.order in ("ncw", "nchw", "ncdhw") and len(out) == len(value.placement.order)
                 and any(value.placement.keeps(axis) for axis in axes))  # tiles' sums over the spatial dims
 
     def _global_pool(self, site: Site, value: Value) -> Value:

@@ -21,7 +21,7 @@ import torch
 from torch.fx import Node
 
 from cost_models.layout import Layout
-from cost_models.orders import NCDHW
+from cost_models.orders import NCDHW, NCW
 from runtime.layers import read_placement
 from runtime.placement import Placement
 from runtime.shapes import nd_box
@@ -61,6 +61,8 @@ def input_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph
         placement = _first_reader_placement(nodes, name, layouts, graph)
         if len(shape) == 5:  # a volume is held in its own order (cost_models.orders), as the layers make them
             placement = replace(placement, order=NCDHW)
+        elif len(shape) == 3 and _read_as_sequence(nodes, name, layouts, graph):
+            placement = replace(placement, order=NCW)
         whole = any(nd_box(shape, placement, member) is None for member in range(size))
         found[name] = Placement(Layout()) if whole else placement
     return found
@@ -83,11 +85,20 @@ def input_boxes(placements: Sequence[Placement], shapes: Sequence[Sequence[int]]
     return tuple(boxes)
 
 
+def _first_reader(nodes: Sequence[Node], name: str, layouts: Mapping[str, Layout]) -> Node | None:
+    return next((node for node in nodes if node.name in layouts and any(n.name == name for n in node.all_input_nodes)),
+                None)  # a layer: shape reads of the input come first in some programs
+
+
 def _first_reader_placement(nodes: Sequence[Node], name: str, layouts: Mapping[str, Layout],
                             graph: LayerGraph) -> Placement:
-    reader = next((node for node in nodes
-                   if node.name in layouts and any(n.name == name for n in node.all_input_nodes)),
-                  None)  # a layer: shape reads of the input come first in some programs
+    reader = _first_reader(nodes, name, layouts)
     if reader is None:
         return Placement(Layout())
     return read_placement(graph.nodes[reader.name]["kind"], layouts[reader.name])
+
+
+def _read_as_sequence(nodes: Sequence[Node], name: str, layouts: Mapping[str, Layout], graph: LayerGraph) -> bool:
+    """Whether a 3-D input's first reader computes on it as a sequence ``(N, C, L)`` (``cost_models.orders``)."""
+    reader = _first_reader(nodes, name, layouts)
+    return reader is not None and NCW in (graph.nodes[reader.name].get("attrs", {}).get("input_orders") or [])

@@ -59,7 +59,7 @@ def test_divides_fits_and_local_shape() -> None:
     assert not Layout(n=8).fits((4, 3, 32, 32))
     assert layout.local_shape((6, 3, 225, 224)) == (2, 3, 113, 112)
     with pytest.raises(InputError, match="4-D"):
-        layout.divides((8, 3, 224))
+        layout.divides((8, 224))
     volume = Layout(n=2, d=2, h=2)
     assert volume.divides((4, 1, 64, 64, 64)) and not volume.divides((4, 1, 63, 64, 64))
     assert volume.local_shape((4, 1, 63, 64, 64)) == (2, 1, 32, 32, 64)

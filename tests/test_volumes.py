@@ -1,6 +1,6 @@
 """Volumes (``N,C,D,H,W``) and sequences (``N,C,L``): traced, counted, calibrated, planned and run split by
-samples, channels, depth, height and width and into pipeline stages, equal to the unsplit model in float64
-(sequences: by samples only so far)."""
+samples, channels, depth, height and width (a sequence's length as ``w``) and into pipeline stages, equal to
+the unsplit model in float64."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 from cosmoflow import CosmoFlow  # noqa: E402
+from signal1d import SignalCNN  # noqa: E402
 from unet3d import UNet3d  # noqa: E402
 
 PARPLAN = str(Path(sys.executable).parent / "parplan")
@@ -90,6 +91,8 @@ def _model(name: str) -> nn.Module:
         model = Mixed3d()
     elif name == "mixed1d":
         model = Mixed1d()
+    elif name == "signal":
+        model = SignalCNN(blocks=3, width=8)
     else:
         model = Sequence1d()
     return model.to(torch.float64).train()
@@ -114,22 +117,42 @@ def test_three_d_layers_are_counted_per_voxel() -> None:
     assert pool["kind"] == "maxpool" and pool["flops_fwd"] == 4 * 4 * 4**3 * 8  # a 2×2×2 window per output
 
 
-def test_volume_layers_split_by_depth_height_width_and_channel_sequences_by_samples() -> None:
+def test_volume_and_sequence_layers_split_by_space_and_channel() -> None:
     for name in ("cosmoflow", "unet3d", "sequence"):
         graph = trace(_model(name), SHAPES[name])
         for layer, data in graph.nodes(data=True):
             if data["kind"] == "input" or len(data["output_shape"]) == 2:
                 continue
             assert layer_refusal(data, Layout(n=2)) is None, (name, layer)
+            rank = len(data["output_shape"])
             for layout in (Layout(c=2), Layout(d=2), Layout(h=2), Layout(w=2)):
                 why = layer_refusal(data, layout)
                 pooled = set(data["output_shape"][2:]) == {1}  # a global pool's output: split by channel only
-                volume = len(data["output_shape"]) == 5 and (not pooled or layout.c > 1)
+                has_axis = rank == 5 or layout.d == layout.h == 1  # a sequence's one axis is w
                 channels_cut = data["kind"] == "cat" and layout.c > 1  # concatenated along the channels
-                assert (why is None) == (volume and not channels_cut), (name, layer, layout, why)
+                expected = has_axis and (not pooled or layout.c > 1) and not channels_cut
+                assert (why is None) == expected, (name, layer, layout, why)
     image = trace(_model("cosmoflow"), SHAPES["cosmoflow"]).nodes["features_0"] | {"output_shape": [4, 4, 8, 8],
                                                                                   "input_shapes": [[4, 4, 8, 8]]}
     assert "has no d axis to split" in layer_refusal(image, Layout(d=2))
+
+
+def test_a_sequence_is_ncw_only_where_its_layers_compute_on_sequences() -> None:
+    graph = trace(_model("mixed1d"), SHAPES["mixed1d"])
+    orders = {name: data.get("attrs", {}).get("order") for name, data in graph.nodes(data=True)}
+    assert orders["conv"] == orders["up"] == orders["smooth"] == "ncw" and orders["mean"] is None
+
+    class Tokens(nn.Module):  # a (N, L, D) value read by a linear layer is no sequence of channels
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.fc(x))
+
+    tokens = trace(Tokens(), (4, 5, 6))
+    assert all(not data.get("attrs", {}).get("order") for data in tokens.nodes.values())
+    assert layer_refusal(tokens.nodes["relu"], Layout(w=2)) is not None
 
 
 def test_calibration_builds_every_pass_of_the_volume_and_sequence_problems() -> None:
@@ -158,7 +181,7 @@ def test_volumes_and_sequences_split_by_samples_equal_the_unsplit_model() -> Non
         assert {results[f"{name} n2"][layer] for layer in graph.compute_layers()} == {"n2"}, name
 
 
-PLANNED = {"cosmoflow32": (1, 4, 32, 32, 32), "unet3d": (1, 2, 16, 16, 16)}
+PLANNED = {"cosmoflow32": (1, 4, 32, 32, 32), "unet3d": (1, 2, 16, 16, 16), "signal": (1, 2, 2048)}
 
 
 def _planned_cases(rank: int, world: int, documents: dict[str, dict[str, Any]]) -> bool:
@@ -171,50 +194,58 @@ def _planned_cases(rank: int, world: int, documents: dict[str, dict[str, Any]]) 
 
 
 @pytest.mark.multirank
-def test_the_planners_plans_of_one_volume_split_it_and_equal_the_unsplit_model() -> None:
+def test_the_planners_plans_of_one_volume_or_sequence_split_it_and_equal_the_unsplit_model() -> None:
     from calibrate.presets import preset_profile
     from cost_models.cluster import Cluster, Link
     from planner.search import SearchSettings, plan_model
 
     link = Link(1e-6, 1e10)
     cluster = Cluster(devices=2, devices_per_node=2, memory_bytes=2**34, intra=link, inter=link)
-    documents = {}
+    documents, spatial = {}, False
     for name, shape in PLANNED.items():  # one sample, too small to gain from a split on a V100: n1 …
         graph, profile = trace(_model(name), shape), preset_profile("v100", "float32")
         whole = plan_model(graph, profile, cluster, SearchSettings(max_stages=1)).plan
         assert whole.predicted is not None
         small = replace(cluster, memory_bytes=int(whole.predicted.memory_bytes_max * 0.95))  # … unless it must
         plan = plan_model(graph, profile, small, SearchSettings(max_stages=1)).plan
-        assert any(a.layout.spatial > 1 for a in plan.layers.values()), (name, plan.summary())
+        assert any(a.layout.spatial * a.layout.c > 1 for a in plan.layers.values()), (name, plan.summary())
+        spatial |= any(a.layout.spatial > 1 for a in plan.layers.values())
         exact = trace(_model(name), shape, torch.float64)  # the same layers, checked in float64
         documents[name] = replace(plan, fingerprint=exact.fingerprint, dtype="float64").to_dict()
-    assert all(run_ranks(_planned_cases, 2, args=(documents,), timeout_s=300))
+    assert spatial and all(run_ranks(_planned_cases, 2, args=(documents,), timeout_s=300))
 
 
-VOLUME_LAYOUTS = {2: ("d2", "w2", "c2"), 4: ("h2·w2", "d2·h2", "n2·d2", "c2·d2")}
+SPLITS = {2: [(name, layout) for name in ("cosmoflow", "unet3d", "mixed3d") for layout in ("d2", "w2", "c2")]
+          + [(name, layout) for name in ("sequence", "mixed1d") for layout in ("w2", "c2")],
+          4: [(name, layout) for name in ("cosmoflow", "unet3d", "mixed3d")
+              for layout in ("h2·w2", "d2·h2", "n2·d2", "c2·d2")]
+          + [(name, layout) for name in ("sequence", "mixed1d") for layout in ("n2·w2", "c2·w2")]}
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world", sorted(VOLUME_LAYOUTS))
-def test_volumes_split_by_depth_height_width_and_channel_equal_the_unsplit_model(world: int) -> None:
-    cases = [(name, layout) for name in ("cosmoflow", "unet3d", "mixed3d") for layout in VOLUME_LAYOUTS[world]]
-    results = run_ranks(_cases, world, args=(cases,), timeout_s=600)[0]
-    for name, text in cases:  # every volume layer took the layout; the global pool and the dense head: samples
+@pytest.mark.parametrize("world", sorted(SPLITS))
+def test_volumes_and_sequences_split_by_space_and_channel_equal_the_unsplit_model(world: int) -> None:
+    results = run_ranks(_cases, world, args=(SPLITS[world],), timeout_s=600)[0]
+    for name, text in SPLITS[world]:  # every volume (sequence) layer took the layout; global pools, heads: samples
         graph, layout = trace(_model(name), SHAPES[name], torch.float64), Layout.parse(text)
-        volumes = [layer for layer in graph.compute_layers() if len(graph.nodes[layer]["output_shape"]) == 5
+        rank = len(SHAPES[name])
+        spatial = [layer for layer in graph.compute_layers() if len(graph.nodes[layer]["output_shape"]) == rank
                    and set(graph.nodes[layer]["output_shape"][2:]) != {1}
                    and not (graph.nodes[layer]["kind"] == "cat" and layout.c > 1)]
-        assert volumes and {results[f"{name} {text}"][layer] for layer in volumes} == {text}, (name, text)
+        assert spatial and {results[f"{name} {text}"][layer] for layer in spatial} == {text}, (name, text)
 
 
 @pytest.mark.multirank
-def test_a_volume_pipeline_verifies_from_the_command_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("model", "shape", "layout"), [("examples/unet3d.py:unet3d", "2,1,16,16,16", "d2"),
+                                                        ("examples/signal1d.py:signal_cnn", "2,2,256", "w2")])
+def test_a_volume_and_a_sequence_pipeline_verify_from_the_command_line(tmp_path: Path, model: str, shape: str,
+                                                                        layout: str) -> None:
     out = tmp_path / "meas.json"
-    run = subprocess.run([PARPLAN, "run", "--model", "examples/unet3d.py:unet3d", "--input-shape", "2,1,16,16,16",
-                          "--layout", "d2", "--stages", "2", "--micro-batches", "2", "--nproc", "4", "--dtype",
+    run = subprocess.run([PARPLAN, "run", "--model", model, "--input-shape", shape,
+                          "--layout", layout, "--stages", "2", "--micro-batches", "2", "--nproc", "4", "--dtype",
                           "float64", "--steps", "1", "--warmup", "0", "--verify", "--out", str(out)],
                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     measured: dict[str, Any] = json.loads(out.read_text())
-    assert measured["verify"]["passed"] and measured["model"]["input_shape"] == [2, 1, 16, 16, 16]
-    assert "d2" in measured["plan"]["summary"] and "2 stages" in measured["plan"]["summary"], measured["plan"]
+    assert measured["verify"]["passed"] and measured["model"]["input_shape"] == [int(e) for e in shape.split(",")]
+    assert layout in measured["plan"]["summary"] and "2 stages" in measured["plan"]["summary"], measured["plan"]

@@ -36,8 +36,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, amp: bool = True) ->
                         help="torchvision:NAME, package.module:factory or path/to/file.py:factory")
     parser.add_argument("--input-shape", required=True, action="append", metavar="N,C,H,W",
                         help="global input shape: N,C,H,W images (e.g. 64,3,224,224), N,C,D,H,W volumes (e.g. "
-                             "4,4,128,128,128; split by depth too) or N,C,L sequences (split by samples and into "
-                             "pipeline stages only, so far); repeatable: a model whose forward takes several "
+                             "4,4,128,128,128; split by depth too) or N,C,L sequences (their length split as w); "
+                             "repeatable: a model whose forward takes several "
                              "tensors gets one per positional argument, in order, each batch first (e.g. "
                              "--input-shape 64,3,224,224 --input-shape 64,16)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "float64"),
