@@ -102,3 +102,13 @@ def test_strided_7x7_under_a_2x2_split() -> None:
     # tile (1, 1) needs 3 rows above, 3 columns left and the 3x3 corner.
     last = halo_messages(rows, cols, (1, 1), (112, 112), plane)
     assert sum(m.nbytes for m in last) == (3 * 112 + 112 * 3 + 3 * 3) * plane
+
+
+def test_a_volume_tile_receives_its_faces_axis_after_axis() -> None:
+    from cost_models.halo import volume_halo_messages
+
+    halos = (AxisHalo(1, 1), AxisHalo(0, 1), AxisHalo(0, 0))  # depth split both ways, rows after only
+    messages = volume_halo_messages(halos, (4, 8, 8), 2)
+    # depth faces 1×8×8; then the rows' face of the depth-extended tile, 6×1×8 (its edges included)
+    assert [(m.offset, m.nbytes) for m in messages] == [((-1, 0, 0), 128), ((1, 0, 0), 128), ((0, 1, 0), 96)]
+    assert volume_halo_messages((AxisHalo(0, 0),) * 3, (4, 8, 8), 2) == []

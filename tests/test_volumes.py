@@ -158,14 +158,18 @@ def test_a_sequence_is_ncw_only_where_its_layers_compute_on_sequences() -> None:
 def test_calibration_builds_every_pass_of_the_volume_and_sequence_problems() -> None:
     from calibrate.kernels import build_kernel
 
+    built = set()
     for name in ("unet3d", "sequence", "mixed3d"):
         graph = trace(_model(name), SHAPES[name])
-        for data in graph.nodes.values():
-            problem = layer_problem(data, Layout(n=2), "float32")
-            if problem is None:
-                continue
-            for phase in phases_of(problem):
-                build_kernel(problem, phase, torch.device("cpu"))()
+        for data in graph.nodes.values():  # the tiles of a split are smaller problems of the same kinds
+            for layout in (Layout(n=2), Layout(w=2), Layout(d=2, h=2), Layout(c=2)):
+                problem = layer_problem(data, layout, "float32")
+                if problem is None or problem in built:
+                    continue
+                built.add(problem)
+                for phase in phases_of(problem):
+                    build_kernel(problem, phase, torch.device("cpu"))()
+    assert any(len(problem.output_shape) == 5 and problem.output_shape[2] == 4 for problem in built)  # d2 of 8
 
 
 def _cases(rank: int, world: int, cases: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
