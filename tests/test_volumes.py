@@ -241,6 +241,7 @@ def test_volumes_and_sequences_split_by_space_and_channel_equal_the_unsplit_mode
 
 @pytest.mark.multirank
 @pytest.mark.parametrize(("model", "shape", "layout"), [("examples/unet3d.py:unet3d", "2,1,16,16,16", "d2"),
+                                                        ("examples/cosmoflow.py:cosmoflow", "2,4,64,64,64", "h2"),
                                                         ("examples/signal1d.py:signal_cnn", "2,2,256", "w2")])
 def test_a_volume_and_a_sequence_pipeline_verify_from_the_command_line(tmp_path: Path, model: str, shape: str,
                                                                         layout: str) -> None:
