@@ -200,7 +200,8 @@ def _convolutional_line(models: list[dict[str, dict[str, Any]]]) -> str:
 def _legend(cap_s: float) -> list[str]:
     return ["## Legend", "",
             "Each model: batch 4, float32, the smallest square side of 32, 64, 96, 128, 224 it accepts in training "
-            "mode (input column). Checks (`parplan check`): **trace**; **plan D** — `parplan plan`'s default search "
+            "mode (input column); MONAI's 3-D networks (`NAME 3d`) one channel of a cube of side 16 or 32, their h2, "
+            "w2 and h2·w2 splitting the volume's rows and columns. Checks (`parplan check`): **trace**; **plan D** — `parplan plan`'s default search "
             "(pipelines on) on D devices of one node, v100 preset; **verify plan D** — `--verify` of that plan on D "
             "ranks; **n2, h2, w2, c2** (2 ranks) and **h2·w2** (4 ranks) — `--verify` of `parplan run --layout L` "
             "(each layer its first of L, n1 that it can take). `--verify`: one step of the split and the unsplit "

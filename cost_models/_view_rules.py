@@ -7,7 +7,7 @@ from math import prod
 from typing import Any, Mapping
 
 from cost_models.layout import Layout
-from cost_models.orders import KEEPING_KINDS, NCHW, NCW, default_order, reshaped
+from cost_models.orders import KEEPING_KINDS, NCDHW, NCHW, NCW, default_order, reshaped
 from cost_models.redistribution import part_range
 
 __all__ = ["channel_view_refusal", "last_dim_refusal", "on_last_dims", "order_refusal", "permutes",
@@ -36,8 +36,9 @@ def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if not orders or layout.c * layout.spatial == 1:
         return None
     ordered = {order for order in orders if order}
-    if ordered == {NCW} and layer.get("attrs", {}).get("order") == NCW:
-        return None  # a sequence read by a layer computing on sequences: the rules of its kind decide
+    own = layer.get("attrs", {}).get("order")
+    if own in (NCW, NCDHW) and ordered == {own}:
+        return None  # a sequence (volume) read by a layer computing on them: the rules of its kind decide
     if layer["kind"] == "view" or (len(ordered) == 1 and (layer["kind"] in KEEPING_KINDS | {"cat"}
                                                           or stacks_or_reduces(layer))):
         return None  # a view's own rules (permutes, reshape_refusal) decide

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from cost_models.layout import Layout
+from cost_models.orders import NCDHW
 
 __all__ = ["volume_refusal", "volume_refusal_applies"]
 
@@ -39,6 +40,10 @@ def volume_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """Why the runtime cannot split ``layer`` of a volume by ``layout``'s depth, height or width (``None``: it can,
     or the rules of every rank decide: an element-wise layer, a view)."""
     kind, attrs = layer["kind"], layer.get("attrs", {})
+    inputs = [shape for shape in layer.get("input_shapes", []) if shape and not isinstance(shape[0], list)]
+    orders = attrs.get("input_orders") or [""] * len(inputs)
+    if kind in _VOLUME_KINDS and any(len(shape) == 5 and order != NCDHW for shape, order in zip(inputs, orders)):
+        return "its 5-D input is not a volume (N, C, D, H, W) made by volume layers; split it by sample or channel"
     if kind in _IMAGE_ONLY_KINDS:
         return f"{_IMAGE_ONLY_KINDS[kind]} of a volume cannot be split by depth, height or width yet"
     if kind not in _VOLUME_KINDS:

@@ -31,10 +31,12 @@ Rules (:func:`output_order`):
     * an opaque layer (kind ``other``) reading a value in another order makes
       ``n...`` (:func:`unknown_order`): its samples, nothing else named — and
       so do the layers computing on that (a reshape keeps it unnamed);
-    * every other layer makes ``nchw`` (``ncdhw`` when 5-D: a volume): what it
-      computes, in PyTorch's layout (and the predicate splits it by channel or
-      space only when its inputs are in that order too) — but what it makes of
-      a 5-D value in another order (``n.chw``: branches stacked) has none.
+    * a 5-D model input is a volume (``ncdhw``), and so is what a 3-D
+      convolution, pooling, norm, upsampling or padding makes (``VOLUME_MAKERS``);
+      any other 5-D value has no order (flattened), unless a rule above names it;
+    * every other layer makes ``nchw``: what it computes, in PyTorch's layout
+      (and the predicate splits it by channel or space only when its inputs
+      are ``nchw`` too).
 """
 
 from __future__ import annotations
@@ -44,12 +46,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from torch.fx import Node
 
-__all__ = ["NCDHW", "NCHW", "NCW", "SEQUENCE_KINDS", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
+__all__ = ["NCDHW", "NCHW", "NCW", "SEQUENCE_KINDS", "VOLUME_MAKERS", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
            "reduced", "reshaped", "sequence_layer", "stacked", "unknown_order", "unnamed"]
 
 NCHW = "nchw"
 NCDHW = "ncdhw"
 NCW = "ncw"
+VOLUME_MAKERS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "adaptive_maxpool",
+                           "upsample", "batchnorm", "norm", "pad"})
+"""Kinds whose 5-D output is a volume ``(N, C, D, H, W)`` (PyTorch's 3-D convolutions, pooling, norms, …)."""
 SEQUENCE_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm"})
 _SEQUENCE_NORMS = frozenset({"GroupNorm", "InstanceNorm1d"})
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
@@ -57,16 +62,17 @@ _PERMUTING = frozenset({"permute", "transpose", "swapaxes", "swapdims", "movedim
 
 
 def default_order(rank: int) -> str:
-    """The order of a value no rule gives one: ``nchw`` for 4-D values, ``ncdhw`` for 5-D ones (volumes), none
-    (``""``) for others (their features, flattened, are the channels of ``runtime.placement``)."""
-    return NCHW if rank == 4 else NCDHW if rank == 5 else ""
+    """The order of a value no rule gives one: ``nchw`` for 4-D values, none (``""``) for others (their features,
+    flattened, are the channels of ``runtime.placement``); a volume's ``ncdhw`` comes from the rules of
+    :func:`output_order` (a 5-D input, what volume layers make)."""
+    return NCHW if rank == 4 else ""
 
 
 def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None, shape: Sequence[int]) -> str:
     """The order of ``node``'s output of ``shape`` from ``source``, its first input's order and shape (module rules)."""
     rank = len(shape)
     if source is None or not source[0]:
-        return default_order(rank)
+        return NCDHW if rank == 5 and kind in VOLUME_MAKERS | {"input"} else default_order(rank)
     order, source_shape = source
     perm = permutation(node, len(order))
     if perm is not None and len(perm) == rank:
@@ -76,9 +82,9 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
         return made or (unknown_order(order, source_shape, shape) if unnamed(order) else default_order(rank))
     if kind == "other" and order != default_order(len(order)):
         return unknown_order(order, source_shape, shape)
-    if rank == 5 and len(order) == rank and order != NCDHW and kind not in KEEPING_KINDS | {"view", "cat"}:
-        return ""  # what a layer makes of a 5-D value holding other axes (stacked branches) is no volume
-    return order if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank else default_order(rank)
+    if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank:
+        return order
+    return NCDHW if rank == 5 and kind in VOLUME_MAKERS else default_order(rank)
 
 
 def sequence_layer(kind: str, attrs: dict[str, Any], shape: Sequence[int],
@@ -106,7 +112,7 @@ def unknown_order(order: str, source: Sequence[int], shape: Sequence[int]) -> st
     rank = len(shape)
     samples = order[:1] == "n" and len(source) > 0 and rank > 0 and source[0] == shape[0]
     if samples:
-        return "n" + "." * (rank - 1) if rank in (4, 5) else default_order(rank)
+        return "n" + "." * (rank - 1) if rank == 4 else default_order(rank)
     return "." * rank  # dimension 0 merged the samples with more (B·W rows into an LSTM): no sample axis
 
 

@@ -134,7 +134,7 @@ def test_volume_and_sequence_layers_split_by_space_and_channel() -> None:
                 assert (why is None) == expected, (name, layer, layout, why)
     image = trace(_model("cosmoflow"), SHAPES["cosmoflow"]).nodes["features_0"] | {"output_shape": [4, 4, 8, 8],
                                                                                   "input_shapes": [[4, 4, 8, 8]]}
-    assert "has no d axis to split" in layer_refusal(image, Layout(d=2))
+    assert "no depth to split" in layer_refusal(image, Layout(d=2))
 
 
 def test_a_sequence_is_ncw_only_where_its_layers_compute_on_sequences() -> None:
@@ -206,12 +206,13 @@ def test_the_planners_plans_of_one_volume_or_sequence_split_it_and_equal_the_uns
     link = Link(1e-6, 1e10)
     cluster = Cluster(devices=2, devices_per_node=2, memory_bytes=2**34, intra=link, inter=link)
     documents, spatial = {}, False
-    for name, shape in PLANNED.items():  # one sample, too small to gain from a split on a V100: n1 …
+    for name, shape in PLANNED.items():  # one sample, often too small to gain from a split on a V100: n1 …
         graph, profile = trace(_model(name), shape), preset_profile("v100", "float32")
-        whole = plan_model(graph, profile, cluster, SearchSettings(max_stages=1)).plan
-        assert whole.predicted is not None
-        small = replace(cluster, memory_bytes=int(whole.predicted.memory_bytes_max * 0.95))  # … unless it must
-        plan = plan_model(graph, profile, small, SearchSettings(max_stages=1)).plan
+        plan = plan_model(graph, profile, cluster, SearchSettings(max_stages=1)).plan
+        assert plan.predicted is not None
+        if all(a.layout.ranks == 1 for a in plan.layers.values()):
+            small = replace(cluster, memory_bytes=int(plan.predicted.memory_bytes_max * 0.95))  # … unless it must
+            plan = plan_model(graph, profile, small, SearchSettings(max_stages=1)).plan
         assert any(a.layout.spatial * a.layout.c > 1 for a in plan.layers.values()), (name, plan.summary())
         spatial |= any(a.layout.spatial > 1 for a in plan.layers.values())
         exact = trace(_model(name), shape, torch.float64)  # the same layers, checked in float64
