@@ -145,7 +145,7 @@ def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     shape = inputs[0] if inputs else []
     if "pieces_along" not in attrs or not attrs.get("items_only") or not shape or isinstance(shape[0], list):
         unfit = next((why for piece in layer["output_shape"] if piece and not isinstance(piece[0], list)
-                      and (why := _fit_refusal(piece, layout))), None)
+                      and (why := _fit_refusal(piece, layout, flat=True))), None)
         return unfit or "a layer with several output tensors is kept whole"  # (N, classes) logits have no h, w
     order = attrs.get("piece_order") or default_order(len(shape))
     dim = attrs["pieces_along"] % len(shape)
@@ -169,8 +169,10 @@ def piece_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str | 
     return None
 
 
-def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
-    if len(shape) == 5:
+def _fit_refusal(shape: list[int], layout: Layout, flat: bool = False) -> str | None:
+    """Why ``layout`` cannot split ``shape`` into non-empty parts; ``flat``: a value held flattened (a 5-D one
+    that is no volume), which splits by sample only."""
+    if len(shape) == 5 and not flat:
         small = [f"{extent} {name}" for extent, parts, name in zip(shape, layout.parts(), ("samples", "channels",
                  "slices", "rows", "columns")) if extent < parts]
         return f"its output {tuple(shape)} has only {', '.join(small)} for {layout}" if small else None
@@ -192,7 +194,7 @@ def _fit_refusal(shape: list[int], layout: Layout) -> str | None:
 def _ordered_fit_refusal(shape: list[int], order: str, layout: Layout) -> str | None:
     """:func:`_fit_refusal` of a value whose dimensions hold the axes ``order`` names (a 4-D one, or a reshape's)."""
     if len(order) != len(shape):
-        return _fit_refusal(shape, layout)
+        return _fit_refusal(shape, layout, flat=True)
     missing = [axis for axis in "ncdhw" if getattr(layout, axis) > 1 and axis not in order]
     if missing:
         return f"its {len(shape)}-D value {tuple(shape)} ({order}) has no {'/'.join(missing)} axis to split"

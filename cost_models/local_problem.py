@@ -192,7 +192,8 @@ def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:
 def _local_input(kind: str, shape: list[int], output: list[int], local_out: list[int], layout: Layout,
                  attrs: dict[str, Any], order: str = NCHW) -> list[int] | None:
     sequence = len(shape) == 3 and order == NCW and len(output) == 3
-    if not sequence and (len(shape) not in (4, 5) or (len(shape) == 5 and len(output) != 5)):  # held flattened
+    volume = len(shape) == 5 and order == NCDHW and len(output) == 5
+    if not (sequence or volume or len(shape) == 4):  # held flattened: split by samples
         local = list(shape)
         if local:  # a 0-D operand (a scalar tensor) is read whole
             local[0] = -(-local[0] // layout.n)
