@@ -31,13 +31,17 @@ SHAPES = {
 }
 
 
-KNOWN_FLOAT32 = {("resnet18", 4): ("sample/float32", "mixed/float32"),
+KNOWN_FLOAT32 = {("resnet18", 4): tuple(f"{rule}/float32" for rule in ("sample", "height", "width", "height×width",
+                                                                      "sample×spatial", "mixed")),
                  ("unet", 4): tuple(f"{rule}/float32" for rule in ("height", "width", "height×width", "sample×spatial",
                                                                   "mixed"))}
 """Open defects, each on one kind of CPU, float64 exact in both:
 
 * on an Intel machine with AMX, resnet18 split n4 in float32 is 0.4–0.5 % of its scale off the float64 model at
-  conv1's gradient (the unsplit float32 model 0.005 %); it passes on an AVX2 AMD EPYC;
+  conv1's gradient (the unsplit float32 model 0.005 %); it passes on an AVX2 AMD EPYC; on the AVX-512/AMX VM
+  of 2026-12-04 its h4 and w4 splits too (conv1's gradient 7.5e-3 off, 1e-4 allowed; the other spatial rules
+  set aside with them), at de6fdc6 as at later commits,
+  and both pass there under ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's AVX-512 kernels, not found further;
 * on an AVX2 AMD EPYC, the UNet split by space on 4 ranks (h4, w4, h2·w2, n2·h2, the mixed plan) in float32 is
   1.6e-6 off float64 at its first convolution's weight gradient (5e-5 of the model's largest gradient; 4.1e-7
   allowed: four times the unsplit float32 model's own error), at 0b487e7 too; its sample and channel splits
@@ -65,8 +69,8 @@ def test_every_split_equals_the_unsplit_model(model_name: str, world_size: int) 
 @pytest.mark.xfail(reason="open defect, see KNOWN_FLOAT32: resnet18 n4 float32 conv1 gradient 0.5 % off float64",
                    strict=False)
 def test_resnet18_sample_split_in_float32() -> None:
-    run_ranks(compare_plans, 4, args=("resnet18", SHAPES["resnet18"], ["sample", "mixed"], ("float64", "float32")),
-              timeout_s=600)
+    run_ranks(compare_plans, 4, args=("resnet18", SHAPES["resnet18"], ["sample", "height", "width", "mixed"],
+                                      ("float64", "float32")), timeout_s=600)
 
 
 @pytest.mark.xfail(reason="open defect, see KNOWN_FLOAT32: UNet h4 float32 first weights 1.6e-6 off float64 on AVX2",
