@@ -215,7 +215,8 @@ def guarded(report: Report, name: str, action: Callable[[], Any]) -> Any | None:
 
 
 def parplan(*args: str) -> list[str]:
-    return [sys.executable, "-m", "parplan", *args]
+    """The command line of ``parplan ARGS`` (``--debug``: a failed step's report ends with its traceback)."""
+    return [sys.executable, "-m", "parplan", *args, "--debug"]
 
 
 def rel_err(predicted: float | None, measured: float | None) -> float | None:
@@ -610,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is false); nothing to check")
         return 0
     settings = settings_from(args, gpus)
+    settings.out.parent.mkdir(parents=True, exist_ok=True)
     document = check(settings)
     failed = [step["step"] for step in document.get("steps", []) if "error" in step]
     print(f"gpu_check: {len(document.get('steps', []))} steps in {document['seconds']:.0f} s, "

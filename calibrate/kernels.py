@@ -70,7 +70,7 @@ def build_kernel(problem: LocalProblem, phase: str, device: torch.device) -> Cal
         return _conv_kernel(problem, phase, inputs[0], weight, attrs)
     if problem.kind == "linear":
         return _linear_kernel(phase, inputs[0], weight)
-    forward = _forward_function(problem.kind, attrs, weight, problem.output_shape)
+    forward = _forward_function(problem.kind, attrs, weight, problem.output_shape, inputs[0])
     if phase == "fwd":
         return lambda: forward(*inputs)
     leaves = [x.requires_grad_() for x in inputs]
@@ -104,11 +104,13 @@ def _linear_kernel(phase: str, x: torch.Tensor, weight: torch.Tensor) -> Callabl
     return lambda: torch.mm(grad_output.t(), rows)
 
 
-def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shape: tuple[int, ...]) -> Callable[..., torch.Tensor]:
+def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shape: tuple[int, ...],
+                      like: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The forward of ``kind`` on inputs of ``like``'s device and dtype (its own parameters made there too)."""
     if kind == "batchnorm":
         channels = weight.shape[0] if weight is not None else output_shape[1]
-        gamma = torch.ones(channels, requires_grad=True)
-        beta = torch.zeros(channels, requires_grad=True)
+        gamma = torch.ones(channels, dtype=like.dtype, device=like.device, requires_grad=True)
+        beta = torch.zeros(channels, dtype=like.dtype, device=like.device, requires_grad=True)
         return lambda x: F.batch_norm(x, None, None, gamma, beta, training=True, eps=attrs.get("eps", 1e-5))
     axes = min(max(len(output_shape) - 2, 1), 3)  # 1-D sequences, 2-D images, 3-D volumes
     if kind in ("maxpool", "avgpool"):

@@ -54,8 +54,8 @@ __all__ = ["Call", "Chunk", "growth_per_thread", "layout_chunks", "peak_bytes", 
 
 MAX_PASSES = 9
 """Timed passes per chunk at most (after the warm-up pass)."""
-ROUGH_FLOPS_PER_S = 1e9
-ROUGH_BYTES_PER_S = 1e9
+PROBE_SIDE = 1024
+"""The square matmul (and the copy of its operand) that :func:`device_rates` times before any chunk."""
 Progress = Callable[[str, int, int], None]
 _WINDOW = "parplan.kernel."
 
@@ -72,9 +72,35 @@ class Chunk:
         """Memory its kernels hold at once."""
         return sum(_footprint_bytes(problem) for problem in {id(c.problem): c.problem for c in self.calls}.values())
 
-    def guess_s(self, flops_per_s: float) -> float:
+    def guess_s(self, flops_per_s: float, bytes_per_s: float) -> float:
         """A rough duration of one pass, before any of it was timed."""
-        return sum(call.flops / flops_per_s + call.bytes / ROUGH_BYTES_PER_S for call in self.calls)
+        return sum(call.flops / flops_per_s + call.bytes / bytes_per_s for call in self.calls)
+
+
+def device_rates(device: torch.device, repeats: int = 3) -> tuple[float, float]:
+    """FLOP/s of a ``PROBE_SIDE``² matmul and bytes/s of a copy on ``device`` (the best of ``repeats``): what a
+    chunk's first pass is guessed to take before anything of it is timed, so a budget skips only what cannot fit.
+
+    A fixed guess cannot serve both a 2-core VM and a GPU 1000 times faster: too slow a guess skips every chunk
+    of a large model on the GPU, too fast a one starts a chunk on the CPU that outlasts the budget.
+    """
+    a = torch.randn(PROBE_SIDE, PROBE_SIDE, device=device)
+    out = torch.empty_like(a)
+    flops_s = copy_s = float("inf")
+    for _ in range(repeats + 1):  # the first call warms up
+        flops_s = min(flops_s, _timed(lambda: torch.mm(a, a, out=out), device))
+        copy_s = min(copy_s, _timed(lambda: out.copy_(a), device))
+    return 2 * PROBE_SIDE ** 3 / max(flops_s, 1e-9), 2 * a.numel() * a.element_size() / max(copy_s, 1e-9)
+
+
+def _timed(kernel: Callable[[], Any], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    kernel()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 def layout_chunks(graph: Any, device_counts: Iterable[int], max_bytes: int) -> list[Chunk]:
@@ -140,11 +166,11 @@ def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: 
     seconds: dict[tuple[str, str], list[float]] = {}
     calls: dict[tuple[str, str], Call] = {}
     peaks: dict[tuple[str, str], tuple[int, int | None]] = {}
-    flops_per_s = ROUGH_FLOPS_PER_S
+    flops_per_s, bytes_per_s = device_rates(target) if chunks else (1.0, 1.0)
     try:
         for index, chunk in enumerate(chunks):
             left_s = deadline - time.monotonic()
-            if left_s <= 0 or 3 * chunk.guess_s(flops_per_s) > left_s:
+            if left_s <= 0 or 3 * chunk.guess_s(flops_per_s, bytes_per_s) > left_s:
                 continue  # left to the fitted model: building, warming up and one pass must fit
             if busy is not None:
                 busy.run(index)

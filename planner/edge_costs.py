@@ -85,7 +85,7 @@ class EdgeCosts:
     def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, itemsize: int,
                  patterns: PatternTable | None = None) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.itemsize = graph, profile, cluster, devices, itemsize
-        self.coefficients = {itemsize: sendrecv_coefficients(profile, itemsize)}  # per activation itemsize
+        self.coefficients: dict[int, dict[bool, tuple[float, float]]] = {}  # per activation itemsize, when asked
         volumes = has_volumes(graph)
         self.table = patterns or PatternTable(cluster, devices, depth=volumes)
         if (self.table.cluster, self.table.devices) != (cluster, devices) or (volumes and not self.table.depth):
@@ -143,6 +143,8 @@ class EdgeCosts:
     def _priced_moves_s(self, shape: tuple[int, ...], itemsize: int, starts: np.ndarray, ends: np.ndarray,
                         wanted: np.ndarray) -> np.ndarray:
         """The moves of :meth:`_moves_s`, priced where ``wanted`` (elsewhere: any value)."""
+        if self.devices == 1:  # one device moves nothing (and a one-rank profile has no link to price it)
+            return np.zeros((len(starts), len(ends)))
         extents = np.array(as_volume(shape), dtype=np.int64)
         source, target = self.parts[starts][:, None, :], self.parts[ends][None, :, :]
         patterned = nested_mask(extents, source, target)
