@@ -329,9 +329,6 @@ def inherent(reason: str) -> bool:
 
 def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
     """Why the pipeline runtime cannot execute ``pipeline`` (a ``Plan.pipeline``) on a batch of ``batch``."""
-    if len(set(pipeline.devices_per_stage)) != 1:
-        return (f"the pipeline's stages have {list(pipeline.devices_per_stage)} devices; this runtime needs the same "
-                f"number on every stage (as parplan plan makes them)")
     if batch % pipeline.micro_batches:
         return f"{pipeline.micro_batches} micro-batches do not divide the batch of {batch}; choose a divisor"
     if pipeline.schedule == "stale" and any(a < b for a, b in zip(pipeline.staleness, pipeline.staleness[1:])):

@@ -71,6 +71,15 @@ class Pipeline:
     micro_batches: int = 1
     staleness: tuple[int, ...] = (0,)
 
+    def stage_of(self, rank: int) -> int:
+        """The stage global rank ``rank`` runs: stages take consecutive ranks, ``devices_per_stage`` each, in order."""
+        first = 0
+        for stage, devices in enumerate(self.devices_per_stage):
+            if rank < first + devices:
+                return stage
+            first += devices
+        raise PlanError(f"rank {rank} is past the pipeline's {first} devices ({list(self.devices_per_stage)} per stage)")
+
     def __str__(self) -> str:
         if self.stages == 1:
             return "1 stage"

@@ -1,11 +1,14 @@
 """``apply_pipeline``: one pipeline stage of a Plan on this rank, running a schedule's events.
 
-Stage ``k`` of ``K`` runs on global ranks ``k·G … k·G+G−1`` (every stage gets
-the same ``G`` devices, as the planner makes them) and executes its part of
-the traced model (``runtime.stage_cut``) as a :class:`runtime.apply.DistributedModel`
-— itself split by sample, space or channel over its ``G`` ranks. Member ``q``
-of a stage sends its box of each value crossing a cut to member ``q`` of
-every later stage reading it, under the producer's placement; the reader
+Stage ``k`` of ``K`` runs on the ``G_k`` global ranks after those of the
+stages before it (``devices_per_stage``: stages may differ) and executes its
+part of the traced model (``runtime.stage_cut``) as a
+:class:`runtime.apply.DistributedModel` — itself split by sample, space or
+channel over its ``G_k`` ranks. A value crossing a cut goes from the
+producer's members, under the producer's placement, to every later stage
+reading it, under that stage's wire placement (``runtime.stage_moves``: with
+equal stages member ``q`` sends its box to member ``q``; otherwise each reader
+gets the pieces of its box from the members holding them); the reader
 redistributes it inside its own stage as any other input. Gradients of the
 crossings go back the same way. Sends are non-blocking, receives wait.
 
@@ -55,17 +58,20 @@ from cost_models.capability import pipeline_refusal
 from cost_models.errors import PlanError
 from cost_models.graph import trace
 from cost_models.plan import Plan
+from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
+from runtime._values import geometry
 from runtime.apply import DistributedModel, local_shape, parameters_of
 from runtime.inputs import Inputs, as_inputs, placeholder_placements
 from runtime.preflight import check_plan, held_plan
 from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
-from runtime.placement import Placement, value_placement
+from runtime.placement import Placement, box_extent, value_placement
 from runtime.random_ops import DrawKey
 from runtime.schedules import Event
 from runtime.shapes import static_nodes, tensor_names
 from runtime.stage_cut import StageCut, cut_stages
+from runtime.stage_moves import CrossingMoves, crossing_moves, piece_of, wire_placement
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -152,9 +158,11 @@ class PipelineStage:
         self.plan, self.stages = plan, plan.pipeline.stages
         self.dtype = _activation_dtype(model, plan)
         """What activations and gradients cross stages in: the model's (a float32 plan verified in float64)."""
-        self.size = plan.pipeline.devices_per_stage[0]
+        self.sizes = tuple(plan.pipeline.devices_per_stage)
+        self.offsets = tuple(sum(self.sizes[:k]) for k in range(self.stages))
         rank = dist.get_rank() if dist.is_initialized() else 0
-        self.index, self.member = divmod(rank, self.size)
+        self.index = plan.pipeline.stage_of(rank)
+        self.member = rank - self.offsets[self.index]
         nodes = list(symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes)).graph.nodes)
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages,
                           static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
@@ -168,7 +176,14 @@ class PipelineStage:
         self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
                                       frozenset(self.cut.nodes), groups, random_seed=random_seed)
         self._buffers = _buffers_of(self.cut.nodes, nodes, model)
-        self.placements = _crossing_placements(nodes, cuts, plan, graph)
+        held = _crossing_placements(nodes, cuts, plan, graph)  # as each crossing's producer holds it
+        self._held = {c.name: held[c.name] for c in self.cut.sends}
+        self.placements = {c.name: wire_placement(held[c.name], self.sizes[self.index]) for c in self.cut.receives}
+        """Each value this stage receives, under its wire placement on this stage (``runtime.stage_moves``)."""
+        self._outgoing = {(c.name, m): self._moves(c.name, held[c.name], c.producer, m, rank)
+                          for c in self.cut.sends for m in c.consumers}
+        self._incoming = {c.name: self._moves(c.name, held[c.name], c.producer, self.index, rank)
+                          for c in self.cut.receives}
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.slowdown = slowdown
         self.loss_scale = 1.0 / plan.pipeline.micro_batches
@@ -254,7 +269,8 @@ class PipelineStage:
             self._compute(stash)
         for crossing in self.cut.sends:
             for consumer in crossing.consumers:
-                self._send(stash.outputs[crossing.name].detach(), consumer, 2 * crossing.tag)
+                moves = self._outgoing[crossing.name, consumer]
+                self._send(stash.outputs[crossing.name], moves.box, moves.sends, consumer, 2 * crossing.tag)
         if self.last:
             self.losses.append(stash.loss.detach() / self.loss_scale)  # type: ignore[union-attr]
         if self.stale:
@@ -264,7 +280,7 @@ class PipelineStage:
     def backward(self, batch: int, sync: bool = True) -> None:
         """Receive the gradients of ``batch``'s outputs, backward (after recomputing, if stale), send input gradients."""
         stash = self._stash.pop(batch)
-        grads = {c.name: sum(self._receive(c.name, consumer, 2 * c.tag + 1) for consumer in c.consumers)
+        grads = {c.name: sum(self._receive_gradient(c.name, consumer, 2 * c.tag + 1) for consumer in c.consumers)
                  for c in self.cut.sends}
         saved = self._recompute(stash) if self.stale else []
         tensors = [stash.outputs[name] for name in grads] + ([stash.loss] if self.last else [])
@@ -275,9 +291,9 @@ class PipelineStage:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         self._restore(saved)
         for crossing in self.cut.receives:
-            leaf = stash.inputs[crossing.name]
-            self._send(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf), crossing.producer,
-                       2 * crossing.tag + 1)
+            leaf, moves = stash.inputs[crossing.name], self._incoming[crossing.name]
+            self._send(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf), moves.box, moves.receives,
+                       crossing.producer, 2 * crossing.tag + 1)
 
     def finish_sends(self) -> None:
         """Wait until every posted send has completed."""
@@ -325,26 +341,52 @@ class PipelineStage:
 
     # --- communication ---------------------------------------------------------------------------------------
 
-    def _peer(self, stage: int) -> int:
-        return stage * self.size + self.member
-
     def _stage_ranks(self, stage: int) -> tuple[int, ...]:
-        return tuple(range(stage * self.size, (stage + 1) * self.size))
+        return tuple(range(self.offsets[stage], self.offsets[stage] + self.sizes[stage]))
 
-    def _send(self, tensor: torch.Tensor, stage: int, tag: int) -> None:
-        tensor = tensor.detach().contiguous()
-        with exchange(f"the pipeline send to stage {stage}", [self._peer(stage)]):
-            self._sending.append((dist.isend(tensor, self._peer(stage), tag=tag), tensor, self._peer(stage)))
+    def _moves(self, name: str, held: Placement, producer: int, consumer: int, rank: int) -> CrossingMoves:
+        """This rank's part in moving crossing ``name`` from stage ``producer`` to stage ``consumer``."""
+        shape = geometry(self.model.layer_graph.nodes[name]["output_shape"], held)
+        return crossing_moves(shape, held, self._stage_ranks(producer), wire_placement(held, self.sizes[consumer]),
+                              self._stage_ranks(consumer), rank)
+
+    def _send(self, tensor: torch.Tensor, box: Box, pieces: Sequence[tuple[int, Box]], stage: int, tag: int) -> None:
+        """Post the sends of ``pieces`` of ``tensor`` (this rank's ``box``, in its value's geometry) to stage ``stage``."""
+        whole = tensor.detach().reshape(box_extent(box))
+        for peer, piece in pieces:
+            part = piece_of(whole, box, piece).contiguous()
+            with exchange(f"the pipeline send to stage {stage}", [peer]):
+                self._sending.append((dist.isend(part, peer, tag=tag), part, peer))
 
     def _receive(self, name: str, stage: int, tag: int) -> torch.Tensor:
+        """This rank's box of crossing ``name`` of a batch, from the members of stage ``stage`` that hold it."""
+        moves = self._incoming[name]
         shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self.placements[name], self.member)
-        buffer = torch.empty(shape, dtype=self.dtype, device=self._device())
+        buffer = self._gathered(moves.box, moves.receives, f"the activation of {name}", stage, tag).reshape(shape)
+        return buffer.requires_grad_(buffer.is_floating_point())
+
+    def _receive_gradient(self, name: str, stage: int, tag: int) -> torch.Tensor:
+        """The gradient of this rank's box of crossing ``name`` that stage ``stage`` sends back (its pieces summed)."""
+        moves = self._outgoing[name, stage]
+        shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self._held[name], self.member)
+        return self._gathered(moves.box, moves.sends, f"the gradient of {name}", stage, tag).reshape(shape)
+
+    def _gathered(self, box: Box, pieces: Sequence[tuple[int, Box]], what: str, stage: int, tag: int) -> torch.Tensor:
+        """A tensor covering ``box``, zero but where ``pieces`` arrive (each from its peer)."""
         started = time.perf_counter()
-        kind = "activation" if tag % 2 == 0 else "gradient"
-        with exchange(f"the pipeline receive of the {kind} of {name} from stage {stage}", [self._peer(stage)]):
-            dist.irecv(buffer, self._peer(stage), tag=tag).wait()
+        whole = len(pieces) == 1 and pieces[0][1] == box  # one peer sends it all (equal stages): no copy
+        result = (torch.empty if whole else torch.zeros)(box_extent(box), dtype=self.dtype, device=self._device())
+        buffers = [result if whole else torch.empty(box_extent(piece), dtype=self.dtype, device=self._device())
+                   for _, piece in pieces]
+        with exchange(f"the pipeline receive of {what} from stage {stage}", [peer for peer, _ in pieces]):
+            requests = [dist.irecv(buffer, peer, tag=tag) for (peer, _), buffer in zip(pieces, buffers)]
+            for request in requests:
+                request.wait()
+        if not whole:
+            for (_, piece), buffer in zip(pieces, buffers):
+                piece_of(result, box, piece).add_(buffer)
         self._waited += time.perf_counter() - started
-        return buffer.requires_grad_(tag % 2 == 0 and buffer.is_floating_point())
+        return result
 
     def _reap_sends(self) -> None:
         completed = [sending[0].is_completed() for sending in self._sending]

@@ -178,7 +178,7 @@ def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sy
     from runtime.train import fresh_model
 
     model = fresh_model(options, dtype, device)
-    slowdown = float(dict(options.slow_stages).get(dist.get_rank() // plan.pipeline.devices_per_stage[0], 1.0))
+    slowdown = float(dict(options.slow_stages).get(plan.pipeline.stage_of(dist.get_rank()), 1.0))
     stage = apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
                            options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
                            random_seed=options.seed)

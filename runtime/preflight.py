@@ -70,7 +70,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: LayerGraph, leaf_modules
     if refused:
         raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
-    refuse_shapes(nodes, model, held, graph, plan.pipeline.devices_per_stage[0])
+    refuse_shapes(nodes, model, held, graph, max(plan.pipeline.devices_per_stage))  # every member of any stage
     if plan.pipeline.stages > 1:  # stages must be contiguous in the traced program (named if not)
         from runtime.stage_cut import cut_stages
 

@@ -63,6 +63,32 @@ def _plan(model: Any, shape: tuple[int, ...], size: int, layouts: Sequence[str],
     return staged(plan, graph, starts, schedule, micro, staleness), graph
 
 
+def _unequal_plan(model: Any, shape: tuple[int, ...], devices: Sequence[int], layouts: Sequence[str],
+                  starts: Sequence[str], schedule: str, micro: int,
+                  staleness: Sequence[int] | None = None) -> tuple[Any, Any]:
+    """Stages of ``devices[k]`` ranks each, stage ``k``'s layers in ``layouts[k]`` where it applies (else whole)."""
+    from dataclasses import replace
+
+    import torch
+
+    from cost_models.cluster import Cluster, Link
+    from cost_models.graph import trace
+    from cost_models.layout import Layout
+    from cost_models.plan import LayerAssignment
+    from cost_models.uniform import staged, uniform_plan
+
+    graph = trace(model, shape, torch.float64)
+    link = Link(1e-6, 1e9)
+    cluster = Cluster(devices=sum(devices), devices_per_node=sum(devices), memory_bytes=2**34, intra=link, inter=link)
+    cut = staged(uniform_plan(graph, replace(cluster, devices=1, devices_per_node=1), [Layout()]), graph, starts,
+                 schedule, micro, staleness)
+    per_stage = [uniform_plan(graph, replace(cluster, devices=d, devices_per_node=d), [Layout.parse(text), Layout()])
+                 for d, text in zip(devices, layouts)]
+    layers = {name: LayerAssignment(per_stage[a.stage].layers[name].layout, a.stage) for name, a in cut.layers.items()}
+    return replace(cut, cluster=cluster, layers=layers,
+                   pipeline=replace(cut.pipeline, devices_per_stage=tuple(devices))), graph
+
+
 def _micro(x: Any, target: Any, micro: int, batch: int) -> tuple[Any, Any]:
     size = x.shape[0] // micro
     return x[batch * size:(batch + 1) * size], target[batch * size:(batch + 1) * size]
@@ -118,7 +144,9 @@ def _cut(full: Any, piece: Any) -> Any:
 
 
 def _sync_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], layouts: Sequence[str],
-               starts: Sequence[str], micro: int, order: str, steps: int) -> dict[str, Any]:
+               starts: Sequence[str], micro: int, order: str, steps: int,
+               devices: Sequence[int] = ()) -> dict[str, Any]:
+    """``devices``: unequal stages, ``layouts[k]`` stage ``k``'s (default: equal stages, ``layouts`` everywhere)."""
     import torch
 
     from runtime.pipeline import apply_pipeline
@@ -126,7 +154,8 @@ def _sync_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], l
 
     base, x, target = _setup(model_name, shape)
     stages = len(starts) + 1
-    plan, graph = _plan(base, shape, world // stages, layouts, starts, "sync", micro)
+    plan, graph = (_unequal_plan(base, shape, devices, layouts, starts, "sync", micro) if devices
+                   else _plan(base, shape, world // stages, layouts, starts, "sync", micro))
     reference = copy.deepcopy(base)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     stage = apply_pipeline(copy.deepcopy(base), plan, sync_batchnorm=True, graph=graph)
@@ -171,7 +200,9 @@ def four_ranks() -> list[dict[str, Any]]:
         "resnet18/4": ("_sync_case", (*RESNET, [], RESNET_CUTS[4], 2, "1f1b", 2)),
         "unet/4": ("_sync_case", (*UNET, [], UNET_CUTS[4], 2, "gpipe", 2)),
         "resnet18/2x2": ("_sync_case", (*RESNET, ["h2"], RESNET_CUTS[2], 2, "1f1b", 1)),
-    },), timeout_s=400)
+        "unet/1+3": ("_sync_case", (*UNET, ["n1", "w3"], UNET_CUTS[2], 2, "gpipe", 1, (1, 3))),
+        "unet/3+1": ("_sync_case", (*UNET, ["w3", "n1"], UNET_CUTS[2], 2, "1f1b", 1, (3, 1))),
+    },), timeout_s=500)
 
 
 @pytest.mark.parametrize("stages", [2, 4])
@@ -197,8 +228,10 @@ def test_sync_stages_split_inside(four_ranks: Any) -> None:
     assert [r["stage"] for r in results] == [0, 0, 1, 1]
 
 def _stale_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], starts: Sequence[str],
-                steps: int) -> dict[str, Any]:
-    """The same steps under sync (M = 1) and under stale with staleness forced to 0: the same weights."""
+                steps: int, devices: Sequence[int] = (), layouts: Sequence[str] = ()) -> dict[str, Any]:
+    """The same steps under sync (M = 1) and under stale with staleness forced to 0: the same weights.
+
+    ``devices``: unequal stages, ``layouts[k]`` stage ``k``'s (default: one rank a stage)."""
     import torch
 
     from runtime.pipeline import apply_pipeline
@@ -209,7 +242,8 @@ def _stale_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], 
     stages = len(starts) + 1
     weights = {}
     for schedule in ("sync", "stale"):
-        plan, graph = _plan(base, shape, 1, [], starts, schedule, 1, (0,) * stages)
+        plan, graph = (_unequal_plan(base, shape, devices, layouts, starts, schedule, 1, (0,) * stages) if devices
+                       else _plan(base, shape, 1, [], starts, schedule, 1, (0,) * stages))
         stage = apply_pipeline(copy.deepcopy(base), plan, graph=graph)
         optimizer = torch.optim.SGD(stage.parameters(), lr=0.1, momentum=0.9)
 
@@ -237,7 +271,11 @@ def _stale_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], 
 def three_ranks() -> list[dict[str, Any]]:
     cuts = ["layer1_1_conv1", "layer3_0_conv1"]
     return run_ranks(_cases, 3, ({"stale0": ("_stale_case", (*RESNET, cuts, 3)),
-                                  "timeline": ("_timeline_case", (*RESNET, cuts, 6))},), timeout_s=300)
+                                  "timeline": ("_timeline_case", (*RESNET, cuts, 6)),
+                                  "resnet18/1+2": ("_sync_case", (*RESNET, ["n1", "h2"], RESNET_CUTS[2], 2, "1f1b", 1,
+                                                                  (1, 2))),
+                                  "unet/1+2 stale0": ("_stale_case", (*UNET, UNET_CUTS[2], 2, (1, 2), ("n1", "w2")))},),
+                     timeout_s=400)
 
 
 def test_stale_with_staleness_zero_equals_sync(three_ranks: Any) -> None:
@@ -293,3 +331,17 @@ def test_stale_runtime_follows_the_dsp_timeline(three_ranks: Any) -> None:
             assert late[f"F{b}"][1] > early[f"F{b}"][0]  # stage k+1's forward needs stage k's output
             assert early[f"B{b}"][1] > late[f"B{b}"][0]  # stage k's backward needs stage k+1's gradient
     assert len(results[2]["losses"]) == 6 and all(loss == loss for loss in results[2]["losses"])
+
+
+@pytest.mark.parametrize("case, stages", [("resnet18/1+2", [0, 1, 1]), ("unet/1+3", [0, 1, 1, 1]),
+                                          ("unet/3+1", [0, 0, 0, 1])])
+def test_unequal_stages_equal_unsplit(case: str, stages: list[int], three_ranks: Any, four_ranks: Any) -> None:
+    """Stages of 1 + 2, 1 + 3 and 3 + 1 ranks (1F1B and GPipe, 2 micro-batches): a crossing moves between a whole
+    value on one rank and tiles or copies on several; outputs, gradients and weights as the unsplit model's."""
+    results = _result(three_ranks if len(stages) == 3 else four_ranks, case)
+    assert [r["stage"] for r in results] == stages
+
+
+def test_unequal_stale_with_staleness_zero_equals_sync(three_ranks: Any) -> None:
+    """The stale schedule on stages of 1 + 2 ranks (columns split on the second) with staleness 0 is sync's."""
+    assert len(_result(three_ranks, "unet/1+2 stale0")) == 3

@@ -80,9 +80,9 @@ def test_pipelines_the_runtime_cannot_run_are_refused(resnet: tuple) -> None:
         check_pipeline(plan)
     with pytest.raises(PlanError, match="3 micro-batches do not divide the batch of 4"):
         check_pipeline(replace(plan, pipeline=replace(plan.pipeline, schedule="sync", micro_batches=3, staleness=(0, 0))))
-    with pytest.raises(PlanError, match=r"stages have \[1, 2\] devices"):
-        check_pipeline(replace(plan, cluster=replace(plan.cluster, devices=3),
-                               pipeline=replace(plan.pipeline, devices_per_stage=(1, 2))))
+    unequal = replace(plan, cluster=replace(plan.cluster, devices=3),
+                      pipeline=replace(plan.pipeline, devices_per_stage=(1, 2), staleness=(1, 0)))
+    check_pipeline(unequal)  # stages of 1 and 2 devices run (tests/test_runtime_pipeline.py)
 
 
 class _Twice(torch.nn.Module):
