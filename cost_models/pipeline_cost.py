@@ -24,6 +24,10 @@ their gradients backward, the same size).
   that round trip ``C_km = Σ_{k≤j≤m} (2F_j + B_j + A_j) + 2·Σ_{k≤j<m} T_j``
   spans ``s_k − s_m + 1`` ticks, so a batch takes at least
   ``max_{k≤m} C_km / (s_k − s_m + 1)`` (``m = k`` is the busiest stage).
+  :func:`least_staleness` picks the least ``s`` under which no window binds:
+  the pipeline then moves at its busiest server's pace with as few stashed
+  inputs (and as little staleness) as that pace allows — DSP's ``2(K−1−k)`` is
+  more than equal stages need, and unequal stages need less still on some.
 
 ``tests/test_pipeline_cost.py`` checks both against a discrete-event simulation
 of the same schedules.
@@ -31,11 +35,12 @@ of the same schedules.
 
 from __future__ import annotations
 
+from math import ceil
 from typing import Sequence
 
 from cost_models.errors import InputError
 
-__all__ = ["dsp_staleness", "stale_iteration_s", "sync_iteration_s"]
+__all__ = ["dsp_staleness", "least_staleness", "stale_iteration_s", "sync_iteration_s"]
 
 
 def sync_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
@@ -56,12 +61,42 @@ def stale_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], t
     ``staleness``: per stage (default DSP's ``2(K−1−k)``).
     """
     _check(forward_s, backward_s, transfer_s, 1)
+    lags = list(staleness) if staleness is not None else list(dsp_staleness(len(forward_s)))
+    round_trips = _round_trips_s(forward_s, backward_s, transfer_s, allreduce_s)
+    windows = [trip / max(1, lags[k] - lags[m] + 1) for (k, m), trip in round_trips.items()]
+    return max(list(transfer_s) + windows)
+
+
+def least_staleness(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
+                    allreduce_s: Sequence[float] = (), bound: int | None = None) -> tuple[int, ...]:
+    """Per stage, the least staleness at which the stale schedule runs at its busiest server's pace.
+
+    From the last stage (0) back: ``s_k = max_{m>k} s_m + ⌈C_km / τ⌉ − 1`` with ``τ`` the pace of the busiest
+    stage or link, so every window ``C_km / (s_k − s_m + 1)`` is at most ``τ`` (module docstring); each ``s_k`` is
+    the least that any ``s`` without bubbles has (the constraints only tighten as later stages' grow). ``bound``
+    caps every stage (then a window may bind: :func:`stale_iteration_s` prices it).
+    """
+    _check(forward_s, backward_s, transfer_s, 1)
+    round_trips = _round_trips_s(forward_s, backward_s, transfer_s, allreduce_s)
+    pace_s = max([*transfer_s, *(round_trips[k, k] for k in range(len(forward_s)))])
+    lags = [0] * len(forward_s)
+    for k in reversed(range(len(forward_s) - 1)):
+        lags[k] = max(lags[m] + _ticks(round_trips[k, m], pace_s) - 1 for m in range(k + 1, len(forward_s)))
+    return tuple(lags if bound is None else (min(lag, bound) for lag in lags))
+
+
+def _round_trips_s(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
+                   allreduce_s: Sequence[float]) -> dict[tuple[int, int], float]:
+    """``C_km`` for every ``k <= m`` (module docstring)."""
     reduce = list(allreduce_s) or [0.0] * len(forward_s)
     stages = [2 * f + b + max(0.0, a - b) for f, b, a in zip(forward_s, backward_s, reduce)]
-    lags = list(staleness) if staleness is not None else list(dsp_staleness(len(forward_s)))
-    windows = [(sum(stages[k:m + 1]) + 2 * sum(transfer_s[k:m])) / max(1, lags[k] - lags[m] + 1)
-               for k in range(len(stages)) for m in range(k, len(stages))]
-    return max(list(transfer_s) + windows)
+    return {(k, m): sum(stages[k:m + 1]) + 2 * sum(transfer_s[k:m])
+            for k in range(len(stages)) for m in range(k, len(stages))}
+
+
+def _ticks(round_trip_s: float, pace_s: float) -> int:
+    """Ticks of ``pace_s`` a round trip needs: ``⌈round_trip / pace⌉``, forgiving a rounding error's excess."""
+    return max(1, ceil(round_trip_s / pace_s * (1 - 1e-9))) if pace_s > 0 else 1
 
 
 def dsp_staleness(stages: int, bound: int | None = None) -> tuple[int, ...]:

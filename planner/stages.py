@@ -7,8 +7,12 @@ and each allowed schedule:
 * ``sync`` (GPipe): ``M`` micro-batches, ``M`` the divisor of the batch
   nearest below ``4K`` (GPipe's rule for a bubble under about 20%); every
   micro-batch's activations stay resident, which the memory rows include.
-* ``stale`` (DSP): whole batches, staleness ``2(K−1−k)`` for stage ``k``,
-  capped by ``max_staleness``; skipped when ``max_staleness`` is 0.
+* ``stale`` (DSP): whole batches. The stages are solved with DSP's staleness
+  ``2(K−1−k)`` for stage ``k`` (capped by ``max_staleness``) — its stashes the
+  most memory any choice below could need — then each stage's staleness is
+  lowered to the least that keeps the pipeline at its busiest server's pace
+  under the stages' predicted times (``cost_models.pipeline_cost.least_staleness``),
+  never above that cap; skipped when ``max_staleness`` is 0.
 
 Cuts are contiguous in the decisions' topological order and in the model's
 traced order (what the runtime cuts), never between a layer's tuple of
@@ -34,7 +38,7 @@ from cost_models.capability import crosses_as_tuple, shared_modules
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, estimate
-from cost_models.pipeline_cost import dsp_staleness
+from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
 from planner.cost_table import Solution
@@ -156,6 +160,9 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
         for assignments, info, explained in _stage_layouts(config, profile, cluster, settings):
             plan = make_plan(assignments, config.pipeline, info)
             predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
+            if plan.pipeline.schedule == "stale":
+                plan = _least_stale(plan, predicted)
+                predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
             fits = predicted.memory_bytes_max <= cluster.memory_bytes
             found.append(PipelineCandidate(plan, predicted, fits, explained))
             if fits and (best is None or predicted.iteration_s < best):
@@ -163,6 +170,16 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
     if progress is not None:
         progress(len(configs), len(configs))
     return PipelineSearch(tuple(found), skipped)
+
+
+def _least_stale(plan: Plan, predicted: Estimate) -> Plan:
+    """``plan`` (stale, solved with its staleness as the cap) with each stage's staleness the least that keeps the
+    predicted pace (module docstring)."""
+    stages = predicted.stages
+    least = least_staleness([s.forward_s for s in stages], [s.backward_s for s in stages],
+                            [s.transfer_s for s in stages[:-1]], [s.allreduce_s for s in stages])
+    lags = tuple(min(lag, cap) for lag, cap in zip(least, plan.pipeline.staleness))
+    return replace(plan, pipeline=replace(plan.pipeline, staleness=lags))
 
 
 def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_models.pipeline_cost import dsp_staleness, stale_iteration_s, sync_iteration_s
+from cost_models.pipeline_cost import dsp_staleness, least_staleness, stale_iteration_s, sync_iteration_s
 
 times = st.floats(0.01, 5.0)
 
@@ -37,21 +37,24 @@ def simulate_gpipe(forward: list[float], backward: list[float], transfer: list[f
             + max(allreduce, default=0.0))
 
 
-def simulate_dsp(forward: list[float], backward: list[float], transfer: list[float], batches: int) -> float:
-    """DSP in steady state: stage k runs F(t), then recompute+B(t − 2(K−1−k)) once its gradient has arrived.
+def simulate_dsp(forward: list[float], backward: list[float], transfer: list[float], batches: int,
+                 staleness: tuple[int, ...] | None = None) -> float:
+    """DSP in steady state: stage k runs F(t), then recompute+B(t − s_k) once its gradient has arrived
+    (``s_k`` = ``staleness[k]``, by default DSP's 2(K−1−k); non-increasing).
 
     Every stage executes its own task list in order; F(b) needs stage k−1's F(b) plus the transfer, B(b) needs
     stage k+1's B(b) plus the transfer (the last stage's needs its own F(b)). Links are full duplex: one
     resource per direction. Returns seconds per batch in the middle of the run.
     """
     stages = len(forward)
+    lags = staleness if staleness is not None else dsp_staleness(stages)
     fwd_done = [[0.0] * batches for _ in range(stages)]
     bwd_done = [[0.0] * batches for _ in range(stages)]
     link_fwd, link_bwd = [0.0] * stages, [0.0] * stages
     free = [0.0] * stages
     # Process in a global order that respects every dependency: wave t runs F(t) down the stages,
-    # then each stage's B(t − 2(K−1−k)) from the last stage up (it keeps 2(K−1−k) inputs stashed).
-    for t in range(batches + 2 * stages):
+    # then each stage's B(t − s_k) from the last stage up (it keeps s_k inputs stashed).
+    for t in range(batches + max(lags) + 1):
         for k in range(stages):
             if t < batches:
                 ready = 0.0
@@ -60,7 +63,7 @@ def simulate_dsp(forward: list[float], backward: list[float], transfer: list[flo
                     ready = link_fwd[k - 1]
                 free[k] = fwd_done[k][t] = max(free[k], ready) + forward[k]
         for k in reversed(range(stages)):
-            b = t - 2 * (stages - 1 - k)
+            b = t - lags[k]
             if 0 <= b < batches:
                 if k == stages - 1:
                     ready = fwd_done[k][b]
@@ -101,3 +104,33 @@ def test_stale_beats_sync_and_staleness_is_dsps() -> None:
     assert stale_iteration_s(forward, backward, [0.1, 0.1]) < sync_iteration_s(forward, backward, [0.1, 0.1], 1)
     assert dsp_staleness(3) == (4, 2, 0)
     assert dsp_staleness(4, bound=3) == (3, 3, 2, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(times, times), min_size=2, max_size=4), st.data())
+def test_least_staleness_keeps_the_pace_and_one_less_does_not(stages: list[tuple[float, float]],
+                                                               data: st.DataObject) -> None:
+    """With the least staleness the simulated pipeline runs at its busiest server's pace; one less on any stage
+    (still non-increasing) makes a window bind: slower, in the formula and in the simulation."""
+    forward, backward = [f for f, _ in stages], [b for _, b in stages]
+    transfer = data.draw(st.lists(st.floats(0.0, 0.5), min_size=len(stages) - 1, max_size=len(stages) - 1))
+    lags = least_staleness(forward, backward, transfer)
+    pace = max([*transfer, *(2 * f + b for f, b in stages)])
+    assert lags[-1] == 0 and list(lags) == sorted(lags, reverse=True)
+    assert stale_iteration_s(forward, backward, transfer, staleness=lags) == pytest.approx(pace)
+    assert simulate_dsp(forward, backward, transfer, 60, lags) == pytest.approx(pace, rel=0.02)
+    for k in range(len(stages) - 1):
+        if lags[k] > lags[k + 1]:
+            fewer = (*lags[:k], lags[k] - 1, *lags[k + 1:])
+            slower = stale_iteration_s(forward, backward, transfer, staleness=fewer)
+            assert slower > pace * (1 + 1e-9)
+            assert simulate_dsp(forward, backward, transfer, 60, fewer) == pytest.approx(slower, rel=0.02)
+
+
+def test_least_staleness_of_equal_and_unequal_stages() -> None:
+    """Equal stages without transfers need K−1−k (DSP's 2(K−1−k) covers transfers as long as a stage); a
+    heavy first stage needs 1 where DSP stashes 4; the bound caps every stage."""
+    assert least_staleness([1.0] * 3, [2.0] * 3, [0.0, 0.0]) == (2, 1, 0)
+    assert least_staleness([1.0] * 3, [2.0] * 3, [0.1, 0.1]) == (4, 2, 0)
+    assert least_staleness([3.0, 1.0, 1.0], [6.0, 2.0, 2.0], [0.0, 0.0]) == (1, 0, 0)
+    assert least_staleness([1.0] * 4, [2.0] * 4, [0.1] * 3, bound=3) == (3, 3, 2, 0)
