@@ -97,13 +97,21 @@ def launch_many(runs: list[RunOptions], nproc: int | None, backend: str,
     return _elastic(runs, nproc, backend, max_restarts)
 
 
+def _shutdown_option(config: type) -> dict[str, float]:
+    """``shutdown_timeout`` for a torch whose ``LaunchConfig`` takes it (2.14 does, 2.11 does not: its agent waits
+    its own default for ranks to stop)."""
+    import inspect
+
+    return {"shutdown_timeout": _SHUTDOWN_S} if "shutdown_timeout" in inspect.signature(config).parameters else {}
+
+
 def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int) -> list[dict[str, Any]]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"parplan-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
-                          monitor_interval=_MONITOR_S, start_method="spawn", shutdown_timeout=_SHUTDOWN_S)
+                          monitor_interval=_MONITOR_S, start_method="spawn", **_shutdown_option(LaunchConfig))
     logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
     levels = [log.level for log in logs]
     for log in logs:  # a failed rank is reported in one line (_failure_line), not the agent's log
