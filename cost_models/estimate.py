@@ -22,9 +22,12 @@ Assumptions:
       backward is exposed. With ``overlap=False`` all of it is.
     * ``sync`` runs ``M`` micro-batches of ``⌈N/M⌉`` samples in 1F1B order (the
       runtime's default), so stage ``k`` of ``S`` holds the activations of
-      ``min(M, S − k)`` micro-batches at once (no re-materialisation; GPipe's
-      order, ``parplan run --order gpipe``, holds all ``M``); ``stale`` runs whole batches and
-      stage ``k`` stashes ``staleness[k]`` extra copies of its input.
+      ``min(M, S − k)`` micro-batches at once (GPipe's order, ``parplan run
+      --order gpipe``, holds all ``M``); ``stale`` runs whole batches and stage
+      ``k`` stashes ``staleness[k]`` extra copies of its input. A stage that
+      recomputes (``Pipeline.recompute``) keeps only the inputs of those
+      micro-batches and one micro-batch's activations at a time (during its
+      backward), and its backward runs its forward again first.
     * Stage ``k`` occupies the ranks after those of stages ``0..k−1``; a stage
       wider than a node starts on a node boundary. Tensors crossing a cut
       (skip connections included) are sent across every boundary between
@@ -268,12 +271,25 @@ def _stage_estimate(context: _Context, layers: tuple[LayerEstimate, ...], stage:
     allreduce, exposed = _allreduce_timeline(own, context.overlap)
     if context.profile.corrections is not None:  # measured runs hid less of it than the timeline says
         exposed += context.profile.corrections.allreduce_exposed_fraction * (allreduce - exposed)
-    memory = stage_peak_bytes(_step_layers(context, own, stage), _in_flight(context.plan, stage, micro))
-    memory += context.plan.pipeline.staleness[stage] * _boundary_bytes(context, stage, into=True)
+    if context.plan.pipeline.recomputes(stage) and context.plan.pipeline.schedule == "sync":
+        backward += forward - slowdown * event_s  # the forward again, before each backward
+    memory = _stage_memory(context, own, stage, micro)
     tensors = sum(parameter_tensors(context.nodes[layer.name]) for layer in own)
     step_s = slowdown * context.profile.optimizer_step_s(context.optimizer, tensors,
                                                           sum(layer.memory.weights for layer in own))
     return StageEstimate(forward, backward, _transfer_s(context, stage, cluster), allreduce, exposed, memory, step_s)
+
+
+def _stage_memory(context: _Context, own: Sequence[LayerEstimate], stage: int, micro: int) -> int:
+    """Peak bytes per rank of ``stage``: the activations of its in-flight micro-batches (or, recomputing, of one
+    and the inputs of all of them), plus a stale stage's stashed inputs."""
+    in_flight, pipeline = _in_flight(context.plan, stage, micro), context.plan.pipeline
+    layers = _step_layers(context, own, stage)
+    if pipeline.recomputes(stage):
+        memory = stage_peak_bytes(layers, 1) + in_flight * _boundary_bytes(context, stage, into=True)
+    else:
+        memory = stage_peak_bytes(layers, in_flight)
+    return memory + pipeline.staleness[stage] * _boundary_bytes(context, stage, into=True)
 
 
 def _step_layers(context: _Context, own: Sequence[LayerEstimate], stage: int) -> list[StepLayer]:
@@ -375,6 +391,9 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
         "allreduce": sum(s.allreduce_s for s in stages),
         "allreduce_exposed": max((s.allreduce_exposed_s for s in stages), default=0.0),
         "optimizer": max((s.optimizer_s for s in stages), default=0.0),
+        **({"recompute": micro * sum(_recomputed_s(layers, k) for k in range(len(stages))
+                                     if plan.pipeline.recomputes(k))}
+           if plan.pipeline.recompute and plan.pipeline.schedule == "sync" else {}),
         **({"step_overhead": step_s} if step_s else {}),
     }
     worst = max(range(len(stages)), key=lambda k: stages[k].memory_bytes)
@@ -386,6 +405,11 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
     # beyond them, if anything, is transients and stashes
     memory["transient_and_stash"] = max(0, stages[worst].memory_bytes - sum(memory.values()))
     return Estimate(iteration, breakdown, stages[worst].memory_bytes, memory, layers, stages, contention)
+
+
+def _recomputed_s(layers: Sequence[LayerEstimate], stage: int) -> float:
+    """The forward compute a recomputing stage runs again per micro-batch."""
+    return sum(layer.cost.forward_s for layer in layers if layer.stage == stage)
 
 
 def _contention(stages: tuple[StageEstimate, ...], plan: Plan, micro: int, iteration_s: float,

@@ -1,18 +1,20 @@
 """The answer parplan gives: per layer a Layout and a stage, the pipeline, and how it was found.
 
-A :class:`Plan` is saved as versioned JSON (``"format": "parplan.plan/2"``),
-validated on load against ``schemas/plan-2.schema.json``, and written
-atomically; a ``parplan.plan/1`` file (written before layouts split depth)
-still reads, its layouts with ``d = 1``, and a newer version is refused with
-both versions named. It records the fingerprint of the traced model it was made for;
+A :class:`Plan` is saved as versioned JSON (``"format": "parplan.plan/3"``),
+validated on load against ``schemas/plan-3.schema.json``, and written
+atomically; a ``parplan.plan/2`` file (written before stages could recompute)
+still reads, every stage keeping its activations, and so does a
+``parplan.plan/1`` one (written before layouts split depth), its layouts with
+``d = 1``; a newer version is refused with both versions named. It records the fingerprint of the traced model it was made for;
 :func:`load_plan` refuses a plan whose fingerprint differs from the model it is
 applied to, naming both. A plan for a model taking several tensors also
 records every input's shape (``model.input_shapes``, in argument order); a
 single-input plan is written without it, as it always was.
 
 Consistency rules checked on construction (:meth:`Plan.__post_init__`):
-    * ``pipeline.stages`` equals the lengths of ``devices_per_stage`` and
-      ``staleness``; every layer's stage is below it;
+    * ``pipeline.stages`` equals the lengths of ``devices_per_stage``,
+      ``staleness`` and ``recompute`` (or ``recompute`` is empty: none);
+      every layer's stage is below it;
     * the stages use at most the cluster's devices;
     * a ``sync`` schedule has zero staleness everywhere;
     * each layer's ``Layout.ranks`` divides its stage's device count (the
@@ -45,9 +47,10 @@ __all__ = [
     "check_plan_for_graph", "load_plan", "recorded_shapes", "save_plan",
 ]
 
-PLAN_FORMAT = "parplan.plan/2"
-READABLE_FORMATS = {PLAN_FORMAT: "plan-2", "parplan.plan/1": "plan-1"}
-"""Plan formats this code reads, newest first: ``/1`` predates the depth split (its layouts read as ``d = 1``)."""
+PLAN_FORMAT = "parplan.plan/3"
+READABLE_FORMATS = {PLAN_FORMAT: "plan-3", "parplan.plan/2": "plan-2", "parplan.plan/1": "plan-1"}
+"""Plan formats this code reads, newest first: ``/2`` predates recomputation (no stage recomputes), ``/1`` the
+depth split (its layouts read as ``d = 1``)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,23 @@ class Pipeline:
     schedule: str = "sync"
     micro_batches: int = 1
     staleness: tuple[int, ...] = (0,)
+    recompute: tuple[bool, ...] = ()
+    """Per stage, whether it keeps only its inputs and recomputes its forward before each backward (empty: none;
+    all-false flags are held as empty, so equal pipelines compare equal)."""
+
+    def __post_init__(self) -> None:
+        if not any(self.recompute):
+            object.__setattr__(self, "recompute", ())
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the plan runs under the pipeline runtime (``runtime.pipeline``): several stages, or one that
+        recomputes its forward."""
+        return self.stages > 1 or bool(self.recompute)
+
+    def recomputes(self, stage: int) -> bool:
+        """Whether ``stage`` recomputes its forward before each backward instead of keeping its activations."""
+        return bool(self.recompute) and self.recompute[stage]
 
     def stage_of(self, rank: int) -> int:
         """The stage global rank ``rank`` runs: stages take consecutive ranks, ``devices_per_stage`` each, in order."""
@@ -82,9 +102,10 @@ class Pipeline:
 
     def __str__(self) -> str:
         if self.stages == 1:
-            return "1 stage"
+            return "1 stage" + (", recompute" if self.recomputes(0) else "")
         tail = f"sync M={self.micro_batches}" if self.schedule == "sync" else f"stale≤{max(self.staleness)}"
-        return f"{self.stages} stages {tail}"
+        again = [str(k) for k in range(self.stages) if self.recomputes(k)]
+        return f"{self.stages} stages {tail}" + (f", recompute {','.join(again)}" if again else "")
 
 
 @dataclass(frozen=True)
@@ -144,7 +165,7 @@ class Plan:
         return f"{layouts}; {self.pipeline}"
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``parplan.plan/2`` JSON document."""
+        """The ``parplan.plan/3`` JSON document."""
         return {
             "format": PLAN_FORMAT,
             "model": {"spec": self.model_spec, "fingerprint": self.fingerprint,
@@ -155,7 +176,8 @@ class Plan:
             "pipeline": {"schedule": self.pipeline.schedule, "stages": self.pipeline.stages,
                          "micro_batches": self.pipeline.micro_batches,
                          "devices_per_stage": list(self.pipeline.devices_per_stage),
-                         "staleness": list(self.pipeline.staleness)},
+                         "staleness": list(self.pipeline.staleness),
+                         "recompute": [self.pipeline.recomputes(k) for k in range(self.pipeline.stages)]},
             "predicted": None if self.predicted is None else {
                 "iteration_s": self.predicted.iteration_s, "memory_bytes_max": self.predicted.memory_bytes_max,
                 "breakdown_s": dict(self.predicted.breakdown_s)},
@@ -167,7 +189,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], source: str = "plan") -> "Plan":
-        """Validate a ``parplan.plan/2`` (or ``/1``) document (format, schema, consistency) and build the Plan."""
+        """Validate a ``parplan.plan/3`` (or ``/2``, ``/1``) document (format, schema, consistency) and build the Plan."""
         check_versioned(document, READABLE_FORMATS, source, PlanError)
         names = [layer["name"] for layer in document["layers"]]
         repeated = sorted({name for name in names if names.count(name) > 1})
@@ -183,7 +205,8 @@ class Plan:
                 layers={layer["name"]: LayerAssignment(Layout.from_dict(layer["layout"]), layer["stage"])
                         for layer in document["layers"]},
                 pipeline=Pipeline(pipeline["stages"], tuple(pipeline["devices_per_stage"]), pipeline["schedule"],
-                                  pipeline["micro_batches"], tuple(pipeline["staleness"])),
+                                  pipeline["micro_batches"], tuple(pipeline["staleness"]),
+                                  tuple(pipeline.get("recompute", ()))),
                 predicted=None if predicted is None else Prediction(
                     predicted["iteration_s"], predicted["memory_bytes_max"], predicted.get("breakdown_s", {})),
                 solver=None if solver is None else SolverInfo(
@@ -199,7 +222,7 @@ class Plan:
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan`` as ``parplan.plan/2`` JSON, atomically."""
+    """Write ``plan`` as ``parplan.plan/3`` JSON, atomically."""
     write_json_atomic(path, plan.to_dict())
 
 
@@ -268,10 +291,12 @@ def _check_input_shapes(first: Sequence[int], shapes: Sequence[Sequence[int]]) -
 def _check_pipeline(pipeline: Pipeline, cluster: Cluster) -> None:
     if pipeline.schedule not in ("sync", "stale"):
         raise PlanError(f"pipeline schedule {pipeline.schedule!r} is unknown; use 'sync' or 'stale'")
-    if not (pipeline.stages == len(pipeline.devices_per_stage) == len(pipeline.staleness)):
+    if not (pipeline.stages == len(pipeline.devices_per_stage) == len(pipeline.staleness)) or (
+            pipeline.recompute and len(pipeline.recompute) != pipeline.stages):
         raise PlanError(
-            f"pipeline has {pipeline.stages} stages but {len(pipeline.devices_per_stage)} device counts and "
-            f"{len(pipeline.staleness)} staleness values; give one of each per stage"
+            f"pipeline has {pipeline.stages} stages but {len(pipeline.devices_per_stage)} device counts, "
+            f"{len(pipeline.staleness)} staleness values and {len(pipeline.recompute)} recompute flags; give one of "
+            f"each per stage (recompute may be empty)"
         )
     if sum(pipeline.devices_per_stage) > cluster.devices:
         raise PlanError(

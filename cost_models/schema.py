@@ -45,7 +45,7 @@ def check_document(document: Any, expected_format: str, schema_name: str, source
 
     Args:
         document: The parsed JSON.
-        expected_format: E.g. ``parplan.plan/2``.
+        expected_format: E.g. ``parplan.plan/3``.
         schema_name: File stem under ``cost_models/schemas``.
         source: Where the document came from, for messages (a path).
         error: The :class:`InputError` subclass to raise.

@@ -116,9 +116,9 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
     graph = graph if graph is not None else trace(model, plan.shapes, getattr(torch, plan.dtype), leaf_modules)
     world = tuple(ranks) if ranks is not None else tuple(range(_world_size()))
     check_plan(plan, graph, len(world))
-    if plan.pipeline.stages != 1:
-        raise PlanError(f"the plan has {plan.pipeline.stages} pipeline stages; run it with "
-                        f"runtime.pipeline.apply_pipeline (parplan run does), or make one with --max-stages 1")
+    if plan.pipeline.pipelined:
+        raise PlanError(f"the plan has {plan.pipeline}; run it with runtime.pipeline.apply_pipeline (parplan run "
+                        f"does), or make one with --max-stages 1 (and no recomputation)")
     split = DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules), timeout=timeout,
                              random_seed=random_seed)
     split.output_key = output

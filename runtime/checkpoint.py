@@ -3,7 +3,7 @@
 ``--checkpoint-dir D`` holds one folder per checkpoint::
 
     D/step-00000006/rank-00000.pt    rank 0's shard (torch.save; loads with weights_only=True)
-    D/step-00000006/manifest.json    parplan.checkpoint/2: step, plan, fingerprint, each shard's bytes and sha256
+    D/step-00000006/manifest.json    parplan.checkpoint/3: step, plan, fingerprint, each shard's bytes and sha256
     D/step-00000006/full.pt          the plan-independent form, written on request (:func:`write_full`)
 
 Writing (:func:`save`, collective): every rank writes its shard atomically
@@ -47,9 +47,10 @@ from cost_models.jsonio import read_json, write_bytes_atomic, write_json_atomic
 __all__ = ["FORMAT", "Progress", "State", "check_compatible", "check_sizes", "complete", "gather", "latest",
            "plan_digest", "restore", "save", "write_full"]
 
-FORMAT = "parplan.checkpoint/2"
-READABLE_FORMATS = {FORMAT: "checkpoint-2", "parplan.checkpoint/1": "checkpoint-1"}
-"""Manifest formats this code reads, newest first (``/1`` embeds a ``parplan.plan/1`` document)."""
+FORMAT = "parplan.checkpoint/3"
+READABLE_FORMATS = {FORMAT: "checkpoint-3", "parplan.checkpoint/2": "checkpoint-2", "parplan.checkpoint/1": "checkpoint-1"}
+"""Manifest formats this code reads, newest first (``/2`` embeds a ``parplan.plan/2`` document, ``/1`` a
+``parplan.plan/1`` one)."""
 SHARD_FORMAT = "parplan.checkpoint-shard/1"
 FULL_FORMAT = "parplan.checkpoint-full/1"
 KEEP = 2
@@ -77,10 +78,12 @@ class State:
 
 def plan_digest(plan: Mapping[str, Any]) -> str:
     """A digest of what decides the shards' contents: layouts, stages, pipeline and device count (a layout's
-    unsplit depth left out, so a ``parplan.plan/1`` document and its ``/2`` form digest alike)."""
+    unsplit depth and the stages' recomputation left out, so ``parplan.plan/1``, ``/2`` and ``/3`` forms of one
+    plan digest alike: recomputing changes no parameter)."""
     layers = [{**layer, "layout": {axis: parts for axis, parts in layer["layout"].items()
                                    if not (axis == "d" and parts == 1)}} for layer in plan["layers"]]
-    key = {"layers": layers, "pipeline": plan["pipeline"], "devices": plan["cluster"]["devices"]}
+    pipeline = {key: value for key, value in plan["pipeline"].items() if key != "recompute"}
+    key = {"layers": layers, "pipeline": pipeline, "devices": plan["cluster"]["devices"]}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -104,7 +107,7 @@ def latest(directory: str | Path) -> dict[str, Any] | None:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """``folder/manifest.json``, checked against ``parplan.checkpoint/2`` (or ``/1``), with ``folder`` added."""
+    """``folder/manifest.json``, checked against ``parplan.checkpoint/3`` (or ``/2``, ``/1``), with ``folder`` added."""
     from cost_models.schema import check_versioned
 
     path = folder / "manifest.json"

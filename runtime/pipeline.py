@@ -18,15 +18,17 @@ Events (``runtime.schedules``):
   loads the model's inputs — each of them, for a model taking several — and
   sends those a later stage reads, as it sends activations), runs the stage,
   sends its outputs; on the last stage it also evaluates the loss share. The
-  ``sync`` schedule keeps the autograd graph; the ``stale`` one runs without
-  it and stashes only the stage's inputs (and the key of its random draws,
-  ``runtime.random_ops``, and the RNG state for unkeyed random ops, so that
-  the recomputation draws the same masks again).
-* ``B b`` receives (and sums) the gradients of the outputs of ``b``; under
-  ``stale`` it first recomputes the forward from the stashed input with the
-  current weights (batch-norm's running statistics are put back afterwards:
-  the forward already counted them); then backward, and the input gradients
-  go to the producers. Under ``sync`` every backward but the last of an
+  ``sync`` schedule keeps the autograd graph; the ``stale`` one — and a stage
+  the plan has recompute (``Pipeline.recompute``, activation checkpointing of
+  the whole stage) — runs without it and stashes only the stage's inputs (and
+  the key of its random draws, ``runtime.random_ops``, and the RNG state for
+  unkeyed random ops, so that the recomputation draws the same masks again).
+* ``B b`` receives (and sums) the gradients of the outputs of ``b``; a stage
+  that stashed first recomputes the forward from the stashed input with the
+  current weights (under ``sync`` the weights of the forward itself; under
+  ``stale`` the newest: DSP's rule; batch-norm's running statistics are put
+  back afterwards: the forward already counted them); then backward, and the
+  input gradients go to the producers. Under ``sync`` every backward but the last of an
   iteration accumulates without summing over the stage's replicas.
 * ``U`` steps the optimizer over this stage's parameters and clears them.
 
@@ -188,6 +190,8 @@ class PipelineStage:
         self.slowdown = slowdown
         self.loss_scale = 1.0 / plan.pipeline.micro_batches
         self.stale = plan.pipeline.schedule == "stale"
+        self.recompute = self.stale or plan.pipeline.recomputes(self.index)
+        """Whether a forward keeps only its inputs (stale, or recomputation) and the backward recomputes it."""
         self.losses: list[torch.Tensor] = []
         """The last stage's loss share of each batch forwarded, in order (not scaled by ``1/M``)."""
         self.keep_outputs = False
@@ -265,7 +269,7 @@ class PipelineStage:
         received = {c.name: self._receive(c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
         inputs = as_inputs(x) if x is not None else ()
         stash = _Stash(batch, received, inputs, target, key or self._default_keys()(batch), torch.get_rng_state())
-        with torch.set_grad_enabled(not self.stale):
+        with torch.set_grad_enabled(not self.recompute):
             self._compute(stash)
         for crossing in self.cut.sends:
             for consumer in crossing.consumers:
@@ -273,7 +277,7 @@ class PipelineStage:
                 self._send(stash.outputs[crossing.name], moves.box, moves.sends, consumer, 2 * crossing.tag)
         if self.last:
             self.losses.append(stash.loss.detach() / self.loss_scale)  # type: ignore[union-attr]
-        if self.stale:
+        if self.recompute:
             stash.outputs, stash.loss = {}, None
         self._stash[batch] = stash
 
@@ -282,7 +286,7 @@ class PipelineStage:
         stash = self._stash.pop(batch)
         grads = {c.name: sum(self._receive_gradient(c.name, consumer, 2 * c.tag + 1) for consumer in c.consumers)
                  for c in self.cut.sends}
-        saved = self._recompute(stash) if self.stale else []
+        saved = self._recompute(stash) if self.recompute else []
         tensors = [stash.outputs[name] for name in grads] + ([stash.loss] if self.last else [])
         gradients = [grads[name] for name in grads] + ([None] if self.last else [])
         pairs = [(t, g) for t, g in zip(tensors, gradients) if t is not None and t.requires_grad]

@@ -59,7 +59,7 @@ class RunOptions:
     model: str
     input_shape: tuple[int, int, int, int]
     dtype: str
-    plan: dict[str, Any]  # the parplan.plan/2 document
+    plan: dict[str, Any]  # the parplan.plan/3 document
     steps: int
     warmup: int
     lr: float = 0.01
@@ -127,7 +127,7 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     steady_heap()
     device = _device()
     plan = Plan.from_dict(options.plan)
-    if plan.pipeline.stages > 1:
+    if plan.pipeline.pipelined:
         from runtime.pipeline_train import pipeline_worker
 
         return pipeline_worker(options, plan, device)

@@ -56,12 +56,13 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
     save_plan(plan, tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json", expected_fingerprint=FINGERPRINT) == plan
     document = json.loads((tmp_path / "plan.json").read_text())
-    assert document["format"] == "parplan.plan/2"
+    assert document["format"] == "parplan.plan/3" and document["pipeline"]["recompute"] == [False]
     assert document["layers"][0] == {"name": "conv1", "layout": {"n": 4, "c": 1, "d": 1, "h": 2, "w": 1}, "stage": 0}
 
 
 def test_a_version_1_plan_reads_with_unsplit_depth(tmp_path: Path) -> None:
     document = make_plan().to_dict() | {"format": "parplan.plan/1"}
+    del document["pipeline"]["recompute"]
     for layer in document["layers"]:
         del layer["layout"]["d"]
     assert load_plan(write(tmp_path / "p.json", document)) == make_plan(created=document["created"])
@@ -70,11 +71,32 @@ def test_a_version_1_plan_reads_with_unsplit_depth(tmp_path: Path) -> None:
         load_plan(write(tmp_path / "p.json", document))
 
 
-def test_a_version_2_plan_without_depth_is_refused(tmp_path: Path) -> None:
+def test_a_version_3_plan_without_depth_is_refused(tmp_path: Path) -> None:
     document = make_plan().to_dict()
     del document["layers"][0]["layout"]["d"]
-    with pytest.raises(PlanError, match=r"not a valid parplan.plan/2 document: at \$.layers\[0\].layout"):
+    with pytest.raises(PlanError, match=r"not a valid parplan.plan/3 document: at \$.layers\[0\].layout"):
         load_plan(write(tmp_path / "p.json", document))
+
+
+def test_a_version_2_plan_reads_with_no_stage_recomputing(tmp_path: Path) -> None:
+    document = make_plan().to_dict() | {"format": "parplan.plan/2"}
+    del document["pipeline"]["recompute"]
+    loaded = load_plan(write(tmp_path / "p.json", document))
+    assert loaded == make_plan(created=document["created"]) and not loaded.pipeline.recomputes(0)
+    document["pipeline"]["recompute"] = [True]  # a /2 document cannot say it
+    with pytest.raises(PlanError, match="not a valid parplan.plan/2 document"):
+        load_plan(write(tmp_path / "p.json", document))
+
+
+def test_recomputing_stages_round_trip(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    plan = make_plan(created="2026-12-04T00:00:00+00:00")
+    again = replace(plan, pipeline=replace(plan.pipeline, recompute=(True,)))
+    save_plan(again, tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json") == again and str(again.pipeline) == "1 stage, recompute"
+    with pytest.raises(PlanError, match="recompute flags"):
+        replace(plan, pipeline=replace(plan.pipeline, recompute=(True, False)))
 
 
 def test_summary_is_one_line() -> None:
@@ -91,8 +113,8 @@ def test_fingerprint_mismatch_names_both(tmp_path: Path) -> None:
 
 
 def test_unknown_version_is_refused_naming_both(tmp_path: Path) -> None:
-    document = make_plan().to_dict() | {"format": "parplan.plan/3"}
-    with pytest.raises(PlanError, match=r"'parplan.plan/3' but this parplan reads 'parplan.plan/2'"):
+    document = make_plan().to_dict() | {"format": "parplan.plan/4"}
+    with pytest.raises(PlanError, match=r"'parplan.plan/4' but this parplan reads 'parplan.plan/3'"):
         load_plan(write(tmp_path / "p.json", document))
 
 

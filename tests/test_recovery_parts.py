@@ -84,7 +84,7 @@ def _shard_state(rank: int, full: nn.Module) -> State:
 
 def _write_checkpoint(folder: Path, step: int, states: list[State]) -> dict:
     """What ``checkpoint.save`` writes, without ranks: one shard per state and the manifest."""
-    plan = {"format": "parplan.plan/2", "model": {"spec": "m", "fingerprint": "sha256:0123456789", "dtype": "float32",
+    plan = {"format": "parplan.plan/3", "model": {"spec": "m", "fingerprint": "sha256:0123456789", "dtype": "float32",
                                                   "input_shape": [2, 1, 4, 4]},
             "cluster": {"devices": len(states)}, "layers": [], "pipeline": {}}
     target = checkpoint.step_folder(folder, step)
@@ -125,10 +125,12 @@ def test_a_version_1_manifest_still_reads_and_its_plan_digests_as_its_version_2_
     first = {"layers": [layer], "pipeline": {}, "cluster": {"devices": 2}}
     second = first | {"layers": [layer | {"layout": layer["layout"] | {"d": 1}}]}
     assert checkpoint.plan_digest(first) == checkpoint.plan_digest(second)
+    third = second | {"pipeline": {"recompute": [True]}}  # a /3 plan's recomputation changes no shard
+    assert checkpoint.plan_digest(third) == checkpoint.plan_digest(first)
     assert checkpoint.plan_digest(first) != checkpoint.plan_digest(
         first | {"layers": [layer | {"layout": layer["layout"] | {"d": 2}}]})
-    (Path(manifest["folder"]) / "manifest.json").write_text(json.dumps(old | {"format": "parplan.checkpoint/3"}))
-    with pytest.raises(InputError, match="'parplan.checkpoint/3' but this parplan reads 'parplan.checkpoint/2'"):
+    (Path(manifest["folder"]) / "manifest.json").write_text(json.dumps(old | {"format": "parplan.checkpoint/4"}))
+    with pytest.raises(InputError, match="'parplan.checkpoint/4' but this parplan reads 'parplan.checkpoint/3'"):
         checkpoint.read_manifest(Path(manifest["folder"]))
 
 

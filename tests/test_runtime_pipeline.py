@@ -145,8 +145,11 @@ def _cut(full: Any, piece: Any) -> Any:
 
 def _sync_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], layouts: Sequence[str],
                starts: Sequence[str], micro: int, order: str, steps: int,
-               devices: Sequence[int] = ()) -> dict[str, Any]:
-    """``devices``: unequal stages, ``layouts[k]`` stage ``k``'s (default: equal stages, ``layouts`` everywhere)."""
+               devices: Sequence[int] = (), recompute: Sequence[bool] = ()) -> dict[str, Any]:
+    """``devices``: unequal stages, ``layouts[k]`` stage ``k``'s (default: equal stages, ``layouts`` everywhere);
+    ``recompute``: the stages that keep only their inputs and recompute their forward before each backward."""
+    from dataclasses import replace
+
     import torch
 
     from runtime.pipeline import apply_pipeline
@@ -156,6 +159,7 @@ def _sync_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], l
     stages = len(starts) + 1
     plan, graph = (_unequal_plan(base, shape, devices, layouts, starts, "sync", micro) if devices
                    else _plan(base, shape, world // stages, layouts, starts, "sync", micro))
+    plan = replace(plan, pipeline=replace(plan.pipeline, recompute=tuple(recompute)))
     reference = copy.deepcopy(base)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     stage = apply_pipeline(copy.deepcopy(base), plan, sync_batchnorm=True, graph=graph)
@@ -179,7 +183,8 @@ def _sync_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], l
     for name, (param, piece) in _own(stage).items():
         torch.testing.assert_close(param.detach(), _cut(expected_params[name].detach(), piece),
                                    msg=lambda m: f"{where} weight {name} after {steps} steps: {m}")
-    return {"stage": stage.index, "parameters": len(_own(stage)), "receives": [c.name for c in stage.cut.receives]}
+    return {"stage": stage.index, "parameters": len(_own(stage)), "receives": [c.name for c in stage.cut.receives],
+            "recomputes": stage.recompute}
 
 
 RESNET_CUTS = {2: ["layer2_0_conv1"], 4: ["layer1_0_bn1", "layer2_1_conv1", "layer4_0_conv1"]}
@@ -191,6 +196,9 @@ def two_ranks() -> list[dict[str, Any]]:
     return run_ranks(_cases, 2, ({
         "resnet18/2": ("_sync_case", (*RESNET, [], RESNET_CUTS[2], 2, "1f1b", 2)),
         "unet/2": ("_sync_case", (*UNET, [], UNET_CUTS[2], 2, "gpipe", 2)),
+        "resnet18/2 recompute": ("_sync_case", (*RESNET, ["h2"], [], 2, "1f1b", 1, (), (True,))),  # one step: BN of
+        # two samples at 1×1 amplifies float64 rounding over further steps
+        "unet/2 recompute 0": ("_sync_case", (*UNET, [], UNET_CUTS[2], 2, "1f1b", 2, (), (True, False))),
     },), timeout_s=300)
 
 
@@ -345,3 +353,13 @@ def test_unequal_stages_equal_unsplit(case: str, stages: list[int], three_ranks:
 def test_unequal_stale_with_staleness_zero_equals_sync(three_ranks: Any) -> None:
     """The stale schedule on stages of 1 + 2 ranks (columns split on the second) with staleness 0 is sync's."""
     assert len(_result(three_ranks, "unet/1+2 stale0")) == 3
+
+
+@pytest.mark.parametrize("case, recomputes", [("resnet18/2 recompute", [True, True]),
+                                              ("unet/2 recompute 0", [True, False])])
+def test_recomputing_stages_equal_unsplit(case: str, recomputes: list[bool], two_ranks: Any) -> None:
+    """A stage that keeps only its inputs and recomputes its forward before each backward (activation
+    checkpointing of the stage; 2 micro-batches, two steps, batch-norm counted once): outputs, gradients and
+    weights as the unsplit model's — one stage of two ranks split into rows, and the first of two stages."""
+    results = _result(two_ranks, case)
+    assert [r["recomputes"] for r in results] == recomputes

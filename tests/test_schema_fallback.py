@@ -91,7 +91,7 @@ def test_a_broken_plan_is_refused_at_its_path(no_jsonschema: None, name: str) ->
     change, path, message = PLAN_BREAKS[name]
     document = plan_document()
     change(document)
-    with pytest.raises(PlanError, match=rf"is not a valid parplan.plan/2 document: at {_escape(path)}: .*{message}"):
+    with pytest.raises(PlanError, match=rf"is not a valid parplan.plan/3 document: at {_escape(path)}: .*{message}"):
         Plan.from_dict(document, source="p.json")
 
 
@@ -121,7 +121,7 @@ def test_what_the_fallback_refuses_jsonschema_refuses_at_the_same_path(name: str
     change(document)
     kind = "plan" if name in PLAN_BREAKS else "profile"
     with pytest.raises(InputError, match=rf"at {_escape(path)}: "):
-        version = 2 if kind == "plan" else 1
+        version = 3 if kind == "plan" else 1
         schema.check_document(copy.deepcopy(document), f"parplan.{kind}/{version}", f"{kind}-{version}", "p.json",
                               InputError)
 

@@ -217,3 +217,29 @@ def test_stages_never_start_where_a_value_no_layer_holds_would_cross() -> None:
     nodes = list(symbolic_trace(model, leaves).graph.nodes)
     _assert_allowed_cuts_are_the_runnable_ones(nodes, groups, allowed)
     assert len(allowed) >= 2  # before the first block, before the third (it takes no size): tensors only
+
+
+def test_a_recomputing_stage_keeps_its_inputs_and_runs_its_forward_twice(resnet18) -> None:  # noqa: ANN001
+    """Priced as the runtime runs it: one micro-batch's activations at a time plus the in-flight inputs (less
+    memory), and before each backward the stage's forward again (the breakdown's ``recompute``)."""
+    from dataclasses import replace
+
+    from cost_models.estimate import estimate
+    from cost_models.uniform import staged, uniform_plan
+    from cost_models.layout import Layout
+
+    profile, cluster = preset_profile("h100"), preset_cluster("h100", 2)
+    one = uniform_plan(resnet18, replace(cluster, devices=1, devices_per_node=1), [Layout()])
+    plan = staged(one, resnet18, ["layer2_0_conv1"], "sync", micro_batches=4)
+    kept = estimate(resnet18, plan, profile)
+    again = estimate(resnet18, replace(plan, pipeline=replace(plan.pipeline, recompute=(True, False))), profile)
+    first = [layer for layer in kept.layers if layer.stage == 0]
+    assert again.breakdown_s["recompute"] == pytest.approx(4 * sum(layer.cost.forward_s for layer in first))
+    assert again.stages[0].backward_s == pytest.approx(kept.stages[0].backward_s + kept.stages[0].forward_s
+                                                       - profile_event_s(profile))
+    assert again.stages[0].memory_bytes < kept.stages[0].memory_bytes
+    assert again.stages[1] == kept.stages[1] and again.iteration_s > kept.iteration_s
+
+
+def profile_event_s(profile: Any) -> float:
+    return profile.corrections.event_overhead_s if profile.corrections else 0.0

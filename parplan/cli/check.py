@@ -332,7 +332,7 @@ def preflight(model: Any, plan: Any, graph: LayerGraph, ranks: int, leaf_modules
 
     check_plan(plan, graph, ranks, "the plan")
     check_runnable(model, plan, graph, leaf_modules, sync_batchnorm=False, verify=True)
-    if plan.pipeline.stages > 1:
+    if plan.pipeline.pipelined:
         check_pipeline(plan)
 
 

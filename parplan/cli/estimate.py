@@ -18,7 +18,7 @@ def add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser("estimate", parents=[common], help="predict a plan's time and memory",
                                  description="Price PLAN for MODEL with PROFILE: time per layer and term, memory.")
     add_model_arguments(parser)
-    parser.add_argument("--plan", required=True, metavar="PLAN.json", help="a parplan.plan/2 (or /1) file (hand-written is fine)")
+    parser.add_argument("--plan", required=True, metavar="PLAN.json", help="a parplan.plan/3 (or /2, /1) file (hand-written is fine)")
     parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
     parser.add_argument("--no-overlap", action="store_true",

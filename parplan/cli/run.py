@@ -36,7 +36,7 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                     "train --steps steps on synthetic data and write the measurement JSON.")
     add_model_arguments(parser)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/2 (or /1) file made for this model and input")
+    which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/3 (or /2, /1) file made for this model and input")
     which.add_argument("--layout", metavar="L[,L…]", help="run without a plan file: every layer takes the first of "
                        "these layouts it can (e.g. h2,n1); n1 (whole) is always tried last")
     parser.add_argument("--nproc", type=positive_int, metavar="R",

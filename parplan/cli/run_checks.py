@@ -59,8 +59,8 @@ def check_precision(args: argparse.Namespace, plan: Any) -> None:
     why = check_amp(args.amp or "", args.dtype)
     if why:
         raise InputError(why)
-    if args.amp and plan.pipeline.stages > 1:
-        raise InputError(f"--amp runs single-stage plans only; this plan has {plan.pipeline.stages} pipeline stages "
+    if args.amp and plan.pipeline.pipelined:
+        raise InputError(f"--amp runs single-stage plans only; this plan has {plan.pipeline} "
                          f"(make one with --max-stages 1, or drop --amp)")
 
 
@@ -78,7 +78,7 @@ def check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
     if args.staleness is not None and plan.pipeline.schedule != "stale":
         raise InputError("--staleness caps a stale pipeline's staleness; this plan's schedule is "
                          f"{plan.pipeline.schedule} with {stages} stage(s)")
-    if stages > 1:
+    if plan.pipeline.pipelined:
         check_pipeline(plan)
 
 

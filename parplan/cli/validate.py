@@ -139,7 +139,7 @@ def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile
         try:
             check_plan(plan, graph, args.nproc)
             check_runnable(model, plan, graph, args.leaf_module)
-            if plan.pipeline.stages > 1:
+            if plan.pipeline.pipelined:
                 check_pipeline(plan)
         except InputError as err:
             return str(err)
