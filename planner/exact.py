@@ -17,7 +17,11 @@ from planner.cost_table import CostTable, Solution
 from planner.elimination import solve_elimination
 from planner.ilp import solve_ilp
 
-__all__ = ["solve_exact"]
+__all__ = ["UNCONSTRAINED_SOLVERS", "solve_exact"]
+
+UNCONSTRAINED_SOLVERS = frozenset({"shortest-path", "elimination", "forced"})
+"""Solvers whose solution is the table's optimum without its memory limit (which it meets): no table whose
+options cost at least as much — recomputing stages, say — can do better."""
 
 
 def solve_exact(table: CostTable, solver: str = "cbc", time_limit_s: float | None = None) -> Solution:

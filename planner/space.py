@@ -201,13 +201,18 @@ class LayerCosts:
 
     Layers with the same shapes and hyper-parameters (repeated blocks) are
     costed once, and so are redistributions of the same tensor shape.
-    ``saved_copies`` counts the micro-batches whose activations stay resident.
+    ``saved_copies`` counts the micro-batches whose activations stay resident;
+    ``recompute``: the stage keeps none but its inputs and runs each forward
+    again before its backward — every layer's seconds add its forward, its
+    bytes count one micro-batch's activations (``Pipeline.recompute``).
     """
 
     def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
-                 saved_copies: int = 1, patterns: PatternTable | None = None, *, memo: CostMemo | None = None) -> None:
+                 saved_copies: int = 1, patterns: PatternTable | None = None, *, memo: CostMemo | None = None,
+                 recompute: bool = False) -> None:
         self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
-        self.saved_copies = saved_copies
+        self.saved_copies = 1 if recompute else saved_copies
+        self.recompute = recompute
         self.rows_seen: dict[tuple[str, ...], list[_Row]] = {}
         self.dtype = graph.graph["dtype"]
         self.itemsize = dtype_itemsize(self.dtype)
@@ -249,7 +254,9 @@ class LayerCosts:
         except InputError:  # a halo wider than the neighbouring tile, or a split the kind refuses
             return None
         memory = self.memo.memory(signature, node, layout, self.optimizer)
-        return cost.total_s, cost.total_s - cost.allreduce_s, memory.resident_bytes + (self.saved_copies - 1) * memory.saved
+        again_s = cost.forward_s if self.recompute else 0.0
+        return (cost.total_s + again_s, cost.total_s - cost.allreduce_s + again_s,
+                memory.resident_bytes + (self.saved_copies - 1) * memory.saved)
 
     def rows(self, members: tuple[str, ...]) -> list["_Row"]:
         """The options of the decision placing ``members``: layout, seconds, seconds with hidden allreduce, bytes."""

@@ -4,9 +4,14 @@ For each stage count ``K`` (2, 3, … up to ``max_stages``, dividing the
 devices into equal stages of whole nodes — or of equal parts of one node)
 and each allowed schedule:
 
-* ``sync`` (GPipe): ``M`` micro-batches, ``M`` the divisor of the batch
-  nearest below ``4K`` (GPipe's rule for a bubble under about 20%); every
-  micro-batch's activations stay resident, which the memory rows include.
+* ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, ``M`` the divisor
+  of the batch nearest below ``4K`` (GPipe's rule for a bubble under about
+  20%); stage ``k`` holds ``min(M, K − k)`` micro-batches' activations at once,
+  which its memory rows count. Where that binds — the stage's optimum under the
+  memory limit is not its unconstrained one — the stage is also solved
+  recomputing: it keeps only its inputs and one micro-batch's activations, and
+  every layer's time adds its forward (``Pipeline.recompute``); the cheaper
+  solve wins, so a stage recomputes only where memory makes it pay.
 * ``stale`` (DSP): whole batches. The stages are solved with DSP's staleness
   ``2(K−1−k)`` for stage ``k`` (capped by ``max_staleness``) — its stashes the
   most memory any choice below could need — then each stage's staleness is
@@ -30,7 +35,7 @@ layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from math import ceil
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
@@ -41,12 +46,12 @@ from cost_models.estimate import CostMemo, Estimate, estimate
 from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
-from planner.cost_table import Solution
-from planner.exact import solve_exact
+from planner.cost_table import CostTable, Solution
+from planner.exact import UNCONSTRAINED_SOLVERS, solve_exact
 from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
-from planner.space import LayerCosts, build_space
+from planner.space import LayerCosts, Space, build_space
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -130,6 +135,9 @@ class _Config:
     costs: LayerCosts
     groups: Mapping[str, tuple[str, ...]]
     bound_s: float
+    stage_costs: Callable[[int, bool], LayerCosts | None]
+    """Stage ``k``'s costs keeping (``False``) or recomputing (``True``; ``None`` for a stale schedule, which
+    always recomputes) its activations: the memory of as many micro-batches as its schedule holds at once."""
 
 
 def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
@@ -157,8 +165,8 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
         if prune and best is not None and config.bound_s >= best:
             skipped += 1
             continue
-        for assignments, info, explained in _stage_layouts(config, profile, cluster, settings):
-            plan = make_plan(assignments, config.pipeline, info)
+        for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings):
+            plan = make_plan(assignments, pipeline, info)
             predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
             if plan.pipeline.schedule == "stale":
                 plan = _least_stale(plan, predicted)
@@ -198,13 +206,39 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
             staleness = dsp_staleness(stages, max_staleness) if name == "stale" else (0,) * stages
             pipeline = Pipeline(stages, (stage_cluster.devices,) * stages, name, micro, staleness)
             scaled = micro_batch_graph(graph, micro)
-            costs = LayerCosts(scaled, profile, stage_cluster, stage_cluster.devices, settings.optimizer,
-                               saved_copies=min(micro, stages), patterns=patterns, memo=memo)  # 1F1B: ≤ S in flight
+            made = _costs_maker(scaled, profile, stage_cluster, settings.optimizer, patterns, memo)
+            costs = made(min(micro, stages), False)  # times of every stage; memory of the first's
             groups = costs.groups
             floor_s = _floor_s(costs, groups) if len(groups) >= stages else None
             if floor_s is not None:
-                configs.append(_Config(pipeline, scaled, costs, groups, floor_s * micro / stages))
+                configs.append(_Config(pipeline, scaled, costs, groups, floor_s * micro / stages,
+                                       _stage_costs(made, name, micro, stages)))
     return configs
+
+
+def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
+                 memo: CostMemo) -> Callable[[int, bool], LayerCosts]:
+    """``(saved copies, recompute) → LayerCosts`` of ``graph`` on the stage's devices, each made once."""
+    made: dict[tuple[int, bool], LayerCosts] = {}
+
+    def costs(copies: int, recompute: bool) -> LayerCosts:
+        key = (1 if recompute else copies, recompute)
+        if key not in made:
+            made[key] = LayerCosts(graph, profile, cluster, cluster.devices, optimizer, saved_copies=key[0],
+                                   patterns=patterns, memo=memo, recompute=recompute)
+        return made[key]
+    return costs
+
+
+def _stage_costs(made: Callable[[int, bool], LayerCosts], schedule: str, micro: int,
+                 stages: int) -> Callable[[int, bool], LayerCosts | None]:
+    """Stage ``k``'s costs: under 1F1B it holds ``min(M, K − k)`` micro-batches' activations at once (or, recomputing,
+    one); a stale stage holds one batch's (its stashed inputs are the estimate's to count) and never keeps them."""
+    def costs(stage: int, recompute: bool) -> LayerCosts | None:
+        if schedule == "stale":
+            return None if recompute else made(1, False)
+        return made(min(micro, stages - stage), recompute)
+    return costs
 
 
 def _floor_s(costs: LayerCosts, groups: Mapping[str, tuple[str, ...]]) -> float | None:
@@ -226,8 +260,9 @@ def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
 
 
 def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings
-                   ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp]]]:
-    """Per allreduce table (full, hidden): every layer's layout and stage, how the stages were solved, runner-ups.
+                   ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp], Pipeline]]:
+    """Per allreduce table (full, hidden): every layer's layout and stage, how the stages were solved, runner-ups
+    and the pipeline (which stages recompute).
 
     Empty when some stage fits nothing on its devices.
     """
@@ -237,22 +272,74 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
         starts = balanced_cuts(floors, config.pipeline.stages, _model_order_cuts(config))
     except InputError:  # no cut keeps every stage contiguous in the model's order
         return []
-    results: list[dict[str, LayerAssignment]] = [{}, {}]
-    solutions: list[list[Solution]] = [[], []]
-    explained: list[dict[str, RunnerUp]] = [{}, {}]
+    found = [_Solved(), _Solved()]
     for stage, (start, stop) in enumerate(zip(starts, [*starts[1:], len(heads)])):
-        space = build_space(config.graph, profile, costs.cluster, costs.devices, costs.optimizer, cluster.memory_bytes,
-                            decisions=heads[start:stop], costs=costs)
-        for result, solved, why, table in zip(results, solutions, explained, (space.table, space.hidden_allreduce)):
-            try:
-                solution = solve_exact(table, settings.solver, settings.time_limit_s)
-            except InputError:  # this stage fits nothing on its devices
+        spaces = _StageSpaces(config, profile, cluster, stage, heads[start:stop])
+        for which, solved in enumerate(found):
+            best = _best_stage_solve(spaces, which, settings)
+            if best is None:  # this stage fits nothing on its devices, kept or recomputed
                 return []
-            solved.append(solution)
-            why.update(runner_ups(table, solution.choice))
-            result.update({layer: LayerAssignment(layout, stage)
-                           for layer, layout in space.layouts(solution.choice).items()})
-    return [(result, _solver_info(solved), why) for result, solved, why in zip(results, solutions, explained)]
+            space, table, solution, recomputes = best
+            solved.add(stage, space, table, solution, recomputes)
+    return [(solved.assignments, _solver_info(solved.solutions), solved.explained,
+             replace(config.pipeline, recompute=tuple(solved.recompute))) for solved in found]
+
+
+@dataclass
+class _Solved:
+    """One allreduce table's stages as solved so far."""
+
+    assignments: dict[str, LayerAssignment] = field(default_factory=dict)
+    solutions: list[Solution] = field(default_factory=list)
+    explained: dict[str, RunnerUp] = field(default_factory=dict)
+    recompute: list[bool] = field(default_factory=list)
+
+    def add(self, stage: int, space: Space, table: CostTable, solution: Solution, recomputes: bool) -> None:
+        self.solutions.append(solution)
+        self.explained.update(runner_ups(table, solution.choice))
+        self.assignments.update({layer: LayerAssignment(layout, stage)
+                                 for layer, layout in space.layouts(solution.choice).items()})
+        self.recompute.append(recomputes)
+
+
+class _StageSpaces:
+    """Stage ``stage``'s search space keeping its activations, and (built when asked) recomputing them."""
+
+    def __init__(self, config: _Config, profile: Profile, cluster: Cluster, stage: int,
+                 decisions: Sequence[str]) -> None:
+        self.config, self.profile, self.cluster, self.stage, self.decisions = config, profile, cluster, stage, decisions
+        self._built: dict[bool, Space] = {}
+
+    def space(self, recompute: bool) -> Space:
+        if recompute not in self._built:
+            costs = self.config.stage_costs(self.stage, recompute)
+            assert costs is not None  # only asked where can_recompute
+            self._built[recompute] = build_space(self.config.graph, self.profile, costs.cluster, costs.devices,
+                                                 costs.optimizer, self.cluster.memory_bytes,
+                                                 decisions=self.decisions, costs=costs)
+        return self._built[recompute]
+
+    @property
+    def can_recompute(self) -> bool:
+        return self.config.stage_costs(self.stage, True) is not None
+
+
+def _best_stage_solve(spaces: _StageSpaces, which: int, settings: SearchSettings
+                      ) -> tuple[Space, CostTable, Solution, bool] | None:
+    """The stage's optimum on allreduce table ``which`` (0 full, 1 hidden), keeping or recomputing its
+    activations: recomputing is tried only where keeping them is bound by memory (an optimum the memory limit
+    did not cut is also the recomputing table's lower bound: its every option costs as much or more)."""
+    found = []
+    for recompute in (False, True):
+        if recompute and (not spaces.can_recompute or (found and found[0][2].solver in UNCONSTRAINED_SOLVERS)):
+            break
+        space = spaces.space(recompute)
+        table = (space.table, space.hidden_allreduce)[which]
+        try:
+            found.append((space, table, solve_exact(table, settings.solver, settings.time_limit_s), recompute))
+        except InputError:  # nothing fits this way
+            continue
+    return min(found, key=lambda option: (option[2].objective_s, option[3]), default=None)
 
 
 def _model_order_cuts(config: _Config) -> set[int]:

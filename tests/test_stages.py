@@ -243,3 +243,23 @@ def test_a_recomputing_stage_keeps_its_inputs_and_runs_its_forward_twice(resnet1
 
 def profile_event_s(profile: Any) -> float:
     return profile.corrections.event_overhead_s if profile.corrections else 0.0
+
+
+def test_a_stage_recomputes_where_keeping_its_activations_does_not_fit() -> None:
+    """The UNet at 8×3×128×128 on 2 devices, 2 sync stages of 8 micro-batches: the first stage holds two
+    micro-batches' activations under 1F1B (20.7 MB), recomputing one (12.0 MB); with 17 MB per device only the
+    plan whose first stage recomputes fits, and the search finds it; with room to spare nothing recomputes."""
+    from dataclasses import replace
+
+    from examples.unet import unet
+
+    graph = trace(unet(), (8, 3, 128, 128))
+    profile = preset_profile("h100")
+    for memory_bytes, expected in ((2**34, (False, False)), (17_000_000, (True, False))):
+        cluster = replace(preset_cluster("h100", 2), memory_bytes=memory_bytes)
+        found = search_pipelines(graph, profile, cluster, _maker(graph, cluster),
+                                 SearchSettings(max_stages=2, schedule="sync"), prune=False)
+        fitting = [c for c in found.candidates if c.fits]
+        assert fitting and all(tuple(c.plan.pipeline.recomputes(k) for k in range(2)) == expected for c in fitting)
+        if expected[0]:
+            assert all("recompute" in c.estimate.breakdown_s for c in fitting)
