@@ -12,7 +12,9 @@ and each allowed schedule:
   recomputing: it keeps only its inputs and one micro-batch's activations, and
   every layer's time adds its forward (``Pipeline.recompute``); the cheaper
   solve wins, so a stage recomputes only where memory makes it pay.
-* ``stale`` (DSP): whole batches. The stages are solved with DSP's staleness
+* ``stale`` (DSP): whole batches; every stage recomputes its forward before
+  its backward, so its time per batch is ``2F + B``, which its layouts are
+  solved for. The stages are solved with DSP's staleness
   ``2(K−1−k)`` for stage ``k`` (capped by ``max_staleness``) — its stashes the
   most memory any choice below could need — then each stage's staleness is
   lowered to the least that keeps the pipeline at its busiest server's pace
@@ -21,13 +23,16 @@ and each allowed schedule:
 
 Cuts are contiguous in the decisions' topological order and in the model's
 traced order (what the runtime cuts), never between a layer's tuple of
-tensors and its readers (``cost_models.capability.crosses_as_tuple``), chosen by dynamic programming to
-minimise the largest stage's floor (the sum of its decisions'
-cheapest options on the stage's devices) — a balance heuristic, not an exact
-search over cuts. Inside each stage the layouts are solved exactly
-(``planner.space``, ``planner.exact``) with both allreduce tables; every
-resulting plan is priced by ``cost_models.estimate``, with the transfers
-between stages, and the caller keeps the fastest that fits in memory. A
+tensors and its readers (``cost_models.capability.crosses_as_tuple``), and
+exact: ``planner.stage_cuts`` minimises ``Σ_k t_k + (M − 1)·max_k t_k``
+(``sync``) or ``max_k t_k`` (``stale``) over every allowed cut, each stage's
+time ``t_k`` its layouts' exact optimum on its devices (``planner.space``,
+``planner.exact``; memory and recomputation included), asked for lazily
+after lower bounds from every segment's optimum without the memory limit
+(``planner.segment_bounds``). Each allreduce table (in full, hidden) gets its
+own cuts; every resulting plan is priced by ``cost_models.estimate``, with
+the transfers between stages, and the caller keeps the fastest that fits in
+memory. A
 configuration whose lower bound cannot beat the fastest plan found so far is
 skipped (:func:`search_pipelines`), and so is one in which some layer has no
 layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
@@ -36,7 +41,7 @@ layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from math import ceil
+from math import ceil, inf
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from cost_models.capability import crosses_as_tuple, shared_modules
@@ -50,13 +55,15 @@ from planner.cost_table import CostTable, Solution
 from planner.exact import UNCONSTRAINED_SOLVERS, solve_exact
 from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
+from planner.segment_bounds import segment_optima
 from planner.settings import Progress, SearchSettings
 from planner.space import LayerCosts, Space, build_space
+from planner.stage_cuts import exact_cuts
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["PipelineCandidate", "PipelineSearch", "balanced_cuts", "micro_batches", "search_pipelines", "stage_counts"]
+__all__ = ["PipelineCandidate", "PipelineSearch", "micro_batches", "search_pipelines", "stage_counts"]
 
 PlanMaker = Callable[[Mapping[str, LayerAssignment], Pipeline, SolverInfo], Plan]
 
@@ -84,38 +91,6 @@ def stage_counts(devices: int, devices_per_node: int, max_stages: int) -> list[i
 def micro_batches(batch: int, stages: int) -> int:
     """The divisor of ``batch`` nearest below ``4·stages`` (at least 1)."""
     return max(m for m in range(1, min(batch, 4 * stages) + 1) if batch % m == 0)
-
-
-def balanced_cuts(floors: Sequence[float], stages: int, allowed: Collection[int] | None = None) -> list[int]:
-    """Start index of each of ``stages`` contiguous segments of ``floors`` minimising the largest segment sum.
-
-    Args:
-        allowed: Indices where a segment other than the first may start (default: any).
-
-    Raises:
-        InputError: Fewer decisions than stages, or no cut at the allowed indices.
-    """
-    count = len(floors)
-    if not 1 <= stages <= count:
-        raise InputError(f"cannot cut {count} decisions into {stages} stages; use at most {count} stages")
-    prefix = [0.0]
-    for value in floors:
-        prefix.append(prefix[-1] + value)
-    best = {(0, 0): (0.0, -1)}  # (segments, end) -> (largest segment, previous end)
-    for segments in range(1, stages + 1):
-        for end in range(segments, count - (stages - segments) + 1):
-            options = [(max(best[(segments - 1, start)][0], prefix[end] - prefix[start]), start)
-                       for start in range(segments - 1, end) if (segments - 1, start) in best
-                       and (start == 0 or allowed is None or start in allowed)]
-            if options:
-                best[(segments, end)] = min(options)
-    if (stages, count) not in best:
-        raise InputError(f"no cut of {count} decisions into {stages} stages at the allowed points")
-    starts, end = [], count
-    for segments in range(stages, 0, -1):
-        end = best[(segments, end)][1]
-        starts.append(end)
-    return starts[::-1]
 
 
 @dataclass(frozen=True)
@@ -233,10 +208,11 @@ def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str,
 def _stage_costs(made: Callable[[int, bool], LayerCosts], schedule: str, micro: int,
                  stages: int) -> Callable[[int, bool], LayerCosts | None]:
     """Stage ``k``'s costs: under 1F1B it holds ``min(M, K − k)`` micro-batches' activations at once (or, recomputing,
-    one); a stale stage holds one batch's (its stashed inputs are the estimate's to count) and never keeps them."""
+    one); a stale stage always recomputes (its time per batch is ``2F + B``: DSP's pace), holding one batch's
+    activations (its stashed inputs are the estimate's to count), and has no other way to choose."""
     def costs(stage: int, recompute: bool) -> LayerCosts | None:
         if schedule == "stale":
-            return None if recompute else made(1, False)
+            return None if recompute else made(1, True)
         return made(min(micro, stages - stage), recompute)
     return costs
 
@@ -261,28 +237,43 @@ def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
 
 def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings
                    ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp], Pipeline]]:
-    """Per allreduce table (full, hidden): every layer's layout and stage, how the stages were solved, runner-ups
-    and the pipeline (which stages recompute).
+    """Per allreduce table (full, hidden): the exact cuts (``planner.stage_cuts``) and every layer's layout and
+    stage, how the stages were solved, runner-ups and the pipeline (which stages recompute).
 
-    Empty when some stage fits nothing on its devices.
+    Empty for a table where no cut gives every stage a layout that fits.
     """
-    costs, heads = config.costs, list(config.groups)
-    floors = [min(row[1] for row in costs.rows(config.groups[head])) for head in heads]
-    try:
-        starts = balanced_cuts(floors, config.pipeline.stages, _model_order_cuts(config))
-    except InputError:  # no cut keeps every stage contiguous in the model's order
-        return []
-    found = [_Solved(), _Solved()]
-    for stage, (start, stop) in enumerate(zip(starts, [*starts[1:], len(heads)])):
-        spaces = _StageSpaces(config, profile, cluster, stage, heads[start:stop])
-        for which, solved in enumerate(found):
-            best = _best_stage_solve(spaces, which, settings)
-            if best is None:  # this stage fits nothing on its devices, kept or recomputed
-                return []
-            space, table, solution, recomputes = best
-            solved.add(stage, space, table, solution, recomputes)
-    return [(solved.assignments, _solver_info(solved.solutions), solved.explained,
-             replace(config.pipeline, recompute=tuple(solved.recompute))) for solved in found]
+    heads, allowed = list(config.groups), _model_order_cuts(config)
+    whole = _whole_space(config, profile, cluster)
+    points = [0, *sorted(allowed), len(heads)]
+    found = []
+    for which, table in enumerate((whole.table, whole.hidden_allreduce)):
+        if tuple(table.layers) != tuple(heads):
+            raise AssertionError("the stage search's decisions and its whole table disagree on their order")
+        bounds = segment_optima(table, points)
+        solves: dict[tuple[int, int, int], tuple[Space, CostTable, Solution, bool] | None] = {}
+
+        def true(i: int, j: int, k: int, which: int = which, solves: dict = solves) -> float:
+            solves[i, j, k] = _best_stage_solve(_StageSpaces(config, profile, cluster, k, heads[i:j]), which, settings)
+            return inf if solves[i, j, k] is None else solves[i, j, k][2].objective_s  # type: ignore[index]
+
+        cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, lambda i, j: bounds[i, j], true,
+                          micro_batches=config.pipeline.micro_batches, stale=config.pipeline.schedule == "stale")
+        if cuts is None:
+            continue
+        solved = _Solved()
+        for stage, (start, stop) in enumerate(zip(cuts.starts, [*cuts.starts[1:], len(heads)])):
+            solved.add(stage, *solves[start, stop, stage])  # type: ignore[misc]
+        found.append((solved.assignments, _solver_info(solved.solutions), solved.explained,
+                      replace(config.pipeline, recompute=tuple(solved.recompute))))
+    return found
+
+
+def _whole_space(config: _Config, profile: Profile, cluster: Cluster) -> Space:
+    """Every decision's options and costs on a stage's devices, none pruned (what bounds every stage's time)."""
+    costs = config.stage_costs(0, False)
+    assert costs is not None
+    return build_space(config.graph, profile, costs.cluster, costs.devices, costs.optimizer, cluster.memory_bytes,
+                       costs=costs, prune=False)
 
 
 @dataclass
