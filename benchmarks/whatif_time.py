@@ -55,10 +55,16 @@ def main() -> None:
           + ", ".join(f"{w:.1f}" for w in walls) + " s); target ≤ 60 s")
     for row in rows:
         if row["feasible"]:
-            print(f"  {row['devices']:5d} devices: {row['iteration_s'] * 1e3:9.2f} ms, speedup {row['speedup']:7.2f}×, "
-                  f"{row['speedup_vs_sample']:.2f}× over pure sample, planned in {row['search_s']:.1f} s: {row['plan']}")
+            print(f"  {row['devices']:5d} devices: {row['iteration_s'] * 1e3:9.2f} ms, speedup {_times(row['speedup'])}, "
+                  f"{_times(row['speedup_vs_sample'])} over pure sample, planned in {row['search_s']:.1f} s: "
+                  f"{row['plan']}")
         else:
             print(f"  {row['devices']:5d} devices: infeasible — {row['reason']}")
+
+
+def _times(ratio: float | None) -> str:
+    """``12.34×``, or ``—`` where there is no reference (one device cannot hold the model)."""
+    return "—" if ratio is None else f"{ratio:.2f}×"
 
 
 if __name__ == "__main__":

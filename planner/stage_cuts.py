@@ -27,9 +27,9 @@ a ``Σ`` no larger, and every ``F_τ`` is a plan whose largest stage is at most
 ``(T_upper − Σ_min)/(M − 1)`` cannot win and are not tried; the rest are
 solved together, vectorised over ``τ``.
 
-Lazy exactness: the times may first be lower bounds (a stage's optimum
-without the memory limit: the limit, and recomputing to meet it, only raise
-it). The DP is solved, the chosen stages' true times asked for, and it is
+Lazy exactness: the times may first be lower bounds (the sum of a stage's
+decisions' cheapest options: edges, the memory limit and recomputing to meet
+it only raise it). The DP is solved, the chosen stages' true times asked for, and it is
 solved again until every chosen stage's time is true; then no other cut can
 beat it, its bound being no lower than its time. ``tests/test_stage_cuts.py``
 checks the result against brute force over every cut.

@@ -9,10 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.brute_force import solve_brute_force
-from planner.segment_bounds import segment_optima
 from planner.stage_cuts import exact_cuts
-from test_solvers import dags
 
 
 def _brute(count, stages, allowed, true, micro, stale):  # noqa: ANN001, ANN202
@@ -65,25 +62,3 @@ def test_a_balanced_cut_and_the_bubble_term() -> None:
     assert uneven is not None and uneven.starts == (0, 2) and uneven.stage_s == (2.0, 6.0)
     assert exact_cuts(8, 3, {4}, time, time) is None  # two stages at most from one allowed point
 
-
-def _sub_table(table, start: int, stop: int):  # noqa: ANN001, ANN202
-    from planner.cost_table import CostTable
-
-    layers = table.layers[start:stop]
-    return CostTable(layers, {l: table.options[l] for l in layers}, {l: table.node_s[l] for l in layers},
-                     {e: m for e, m in table.edge_s.items() if e[0] in layers and e[1] in layers})
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.data())
-def test_every_segment_optimum_equals_brute_force_on_its_layers(data: st.DataObject) -> None:
-    """The sweep's optimum of each segment (edges from earlier layers left out, no memory limit) is brute force's
-    on that segment's own table; with a tiny frontier cap it is a lower bound."""
-    table = data.draw(dags())
-    points = sorted(data.draw(st.sets(st.integers(1, len(table.layers) - 1))) | {0, len(table.layers)})
-    exact, capped = segment_optima(table, points), segment_optima(table, points, max_entries=2)
-    for a, start in enumerate(points):
-        for stop in points[a + 1:]:
-            best = solve_brute_force(_sub_table(table, start, stop)).objective_s
-            assert exact[start, stop] == pytest.approx(best, rel=1e-12, abs=1e-12)
-            assert capped[start, stop] <= best + 1e-12
