@@ -92,6 +92,8 @@ def _entry(fn: RankFunction, rank: int, world_size: int, rendezvous: str, queue:
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
+        dist.barrier()  # every rank connected before any may finish and close its side (a rank still meshing
+        # then saw "connection closed by peer" instead of its own result)
         try:
             queue.put((rank, True, fn(rank, world_size, *args)))
         finally:
