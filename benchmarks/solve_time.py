@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python benchmarks/solve_time.py [--case torchvision:resnet50:64,3,2048,2048:1024 ...]
-                                              [--profile h100] [--max-stages 4]
+                                              [--profile h100] [--max-stages 16]
 
 Each case is ``MODEL:N,C,H,W:DEVICES``; the defaults are the planner issue's:
 torchvision ResNet-50 at 64×3×2048×2048 on 64, 1024 and 4096 devices and
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", default=None)
     parser.add_argument("--profile", default="h100")
-    parser.add_argument("--max-stages", type=int, default=4)
+    parser.add_argument("--max-stages", type=int, default=SearchSettings().max_stages)
     args = parser.parse_args()
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}")
     for case in args.case or DEFAULT_CASES:

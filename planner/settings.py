@@ -33,7 +33,7 @@ class SearchSettings:
         optimizer: Whose state the memory counts (``sgd``, ``momentum``, ``adam``).
     """
 
-    max_stages: int = 4
+    max_stages: int = 16
     schedule: str = "auto"
     max_staleness: int | None = None
     solver: str = "cbc"

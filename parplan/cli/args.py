@@ -54,7 +54,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, amp: bool = True) ->
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     """The search's options (``planner.settings.SearchSettings``), the same in plan, what-if and validate."""
     group = parser.add_argument_group("search")
-    group.add_argument("--max-stages", type=positive_int, default=4, help="most pipeline stages to try (default 4)")
+    group.add_argument("--max-stages", type=positive_int, default=16,
+                       help="most pipeline stages to try (default 16; each stage whole nodes or a part of one)")
     group.add_argument("--schedule", default="auto", choices=("sync", "stale", "auto"),
                        help="pipeline schedule: sync (GPipe), stale (DSP) or the faster (default auto)")
     group.add_argument("--max-staleness", type=non_negative_int, default=None,
