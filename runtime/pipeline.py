@@ -68,12 +68,12 @@ from runtime.inputs import Inputs, as_inputs, placeholder_placements
 from runtime.preflight import check_plan, held_plan
 from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
-from runtime.placement import Placement, box_extent, value_placement
+from runtime.placement import Placement, box_extent, box_view, value_placement
 from runtime.random_ops import DrawKey
 from runtime.schedules import Event
 from runtime.shapes import static_nodes, tensor_names
 from runtime.stage_cut import StageCut, cut_stages
-from runtime.stage_moves import CrossingMoves, crossing_moves, piece_of, wire_placement
+from runtime.stage_moves import CrossingMoves, crossing_moves, wire_placement
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -358,7 +358,7 @@ class PipelineStage:
         """Post the sends of ``pieces`` of ``tensor`` (this rank's ``box``, in its value's geometry) to stage ``stage``."""
         whole = tensor.detach().reshape(box_extent(box))
         for peer, piece in pieces:
-            part = piece_of(whole, box, piece).contiguous()
+            part = box_view(whole, box, piece).contiguous()
             with exchange(f"the pipeline send to stage {stage}", [peer]):
                 self._sending.append((dist.isend(part, peer, tag=tag), part, peer))
 
@@ -388,7 +388,7 @@ class PipelineStage:
                 request.wait()
         if not whole:
             for (_, piece), buffer in zip(pieces, buffers):
-                piece_of(result, box, piece).add_(buffer)
+                box_view(result, box, piece).add_(buffer)
         self._waited += time.perf_counter() - started
         return result
 

@@ -39,7 +39,7 @@ from cost_models.layout import DIMS, Layout
 from cost_models.orders import default_order
 from cost_models.redistribution import Box, coordinates, part_range
 
-__all__ = ["Placement", "as_placement", "box_extent", "broadcast_part", "value_placement"]
+__all__ = ["Placement", "as_placement", "box_extent", "box_view", "broadcast_part", "intersect", "value_placement"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,20 @@ def as_placement(value: Layout | Placement) -> Placement:
 def box_extent(box: Box) -> tuple[int, ...]:
     """The shape of the block ``box`` covers."""
     return tuple(stop - start for start, stop in box)
+
+
+def intersect(a: Box, b: Box) -> Box | None:
+    """The block two boxes share, or ``None`` when they share nothing."""
+    box = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
+    return box if all(lo < hi for lo, hi in box) else None
+
+
+def box_view(tensor: torch.Tensor, origin: Box, box: Box) -> torch.Tensor:
+    """The view of ``tensor`` (which covers ``origin``) that holds ``box``."""
+    view = tensor
+    for dim, ((start, _), (lo, hi)) in enumerate(zip(origin, box)):
+        view = view.narrow(dim, lo - start, hi - lo)
+    return view
 
 
 def broadcast_part(operand: torch.Tensor, box: Sequence[tuple[int, int]]) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from cost_models.layout import Layout
 from cost_models.redistribution import Box
 from runtime.failures import exchange, in_backward, place
-from runtime.placement import Placement, as_placement, box_extent
+from runtime.placement import Placement, as_placement, box_extent, box_view, intersect
 
 __all__ = ["redistribute"]
 
@@ -85,7 +85,7 @@ def moves(shape: tuple[int, ...], source: Placement, target: Placement, ranks: t
     wanted = target.box(shape, me)
     receives = []
     for box, owners in holders.items():
-        piece = _intersect(box, wanted)
+        piece = intersect(box, wanted)
         if piece is not None and box != held_by[me]:
             receives.append((ranks[owners[me * len(owners) // size]], piece))
     sends = []
@@ -93,7 +93,7 @@ def moves(shape: tuple[int, ...], source: Placement, target: Placement, ranks: t
     for peer in range(size):
         if held_by[peer] == held_by[me] or mine[peer * len(mine) // size] != me:
             continue
-        piece = _intersect(held_by[me], target.box(shape, peer))
+        piece = intersect(held_by[me], target.box(shape, peer))
         if piece is not None:
             sends.append((ranks[peer], piece))
     return tuple(sends), tuple(receives)
@@ -107,17 +107,17 @@ def _exchange(data: torch.Tensor, have: Box, want: Box, pieces: Moves, what: str
     """
     sends, receives = pieces
     result = data.new_zeros(box_extent(want))
-    own = _intersect(have, want)
+    own = intersect(have, want)
     if own is not None:
-        _view(result, want, own).add_(_view(data, have, own))
+        box_view(result, want, own).add_(box_view(data, have, own))
     buffers = [(box, data.new_empty(box_extent(box))) for _, box in receives]
     with exchange(what, [peer for peer, _ in sends + receives], where):  # posting fails too when a peer is gone
-        requests = [dist.isend(_view(data, have, box).contiguous(), peer) for peer, box in sends]
+        requests = [dist.isend(box_view(data, have, box).contiguous(), peer) for peer, box in sends]
         requests += [dist.irecv(buffer, peer) for (peer, _), (_, buffer) in zip(receives, buffers)]
         for request in requests:
             request.wait()
     for box, buffer in buffers:
-        _view(result, want, box).add_(buffer)  # the result starts at zero: adding is copying, or summing
+        box_view(result, want, box).add_(buffer)  # the result starts at zero: adding is copying, or summing
     return result
 
 
@@ -130,15 +130,3 @@ def _member(ranks: tuple[int, ...]) -> int:
     if rank not in ranks:
         raise ValueError(f"rank {rank} is not in the redistribution group {list(ranks)}")
     return ranks.index(rank)
-
-
-def _intersect(a: Box, b: Box) -> Box | None:
-    box = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
-    return box if all(lo < hi for lo, hi in box) else None
-
-
-def _view(tensor: torch.Tensor, origin: Box, box: Box) -> torch.Tensor:
-    view = tensor
-    for dim, ((start, _), (lo, hi)) in enumerate(zip(origin, box)):
-        view = view.narrow(dim, lo - start, hi - lo)
-    return view

@@ -27,13 +27,11 @@ from dataclasses import dataclass, replace
 from math import gcd
 from typing import Sequence
 
-import torch
-
 from cost_models.layout import Layout
 from cost_models.redistribution import Box
-from runtime.placement import Placement
+from runtime.placement import Placement, intersect
 
-__all__ = ["CrossingMoves", "crossing_moves", "piece_of", "wire_placement"]
+__all__ = ["CrossingMoves", "crossing_moves", "wire_placement"]
 
 _REDUCE_ORDER = ("n", "d", "h", "w", "c")
 
@@ -93,20 +91,7 @@ def _pieces(shape: tuple[int, ...], source: Placement, senders: int, target: Pla
     for j in range(readers):
         wanted = target.box(shape, j)
         for box, owners in holders.items():
-            piece = _intersect(box, wanted)
+            piece = intersect(box, wanted)
             if piece is not None:
                 found.append((owners[j * len(owners) // readers], j, piece))
     return found
-
-
-def piece_of(tensor: torch.Tensor, origin: Box, piece: Box) -> torch.Tensor:
-    """The view of ``tensor`` (which covers ``origin``) that holds ``piece``."""
-    view = tensor
-    for dim, ((start, _), (lo, hi)) in enumerate(zip(origin, piece)):
-        view = view.narrow(dim, lo - start, hi - lo)
-    return view
-
-
-def _intersect(a: Box, b: Box) -> Box | None:
-    box = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
-    return box if all(lo < hi for lo, hi in box) else None
