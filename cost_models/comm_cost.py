@@ -32,10 +32,11 @@ from cost_models.layout import Layout, as_volume
 from cost_models.profile import Profile
 from cost_models.redistribution import rank_loads
 
+
 GRADIENT_BUCKET_BYTES = 25 * 2**20
 """Bytes of weight gradients one allreduce carries (DDP's default ``bucket_cap_mb=25``)."""
 
-__all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allgather_s", "allreduce_s", "halo_exchange_s", "move_patterns", "nested", "nested_mask",
+__all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allgather_s", "allreduce_s", "halo_exchange_s", "move_pattern_arrays", "move_patterns", "nested", "nested_mask",
            "gradient_allreduce_s", "pattern_s", "patterned_s",
            "redistribution_row_s", "redistribution_s", "sendrecv_coefficients"]
 
@@ -144,15 +145,88 @@ def nested_mask(extents: np.ndarray, source_parts: np.ndarray, target_parts: np.
 
 def move_patterns(cluster: Cluster, source: Layout, targets: Sequence[Layout], devices: int) -> list[MovePattern]:
     """The :class:`MovePattern` from ``source`` to each of ``targets`` (all nested with it), computed together."""
-    extents = [lcm(p, *(target.parts()[d] for target in targets)) for d, p in enumerate(source.parts())]
-    loads = rank_loads(extents, source, targets, devices)
-    spans = loads.lowest // cluster.devices_per_node != loads.highest // cluster.devices_per_node
-    holds = loads.elements < np.prod([e // q for e, q in zip(extents, np.array([t.parts() for t in targets]).T)],
-                                     axis=0)[:, None]
-    parts = (loads.peers + holds).max(axis=1)  # the same on every rank
-    present = {case: np.any((holds == case[0]) & (spans == case[1]), axis=1) for case in PATTERN_CASES}
-    return [MovePattern(int(parts[index]), tuple(case for case in PATTERN_CASES if present[case][index]))
+    parts, present = move_pattern_arrays(cluster, source, targets, devices)
+    return [MovePattern(int(parts[index]), tuple(case for case, flags in zip(PATTERN_CASES, present[:, index]) if flags))
             for index in range(len(targets))]
+
+
+def move_pattern_arrays(cluster: Cluster, source: Layout, targets: Sequence[Layout],
+                        devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`move_patterns` as arrays: each target's ``parts``, and whether each case of :data:`PATTERN_CASES`
+    occurs (``(4, targets)``).
+
+    Closed forms of the nested split (the reference examines every rank's boxes: ``rank_loads``, which
+    ``tests/test_comm_cost.py`` checks this against): along a dimension where the target has ``t`` parts and the
+    source ``s``, a wanted range covers ``s/t`` source parts from ``b·s/t`` (``s ≥ t``) or lies in part
+    ``⌊b·s/t⌋``; a rank holds one of them where its own coordinate falls in that run on every dimension. The
+    holders of a rank's parts are a box of its replica block's source grid, row-major, so the lowest and
+    highest peer follow from the box's corners (its own part, at a corner, gives way to the next one along the
+    innermost dimension the box spans). Ranks repeat with period ``lcm`` of the two layouts' rank counts and the
+    node size, so only one period is examined.
+    """
+    s_parts = np.array(source.parts(), dtype=np.int64)
+    t_parts = np.array([target.parts() for target in targets], dtype=np.int64).reshape(-1, 5)
+    period = lcm(source.ranks, cluster.devices_per_node, *(target.ranks for target in targets))
+    ranks = np.arange(period if devices % period == 0 else devices, dtype=np.int64)
+    runs = np.where(s_parts >= t_parts, s_parts // np.minimum(s_parts, t_parts), 1)  # source parts per wanted range
+    first, holds = _wanted_corner(s_parts, t_parts, ranks, source.ranks)
+    strides = _strides(s_parts)
+    last = first + ((runs - 1) * strides).sum(axis=1)[:, None]
+    spanned = runs > 1
+    step = np.where(spanned.any(axis=1), strides[4 - np.argmax(spanned[:, ::-1], axis=1)], 0)[:, None]
+    own = ranks % source.ranks
+    low = np.where(holds & (first == own), first + step, first)
+    high = np.where(holds & (last == own), last - step, last)
+    count = runs.prod(axis=1)
+    talks = (count[:, None] - holds) > 0
+    base = ranks - own
+    per_node = cluster.devices_per_node
+    spans = (np.where(talks, np.minimum(ranks, base + low), ranks) // per_node
+             != np.where(talks, np.maximum(ranks, base + high), ranks) // per_node)
+    present = np.stack([np.any((holds == held) & (spans == spanning), axis=1) for held, spanning in PATTERN_CASES])
+    return count, present
+
+
+@lru_cache(maxsize=4096)
+def _first_parts(stride: int, parts: int, source_parts: int, ranks: int) -> np.ndarray:
+    """Per rank ``0 … ranks − 1``: the first of ``source_parts`` parts its part of ``parts`` (at ``stride``) wants."""
+    wanted = (np.arange(ranks, dtype=np.int64) // stride) % parts
+    first = wanted * (source_parts // parts) if source_parts >= parts else wanted // (parts // source_parts)
+    first.flags.writeable = False
+    return first
+
+
+def _strides(parts: np.ndarray) -> np.ndarray:
+    """Row-major strides of a grid of ``parts`` (``n, c, d, h, w``)."""
+    return np.array([int(np.prod(parts[axis + 1:])) for axis in range(len(parts))], dtype=np.int64)
+
+
+def _wanted_corner(s_parts: np.ndarray, t_parts: np.ndarray, ranks: np.ndarray,
+                   source_ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per target and rank: the source grid index of the first part it wants, and whether it holds one.
+
+    A rank's coordinate along an axis of a grid is ``⌊r / stride⌋ mod parts`` (the grid's rank count is a
+    multiple of ``stride·parts``), so each axis's contribution depends on the target only through its stride and
+    part count there: computed once per distinct pair, then gathered per target.
+    """
+    s_strides, t_strides = _strides(s_parts), np.stack([_strides(row) for row in t_parts])
+    own_rank = ranks % source_ranks
+    first = np.zeros((len(t_parts), len(ranks)), np.int64)
+    holds = np.ones((len(t_parts), len(ranks)), bool)
+    for axis in range(5):
+        mine = (own_rank // s_strides[axis]) % s_parts[axis]
+        codes, which = np.unique(t_strides[:, axis] * (t_parts[:, axis].max() + 1) + t_parts[:, axis],
+                                 return_inverse=True)
+        keys = np.stack(np.divmod(codes, t_parts[:, axis].max() + 1), axis=1)
+        starts = np.stack([_first_parts(int(stride), int(parts), int(s_parts[axis]), len(ranks))
+                           for stride, parts in keys])
+        run = np.where(s_parts[axis] >= keys[:, 1], s_parts[axis] // np.minimum(keys[:, 1], s_parts[axis]), 1)
+        has = (starts <= mine) & (mine < starts + run[:, None])
+        which = which.reshape(-1)
+        holds &= has[which]
+        if s_parts[axis] > 1:
+            first += starts[which] * s_strides[axis]
+    return first, holds
 
 
 def sendrecv_coefficients(profile: Profile, itemsize: int) -> dict[bool, tuple[float, float]]:

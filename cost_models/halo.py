@@ -30,6 +30,7 @@ Assumptions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence
 
 from cost_models.errors import InputError
@@ -108,21 +109,33 @@ def axis_halos(extent_in: int, parts: int, kernel: int, stride: int = 1, dilatio
         InputError: A tile would need rows beyond its adjacent tile, or the
             split leaves a tile without output rows.
     """
-    extent_out = window_output_extent(extent_in, kernel, stride, dilation, padding, ceil_mode)
-    owned = partition(extent_in, parts)
+    halos, refusal = _axis_halos(extent_in, parts, kernel, stride, dilation, padding, ceil_mode)
+    if refusal is not None:
+        raise InputError(refusal)
+    return list(halos)
+
+
+@lru_cache(maxsize=65536)
+def _axis_halos(extent_in: int, parts: int, kernel: int, stride: int, dilation: int, padding: int,
+                ceil_mode: bool) -> tuple[tuple[AxisHalo, ...], str | None]:
+    """:func:`axis_halos` (remembered: the search asks the same axes again and again), or why not."""
+    try:
+        extent_out = window_output_extent(extent_in, kernel, stride, dilation, padding, ceil_mode)
+        owned = partition(extent_in, parts)
+        tiles = partition(extent_out, parts)
+    except InputError as err:
+        return (), str(err)
     halos = []
-    for tile, (o0, o1) in enumerate(partition(extent_out, parts)):
+    for tile, (o0, o1) in enumerate(tiles):
         need_start, need_stop = _rows_read(o0, o1, extent_in, kernel, stride, dilation, padding)
         own_start, own_stop = owned[tile]
         halo = AxisHalo(max(0, own_start - need_start), max(0, need_stop - own_stop))
         if (tile > 0 and halo.before > owned[tile - 1][1] - owned[tile - 1][0]) or (
                 tile + 1 < parts and halo.after > owned[tile + 1][1] - owned[tile + 1][0]):
-            raise InputError(
-                f"a {parts}-way split of extent {extent_in} is too fine for a window of {kernel} "
-                f"(stride {stride}, dilation {dilation}): tile {tile} needs rows beyond its neighbour"
-            )
+            return (), (f"a {parts}-way split of extent {extent_in} is too fine for a window of {kernel} "
+                        f"(stride {stride}, dilation {dilation}): tile {tile} needs rows beyond its neighbour")
         halos.append(halo)
-    return halos
+    return tuple(halos), None
 
 
 def _rows_read(o0: int, o1: int, extent_in: int, kernel: int, stride: int, dilation: int,

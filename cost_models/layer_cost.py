@@ -222,10 +222,9 @@ def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalPr
     return allreduce_s(profile, cluster, group, input_bytes)
 
 
-@lru_cache(maxsize=65536)
 def _axis_halos(extent: int, parts: int, kernel: int, stride: int, dilation: int, padding: int,
                 ceil_mode: bool = False) -> tuple[AxisHalo, ...]:
-    return tuple(axis_halos(extent, parts, kernel, stride, dilation, padding, ceil_mode))
+    return tuple(axis_halos(extent, parts, kernel, stride, dilation, padding, ceil_mode))  # remembered there
 
 
 @lru_cache(maxsize=4096)

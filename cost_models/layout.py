@@ -32,6 +32,7 @@ __all__ = ["DIMS", "Layout", "as_volume", "axes_of", "from_volume", "layouts_div
 
 DIMS: tuple[str, ...] = ("n", "c", "d", "h", "w")
 _AXES = {1: "n", 2: "nc", 3: "ncw", 4: "nchw", 5: "ncdhw"}
+_AXIS_INDICES = {rank: tuple("ncdhw".index(axis) for axis in axes) for rank, axes in _AXES.items()}
 _PART = re.compile(r"^([ncdhw])(\d+)$")
 _SEPARATORS = re.compile(r"[·.*]")
 
@@ -72,7 +73,10 @@ class Layout:
 
     def parts_of(self, rank: int) -> tuple[int, ...]:
         """The split counts of the axes a ``rank``-D tensor holds (:func:`axes_of`), in its order."""
-        return tuple(getattr(self, axis) for axis in axes_of(rank))
+        if rank not in _AXIS_INDICES:
+            axes_of(rank)  # raises: a rank other than 1 to 5
+        parts = (self.n, self.c, self.d, self.h, self.w)
+        return tuple(parts[index] for index in _AXIS_INDICES[rank])
 
     def items(self) -> Iterator[tuple[str, int]]:
         """``(dimension letter, parts)`` pairs in ``n, c, d, h, w`` order."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import (PATTERN_CASES, move_patterns, nested_mask, patterned_s, redistribution_row_s,
+from cost_models.comm_cost import (PATTERN_CASES, move_pattern_arrays, nested_mask, patterned_s, redistribution_row_s,
                                   sendrecv_coefficients)
 from cost_models.edges import edge_layouts
 from cost_models.graph import dtype_itemsize
@@ -67,12 +67,10 @@ class PatternTable:
         for row in np.nonzero(missing.any(axis=1))[0]:
             start = starts[row]
             targets = ends[missing[row]]
-            found = move_patterns(self.cluster, self.layouts[start], [self.layouts[end] for end in targets],
-                                  self.devices)
-            for end, pattern in zip(targets, found):
-                self.pattern_parts[start, end] = pattern.parts
-                for case, flags in enumerate(PATTERN_CASES):
-                    self.pattern_cases[case, start, end] = flags in pattern.cases
+            parts, present = move_pattern_arrays(self.cluster, self.layouts[start],
+                                                 [self.layouts[end] for end in targets], self.devices)
+            self.pattern_parts[start, targets] = parts
+            self.pattern_cases[:, start, targets] = present
 
 
 class EdgeCosts:

@@ -88,5 +88,46 @@ def test_move_patterns_give_the_per_rank_answer(source: tuple[int, ...], target:
     assert seconds == pytest.approx(expected, rel=1e-12, abs=1e-15)
 
 
+def _examined_patterns(cluster: Cluster, source: Layout, targets: list[Layout], devices: int) -> list:
+    """The move patterns by examining every rank's boxes (``rank_loads``): the closed forms' reference."""
+    from math import lcm
+
+    import numpy as np
+
+    from cost_models.comm_cost import PATTERN_CASES, MovePattern
+    from cost_models.redistribution import rank_loads
+
+    extents = [lcm(p, *(target.parts()[d] for target in targets)) for d, p in enumerate(source.parts())]
+    loads = rank_loads(extents, source, targets, devices)
+    spans = loads.lowest // cluster.devices_per_node != loads.highest // cluster.devices_per_node
+    wanted = np.prod([e // q for e, q in zip(extents, np.array([t.parts() for t in targets]).T)], axis=0)
+    holds = loads.elements < wanted[:, None]
+    parts = (loads.peers + holds).max(axis=1)
+    present = {case: np.any((holds == case[0]) & (spans == case[1]), axis=1) for case in PATTERN_CASES}
+    return [MovePattern(int(parts[i]), tuple(case for case in PATTERN_CASES if present[case][i]))
+            for i in range(len(targets))]
+
+
+@settings(max_examples=120, deadline=None)
+@given(devices=st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]), depth=st.booleans(),
+       per_node=st.sampled_from([1, 2, 3, 4, 6, 8, 16, 128]), picks=st.lists(st.integers(0, 10**6), min_size=13,
+                                                                              max_size=13))
+def test_move_patterns_closed_forms_equal_examining_every_rank(devices: int, depth: bool, per_node: int,
+                                                               picks: list[int]) -> None:
+    from cost_models.comm_cost import move_patterns, nested
+    from cost_models.layout import layouts_dividing
+
+    if devices % per_node and per_node < devices:
+        return
+    layouts = layouts_dividing(devices, depth=depth)
+    source = layouts[picks[0] % len(layouts)]
+    targets = [layouts[pick % len(layouts)] for pick in picks[1:]]
+    targets = [t for t in targets if nested(source, t, [max(a, b) for a, b in zip(source.parts(), t.parts())])]
+    if not targets:
+        return
+    cluster = Cluster(devices, per_node, 10**9, Link(1e-6, 1e10), Link(1e-5, 1e9))
+    assert move_patterns(cluster, source, targets, devices) == _examined_patterns(cluster, source, targets, devices)
+
+
 def _layout(n: int, c: int, h: int, w: int) -> Layout:
     return Layout(n=n, c=c, h=h, w=w)
