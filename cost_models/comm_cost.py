@@ -197,8 +197,9 @@ def _first_parts(stride: int, parts: int, source_parts: int, ranks: int) -> np.n
 
 
 def _strides(parts: np.ndarray) -> np.ndarray:
-    """Row-major strides of a grid of ``parts`` (``n, c, d, h, w``)."""
-    return np.array([int(np.prod(parts[axis + 1:])) for axis in range(len(parts))], dtype=np.int64)
+    """Row-major strides of grids of ``parts`` (last axis ``n, c, d, h, w``; any leading axes)."""
+    after = np.cumprod(parts[..., ::-1], axis=-1)[..., ::-1]  # the product of each axis and those after it
+    return np.concatenate([after[..., 1:], np.ones_like(after[..., :1])], axis=-1)
 
 
 def _wanted_corner(s_parts: np.ndarray, t_parts: np.ndarray, ranks: np.ndarray,
@@ -209,7 +210,7 @@ def _wanted_corner(s_parts: np.ndarray, t_parts: np.ndarray, ranks: np.ndarray,
     multiple of ``stride·parts``), so each axis's contribution depends on the target only through its stride and
     part count there: computed once per distinct pair, then gathered per target.
     """
-    s_strides, t_strides = _strides(s_parts), np.stack([_strides(row) for row in t_parts])
+    s_strides, t_strides = _strides(s_parts), _strides(t_parts)
     own_rank = ranks % source_ranks
     first = np.zeros((len(t_parts), len(ranks)), np.int64)
     holds = np.ones((len(t_parts), len(ranks)), bool)

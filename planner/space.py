@@ -43,6 +43,7 @@ few cheapest options, solved exactly.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -205,6 +206,8 @@ class LayerCosts:
     ``recompute``: the stage keeps none but its inputs and runs each forward
     again before its backward — every layer's seconds add its forward, its
     bytes count one micro-batch's activations (``Pipeline.recompute``).
+    :meth:`variant` gives the costs of the same layers under other counts,
+    sharing what does not depend on them (layer costs, edge matrices).
     """
 
     def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
@@ -219,8 +222,16 @@ class LayerCosts:
         self.memo = memo or CostMemo(profile, self.dtype)  # shared with the estimates of the same search
         self.memo.check(profile, self.dtype)
         self.layer_seen: dict[tuple[str, Layout], tuple[float, float, int] | None] = {}
+        self.raw_seen: dict[tuple[str, Layout], _Raw | None] = {}  # shared by the variants
         self.edges = EdgeCosts(graph, profile, cluster, devices, self.itemsize, patterns)
         self.signature = {name: self.memo.signature(data) for name, data in graph.nodes(data=True)}
+
+    def variant(self, saved_copies: int, recompute: bool) -> "LayerCosts":
+        """These layers' costs holding ``saved_copies`` micro-batches' activations, or recomputing them."""
+        other = copy.copy(self)
+        other.saved_copies, other.recompute = (1 if recompute else saved_copies), recompute
+        other.rows_seen, other.layer_seen = {}, {}
+        return other
 
     @cached_property
     def groups(self) -> dict[str, tuple[str, ...]]:
@@ -232,9 +243,17 @@ class LayerCosts:
         signature = self.signature[name]
         key = (signature, layout)
         if key not in self.layer_seen:
-            self.layer_seen[key] = (self._layer(signature, self.graph.nodes[name], layout)
-                                    if self._reads(name, layout) else None)
+            if key not in self.raw_seen:
+                self.raw_seen[key] = (self._raw(signature, self.graph.nodes[name], layout)
+                                      if self._reads(name, layout) else None)
+            raw = self.raw_seen[key]
+            self.layer_seen[key] = None if raw is None else self._priced(raw)
         return self.layer_seen[key]
+
+    def _priced(self, raw: "_Raw") -> tuple[float, float, int]:
+        total_s, allreduce_s, forward_s, resident_bytes, saved_bytes = raw
+        again_s = forward_s if self.recompute else 0.0
+        return (total_s + again_s, total_s - allreduce_s + again_s, resident_bytes + (self.saved_copies - 1) * saved_bytes)
 
     def _reads(self, name: str, layout: Layout) -> bool:
         """Whether ``name`` under ``layout`` can read each input as it wants it: no rank's part empty."""
@@ -245,7 +264,7 @@ class LayerCosts:
                 return False
         return True
 
-    def _layer(self, signature: str, node: Mapping[str, Any], layout: Layout) -> tuple[float, float, int] | None:
+    def _raw(self, signature: str, node: Mapping[str, Any], layout: Layout) -> "_Raw | None":
         problem = self.memo.problem(signature, node, layout)
         if problem is None and not (node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)):
             return None
@@ -254,9 +273,7 @@ class LayerCosts:
         except InputError:  # a halo wider than the neighbouring tile, or a split the kind refuses
             return None
         memory = self.memo.memory(signature, node, layout, self.optimizer)
-        again_s = cost.forward_s if self.recompute else 0.0
-        return (cost.total_s + again_s, cost.total_s - cost.allreduce_s + again_s,
-                memory.resident_bytes + (self.saved_copies - 1) * memory.saved)
+        return cost.total_s, cost.allreduce_s, cost.forward_s, memory.resident_bytes, memory.saved
 
     def rows(self, members: tuple[str, ...]) -> list["_Row"]:
         """The options of the decision placing ``members``: layout, seconds, seconds with hidden allreduce, bytes."""
@@ -272,6 +289,7 @@ class LayerCosts:
 
 
 _Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the allreduce hidden, bytes
+_Raw = tuple[float, float, float, int, int]  # seconds, allreduce, forward seconds, resident and saved bytes
 _Uniform = tuple[float, float, dict[str, Layout]]  # seconds, seconds with the allreduce hidden, layout per decision
 
 

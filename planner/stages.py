@@ -41,7 +41,7 @@ layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from math import ceil, inf
+from math import ceil, inf, prod
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from cost_models.capability import crosses_as_tuple, shared_modules
@@ -100,18 +100,57 @@ class PipelineSearch:
     skipped: int
 
 
+class _Floor:
+    """A lower bound on one configuration's iteration seconds, summed lazily, heaviest decisions first.
+
+    ``scale`` times the sum of the decisions' cheapest options without the allreduce (the module's bound):
+    summing stops where a part of it already reaches what the caller must beat, so a configuration that cannot
+    win costs the layouts of a few decisions, not all. ``None`` once a decision has no layout at all.
+    """
+
+    def __init__(self, costs: LayerCosts, order: Sequence[str], scale: float) -> None:
+        self.costs, self.order, self.scale = costs, order, scale
+        self.summed, self.partial_s = 0, 0.0
+        self.valid = True
+
+    @property
+    def complete(self) -> bool:
+        return self.summed == len(self.order)
+
+    @property
+    def bound_s(self) -> float:
+        """The bound from the decisions summed so far (all of them once :attr:`complete`)."""
+        return self.partial_s * self.scale
+
+    def reaches(self, limit_s: float | None, most: int | None = None) -> bool:
+        """Sum decisions (at most ``most`` more) until the bound reaches ``limit_s`` (``None``: all); whether it
+        did. A configuration found without layouts reaches every limit."""
+        stop = len(self.order) if most is None else min(len(self.order), self.summed + most)
+        while self.valid and self.summed < stop and (limit_s is None or self.bound_s < limit_s):
+            head = self.order[self.summed]
+            try:
+                self.partial_s += min(row[2] for row in self.costs.rows(self.costs.groups[head]))
+            except InputError:  # some layer has no layout on the stage's devices with this micro-batch
+                self.valid = False
+            self.summed += 1
+        return not self.valid or (limit_s is not None and self.bound_s >= limit_s)
+
+
 @dataclass(frozen=True)
 class _Config:
-    """One stage count and schedule, with its per-stage cost cache and a lower bound on its iteration time."""
+    """One stage count and schedule, with its per-stage cost cache and a lazy lower bound on its iteration time."""
 
     pipeline: Pipeline
     graph: LayerGraph
     costs: LayerCosts
     groups: Mapping[str, tuple[str, ...]]
-    bound_s: float
+    floor: _Floor
     stage_costs: Callable[[int, bool], LayerCosts | None]
     """Stage ``k``'s costs keeping (``False``) or recomputing (``True``; ``None`` for a stale schedule, which
     always recomputes) its activations: the memory of as many micro-batches as its schedule holds at once."""
+
+
+_FIRST_SUMMED = 6  # decisions every configuration's bound sums before the configurations are ordered
 
 
 def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
@@ -125,19 +164,24 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
     take at least the sum of its decisions' cheapest options without the
     allreduce, so a ``stale`` pipeline needs at least that sum over all
     decisions divided by ``K``, and a ``sync`` one ``M/K`` times it (per
-    micro-batch). ``prune=False`` prices every configuration (to check that rule). ``memo``: layer costs
+    micro-batch). The sum is taken lazily, the decisions writing the most elements first: every configuration
+    sums a few before they are ordered, and a configuration stops summing (and is skipped) as soon as its part
+    of the sum reaches the best plan — one that cannot win costs the layouts of a few decisions, not of all.
+    ``prune=False`` prices every configuration (to check that rule). ``memo``: layer costs
     shared with the caller's other estimates (``cost_models.estimate.CostMemo``). ``progress(done, total)`` is
     called after each configuration.
     """
     memo = memo or CostMemo(profile, graph.graph["dtype"])
-    configs = sorted(_configs(graph, profile, cluster, settings, memo),
-                     key=lambda config: config.bound_s)
+    configs = _configs(graph, profile, cluster, settings, memo)
+    for config in configs:
+        config.floor.reaches(None if not prune else incumbent_s, None if not prune else _FIRST_SUMMED)
+    configs.sort(key=lambda config: config.floor.bound_s)
     found, skipped, best = [], 0, incumbent_s
     for done, config in enumerate(configs, start=1):
         if progress is not None:
             progress(done - 1, len(configs))
-        if prune and best is not None and config.bound_s >= best:
-            skipped += 1
+        if config.floor.reaches(best if prune else None):
+            skipped += config.floor.valid
             continue
         for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings):
             plan = make_plan(assignments, pipeline, info)
@@ -183,11 +227,22 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
             made = _costs_maker(scaled, profile, stage_cluster, settings.optimizer, patterns, memo)
             costs = made(min(micro, stages), False)  # times of every stage; memory of the first's
             groups = costs.groups
-            floor_s = _floor_s(costs, groups) if len(groups) >= stages else None
-            if floor_s is not None:
-                configs.append(_Config(pipeline, scaled, costs, groups, floor_s * micro / stages,
+            if len(groups) >= stages:
+                configs.append(_Config(pipeline, scaled, costs, groups, _Floor(costs, _heaviest_first(scaled, groups), micro / stages),
                                        _stage_costs(made, name, micro, stages)))
     return configs
+
+
+def _heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The decisions by the elements their layers write, most first (a guess at their cost, to sum the bound in)."""
+    def written(head: str) -> int:
+        total = 0
+        for layer in groups[head]:
+            shape = graph.nodes[layer]["output_shape"]
+            total += prod(shape) if shape and not isinstance(shape[0], list) else 0
+        return total
+    position = {head: index for index, head in enumerate(groups)}
+    return sorted(groups, key=lambda head: (-written(head), position[head]))
 
 
 def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
@@ -198,8 +253,9 @@ def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str,
     def costs(copies: int, recompute: bool) -> LayerCosts:
         key = (1 if recompute else copies, recompute)
         if key not in made:
-            made[key] = LayerCosts(graph, profile, cluster, cluster.devices, optimizer, saved_copies=key[0],
-                                   patterns=patterns, memo=memo, recompute=recompute)
+            made[key] = (next(iter(made.values())).variant(*key) if made else
+                         LayerCosts(graph, profile, cluster, cluster.devices, optimizer, saved_copies=key[0],
+                                    patterns=patterns, memo=memo, recompute=recompute))
         return made[key]
     return costs
 
@@ -214,19 +270,6 @@ def _stage_costs(made: Callable[[int, bool], LayerCosts], schedule: str, micro: 
             return None if recompute else made(1, True)
         return made(min(micro, stages - stage), recompute)
     return costs
-
-
-def _floor_s(costs: LayerCosts, groups: Mapping[str, tuple[str, ...]]) -> float | None:
-    """The sum of the decisions' cheapest options without the allreduce; ``None`` if one has no layout at all.
-
-    A decision can have none on a stage although it has on all the devices: a
-    batch-norm over a micro-batch of one sample and one position has one value
-    per channel, which PyTorch refuses in training.
-    """
-    try:
-        return sum(min(row[2] for row in costs.rows(members)) for members in groups.values())
-    except InputError:  # some layer has no layout on the stage's devices with this micro-batch
-        return None
 
 
 def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:

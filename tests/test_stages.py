@@ -264,6 +264,8 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 4)
     settings = SearchSettings(max_stages=4)
     for config in _configs(graph, profile, cluster, settings, CostMemo(profile, "float32")):
+        if config.floor.reaches(None):  # some layer has no layout on a stage's devices (the search drops it)
+            continue
         heads, stages = list(config.groups), config.pipeline.stages
         micro, stale = config.pipeline.micro_batches, config.pipeline.schedule == "stale"
 
