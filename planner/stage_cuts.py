@@ -58,16 +58,19 @@ class Cuts:
 
 
 def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callable[[int, int], float],
-               true: Callable[[int, int, int], float], *, micro_batches: int = 1, stale: bool = False) -> Cuts | None:
+               true: Callable[[int, int, int], float], *, micro_batches: int = 1, stale: bool = False,
+               limit_s: float | None = None) -> Cuts | None:
     """The cuts of ``count`` decisions into ``stages`` stages minimising the objective (module docstring).
 
     Args:
         allowed: Decisions a stage other than the first may start at.
         bound: ``(i, j) →`` a lower bound on the time of decisions ``[i, j)`` as any stage (``inf``: none fits).
         true: ``(i, j, k) →`` their true time as stage ``k`` (at least the bound; ``inf``: it fits nothing).
+        limit_s: Give up (``None``) once a round's optimum — a lower bound on the true one — reaches it: a plan
+            already found is at least as fast.
 
     Returns:
-        ``None`` when no cut gives every stage a finite time.
+        ``None`` when no cut gives every stage a finite time, or none can come under ``limit_s``.
     """
     points = [0, *sorted(p for p in set(allowed) if 0 < p < count), count]
     if len(points) - 1 < stages:
@@ -89,6 +92,9 @@ def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callabl
         if found is None:
             return None
         segments = list(zip(found, [*found[1:], count]))
+        if limit_s is not None and _objective(tuple(time(i, j, k) for k, (i, j) in enumerate(segments)),
+                                              micro_batches, stale) >= limit_s:
+            return None
         fresh = [(i, j, k) for k, (i, j) in enumerate(segments) if (i, j, k) not in known]
         if not fresh:
             times = tuple(known[i, j, k] for k, (i, j) in enumerate(segments))

@@ -183,7 +183,8 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
         if config.floor.reaches(best if prune else None):
             skipped += config.floor.valid
             continue
-        for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings):
+        limit_s = best if prune else None
+        for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings, limit_s):
             plan = make_plan(assignments, pipeline, info)
             predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
             if plan.pipeline.schedule == "stale":
@@ -277,33 +278,40 @@ def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
     return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
 
 
-def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings
+def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings,
+                   limit_s: float | None = None
                    ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp], Pipeline]]:
     """Per allreduce table (full, hidden): the exact cuts (``planner.stage_cuts``) and every layer's layout and
     stage, how the stages were solved, runner-ups and the pipeline (which stages recompute).
 
-    Empty for a table where no cut gives every stage a layout that fits.
+    The hidden table goes first: its optimum is the least of both, so where its cuts cannot come under
+    ``limit_s`` (the best plan found so far) — or no cut gives every stage a layout that fits — neither table
+    is solved further and the list is empty.
     """
     heads, allowed = list(config.groups), _model_order_cuts(config)
-    found = []
-    for which in (0, 1):
+    spaces: dict[tuple[int, int, int], _StageSpaces] = {}  # a segment's spaces, shared by both tables
+    found = {}
+    for which in (1, 0):
         bound = _floor_bound(config, heads, which, cluster.memory_bytes)
         solves: dict[tuple[int, int, int], tuple[Space, CostTable, Solution, bool] | None] = {}
 
         def true(i: int, j: int, k: int, which: int = which, solves: dict = solves) -> float:
-            solves[i, j, k] = _best_stage_solve(_StageSpaces(config, profile, cluster, k, heads[i:j]), which, settings)
+            if (i, j, k) not in spaces:
+                spaces[i, j, k] = _StageSpaces(config, profile, cluster, k, heads[i:j])
+            solves[i, j, k] = _best_stage_solve(spaces[i, j, k], which, settings)
             return inf if solves[i, j, k] is None else solves[i, j, k][2].objective_s  # type: ignore[index]
 
         cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, bound, true,
-                          micro_batches=config.pipeline.micro_batches, stale=config.pipeline.schedule == "stale")
+                          micro_batches=config.pipeline.micro_batches, stale=config.pipeline.schedule == "stale",
+                          limit_s=limit_s if which == 1 else None)
         if cuts is None:
-            continue
+            break
         solved = _Solved()
         for stage, (start, stop) in enumerate(zip(cuts.starts, [*cuts.starts[1:], len(heads)])):
             solved.add(stage, *solves[start, stop, stage])  # type: ignore[misc]
-        found.append((solved.assignments, _solver_info(solved.solutions), solved.explained,
-                      replace(config.pipeline, recompute=tuple(solved.recompute))))
-    return found
+        found[which] = (solved.assignments, _solver_info(solved.solutions), solved.explained,
+                        replace(config.pipeline, recompute=tuple(solved.recompute)))
+    return [found[which] for which in (0, 1) if which in found]
 
 
 def _floor_bound(config: _Config, heads: Sequence[str], which: int, memory_bytes: int) -> Callable[[int, int], float]:

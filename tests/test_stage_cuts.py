@@ -42,6 +42,10 @@ def test_the_dp_finds_what_brute_force_finds(count: int, stages: int, micro: int
 
     expected = _brute(count, stages, allowed, true, micro, stale)
     found = exact_cuts(count, stages, allowed, bound, true, micro_batches=micro, stale=stale)
+    limit = data.draw(st.floats(0.0, 60.0))  # a plan found elsewhere: the DP gives up only if it cannot beat it
+    limited = exact_cuts(count, stages, allowed, bound, true, micro_batches=micro, stale=stale, limit_s=limit)
+    assert (limited is None) == (expected >= limit)
+    assert limited is None or limited.objective_s == pytest.approx(expected, rel=1e-12, abs=1e-12)
     if not math.isfinite(expected):
         assert found is None
         return
