@@ -4,9 +4,9 @@ For each stage count ``K`` (2, 3, … up to ``max_stages``, dividing the
 devices into equal stages of whole nodes — or of equal parts of one node)
 and each allowed schedule:
 
-* ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, ``M`` the divisor
-  of the batch nearest below ``4K`` (GPipe's rule for a bubble under about
-  20%); stage ``k`` holds ``min(M, K − k)`` micro-batches' activations at once,
+* ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, each divisor of
+  the batch a configuration of its own (more micro-batches: a smaller bubble
+  and less memory, smaller kernels; the bound below prunes most); stage ``k`` holds ``min(M, K − k)`` micro-batches' activations at once,
   which its memory rows count. Where that binds — the stage's optimum under the
   memory limit is not its unconstrained one — the stage is also solved
   recomputing: it keeps only its inputs and one micro-batch's activations, and
@@ -62,7 +62,7 @@ from planner.stage_cuts import exact_cuts
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["PipelineCandidate", "PipelineSearch", "micro_batches", "search_pipelines", "stage_counts"]
+__all__ = ["PipelineCandidate", "PipelineSearch", "micro_batch_counts", "search_pipelines", "stage_counts"]
 
 PlanMaker = Callable[[Mapping[str, LayerAssignment], Pipeline, SolverInfo], Plan]
 
@@ -87,9 +87,15 @@ def stage_counts(devices: int, devices_per_node: int, max_stages: int) -> list[i
     return counts
 
 
-def micro_batches(batch: int, stages: int) -> int:
-    """The divisor of ``batch`` nearest below ``4·stages`` (at least 1)."""
-    return max(m for m in range(1, min(batch, 4 * stages) + 1) if batch % m == 0)
+def micro_batch_counts(batch: int, stages: int) -> list[int]:
+    """The micro-batch counts a ``sync`` pipeline of ``stages`` stages may take: the divisors of ``batch`` (the
+    runtime cuts the batch into equal micro-batches) from ``stages`` up (or the batch, if smaller).
+
+    Fewer micro-batches than stages are left out: the first stage would hold the whole batch's activations, as
+    it does with ``M = K``, and every stage would idle for ``K − M`` of the ``K + M − 1`` steps.
+    """
+    least = min(stages, batch)
+    return [count for count in range(least, batch + 1) if batch % count == 0] or [batch]
 
 
 @dataclass(frozen=True)
@@ -163,8 +169,8 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
     so far (``incumbent_s`` to start with): every stage's forward and backward
     take at least the sum of its decisions' cheapest options without the
     allreduce, so a ``stale`` pipeline needs at least that sum over all
-    decisions divided by ``K``, and a ``sync`` one ``M/K`` times it (per
-    micro-batch). The sum is taken lazily, the decisions writing the most elements first: every configuration
+    decisions divided by ``K``, and a ``sync`` one ``(K + M − 1)/K`` times it (per
+    micro-batch: ``Σ_k t_k + (M − 1)·max_k t_k`` with ``max_k t_k ≥ Σ_k t_k / K``). The sum is taken lazily, the decisions writing the most elements first: every configuration
     sums a few before they are ordered, and a configuration stops summing (and is skipped) as soon as its part
     of the sum reaches the best plan — one that cannot win costs the layouts of a few decisions, not of all.
     ``prune=False`` prices every configuration (to check that rule). ``memo``: layer costs
@@ -210,28 +216,43 @@ def _least_stale(plan: Plan, predicted: Estimate) -> Plan:
 
 
 def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:
+    """Every stage count and schedule (each micro-batch count a configuration), with lazy bounds."""
     configs = []
-    batch = graph.input_shape[0]
-    schedule, max_staleness = settings.schedule, settings.max_staleness
+    graphs: dict[int, Any] = {}  # the graph of each micro-batch size, shared by the stage counts
     for stages in stage_counts(cluster.devices, cluster.devices_per_node, settings.max_stages):
         stage_cluster = _stage_cluster(cluster, stages)
         patterns = PatternTable(stage_cluster, stage_cluster.devices, depth=has_volumes(graph))  # both schedules
-        schedules = []
-        if schedule in ("sync", "auto"):
-            schedules.append(("sync", micro_batches(batch, stages)))
-        if schedule in ("stale", "auto") and max_staleness != 0:
-            schedules.append(("stale", 1))
-        for name, micro in schedules:
-            staleness = dsp_staleness(stages, max_staleness) if name == "stale" else (0,) * stages
+        makers: dict[int, Callable[[int, bool], LayerCosts]] = {}  # per micro-batch count: sync M=1 and stale share
+        for name, micro in _schedules(graph.input_shape[0], stages, settings):
+            if micro not in graphs:
+                graphs[micro] = micro_batch_graph(graph, micro)
+            if micro not in makers:
+                makers[micro] = _costs_maker(graphs[micro], profile, stage_cluster, settings.optimizer, patterns, memo)
+            staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
             pipeline = Pipeline(stages, (stage_cluster.devices,) * stages, name, micro, staleness)
-            scaled = micro_batch_graph(graph, micro)
-            made = _costs_maker(scaled, profile, stage_cluster, settings.optimizer, patterns, memo)
-            costs = made(min(micro, stages), False)  # times of every stage; memory of the first's
-            groups = costs.groups
-            if len(groups) >= stages:
-                configs.append(_Config(pipeline, scaled, costs, groups, _Floor(costs, _heaviest_first(scaled, groups), micro / stages),
-                                       _stage_costs(made, name, micro, stages)))
+            costs = makers[micro](min(micro, stages), False)  # times of every stage; memory of the first's
+            if len(costs.groups) >= stages:
+                configs.append(_Config(pipeline, graphs[micro], costs, costs.groups,
+                                       _Floor(costs, _heaviest_first(graphs[micro], costs.groups),
+                                              _bound_scale(name, stages, micro)),
+                                       _stage_costs(makers[micro], name, micro, stages)))
     return configs
+
+
+def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[str, int]]:
+    """The schedules and micro-batch counts of one stage count: ``sync`` with each count, then ``stale``."""
+    schedules = []
+    if settings.schedule in ("sync", "auto"):
+        schedules += [("sync", count) for count in micro_batch_counts(batch, stages)]
+    if settings.schedule in ("stale", "auto") and settings.max_staleness != 0:
+        schedules.append(("stale", 1))
+    return schedules
+
+
+def _bound_scale(schedule: str, stages: int, micro: int) -> float:
+    """What the sum of one (micro-)batch's cheapest options is multiplied by to bound the iteration's seconds:
+    the busiest of ``K`` stages (stale), ``Σ_k t_k + (M − 1)·max_k t_k`` with ``max_k t_k ≥ Σ_k t_k / K`` (sync)."""
+    return 1 / stages if schedule == "stale" else (stages + micro - 1) / stages
 
 
 def _heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> list[str]:

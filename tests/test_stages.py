@@ -19,7 +19,7 @@ from parplan.cli import main
 from planner.cost_table import CostTable
 from planner.explain import runner_ups
 from planner.search import plan_model
-from planner.stages import micro_batches, search_pipelines, stage_counts
+from planner.stages import micro_batch_counts, search_pipelines, stage_counts
 from planner.settings import SearchSettings
 
 
@@ -27,7 +27,8 @@ def test_stage_counts_and_micro_batches() -> None:
     assert stage_counts(64, 8, 4) == [2, 4]  # 32 and 16 devices: whole nodes
     assert stage_counts(8, 8, 4) == [2, 4]  # parts of one node
     assert stage_counts(24, 8, 4) == [3]  # 12 devices per stage would split a node unevenly
-    assert micro_batches(64, 2) == 8 and micro_batches(6, 4) == 6 and micro_batches(7, 2) == 7
+    assert micro_batch_counts(64, 4) == [4, 8, 16, 32, 64] and micro_batch_counts(6, 4) == [6]
+    assert micro_batch_counts(7, 2) == [7] and micro_batch_counts(3, 8) == [3]  # a batch smaller than the stages
 
 
 def test_runner_ups_name_the_best_alternative_and_its_extra_cost() -> None:
