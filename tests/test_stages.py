@@ -51,6 +51,10 @@ def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: 
     assert everything.skipped == 0
     summaries = [c.plan.summary() for c in everything.candidates]
     assert any("2 stages sync" in s for s in summaries) and any("4 stages stale" in s for s in summaries)
+    sync = {(c.plan.pipeline.stages, c.plan.pipeline.micro_batches) for c in everything.candidates
+            if c.plan.pipeline.schedule == "sync"}
+    batch = resnet18.input_shape[0]
+    assert sync == {(k, m) for k in stage_counts(8, cluster.devices_per_node, 4) for m in micro_batch_counts(batch, k)}
     result = plan_model(resnet18, profile, cluster, SearchSettings(max_stages=4))
     best = min(c.estimate.iteration_s for c in everything.candidates if c.fits)
     assert result.estimate.iteration_s <= best + 1e-12  # the bound skipped nothing that would have won
