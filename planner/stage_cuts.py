@@ -38,34 +38,52 @@ checks the result against brute force over every cut.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Collection
+from functools import reduce
+from math import gcd
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
 __all__ = ["Cuts", "exact_cuts"]
 
-_TAU_CHUNK = 2048  # caps solved at once (memory: stages × points × chunk floats)
+_TAU_CHUNK = 256  # caps solved at once; later chunks may be skipped
+_DP_ELEMENTS = 1 << 21  # floats of one step of the vectorised DP (start × end points × device units × caps) at most
 
 
 @dataclass(frozen=True)
 class Cuts:
-    """The first decision of each stage, the objective, each stage's time, and the DP rounds it took."""
+    """The first decision of each stage, its devices, the objective, each stage's time, and the DP rounds."""
 
     starts: tuple[int, ...]
+    devices: tuple[int, ...]
     objective_s: float
     stage_s: tuple[float, ...]
     rounds: int
 
 
-def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callable[[int, int], float],
-               true: Callable[[int, int, int], float], *, micro_batches: int = 1, stale: bool = False,
-               limit_s: float | None = None) -> Cuts | None:
-    """The cuts of ``count`` decisions into ``stages`` stages minimising the objective (module docstring).
+@dataclass(frozen=True)
+class _Grid:
+    """The DP's axes: cut points, and device counts in units of their greatest common divisor."""
+
+    points: list[int]
+    sizes: tuple[int, ...]
+    widths: tuple[int, ...]  # each size in units
+    units: int  # the budget in units
+
+
+def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callable[[int, int, int], float],
+               true: Callable[[int, int, int, int], float], *, sizes: Sequence[int] = (1,), budget: int | None = None,
+               micro_batches: int = 1, stale: bool = False, limit_s: float | None = None) -> Cuts | None:
+    """The cuts of ``count`` decisions into ``stages`` stages, and each stage's devices, minimising the objective
+    (module docstring).
 
     Args:
         allowed: Decisions a stage other than the first may start at.
-        bound: ``(i, j) →`` a lower bound on the time of decisions ``[i, j)`` as any stage (``inf``: none fits).
-        true: ``(i, j, k) →`` their true time as stage ``k`` (at least the bound; ``inf``: it fits nothing).
+        bound: ``(i, j, size) →`` a lower bound on the time of decisions ``[i, j)`` as any stage on ``size``
+            devices (``inf``: none fits).
+        true: ``(i, j, k, size) →`` their true time as stage ``k`` on ``size`` devices (at least the bound).
+        sizes: The device counts a stage may take.
+        budget: The devices of all stages together, at most (default: every stage the largest size).
         limit_s: Give up (``None``) once a round's optimum — a lower bound on the true one — reaches it: a plan
             already found is at least as fast.
 
@@ -75,107 +93,152 @@ def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callabl
     points = [0, *sorted(p for p in set(allowed) if 0 < p < count), count]
     if len(points) - 1 < stages:
         return None
-    known: dict[tuple[int, int, int], float] = {}
-    bounds: dict[tuple[int, int], float] = {}
+    unit = reduce(gcd, sizes)
+    grid = _Grid(points, tuple(sizes), tuple(size // unit for size in sizes),
+                 (budget if budget is not None else stages * max(sizes)) // unit)
+    known: dict[tuple[int, int, int, int], float] = {}
+    lower = _bounds(grid, bound)
 
-    def time(i: int, j: int, k: int) -> float:
-        if (i, j, k) in known:
-            return known[i, j, k]
-        if (i, j) not in bounds:
-            bounds[i, j] = bound(i, j)
-        return bounds[i, j]
+    def time(i: int, j: int, k: int, size: int) -> float:
+        return known.get((i, j, k, size), float(lower[grid.points.index(i), grid.points.index(j),
+                                                      grid.sizes.index(size)]))
 
     rounds = 0
     while True:
         rounds += 1
-        found = _solve(points, stages, time, micro_batches, stale)
+        found = _solve(grid, _times(grid, stages, lower, known), stages, micro_batches, stale, limit_s)
         if found is None:
             return None
-        segments = list(zip(found, [*found[1:], count]))
-        if limit_s is not None and _objective(tuple(time(i, j, k) for k, (i, j) in enumerate(segments)),
-                                              micro_batches, stale) >= limit_s:
+        ends = [start for start, _ in found[1:]] + [count]
+        segments = [(i, j, k, size) for k, ((i, size), j) in enumerate(zip(found, ends))]
+        times = tuple(time(*segment) for segment in segments)
+        if limit_s is not None and _objective(times, micro_batches, stale) >= limit_s:
             return None
-        fresh = [(i, j, k) for k, (i, j) in enumerate(segments) if (i, j, k) not in known]
+        fresh = [segment for segment in segments if segment not in known]
         if not fresh:
-            times = tuple(known[i, j, k] for k, (i, j) in enumerate(segments))
-            return Cuts(tuple(found), _objective(times, micro_batches, stale), times, rounds)
-        for i, j, k in fresh:
-            known[i, j, k] = true(i, j, k)
+            return Cuts(tuple(start for start, _ in found), tuple(size for _, size in found),
+                        _objective(times, micro_batches, stale), times, rounds)
+        for segment in fresh:
+            known[segment] = true(*segment)
 
 
 def _objective(times: tuple[float, ...], micro: int, stale: bool) -> float:
     return max(times) if stale else sum(times) + (micro - 1) * max(times)
 
 
-def _solve(points: list[int], stages: int, time: Callable[[int, int, int], float], micro: int,
-           stale: bool) -> list[int] | None:
-    """The starts of the best cut under the current times, or ``None``."""
-    table = _times(points, stages, time)
-    lowest = _min_max(table, stages)
-    if not np.isfinite(lowest):
+def _solve(grid: _Grid, table: np.ndarray, stages: int, micro: int, stale: bool,
+           limit_s: float | None) -> list[tuple[int, int]] | None:
+    """``(start, devices)`` of each stage of the best cut under the current times (``table``), or ``None``."""
+    lowest = _min_max(grid, table, stages)
+    if not np.isfinite(lowest) or (stale and limit_s is not None and lowest >= limit_s):
         return None
     if stale or micro == 1:  # the pace (then the least Σ at that pace), or Σ alone
-        path = _least_sum(table, stages, np.array([lowest if stale else np.inf]))[0]
-        return None if path is None else [points[a] for a in path]
-    upper = _least_sum(table, stages, np.array([lowest]))[1][0] + (micro - 1) * lowest  # a plan's objective
-    least = _least_sum(table, stages, np.array([np.inf]))[1][0]
+        path = _least_sum(grid, table, stages, np.array([lowest if stale else np.inf]))[0][0]
+        return None if path is None else _named(grid, path)
+    upper = _least_sum(grid, table, stages, np.array([lowest]))[1][0] + (micro - 1) * lowest  # a plan's objective
+    least = _least_sum(grid, table, stages, np.array([np.inf]))[1][0]
+    if limit_s is not None:
+        if least + (micro - 1) * lowest >= limit_s:  # no cut's Σ + (M − 1)·max comes under the limit
+            return None
+        upper = min(upper, limit_s)
     finite = table[np.isfinite(table)]
     caps = np.unique(finite[(finite >= lowest) & (finite <= lowest + (upper - least) / (micro - 1) + 1e-15)])
-    best: tuple[float, list[int]] | None = None
+    best: tuple[float, list[tuple[int, int]]] | None = None
     for chunk in range(0, len(caps), _TAU_CHUNK):
         taus = caps[chunk:chunk + _TAU_CHUNK]
-        starts, sums = _least_sum(table, stages, taus, every=True)
+        if best is not None and least + (micro - 1) * taus[0] >= best[0]:
+            break  # every later cap's plans cost more than the best found
+        paths, sums = _least_sum(grid, table, stages, taus)
         totals = sums + (micro - 1) * taus
         index = int(np.argmin(totals))
         if np.isfinite(totals[index]) and (best is None or totals[index] < best[0]):
-            best = (float(totals[index]), starts[index])
-    return None if best is None else [points[a] for a in best[1]]
+            best = (float(totals[index]), paths[index])  # type: ignore[assignment]
+    if best is None:  # no cap under the limit: the best plan found (at the least cap) is returned to be priced
+        path = _least_sum(grid, table, stages, np.array([lowest]))[0][0]
+        return None if path is None else _named(grid, path)
+    return _named(grid, best[1])
 
 
-def _times(points: list[int], stages: int, time: Callable[[int, int, int], float]) -> np.ndarray:
-    """``[k, a, b]``: the time of points ``a … b`` as stage ``k`` (``inf`` where ``b ≤ a``)."""
-    size = len(points)
-    table = np.full((stages, size, size), np.inf)
-    for k in range(stages):
-        for a in range(size - 1):
-            for b in range(a + 1, size):
-                table[k, a, b] = time(points[a], points[b], k)
+def _named(grid: _Grid, path: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [(grid.points[point], grid.sizes[size]) for point, size in path]
+
+
+def _bounds(grid: _Grid, bound: Callable[[int, int, int], float]) -> np.ndarray:
+    """``[a, b, z]``: the lower bound of points ``a … b`` as a stage on size ``z`` (``inf`` where ``b ≤ a``)."""
+    size = len(grid.points)
+    table = np.full((size, size, len(grid.sizes)), np.inf)
+    for a in range(size - 1):
+        for b in range(a + 1, size):
+            for z, devices in enumerate(grid.sizes):
+                table[a, b, z] = bound(grid.points[a], grid.points[b], devices)
     return table
 
 
-def _min_max(table: np.ndarray, stages: int) -> float:
-    """The least possible largest stage over all cuts."""
+def _times(grid: _Grid, stages: int, lower: np.ndarray, known: dict[tuple[int, int, int, int], float]) -> np.ndarray:
+    """``[k, a, b, z]``: the time of points ``a … b`` as stage ``k`` on size ``z``: true where known, else the
+    lower bound."""
+    table = np.repeat(lower[None], stages, axis=0)
+    index = {point: position for position, point in enumerate(grid.points)}
+    for (i, j, k, devices), seconds in known.items():
+        table[k, index[i], index[j], grid.sizes.index(devices)] = seconds
+    return table
+
+
+def _min_max(grid: _Grid, table: np.ndarray, stages: int) -> float:
+    """The least possible largest stage over all cuts and device splits within the budget."""
     size = table.shape[1]
-    best = np.full(size, np.inf)
-    best[0] = 0.0
+    best = np.full((size, grid.units + 1), np.inf)  # [point, units used]
+    best[0, 0] = 0.0
     for k in range(stages):
-        best = np.min(np.maximum(best[:, None], table[k]), axis=0)
-    return float(best[size - 1])
+        reached = np.full_like(best, np.inf)
+        for z, width in enumerate(grid.widths):
+            if width > grid.units:
+                continue
+            paced = np.maximum(best[:, None, :grid.units + 1 - width], table[k, :, :, z][:, :, None])  # [a, b, g]
+            reached[:, width:] = np.minimum(reached[:, width:], paced.min(axis=0))
+        best = reached
+    return float(best[size - 1].min())
 
 
-def _least_sum(table: np.ndarray, stages: int, taus: np.ndarray, every: bool = False
-               ) -> tuple[list[list[int]] | list[int] | None, np.ndarray]:
-    """Per cap: the least Σ of ``stages`` stages each at most the cap, and the point indices where that cut's
-    stages start (of the first cap only unless ``every``; ``None`` where no cut meets the cap)."""
-    size, caps = table.shape[1], len(taus)
-    sums = np.full((stages + 1, size, caps), np.inf)
-    sums[0, 0, :] = 0.0
-    previous = np.zeros((stages + 1, size, caps), dtype=np.int64)
+def _least_sum(grid: _Grid, table: np.ndarray, stages: int, taus: np.ndarray
+               ) -> tuple[list[list[tuple[int, int]] | None], np.ndarray]:
+    """Per cap: the least Σ of ``stages`` stages each at most the cap within the device budget, and that cut's
+    ``(start point, size index)`` per stage (``None`` where no cut meets the cap). Vectorised over the start
+    point, the end point, the devices used and the caps (in pieces of at most ``_DP_ELEMENTS`` elements)."""
+    size, units = table.shape[1], grid.units + 1
+    piece = max(1, _DP_ELEMENTS // (size * size * units))
+    if len(taus) > piece:
+        parts = [_least_sum(grid, table, stages, taus[at:at + piece]) for at in range(0, len(taus), piece)]
+        return [path for found, _ in parts for path in found], np.concatenate([sums for _, sums in parts])
+    caps = len(taus)
+    sums = np.full((stages + 1, size, units, caps), np.inf)
+    sums[0, 0, 0, :] = 0.0
+    came = np.zeros((stages + 1, size, units, caps, 2), dtype=np.int64)  # (a, z) of the stage ending at b
     for s in range(1, stages + 1):
-        for b in range(1, size):
-            times = table[s - 1, :b, b][:, None]  # (a, 1)
-            capped = np.where(times <= taus[None, :], times, np.inf)
-            candidates = sums[s - 1, :b, :] + capped  # (a, caps)
-            previous[s, b] = np.argmin(candidates, axis=0)
-            sums[s, b] = candidates[previous[s, b], np.arange(caps)]
-    totals = sums[stages, size - 1]
-    paths = [_path(previous, stages, size - 1, c) if np.isfinite(totals[c]) else None for c in range(caps)]
-    return (paths if every else paths[0]), totals
+        for z, width in enumerate(grid.widths):
+            times = table[s - 1, :, :, z]  # [a, b]
+            if width >= units or not np.isfinite(times).any():
+                continue
+            capped = np.where(times[:, :, None] <= taus, times[:, :, None], np.inf)  # [a, b, cap]
+            candidates = sums[s - 1][:, None, :units - width, :] + capped[:, :, None, :]  # [a, b, g, cap]
+            a = np.argmin(candidates, axis=0)  # [b, g, cap]
+            value = np.take_along_axis(candidates, a[None], axis=0)[0]
+            better = value < sums[s, :, width:, :]
+            sums[s, :, width:, :] = np.where(better, value, sums[s, :, width:, :])
+            came[s, :, width:, :, 0] = np.where(better, a, came[s, :, width:, :, 0])
+            came[s, :, width:, :, 1] = np.where(better, z, came[s, :, width:, :, 1])
+    ends = sums[stages, size - 1]  # [units, cap]
+    used = np.argmin(ends, axis=0)
+    totals = ends[used, np.arange(caps)]
+    paths = [_path(grid, came, stages, size - 1, int(used[c]), c) if np.isfinite(totals[c]) else None
+             for c in range(caps)]
+    return paths, totals
 
 
-def _path(previous: np.ndarray, stages: int, end: int, cap: int) -> list[int]:
-    starts, b = [], end
+def _path(grid: _Grid, came: np.ndarray, stages: int, end: int, used: int, cap: int) -> list[tuple[int, int]]:
+    found, b, g = [], end, used
     for s in range(stages, 0, -1):
-        b = int(previous[s, b, cap])
-        starts.append(b)
-    return starts[::-1]
+        a, z = (int(v) for v in came[s, b, g, cap])
+        found.append((a, z))
+        b, g = a, g - grid.widths[z]
+    return found[::-1]

@@ -1,8 +1,10 @@
 """Pipeline stages and staleness: the outer search around the per-stage layout choice.
 
-For each stage count ``K`` (2, 3, … up to ``max_stages``, dividing the
-devices into equal stages of whole nodes — or of equal parts of one node)
-and each allowed schedule:
+For each stage count ``K`` (2, 3, … up to ``max_stages``) and each allowed
+schedule — each stage on one of the sizes of equal stages of whole nodes (or of
+equal parts of one node) nearest ``D/K`` from below and above, the cuts
+choosing which, within the ``D`` devices (1024 in 7 stages: 256 + 6 × 128;
+devices may stay idle):
 
 * ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, each divisor of
   the batch a configuration of its own (more micro-batches: a smaller bubble
@@ -25,7 +27,8 @@ Cuts are contiguous in the decisions' topological order and in the model's
 traced order (what the runtime cuts), never between a layer's tuple of
 tensors and its readers (``cost_models.capability.crosses_as_tuple``), and
 exact: ``planner.stage_cuts`` minimises ``Σ_k t_k + (M − 1)·max_k t_k``
-(``sync``) or ``max_k t_k`` (``stale``) over every allowed cut, each stage's
+(``sync``) or ``max_k t_k`` (``stale``) over every allowed cut and every split
+of the devices among those sizes, each stage's
 time ``t_k`` its layouts' exact optimum on its devices (``planner.space``,
 ``planner.exact``; memory and recomputation included), asked for lazily
 after lower bounds — the sum of each decision's cheapest option (on
@@ -114,8 +117,8 @@ class _Floor:
     win costs the layouts of a few decisions, not all. ``None`` once a decision has no layout at all.
     """
 
-    def __init__(self, costs: LayerCosts, order: Sequence[str], scale: float) -> None:
-        self.costs, self.order, self.scale = costs, order, scale
+    def __init__(self, costs: Sequence[LayerCosts], order: Sequence[str], scale: float) -> None:
+        self.costs, self.order, self.scale = costs, order, scale  # one per device count a stage may take
         self.summed, self.partial_s = 0, 0.0
         self.valid = True
 
@@ -135,7 +138,7 @@ class _Floor:
         while self.valid and self.summed < stop and (limit_s is None or self.bound_s < limit_s):
             head = self.order[self.summed]
             try:
-                self.partial_s += min(row[2] for row in self.costs.rows(self.costs.groups[head]))
+                self.partial_s += min(row[2] for costs in self.costs for row in costs.rows(costs.groups[head]))
             except InputError:  # some layer has no layout on the stage's devices with this micro-batch
                 self.valid = False
             self.summed += 1
@@ -146,14 +149,16 @@ class _Floor:
 class _Config:
     """One stage count and schedule, with its per-stage cost cache and a lazy lower bound on its iteration time."""
 
-    pipeline: Pipeline
+    pipeline: Pipeline  # its devices per stage: the least size each (the cuts choose)
     graph: LayerGraph
-    costs: LayerCosts
     groups: Mapping[str, tuple[str, ...]]
+    sizes: tuple[int, ...]
+    """The device counts a stage may take (``_stage_sizes``)."""
     floor: _Floor
-    stage_costs: Callable[[int, bool], LayerCosts | None]
-    """Stage ``k``'s costs keeping (``False``) or recomputing (``True``; ``None`` for a stale schedule, which
-    always recomputes) its activations: the memory of as many micro-batches as its schedule holds at once."""
+    stage_costs: Callable[[int, bool, int], LayerCosts | None]
+    """Stage ``k``'s costs on ``size`` devices keeping (``False``) or recomputing (``True``; ``None`` for a stale
+    schedule, which always recomputes) its activations: the memory of as many micro-batches as its schedule
+    holds at once."""
 
 
 _FIRST_SUMMED = 6  # decisions every configuration's bound sums before the configurations are ordered
@@ -183,6 +188,7 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
         config.floor.reaches(None if not prune else incumbent_s, None if not prune else _FIRST_SUMMED)
     configs.sort(key=lambda config: config.floor.bound_s)
     found, skipped, best = [], 0, incumbent_s
+    solved: dict[tuple[Any, ...], Any] = {}  # stage solves, shared by the configurations
     for done, config in enumerate(configs, start=1):
         if progress is not None:
             progress(done - 1, len(configs))
@@ -190,7 +196,8 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
             skipped += config.floor.valid
             continue
         limit_s = best if prune else None
-        for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings, limit_s):
+        for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings, limit_s,
+                                                                     solved):
             plan = make_plan(assignments, pipeline, info)
             predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
             if plan.pipeline.schedule == "stale":
@@ -218,25 +225,65 @@ def _least_stale(plan: Plan, predicted: Estimate) -> Plan:
 def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:
     """Every stage count and schedule (each micro-batch count a configuration), with lazy bounds."""
     configs = []
-    graphs: dict[int, Any] = {}  # the graph of each micro-batch size, shared by the stage counts
-    for stages in stage_counts(cluster.devices, cluster.devices_per_node, settings.max_stages):
-        stage_cluster = _stage_cluster(cluster, stages)
-        patterns = PatternTable(stage_cluster, stage_cluster.devices, depth=has_volumes(graph))  # both schedules
-        makers: dict[int, Callable[[int, bool], LayerCosts]] = {}  # per micro-batch count: sync M=1 and stale share
-        for name, micro in _schedules(graph.input_shape[0], stages, settings):
-            if micro not in graphs:
-                graphs[micro] = micro_batch_graph(graph, micro)
-            if micro not in makers:
-                makers[micro] = _costs_maker(graphs[micro], profile, stage_cluster, settings.optimizer, patterns, memo)
+    made = _Makers(graph, profile, cluster, settings.optimizer, memo)
+    everything = _stage_sizes(cluster)
+    for stages in range(2, settings.max_stages + 1):
+        sizes = _sizes_for(stages, cluster.devices, everything)
+        for name, micro in _schedules(graph.input_shape[0], stages, settings) if sizes else ():
+            first = [made(size, micro)(min(micro, stages), False) for size in sizes]  # times; the first's memory
+            groups = first[0].groups
+            if len(groups) < stages:
+                continue
             staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
-            pipeline = Pipeline(stages, (stage_cluster.devices,) * stages, name, micro, staleness)
-            costs = makers[micro](min(micro, stages), False)  # times of every stage; memory of the first's
-            if len(costs.groups) >= stages:
-                configs.append(_Config(pipeline, graphs[micro], costs, costs.groups,
-                                       _Floor(costs, _heaviest_first(graphs[micro], costs.groups),
-                                              _bound_scale(name, stages, micro)),
-                                       _stage_costs(makers[micro], name, micro, stages)))
+            configs.append(_Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro),
+                                   groups, sizes, _Floor(first, _heaviest_first(made.graph(micro), groups),
+                                                         _bound_scale(name, stages, micro)),
+                                   _stage_costs(made, name, micro, stages)))
     return configs
+
+
+def _stage_sizes(cluster: Cluster) -> list[int]:
+    """The device counts of equal stages of whole nodes (or of equal parts of one node), any number of them."""
+    return [cluster.devices // count
+            for count in stage_counts(cluster.devices, cluster.devices_per_node, cluster.devices)]
+
+
+def _sizes_for(stages: int, devices: int, sizes: Sequence[int]) -> tuple[int, ...]:
+    """The device counts the stages of a ``stages``-stage pipeline may take: the equal-stage sizes nearest
+    ``devices / stages`` from below and above (one if it is one of them); none if ``stages`` of the least exceed
+    the devices. The cuts choose each stage's among them, within the devices (some may stay idle)."""
+    below = [size for size in sizes if size * stages <= devices]
+    above = [size for size in sizes if size * stages >= devices]
+    if not below:
+        return ()
+    return tuple(sorted({max(below), *(min(above),) * bool(above)}))
+
+
+class _Makers:
+    """Layer costs per stage size and micro-batch count, made once and shared by every configuration (a stage of
+    256 devices is the same in a 4-stage and a 3-stage pipeline), with the micro-batch graphs and move patterns."""
+
+    def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, optimizer: str, memo: CostMemo) -> None:
+        self.source, self.profile, self.cluster, self.optimizer, self.memo = graph, profile, cluster, optimizer, memo
+        self.graphs: dict[int, Any] = {}
+        self.patterns: dict[int, PatternTable] = {}
+        self.makers: dict[tuple[int, int], Callable[[int, bool], LayerCosts]] = {}
+
+    def graph(self, micro: int) -> Any:
+        """The graph of one of ``micro`` micro-batches."""
+        if micro not in self.graphs:
+            self.graphs[micro] = micro_batch_graph(self.source, micro)
+        return self.graphs[micro]
+
+    def __call__(self, size: int, micro: int) -> Callable[[int, bool], LayerCosts]:
+        """``(saved copies, recompute) → LayerCosts`` of a stage of ``size`` devices and ``micro`` micro-batches."""
+        if (size, micro) not in self.makers:
+            stage_cluster = _sized_cluster(self.cluster, size)
+            if size not in self.patterns:  # both schedules, every micro-batch size
+                self.patterns[size] = PatternTable(stage_cluster, size, depth=has_volumes(self.source))
+            self.makers[size, micro] = _costs_maker(self.graph(micro), self.profile, stage_cluster, self.optimizer,
+                                                    self.patterns[size], self.memo)
+        return self.makers[size, micro]
 
 
 def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[str, int]]:
@@ -282,64 +329,85 @@ def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str,
     return costs
 
 
-def _stage_costs(made: Callable[[int, bool], LayerCosts], schedule: str, micro: int,
-                 stages: int) -> Callable[[int, bool], LayerCosts | None]:
-    """Stage ``k``'s costs: under 1F1B it holds ``min(M, K − k)`` micro-batches' activations at once (or, recomputing,
-    one); a stale stage always recomputes (its time per batch is ``2F + B``: DSP's pace), holding one batch's
-    activations (its stashed inputs are the estimate's to count), and has no other way to choose."""
-    def costs(stage: int, recompute: bool) -> LayerCosts | None:
+def _stage_costs(made: _Makers, schedule: str, micro: int, stages: int) -> Callable[[int, bool, int], LayerCosts | None]:
+    """Stage ``k``'s costs on ``size`` devices: under 1F1B it holds ``min(M, K − k)`` micro-batches' activations at
+    once (or, recomputing, one); a stale stage always recomputes (its time per batch is ``2F + B``: DSP's pace),
+    holding one batch's activations (its stashed inputs are the estimate's to count), and has no other way to
+    choose."""
+    def costs(stage: int, recompute: bool, size: int) -> LayerCosts | None:
         if schedule == "stale":
-            return None if recompute else made(1, True)
-        return made(min(micro, stages - stage), recompute)
+            return None if recompute else made(size, micro)(1, True)
+        return made(size, micro)(min(micro, stages - stage), recompute)
     return costs
 
 
-def _stage_cluster(cluster: Cluster, stages: int) -> Cluster:
-    devices = cluster.devices // stages
+def _sized_cluster(cluster: Cluster, devices: int) -> Cluster:
+    """The cluster of one stage of ``devices`` devices (whole nodes, or part of one)."""
     return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
 
 
+_Solve = tuple[Space, CostTable, Solution, bool]
+
+
 def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings,
-                   limit_s: float | None = None
+                   limit_s: float | None = None, solved: dict[tuple[Any, ...], Any] | None = None
                    ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp], Pipeline]]:
-    """Per allreduce table (full, hidden): the exact cuts (``planner.stage_cuts``) and every layer's layout and
-    stage, how the stages were solved, runner-ups and the pipeline (which stages recompute).
+    """Per allreduce table (full, hidden): the exact cuts and stage sizes (``planner.stage_cuts``) and every
+    layer's layout and stage, how the stages were solved, runner-ups and the pipeline (each stage's devices,
+    which stages recompute).
 
     The hidden table goes first: its optimum is the least of both, so where its cuts cannot come under
     ``limit_s`` (the best plan found so far) — or no cut gives every stage a layout that fits — neither table
-    is solved further and the list is empty.
+    is solved further and the list is empty. ``solved``: stage solves shared with other configurations (a
+    segment of the same costs is the same problem).
     """
     heads, allowed = list(config.groups), _model_order_cuts(config)
-    spaces: dict[tuple[int, int, int], _StageSpaces] = {}  # a segment's spaces, shared by both tables
+    shared: dict[tuple[Any, ...], Any] = {} if solved is None else solved
     found = {}
     for which in (1, 0):
-        bound = _floor_bound(config, heads, which, cluster.memory_bytes)
-        solves: dict[tuple[int, int, int], tuple[Space, CostTable, Solution, bool] | None] = {}
+        bounds = {size: _floor_bound(config, heads, which, cluster.memory_bytes, size) for size in config.sizes}
+        solves: dict[tuple[int, int, int, int], _Solve | None] = {}
 
-        def true(i: int, j: int, k: int, which: int = which, solves: dict = solves) -> float:
-            if (i, j, k) not in spaces:
-                spaces[i, j, k] = _StageSpaces(config, profile, cluster, k, heads[i:j])
-            solves[i, j, k] = _best_stage_solve(spaces[i, j, k], which, settings)
-            return inf if solves[i, j, k] is None else solves[i, j, k][2].objective_s  # type: ignore[index]
+        def true(i: int, j: int, k: int, size: int, which: int = which, solves: dict = solves) -> float:
+            solves[i, j, k, size] = _segment_solve(config, profile, cluster, settings, shared, heads, (i, j, k, size),
+                                                   which)
+            return inf if solves[i, j, k, size] is None else solves[i, j, k, size][2].objective_s  # type: ignore[index]
 
-        cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, bound, true,
-                          micro_batches=config.pipeline.micro_batches, stale=config.pipeline.schedule == "stale",
-                          limit_s=limit_s if which == 1 else None)
+        cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, lambda i, j, size: bounds[size](i, j), true,
+                          sizes=config.sizes, budget=cluster.devices, micro_batches=config.pipeline.micro_batches,
+                          stale=config.pipeline.schedule == "stale", limit_s=limit_s if which == 1 else None)
         if cuts is None:
             break
-        solved = _Solved()
+        chosen = _Solved()
         for stage, (start, stop) in enumerate(zip(cuts.starts, [*cuts.starts[1:], len(heads)])):
-            solved.add(stage, *solves[start, stop, stage])  # type: ignore[misc]
-        found[which] = (solved.assignments, _solver_info(solved.solutions), solved.explained,
-                        replace(config.pipeline, recompute=tuple(solved.recompute)))
+            chosen.add(stage, *solves[start, stop, stage, cuts.devices[stage]])  # type: ignore[misc]
+        found[which] = (chosen.assignments, _solver_info(chosen.solutions), chosen.explained,
+                        replace(config.pipeline, devices_per_stage=cuts.devices, recompute=tuple(chosen.recompute)))
     return [found[which] for which in (0, 1) if which in found]
 
 
-def _floor_bound(config: _Config, heads: Sequence[str], which: int, memory_bytes: int) -> Callable[[int, int], float]:
-    """``(i, j) →`` the sum of decisions ``i … j−1``'s cheapest options (allreduce in full: ``which`` 0, hidden: 1):
-    no stage of them costs less — edges cost nothing or more, memory and recomputing only add; ``inf`` where even
-    their leanest options (one micro-batch's activations: the last stage's, or recomputing) exceed the memory."""
-    costs, leanest = config.stage_costs(0, False), config.stage_costs(config.pipeline.stages - 1, False)
+def _segment_solve(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings,
+                   shared: dict[tuple[Any, ...], Any], heads: Sequence[str], segment: tuple[int, int, int, int],
+                   which: int) -> _Solve | None:
+    """Decisions ``i … j−1`` as stage ``k`` on ``size`` devices, solved once per cost variants (``shared``)."""
+    i, j, k, size = segment
+    keep, again = config.stage_costs(k, False, size), config.stage_costs(k, True, size)
+    key = (id(keep), id(again), i, j)
+    if key not in shared:
+        shared[key] = _StageSpaces(config, profile, cluster, k, heads[i:j], size)
+    if (key, which) not in shared:
+        shared[key, which] = _best_stage_solve(shared[key], which, settings)
+    return shared[key, which]
+
+
+def _floor_bound(config: _Config, heads: Sequence[str], which: int, memory_bytes: int,
+                 size: int) -> Callable[[int, int], float]:
+    """``(i, j) →`` the sum of decisions ``i … j−1``'s cheapest options on ``size`` devices (allreduce in full:
+    ``which`` 0, hidden: 1): no stage of them costs less — edges cost nothing or more, memory and recomputing only
+    add; ``inf`` where even their leanest options (one micro-batch's activations: the last stage's, or
+    recomputing) exceed the memory."""
+    costs = config.stage_costs(0, False, size)
+    leanest = config.stage_costs(config.pipeline.stages - 1, False, size)
     assert costs is not None and leanest is not None
     seconds, least = [0.0], [0]
     for head in heads:
@@ -366,16 +434,18 @@ class _Solved:
 
 
 class _StageSpaces:
-    """Stage ``stage``'s search space keeping its activations, and (built when asked) recomputing them."""
+    """Stage ``stage``'s search space on ``size`` devices keeping its activations, and (built when asked)
+    recomputing them."""
 
     def __init__(self, config: _Config, profile: Profile, cluster: Cluster, stage: int,
-                 decisions: Sequence[str]) -> None:
+                 decisions: Sequence[str], size: int) -> None:
         self.config, self.profile, self.cluster, self.stage, self.decisions = config, profile, cluster, stage, decisions
+        self.size = size
         self._built: dict[bool, Space] = {}
 
     def space(self, recompute: bool) -> Space:
         if recompute not in self._built:
-            costs = self.config.stage_costs(self.stage, recompute)
+            costs = self.config.stage_costs(self.stage, recompute, self.size)
             assert costs is not None  # only asked where can_recompute
             self._built[recompute] = build_space(self.config.graph, self.profile, costs.cluster, costs.devices,
                                                  costs.optimizer, self.cluster.memory_bytes,
@@ -384,7 +454,7 @@ class _StageSpaces:
 
     @property
     def can_recompute(self) -> bool:
-        return self.config.stage_costs(self.stage, True) is not None
+        return self.config.stage_costs(self.stage, True, self.size) is not None
 
 
 def _best_stage_solve(spaces: _StageSpaces, which: int, settings: SearchSettings

@@ -170,31 +170,40 @@ def test_a_sync_pipeline_plan_file_runs_in_gpipe_order_and_is_predicted(repo: Pa
 
 def test_a_recomputing_plan_and_one_on_unequal_stages_run_and_verify(repo: Path, tmp_path: Path) -> None:
     """What the stage search emits runs: the UNet at 8×3×64×64 on 2 devices of 13 MB plans two sync stages of
-    8 micro-batches whose first recomputes its activations; the same cut on stages of 1 + 2 ranks (the second's
-    layers copied on both) runs too — each verified equal to the unsplit model in float64."""
+    8 micro-batches whose first recomputes its activations; on 4 devices ResNet-18's 3-stage stale pipelines
+    split them 2 + 1 + 1 (or 1 + 2 + 1) — each verified equal to the unsplit model in float64."""
     from dataclasses import replace
+    from functools import partial
 
     import torch
 
     from calibrate.presets import preset_cluster, preset_profile
     from cost_models.graph import trace
+    from cost_models.model_spec import load_model
     from cost_models.plan import save_plan
     from examples.unet import unet
-    from planner.search import plan_model
+    from planner.search import assigned_plan, plan_model
     from planner.settings import SearchSettings
+    from planner.stages import search_pipelines
 
     model = ["--model", "examples/unet.py:unet", "--input-shape", "8,3,64,64", "--dtype", "float64"]
     graph = trace(unet(), (8, 3, 64, 64), torch.float64)
     cluster = replace(preset_cluster("h100", 2), memory_bytes=13_000_000)
     plan = plan_model(graph, preset_profile("h100"), cluster, SearchSettings(max_stages=2, schedule="sync")).plan
     assert plan.pipeline.recompute == (True, False) and plan.pipeline.micro_batches == 8
-    unequal = replace(plan, cluster=replace(cluster, devices=3), pipeline=replace(
-        plan.pipeline, devices_per_stage=(1, 2), recompute=()))
-    for name, made, ranks in (("recompute", plan, "2"), ("unequal", unequal, "3")):
+    resnet = ["--model", "torchvision:resnet18", "--input-shape", "8,3,32,32", "--dtype", "float64"]
+    graph = trace(load_model("torchvision:resnet18"), (8, 3, 32, 32), torch.float64)
+    four = preset_cluster("h100", 4)
+    searched = search_pipelines(graph, preset_profile("h100"), four, partial(assigned_plan, graph, four),
+                                SearchSettings(max_stages=3, schedule="stale"), prune=False)
+    unequal = next(replace(c.plan, model_spec="torchvision:resnet18") for c in searched.candidates
+                   if len(set(c.plan.pipeline.devices_per_stage)) > 1)
+    assert sum(unequal.pipeline.devices_per_stage) == 4 and unequal.pipeline.stages == 3
+    for name, made, ranks, spec in (("recompute", plan, "2", model), ("unequal", unequal, "4", resnet)):
         save_plan(made, tmp_path / f"{name}.json")
-        run = _parplan("run", *model, "--plan", str(tmp_path / f"{name}.json"), "--nproc", ranks, "--steps", "1",
+        run = _parplan("run", *spec, "--plan", str(tmp_path / f"{name}.json"), "--nproc", ranks, "--steps", "1",
                        "--warmup", "0", "--verify", "--json", cwd=repo)
         assert run.returncode == 0, f"{name}: {run.stderr}"
         document = json.loads(run.stdout)
         assert document["verify"]["passed"], (name, document["verify"])
-        assert document["pipeline"]["stages"] == 2
+        assert document["pipeline"]["stages"] == made.pipeline.stages

@@ -12,13 +12,18 @@ from hypothesis import strategies as st
 from planner.stage_cuts import exact_cuts
 
 
-def _brute(count, stages, allowed, true, micro, stale):  # noqa: ANN001, ANN202
+def _brute(count, stages, allowed, true, micro, stale, sizes=(1,), budget=None):  # noqa: ANN001, ANN202
+    """The least objective over every cut and every assignment of sizes to stages within the budget."""
+    budget = stages * max(sizes) if budget is None else budget
     best = math.inf
     for starts in itertools.combinations(sorted(p for p in set(allowed) if 0 < p < count), stages - 1):
         cuts = [0, *starts, count]
-        times = [true(cuts[k], cuts[k + 1], k) for k in range(stages)]
-        if all(math.isfinite(t) for t in times):
-            best = min(best, max(times) if stale else sum(times) + (micro - 1) * max(times))
+        for devices in itertools.product(sizes, repeat=stages):
+            if sum(devices) > budget:
+                continue
+            times = [true(cuts[k], cuts[k + 1], k, devices[k]) for k in range(stages)]
+            if all(math.isfinite(t) for t in times):
+                best = min(best, max(times) if stale else sum(times) + (micro - 1) * max(times))
     return best
 
 
@@ -32,10 +37,10 @@ def test_the_dp_finds_what_brute_force_finds(count: int, stages: int, micro: int
     penalty = data.draw(st.floats(0.0, 3.0))
     blocked = data.draw(st.sets(st.tuples(st.integers(0, count), st.integers(0, count)), max_size=4))
 
-    def bound(i: int, j: int) -> float:
+    def bound(i: int, j: int, size: int = 1) -> float:
         return sum(weights[i:j]) + 0.1 * (j - i) ** 0.5
 
-    def true(i: int, j: int, k: int) -> float:
+    def true(i: int, j: int, k: int, size: int = 1) -> float:
         if (i, j) in blocked:
             return math.inf
         return bound(i, j) + (penalty * (stages - k) if j - i > 2 else 0.0)  # early stages hold more micro-batches
@@ -57,7 +62,7 @@ def test_the_dp_finds_what_brute_force_finds(count: int, stages: int, micro: int
 
 def test_a_balanced_cut_and_the_bubble_term() -> None:
     """Eight equal decisions into two stages: 4 + 4; with many micro-batches the largest stage dominates."""
-    def time(i: int, j: int, k: int = 0) -> float:
+    def time(i: int, j: int, k: int = 0, size: int = 1) -> float:
         return float(j - i)
 
     found = exact_cuts(8, 2, range(1, 8), time, time, micro_batches=8)
@@ -66,3 +71,39 @@ def test_a_balanced_cut_and_the_bubble_term() -> None:
     assert uneven is not None and uneven.starts == (0, 2) and uneven.stage_s == (2.0, 6.0)
     assert exact_cuts(8, 3, {4}, time, time) is None  # two stages at most from one allowed point
 
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 7), st.integers(1, 4), st.integers(1, 5), st.booleans(), st.data())
+def test_the_dp_splits_the_devices_as_brute_force_does(count: int, stages: int, micro: int, stale: bool,
+                                                      data: st.DataObject) -> None:
+    """Stages of different device counts: a stage's time shrinks with its devices by its own scaling (random),
+    a per-stage memory penalty that more devices relieve, some segments that fit no size; every cut and every
+    assignment of sizes within the budget tried by brute force."""
+    sizes = tuple(sorted(data.draw(st.sets(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=3))))
+    budget = data.draw(st.integers(stages * min(sizes), stages * max(sizes)))
+    weights = data.draw(st.lists(st.floats(0.1, 5.0), min_size=count, max_size=count))
+    scaling = data.draw(st.lists(st.floats(0.3, 1.0), min_size=count, max_size=count))  # 1: perfect speed-up
+    allowed = data.draw(st.sets(st.integers(1, count - 1))) if count > 1 else set()
+    penalty = data.draw(st.floats(0.0, 3.0))
+    blocked = data.draw(st.sets(st.tuples(st.integers(0, count), st.integers(0, count), st.sampled_from(sizes)),
+                                max_size=4))
+
+    def bound(i: int, j: int, size: int) -> float:
+        return sum(w / size ** s for w, s in zip(weights[i:j], scaling[i:j]))
+
+    def true(i: int, j: int, k: int, size: int) -> float:
+        if (i, j, size) in blocked:
+            return math.inf
+        return bound(i, j, size) + (penalty * (stages - k) / size if j - i > 2 else 0.0)
+
+    expected = _brute(count, stages, allowed, true, micro, stale, sizes, budget)
+    found = exact_cuts(count, stages, allowed, bound, true, sizes=sizes, budget=budget, micro_batches=micro,
+                       stale=stale)
+    if not math.isfinite(expected):
+        assert found is None
+        return
+    assert found is not None and found.objective_s == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert sum(found.devices) <= budget and set(found.devices) <= set(sizes)
+    cuts = [*found.starts, count]
+    assert found.stage_s == tuple(true(cuts[k], cuts[k + 1], k, found.devices[k]) for k in range(stages))

@@ -54,7 +54,9 @@ def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: 
     sync = {(c.plan.pipeline.stages, c.plan.pipeline.micro_batches) for c in everything.candidates
             if c.plan.pipeline.schedule == "sync"}
     batch = resnet18.input_shape[0]
-    assert sync == {(k, m) for k in stage_counts(8, cluster.devices_per_node, 4) for m in micro_batch_counts(batch, k)}
+    assert sync == {(k, m) for k in (2, 3, 4) for m in micro_batch_counts(batch, k)}  # 3 stages: 4 + 2 + 2 devices
+    three = [c.plan.pipeline.devices_per_stage for c in everything.candidates if c.plan.pipeline.stages == 3]
+    assert three and all(set(split) <= {2, 4} and sum(split) <= 8 for split in three)  # some devices may idle
     result = plan_model(resnet18, profile, cluster, SearchSettings(max_stages=4))
     best = min(c.estimate.iteration_s for c in everything.candidates if c.fits)
     assert result.estimate.iteration_s <= best + 1e-12  # the bound skipped nothing that would have won
@@ -257,8 +259,10 @@ def test_a_stage_recomputes_where_keeping_its_activations_does_not_fit() -> None
 
 
 def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
-    """resnet18 on 4 devices, 2 and 4 stages, sync and stale: the cut the search picks has the least objective
-    (``Σ t + (M−1)·max t`` or ``max t``, each stage's time its exact layout optimum) of every allowed cut."""
+    """resnet18 on 4 devices, 2 to 4 stages, sync (each micro-batch count) and stale: the cut and the devices
+    per stage the search picks have the least objective (``Σ t + (M−1)·max t`` or ``max t``, each stage's time its
+    exact layout optimum on its devices) of every allowed cut and every split of the devices among the stages'
+    sizes (3 stages: 2 + 1 + 1, or fewer with devices left idle)."""
     import itertools
     import math
 
@@ -274,20 +278,22 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
         heads, stages = list(config.groups), config.pipeline.stages
         micro, stale = config.pipeline.micro_batches, config.pipeline.schedule == "stale"
 
-        seen: dict[tuple[int, int, int], float] = {}
+        seen: dict[tuple[int, int, int, int], float] = {}
 
-        def time(i: int, j: int, k: int) -> float:
-            if (i, j, k) not in seen:
-                best = _best_stage_solve(_StageSpaces(config, profile, cluster, k, heads[i:j]), 0, settings)
-                seen[i, j, k] = math.inf if best is None else best[2].objective_s
-            return seen[i, j, k]
+        def time(i: int, j: int, k: int, size: int) -> float:
+            if (i, j, k, size) not in seen:
+                best = _best_stage_solve(_StageSpaces(config, profile, cluster, k, heads[i:j], size), 0, settings)
+                seen[i, j, k, size] = math.inf if best is None else best[2].objective_s
+            return seen[i, j, k, size]
 
-        def objective(cuts: list[int]) -> float:
-            times = [time(a, b, k) for k, (a, b) in enumerate(zip(cuts, [*cuts[1:], len(heads)]))]
+        def objective(cuts: list[int], sizes: tuple[int, ...]) -> float:
+            times = [time(a, b, k, sizes[k]) for k, (a, b) in enumerate(zip(cuts, [*cuts[1:], len(heads)]))]
             return max(times) if stale else sum(times) + (micro - 1) * max(times)
 
         allowed = sorted(_model_order_cuts(config))
-        brute = min(objective([0, *starts]) for starts in itertools.combinations(allowed, stages - 1))
-        assignments = _stage_layouts(config, profile, cluster, settings)[0][0]
+        splits = [split for split in itertools.product(config.sizes, repeat=stages) if sum(split) <= 4]
+        brute = min(objective([0, *starts], split) for starts in itertools.combinations(allowed, stages - 1)
+                    for split in splits)
+        assignments, _, _, pipeline = _stage_layouts(config, profile, cluster, settings)[0]
         chosen = [0] + [heads.index(next(h for h in heads if assignments[h].stage == k)) for k in range(1, stages)]
-        assert objective(chosen) == pytest.approx(brute, rel=1e-9), config.pipeline
+        assert objective(chosen, pipeline.devices_per_stage) == pytest.approx(brute, rel=1e-9), config.pipeline
