@@ -80,7 +80,9 @@ class Cluster:
 
     def spans_nodes(self, ranks: range | list[int] | tuple[int, ...]) -> bool:
         """Whether a group of ranks lives on more than one node."""
-        return len({self.node_of(rank) for rank in ranks}) > 1
+        if not ranks:
+            return False
+        return self.node_of(min(ranks)) != self.node_of(max(ranks))  # nodes hold consecutive ranks
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from math import lcm, prod
 from typing import Mapping, Sequence
 
@@ -164,9 +165,14 @@ def move_pattern_arrays(cluster: Cluster, source: Layout, targets: Sequence[Layo
     innermost dimension the box spans). Ranks repeat with period ``lcm`` of the two layouts' rank counts and the
     node size, so only one period is examined.
     """
+    period = lcm(source.ranks, cluster.devices_per_node, *(target.ranks for target in targets))
+    if devices % period == 0 and all(_is_power_of_two(p) for p in (period, *source.parts(), *chain.from_iterable(
+            target.parts() for target in targets))):
+        found = [_bit_pattern(source.parts(), target.parts(), cluster.devices_per_node) for target in targets]
+        return (np.array([count for count, _ in found], dtype=np.int64).reshape(-1),
+                np.array([cases for _, cases in found], dtype=bool).reshape(-1, 4).T)
     s_parts = np.array(source.parts(), dtype=np.int64)
     t_parts = np.array([target.parts() for target in targets], dtype=np.int64).reshape(-1, 5)
-    period = lcm(source.ranks, cluster.devices_per_node, *(target.ranks for target in targets))
     ranks = np.arange(period if devices % period == 0 else devices, dtype=np.int64)
     runs = np.where(s_parts >= t_parts, s_parts // np.minimum(s_parts, t_parts), 1)  # source parts per wanted range
     first, holds = _wanted_corner(s_parts, t_parts, ranks, source.ranks)
@@ -185,6 +191,61 @@ def move_pattern_arrays(cluster: Cluster, source: Layout, targets: Sequence[Layo
              != np.where(talks, np.maximum(ranks, base + high), ranks) // per_node)
     present = np.stack([np.any((holds == held) & (spans == spanning), axis=1) for held, spanning in PATTERN_CASES])
     return count, present
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@lru_cache(maxsize=1 << 16)
+def _bit_pattern(s_parts: tuple[int, ...], t_parts: tuple[int, ...], per_node: int) -> tuple[int, tuple[bool, ...]]:
+    """One target's ``parts`` and cases of :data:`PATTERN_CASES` where every part count and the node size are
+    powers of two: a rank's bits decide everything, so the cases follow from which bits must be equal.
+
+    A rank ``r``'s source coordinates are bit fields of ``r mod S`` (its part, flat), its target coordinates
+    bit fields of ``r``. The flat index of the first part it wants takes each non-run bit ``k`` from bit
+    ``π(k)`` of ``r`` (run bits, the low ``log(s/t)`` of an axis the box spans, are 0). So a rank holds one of
+    its parts iff bit ``k`` of ``r`` equals bit ``π(k)`` for every non-run ``k`` (rank 0 always does); with a
+    node of ``2^p`` ranks and ``S ≥ 2^p``, a rank and its box share a node iff the box does not cross a node
+    (no run bit at ``p`` or above) and its part's bits from ``p`` up equal the box's (the pairs with
+    ``k ≥ p``); with ``S ≤ 2^p`` a replica block lies in one node. Every assignment of bits is a rank of the
+    period, so a case occurs iff its equalities can be met and broken as it asks.
+    """
+    s_log, t_log = [p.bit_length() - 1 for p in s_parts], [p.bit_length() - 1 for p in t_parts]
+    node_log = per_node.bit_length() - 1
+    image: dict[int, int] = {}  # non-run flat bit -> the bit of r it must equal for the rank to hold its part
+    runs_top, count = 0, 1  # one past the highest run bit; parts wanted
+    for axis in range(5):
+        s, t = s_log[axis], t_log[axis]
+        s_at, t_at = sum(s_log[axis + 1:]), sum(t_log[axis + 1:])  # log strides
+        if s >= t:
+            count <<= s - t
+            runs_top = max(runs_top, s_at + s - t if s > t else 0)
+            image.update({s_at + s - t + i: t_at + i for i in range(t)})
+        else:
+            image.update({s_at + i: t_at + t - s + i for i in range(s)})
+    breakable = any(k != j for k, j in image.items())
+    if sum(s_log) <= node_log:
+        return count, (breakable, False, True, False)
+    if runs_top > node_log:  # the box crosses a node: every talking rank spans nodes
+        return count, (False, breakable, False, count > 1)
+    above = [(k, j) for k, j in image.items() if k >= node_log]
+    joined = _components(above)
+    split = any(k != j and joined.get(k, k) != joined.get(j, j) for k, j in image.items() if k < node_log)
+    return count, (split, any(k != j for k, j in above), True, False)
+
+
+def _components(pairs: Sequence[tuple[int, int]]) -> dict[int, int]:
+    """A representative for each bit named in ``pairs``, equal for bits joined by a chain of pairs."""
+    parent: dict[int, int] = {}
+
+    def root(bit: int) -> int:
+        while parent.setdefault(bit, bit) != bit:
+            bit = parent[bit]
+        return bit
+    for k, j in pairs:
+        parent[root(k)] = root(j)
+    return {bit: root(bit) for bit in list(parent)}
 
 
 @lru_cache(maxsize=4096)

@@ -26,7 +26,7 @@ from cost_models.comm_cost import (PATTERN_CASES, move_pattern_arrays, nested_ma
                                   sendrecv_coefficients)
 from cost_models.edges import edge_layouts
 from cost_models.graph import dtype_itemsize
-from cost_models.layout import Layout, as_volume, layouts_dividing
+from cost_models.layout import Layout, as_volume
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.profile import Profile
 
@@ -44,25 +44,43 @@ def has_volumes(graph: LayerGraph) -> bool:
 
 
 class PatternTable:
-    """Move patterns between the layouts whose rank count divides ``devices`` (splitting depth too with
+    """Move patterns between layouts whose rank count divides ``devices`` (splitting depth too with
     ``depth``), examined once per pair.
 
-    Dense tables indexed by layout, shared by every graph and batch size
-    planned on the same devices of the same cluster (patterns do not depend
-    on the tensor).
+    Shared by every graph and batch size planned on the same devices of the
+    same cluster (patterns do not depend on the tensor). Layouts get a slot
+    when first seen (a search meets a few hundred of the thousands that divide
+    16,384 devices), and the tables are dense over the slots, grown as needed.
     """
 
     def __init__(self, cluster: Cluster, devices: int, *, depth: bool = False) -> None:
         self.cluster, self.devices, self.depth = cluster, devices, depth
-        self.layouts = layouts_dividing(devices, depth=depth)
-        self.index = {layout: position for position, layout in enumerate(self.layouts)}
-        self.parts = np.array([layout.parts() for layout in self.layouts], dtype=np.int64)
-        count = len(self.layouts)
-        self.pattern_parts = np.full((count, count), -1, dtype=np.int64)  # -1: not examined yet
-        self.pattern_cases = np.zeros((len(PATTERN_CASES), count, count), dtype=bool)
+        self.layouts: list[Layout] = []
+        self.index: dict[Layout, int] = {}
+        self.parts = np.zeros((0, 5), dtype=np.int64)
+        self.pattern_parts = np.full((0, 0), -1, dtype=np.int64)  # -1: not examined yet
+        self.pattern_cases = np.zeros((len(PATTERN_CASES), 0, 0), dtype=bool)
+
+    def slot(self, layout: Layout) -> int:
+        """The slot of ``layout``, given one when first seen.
+
+        Raises:
+            ValueError: Its rank count does not divide the devices, or it splits depth in a table of images.
+        """
+        found = self.index.get(layout)
+        if found is None:
+            if self.devices % layout.ranks or (layout.d > 1 and not self.depth):
+                raise ValueError(f"layout {layout} is not one of {self.devices} devices"
+                                 f"{'' if self.depth else ' of images'}; hint: price it on a table of its devices")
+            found = self.index[layout] = len(self.layouts)
+            self.layouts.append(layout)
+            self.parts = np.concatenate([self.parts, np.array([layout.parts()], dtype=np.int64)])
+        return found
 
     def examine(self, starts: np.ndarray, ends: np.ndarray, patterned: np.ndarray) -> None:
         """Fill the tables for the nested pairs not examined yet, one start layout at a time."""
+        self.pattern_parts = grown(self.pattern_parts, len(self.layouts), -1)
+        self.pattern_cases = grown(self.pattern_cases, len(self.layouts), False)
         missing = patterned & (self.pattern_parts[starts][:, ends] < 0)
         for row in np.nonzero(missing.any(axis=1))[0]:
             start = starts[row]
@@ -71,6 +89,17 @@ class PatternTable:
                                                  [self.layouts[end] for end in targets], self.devices)
             self.pattern_parts[start, targets] = parts
             self.pattern_cases[:, start, targets] = present
+
+
+def grown(table: np.ndarray, size: int, fill: Any) -> np.ndarray:
+    """``table`` (square in its last two axes) with at least ``size`` rows and columns, new entries ``fill``
+    (capacity doubles, so a table grown one slot at a time is copied a logarithmic number of times)."""
+    have = table.shape[-1]
+    if have >= size:
+        return table
+    bigger = np.full(table.shape[:-2] + (max(size, 2 * have, 64),) * 2, fill, dtype=table.dtype)
+    bigger[..., :have, :have] = table
+    return bigger
 
 
 class EdgeCosts:
@@ -89,7 +118,6 @@ class EdgeCosts:
         if (self.table.cluster, self.table.devices) != (cluster, devices) or (volumes and not self.table.depth):
             raise ValueError(f"a pattern table for {self.table.devices} devices{'' if self.table.depth else ' of images'} "
                              f"cannot price moves of this graph on {devices}")
-        self.layouts, self.index, self.parts = self.table.layouts, self.table.index, self.table.parts
         self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
         self.moves: dict[tuple[Any, ...], np.ndarray] = {}  # per tensor shape, itemsize: seconds between layouts
         self.sizes = {name: dtype_itemsize(data["dtype"]) if data.get("dtype") else itemsize  # mixed precision
@@ -111,8 +139,9 @@ class EdgeCosts:
         if first is None:  # the model input is loaded in place
             return np.zeros((len(haves), len(layouts)))
         shape = first[0]
-        held = np.array([self.index[edge_layouts(src, dst, have, layouts[0])[1]] for have in haves])  # type: ignore[index]
-        wanted = np.array([self.index[edge_layouts(src, dst, haves[0], layout)[2]]  # type: ignore[index]
+        slot = self.table.slot
+        held = np.array([slot(edge_layouts(src, dst, have, layouts[0])[1]) for have in haves])  # type: ignore[index]
+        wanted = np.array([slot(edge_layouts(src, dst, haves[0], layout)[2])  # type: ignore[index]
                            for layout in layouts])
         starts, rows = np.unique(held, return_inverse=True)
         ends, columns = np.unique(wanted, return_inverse=True)
@@ -125,11 +154,10 @@ class EdgeCosts:
         """Seconds of the busiest rank moving a ``shape`` tensor of ``itemsize``-byte elements from each of
         ``starts`` to each of ``ends``.
 
-        Each move is priced once per tensor shape (kept in a dense table over the layouts, NaN until priced).
+        Each move is priced once per tensor shape (kept in a dense table over the table's slots, NaN until priced).
         """
-        if (shape, itemsize) not in self.moves:
-            self.moves[shape, itemsize] = np.full((len(self.layouts), len(self.layouts)), np.nan)
-        known = self.moves[shape, itemsize]
+        known = self.moves[shape, itemsize] = grown(self.moves.get((shape, itemsize), np.zeros((0, 0))),
+                                                    len(self.table.layouts), np.nan)
         block = np.ix_(starts, ends)
         seconds = known[block]
         missing = np.isnan(seconds)
@@ -144,7 +172,7 @@ class EdgeCosts:
         if self.devices == 1:  # one device moves nothing (and a one-rank profile has no link to price it)
             return np.zeros((len(starts), len(ends)))
         extents = np.array(as_volume(shape), dtype=np.int64)
-        source, target = self.parts[starts][:, None, :], self.parts[ends][None, :, :]
+        source, target = self.table.parts[starts][:, None, :], self.table.parts[ends][None, :, :]
         patterned = nested_mask(extents, source, target)
         self.table.examine(starts, ends, patterned & wanted)
         table = self.table
@@ -154,6 +182,7 @@ class EdgeCosts:
                               table.pattern_cases[:, starts][:, :, ends], extents, source, target)
         for row, column in zip(*np.nonzero(~patterned & wanted)):  # rank by rank: splits that do not nest or divide
             seconds[row, column] = redistribution_row_s(self.profile, self.cluster, shape, itemsize,
-                                                        self.layouts[starts[row]], [self.layouts[ends[column]]],
+                                                        self.table.layouts[starts[row]],
+                                                        [self.table.layouts[ends[column]]],
                                                         self.devices)[0]
         return seconds

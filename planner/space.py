@@ -312,17 +312,24 @@ def _layout_tiers(node: Mapping[str, Any], devices: int, per_node: int) -> list[
 def _tiers(shape_text: str, devices: int, per_node: int) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
     shape = json.loads(shape_text)
     volume = len(shape) == 5
-    dividing = [layout for layout in layouts_dividing(devices, depth=volume)
-                if _divides(shape, layout) and layout.c <= max(per_node, 1)
-                and ((layout.d, layout.h, layout.w) in _volume_tilings(layout.spatial) if volume
-                     else (layout.h, layout.w) in _tilings(layout.spatial))]
+    dividing = [layout for layout in _tiled(devices, volume, per_node) if _divides(shape, layout)]
     return (tuple(lay for lay in dividing if lay.ranks == devices), tuple(lay for lay in dividing if lay.ranks < devices))
 
 
-def _tilings(tiles: int) -> set[tuple[int, int]]:
+@lru_cache(maxsize=64)
+def _tiled(devices: int, volume: bool, per_node: int) -> tuple[Layout, ...]:
+    """The layouts of the space on ``devices`` before the tensor is asked: channels split within a node, spatial
+    tiles in one of :func:`_tilings` (images) or :func:`_volume_tilings` (volumes)."""
+    return tuple(layout for layout in layouts_dividing(devices, depth=volume) if layout.c <= max(per_node, 1)
+                 and ((layout.d, layout.h, layout.w) in _volume_tilings(layout.spatial) if volume
+                      else (layout.h, layout.w) in _tilings(layout.spatial)))
+
+
+@lru_cache(maxsize=256)
+def _tilings(tiles: int) -> frozenset[tuple[int, int]]:
     """Rows-only, columns-only and the most nearly square ``(h, w)`` grid of ``tiles`` tiles (``h ≥ w``)."""
     rows = min(h for h in range(1, tiles + 1) if tiles % h == 0 and h * h >= tiles)
-    return {(tiles, 1), (1, tiles), (rows, tiles // rows)}
+    return frozenset({(tiles, 1), (1, tiles), (rows, tiles // rows)})
 
 
 @lru_cache(maxsize=256)

@@ -109,7 +109,7 @@ def _examined_patterns(cluster: Cluster, source: Layout, targets: list[Layout], 
 
 
 @settings(max_examples=120, deadline=None)
-@given(devices=st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]), depth=st.booleans(),
+@given(devices=st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256]), depth=st.booleans(),
        per_node=st.sampled_from([1, 2, 3, 4, 6, 8, 16, 128]), picks=st.lists(st.integers(0, 10**6), min_size=13,
                                                                               max_size=13))
 def test_move_patterns_closed_forms_equal_examining_every_rank(devices: int, depth: bool, per_node: int,
