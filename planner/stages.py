@@ -44,10 +44,9 @@ layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from math import ceil, inf, prod
+from math import ceil, inf
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
-from cost_models.capability import crosses_as_tuple, shared_modules
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, estimate
@@ -55,11 +54,13 @@ from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
 from planner.cost_table import CostTable, Solution
+from planner.cut_points import allowed_cuts
 from planner.exact import UNCONSTRAINED_SOLVERS, solve_exact
 from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
 from planner.space import LayerCosts, Space, build_space
+from planner.stage_bounds import Floor, bound_scale, heaviest_first
 from planner.stage_cuts import exact_cuts
 
 if TYPE_CHECKING:
@@ -109,42 +110,6 @@ class PipelineSearch:
     skipped: int
 
 
-class _Floor:
-    """A lower bound on one configuration's iteration seconds, summed lazily, heaviest decisions first.
-
-    ``scale`` times the sum of the decisions' cheapest options without the allreduce (the module's bound):
-    summing stops where a part of it already reaches what the caller must beat, so a configuration that cannot
-    win costs the layouts of a few decisions, not all. ``None`` once a decision has no layout at all.
-    """
-
-    def __init__(self, costs: Sequence[LayerCosts], order: Sequence[str], scale: float) -> None:
-        self.costs, self.order, self.scale = costs, order, scale  # one per device count a stage may take
-        self.summed, self.partial_s = 0, 0.0
-        self.valid = True
-
-    @property
-    def complete(self) -> bool:
-        return self.summed == len(self.order)
-
-    @property
-    def bound_s(self) -> float:
-        """The bound from the decisions summed so far (all of them once :attr:`complete`)."""
-        return self.partial_s * self.scale
-
-    def reaches(self, limit_s: float | None, most: int | None = None) -> bool:
-        """Sum decisions (at most ``most`` more) until the bound reaches ``limit_s`` (``None``: all); whether it
-        did. A configuration found without layouts reaches every limit."""
-        stop = len(self.order) if most is None else min(len(self.order), self.summed + most)
-        while self.valid and self.summed < stop and (limit_s is None or self.bound_s < limit_s):
-            head = self.order[self.summed]
-            try:
-                self.partial_s += min(row[2] for costs in self.costs for row in costs.rows(costs.groups[head]))
-            except InputError:  # some layer has no layout on the stage's devices with this micro-batch
-                self.valid = False
-            self.summed += 1
-        return not self.valid or (limit_s is not None and self.bound_s >= limit_s)
-
-
 @dataclass(frozen=True)
 class _Config:
     """One stage count and schedule, with its per-stage cost cache and a lazy lower bound on its iteration time."""
@@ -154,7 +119,7 @@ class _Config:
     groups: Mapping[str, tuple[str, ...]]
     sizes: tuple[int, ...]
     """The device counts a stage may take (``_stage_sizes``)."""
-    floor: _Floor
+    floor: Floor
     stage_costs: Callable[[int, bool, int], LayerCosts | None]
     """Stage ``k``'s costs on ``size`` devices keeping (``False``) or recomputing (``True``; ``None`` for a stale
     schedule, which always recomputes) its activations: the memory of as many micro-batches as its schedule
@@ -236,8 +201,8 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
                 continue
             staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
             configs.append(_Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro),
-                                   groups, sizes, _Floor(first, _heaviest_first(made.graph(micro), groups),
-                                                         _bound_scale(name, stages, micro)),
+                                   groups, sizes, Floor(first, heaviest_first(made.graph(micro), groups),
+                                                         bound_scale(name, stages, micro)),
                                    _stage_costs(made, name, micro, stages)))
     return configs
 
@@ -296,24 +261,6 @@ def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[
     return schedules
 
 
-def _bound_scale(schedule: str, stages: int, micro: int) -> float:
-    """What the sum of one (micro-)batch's cheapest options is multiplied by to bound the iteration's seconds:
-    the busiest of ``K`` stages (stale), ``Σ_k t_k + (M − 1)·max_k t_k`` with ``max_k t_k ≥ Σ_k t_k / K`` (sync)."""
-    return 1 / stages if schedule == "stale" else (stages + micro - 1) / stages
-
-
-def _heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """The decisions by the elements their layers write, most first (a guess at their cost, to sum the bound in)."""
-    def written(head: str) -> int:
-        total = 0
-        for layer in groups[head]:
-            shape = graph.nodes[layer]["output_shape"]
-            total += prod(shape) if shape and not isinstance(shape[0], list) else 0
-        return total
-    position = {head: index for index, head in enumerate(groups)}
-    return sorted(groups, key=lambda head: (-written(head), position[head]))
-
-
 def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
                  memo: CostMemo) -> Callable[[int, bool], LayerCosts]:
     """``(saved copies, recompute) → LayerCosts`` of ``graph`` on the stage's devices, each made once."""
@@ -361,7 +308,7 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
     is solved further and the list is empty. ``solved``: stage solves shared with other configurations (a
     segment of the same costs is the same problem).
     """
-    heads, allowed = list(config.groups), _model_order_cuts(config)
+    heads, allowed = list(config.groups), allowed_cuts(config.graph, config.groups)
     shared: dict[tuple[Any, ...], Any] = {} if solved is None else solved
     found = {}
     for which in (1, 0):
@@ -473,63 +420,6 @@ def _best_stage_solve(spaces: _StageSpaces, which: int, settings: SearchSettings
         except InputError:  # nothing fits this way
             continue
     return min(found, key=lambda option: (option[2].objective_s, option[3]), default=None)
-
-
-def _model_order_cuts(config: _Config) -> set[int]:
-    """Decision indices where a stage may start: every layer before precedes every layer after in the model's order.
-
-    The runtime cuts the traced program, whose order can differ from the decisions' topological order (a
-    residual block's shortcut convolution is traced after the block's main branch).
-    """
-    position = {layer: index for index, layer in enumerate(config.graph.compute_layers())}
-    spans = [[position[layer] for layer in members] for members in config.groups.values()]
-    before, after = [], []
-    largest, smallest = -1, len(position)
-    for span in spans:
-        largest = max(largest, *span)
-        before.append(largest)
-    for span in reversed(spans):
-        smallest = min(smallest, *span)
-        after.append(smallest)
-    after.reverse()
-    return ({i for i in range(1, len(spans)) if before[i - 1] < after[i]}
-            - _tuple_crossings(config.graph, position, before) - _shared_crossings(config.graph, position, before)
-            - _held_crossings(config.graph, position, before))
-
-
-def _tuple_crossings(graph: LayerGraph, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
-    """Cut indices at which a layer's tuple of tensors would be sent to a later stage (the runtime refuses it):
-    the cut after model position ``last`` separates a tuple at ``p <= last`` from a reader past ``last``."""
-    cuts: set[int] = set()
-    for layer, p in position.items():
-        readers = [position[r] for r in graph.successors(layer) if r in position]
-        if not readers or not crosses_as_tuple(graph, layer, lambda reader: True):
-            continue
-        cuts |= {i for i in range(1, len(before) + 1) if p <= before[i - 1] < max(readers)}
-    return cuts
-
-
-def _held_crossings(graph: LayerGraph, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
-    """Cut indices that would send a value no layer holds (an opaque call's ``(x, (h, w))``) to a later stage:
-    the layers of each of the trace's ``held_together`` spans stay on one stage (the runtime refuses it)."""
-    return _spanned_cuts([[position[layer] for layer in span if layer in position]
-                          for span in graph.graph.get("held_together", [])], before)
-
-
-def _spanned_cuts(spans: Sequence[Sequence[int]], before: Sequence[int]) -> set[int]:
-    """Cut indices that fall inside any of ``spans`` (model positions that must stay on one stage)."""
-    cuts: set[int] = set()
-    for spots in spans:
-        if len(spots) > 1:
-            cuts |= {i for i in range(1, len(before) + 1) if min(spots) <= before[i - 1] < max(spots)}
-    return cuts
-
-
-def _shared_crossings(graph: LayerGraph, position: Mapping[str, int], before: Sequence[int]) -> set[int]:
-    """Cut indices that would put two calls of one module with parameters on two stages (the runtime refuses
-    it: ``cost_models.capability.shared_modules``)."""
-    return _spanned_cuts([[position[layer] for layer in layers if layer in position]
-                          for layers in shared_modules(graph).values()], before)
 
 
 def _solver_info(solutions: list[Solution]) -> SolverInfo:

@@ -152,16 +152,14 @@ def _assert_allowed_cuts_are_the_runnable_ones(nodes: Any, groups: Any, allowed:
 def test_stages_start_only_where_the_traced_program_can_be_cut() -> None:
     # A residual block's shortcut convolution is traced after its main branch, but the decisions'
     # topological order puts it first: a cut between them would not be contiguous for the runtime.
-    from types import SimpleNamespace
-
     from cost_models.tracing import symbolic_trace
+    from planner.cut_points import allowed_cuts
     from planner.space import decision_groups
-    from planner.stages import _model_order_cuts
 
     model = build_model("resnet18")
     graph = trace(model, (8, 3, 64, 64))
     groups = decision_groups(graph)
-    allowed = _model_order_cuts(SimpleNamespace(graph=graph, groups=groups))
+    allowed = allowed_cuts(graph, groups)
     heads = list(groups)
     assert 0 < len(allowed) < len(heads) - 1
     shortcut = heads.index("layer2_0_downsample_0")
@@ -196,17 +194,15 @@ class _SizedBlocks(nn.Module):
 
 
 def test_stages_never_start_where_a_value_no_layer_holds_would_cross() -> None:
-    from types import SimpleNamespace
-
     from cost_models.tracing import symbolic_trace
+    from planner.cut_points import allowed_cuts
     from planner.space import decision_groups
-    from planner.stages import _model_order_cuts
 
     model, leaves = _SizedBlocks(), ("_SizedAttention",)
     graph = trace(model, (4, 3, 8, 8), leaf_modules=leaves)
     assert ["getitem", "getitem_2"] in graph.graph["held_together"]  # first's output and, by its size, second's
     groups = decision_groups(graph)
-    allowed = _model_order_cuts(SimpleNamespace(graph=graph, groups=groups))
+    allowed = allowed_cuts(graph, groups)
     nodes = list(symbolic_trace(model, leaves).graph.nodes)
     _assert_allowed_cuts_are_the_runnable_ones(nodes, groups, allowed)
     assert len(allowed) >= 2  # before the first block, before the third (it takes no size): tensors only
@@ -267,7 +263,8 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
     import math
 
     from cost_models.estimate import CostMemo
-    from planner.stages import _best_stage_solve, _configs, _model_order_cuts, _stage_layouts, _StageSpaces
+    from planner.cut_points import allowed_cuts
+    from planner.stages import _best_stage_solve, _configs, _stage_layouts, _StageSpaces
 
     graph = trace(build_model("resnet18"), (8, 3, 32, 32))
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 4)
@@ -290,7 +287,7 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
             times = [time(a, b, k, sizes[k]) for k, (a, b) in enumerate(zip(cuts, [*cuts[1:], len(heads)]))]
             return max(times) if stale else sum(times) + (micro - 1) * max(times)
 
-        allowed = sorted(_model_order_cuts(config))
+        allowed = sorted(allowed_cuts(config.graph, config.groups))
         splits = [split for split in itertools.product(config.sizes, repeat=stages) if sum(split) <= 4]
         brute = min(objective([0, *starts], split) for starts in itertools.combinations(allowed, stages - 1)
                     for split in splits)
