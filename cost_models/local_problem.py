@@ -29,6 +29,7 @@ Assumptions:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 from cost_models.borders import axis_pads
@@ -62,7 +63,7 @@ class LocalProblem:
     needs_input_grad: bool
     has_weight: bool
 
-    @property
+    @cached_property
     def key(self) -> str:
         """Canonical text naming everything the kernel's time depends on."""
         shapes = ";".join("x".join(map(str, s)) for s in self.input_shapes)
@@ -70,7 +71,7 @@ class LocalProblem:
         attrs = ",".join(f"{k}={_text(v)}" for k, v in self.attrs if k != "weight_shape")
         return f"{self.kind}|in={shapes}|w={weight}|out={'x'.join(map(str, self.output_shape))}|{attrs}|{self.dtype}"
 
-    @property
+    @cached_property
     def flops(self) -> Flops:
         """FLOPs of each pass on the local shapes."""
         return layer_flops(self.kind, [list(s) for s in self.input_shapes], list(self.output_shape), dict(self.attrs),

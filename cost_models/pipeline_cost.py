@@ -40,7 +40,7 @@ from typing import Sequence
 
 from cost_models.errors import InputError
 
-__all__ = ["dsp_staleness", "least_staleness", "stale_iteration_s", "sync_iteration_s"]
+__all__ = ["dsp_staleness", "least_staleness", "stale_iteration_s", "staleness_reason", "sync_iteration_s"]
 
 
 def sync_iteration_s(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
@@ -83,6 +83,32 @@ def least_staleness(forward_s: Sequence[float], backward_s: Sequence[float], tra
     for k in reversed(range(len(forward_s) - 1)):
         lags[k] = max(lags[m] + _ticks(round_trips[k, m], pace_s) - 1 for m in range(k + 1, len(forward_s)))
     return tuple(lags if bound is None else (min(lag, bound) for lag in lags))
+
+
+def staleness_reason(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],
+                     allreduce_s: Sequence[float], staleness: Sequence[int]) -> str:
+    """Why a stale pipeline has ``staleness``, in one line: the pace it keeps (its busiest stage or link) and DSP's
+    ``2(K−1−k)`` it stashes less than, or — where a cap held a stage below :func:`least_staleness` — the
+    round trip whose window binds and what that costs against the busiest server's pace."""
+    _check(forward_s, backward_s, transfer_s, 1)
+    trips = _round_trips_s(forward_s, backward_s, transfer_s, allreduce_s)
+    servers = [(trips[k, k], f"stage {k}") for k in range(len(forward_s))]
+    servers += [(seconds, f"the link {k}→{k + 1}") for k, seconds in enumerate(transfer_s)]
+    pace_s, busiest = max(servers, key=lambda server: server[0])
+    windows = [(trip / max(1, staleness[k] - staleness[m] + 1), k, m) for (k, m), trip in trips.items() if k < m]
+    window_s, k, m = max(windows, default=(0.0, 0, 0))
+    lags = ",".join(map(str, staleness))
+    dsp = ",".join(map(str, dsp_staleness(len(forward_s))))
+    if window_s > pace_s * (1 + 1e-9):
+        return (f"staleness {lags} (capped): the gradient round trip of stages {k}–{m} "
+                f"({trips[k, m] * 1e3:.3g} ms over {_batches(staleness[k] - staleness[m] + 1)}) sets the pace, "
+                f"{window_s * 1e3:.3g} ms a batch instead of {busiest}'s {pace_s * 1e3:.3g} ms")
+    return (f"staleness {lags}: the least per stage at which every gradient returns in time for the pace of "
+            f"{busiest}, {pace_s * 1e3:.3g} ms a batch (DSP's 2(K−1−k): {dsp})")
+
+
+def _batches(count: int) -> str:
+    return f"{count} batch" if count == 1 else f"{count} batches"
 
 
 def _round_trips_s(forward_s: Sequence[float], backward_s: Sequence[float], transfer_s: Sequence[float],

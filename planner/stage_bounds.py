@@ -1,10 +1,19 @@
 """Lower bounds on a pipeline configuration's iteration seconds, summed lazily (``planner.stages``).
 
-Every stage's forward and backward take at least the sum of its decisions'
-cheapest options without the allreduce, so a ``stale`` pipeline of ``K``
-stages needs at least that sum over all decisions divided by ``K``, and a
-``sync`` one of ``M`` micro-batches ``(K + M − 1)/K`` times the sum for one
-micro-batch (``Σ_k t_k + (M − 1)·max_k t_k`` with ``max_k t_k ≥ Σ_k t_k / K``).
+Stage ``k`` of ``s_k`` devices takes ``t_k`` seconds per (micro-)batch, at least
+the sum of its decisions' cheapest options on ``s_k`` devices without the
+allreduce. With ``c_s(d)`` decision ``d``'s cheapest option on ``s`` devices
+(``s`` one of the sizes a stage may take), ``S = Σ_d min_s c_s(d)`` and the
+device-seconds ``W = Σ_d min_s s·c_s(d)``:
+
+* ``Σ_k t_k ≥ S``, so ``max_k t_k ≥ S / K``;
+* ``Σ_k s_k·t_k ≥ W`` and ``Σ_k s_k ≤ D`` (devices may stay idle), so
+  ``max_k t_k ≥ W / D`` — the stronger where stages differ in size: a
+  decision's cheapest option is on the largest stage, which only some stages are.
+
+A ``stale`` pipeline's iteration takes ``max_k t_k ≥ max(S/K, W/D)``; a
+``sync`` one of ``M`` micro-batches ``Σ_k t_k + (M − 1)·max_k t_k ≥ S + (M − 1)·
+max(S/K, W/D)``.
 """
 
 from __future__ import annotations
@@ -18,26 +27,29 @@ from planner.space import LayerCosts
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["Floor", "bound_scale", "heaviest_first"]
+__all__ = ["Floor", "heaviest_first"]
 
 
 class Floor:
-    """A lower bound on one configuration's iteration seconds, summed lazily, heaviest decisions first.
+    """A lower bound on one configuration's iteration seconds (the module's), summed lazily, heaviest decisions
+    first: summing stops where a part of it already reaches what the caller must beat, so a configuration that
+    cannot win costs the layouts of a few decisions, not all. Not :attr:`valid` once a decision has no layout at
+    all."""
 
-    ``scale`` times the sum of the decisions' cheapest options without the allreduce (the module's bound):
-    summing stops where a part of it already reaches what the caller must beat, so a configuration that cannot
-    win costs the layouts of a few decisions, not all. Not :attr:`valid` once a decision has no layout at all.
-    """
-
-    def __init__(self, costs: Sequence[LayerCosts], order: Sequence[str], scale: float) -> None:
-        self.costs, self.order, self.scale = costs, order, scale  # one per device count a stage may take
-        self.summed, self.partial_s = 0, 0.0
+    def __init__(self, costs: Sequence[LayerCosts], order: Sequence[str], *, schedule: str, stages: int,
+                 micro_batches: int, devices: int) -> None:
+        self.costs, self.order = costs, order  # one per device count a stage may take
+        self.schedule, self.stages, self.micro_batches, self.devices = schedule, stages, micro_batches, devices
+        self.summed, self.partial_s, self.device_s = 0, 0.0, 0.0
         self.valid = True
 
     @property
     def bound_s(self) -> float:
         """The bound from the decisions summed so far."""
-        return self.partial_s * self.scale
+        busiest_s = max(self.partial_s / self.stages, self.device_s / self.devices)
+        if self.schedule == "stale":
+            return busiest_s
+        return self.partial_s + (self.micro_batches - 1) * busiest_s
 
     def reaches(self, limit_s: float | None, most: int | None = None) -> bool:
         """Sum decisions (at most ``most`` more) until the bound reaches ``limit_s`` (``None``: all); whether it
@@ -46,17 +58,15 @@ class Floor:
         while self.valid and self.summed < stop and (limit_s is None or self.bound_s < limit_s):
             head = self.order[self.summed]
             try:
-                self.partial_s += min(row[2] for costs in self.costs for row in costs.rows(costs.groups[head]))
+                cheapest = [(min(row[2] for row in costs.rows(costs.groups[head])), costs.devices)
+                            for costs in self.costs]
             except InputError:  # some layer has no layout on the stage's devices with this micro-batch
                 self.valid = False
+            else:
+                self.partial_s += min(seconds for seconds, _ in cheapest)
+                self.device_s += min(seconds * size for seconds, size in cheapest)
             self.summed += 1
         return not self.valid or (limit_s is not None and self.bound_s >= limit_s)
-
-
-def bound_scale(schedule: str, stages: int, micro: int) -> float:
-    """What the sum of one (micro-)batch's cheapest options is multiplied by to bound the iteration's seconds:
-    the busiest of ``K`` stages (stale), ``Σ_k t_k + (M − 1)·max_k t_k`` with ``max_k t_k ≥ Σ_k t_k / K`` (sync)."""
-    return 1 / stages if schedule == "stale" else (stages + micro - 1) / stages
 
 
 def heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> list[str]:

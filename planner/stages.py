@@ -60,7 +60,7 @@ from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
 from planner.space import LayerCosts, Space, build_space
-from planner.stage_bounds import Floor, bound_scale, heaviest_first
+from planner.stage_bounds import Floor, heaviest_first
 from planner.stage_cuts import exact_cuts
 
 if TYPE_CHECKING:
@@ -202,7 +202,8 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
             staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
             configs.append(_Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro),
                                    groups, sizes, Floor(first, heaviest_first(made.graph(micro), groups),
-                                                         bound_scale(name, stages, micro)),
+                                                         schedule=name, stages=stages, micro_batches=micro,
+                                                         devices=cluster.devices),
                                    _stage_costs(made, name, micro, stages)))
     return configs
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_models.pipeline_cost import dsp_staleness, least_staleness, stale_iteration_s, sync_iteration_s
+from cost_models.pipeline_cost import (dsp_staleness, least_staleness, stale_iteration_s, staleness_reason,
+                                      sync_iteration_s)
 
 times = st.floats(0.01, 5.0)
 
@@ -134,3 +135,18 @@ def test_least_staleness_of_equal_and_unequal_stages() -> None:
     assert least_staleness([1.0] * 3, [2.0] * 3, [0.1, 0.1]) == (4, 2, 0)
     assert least_staleness([3.0, 1.0, 1.0], [6.0, 2.0, 2.0], [0.0, 0.0]) == (1, 0, 0)
     assert least_staleness([1.0] * 4, [2.0] * 4, [0.1] * 3, bound=3) == (3, 3, 2, 0)
+
+
+def test_the_staleness_reason_names_the_pace_or_the_binding_window() -> None:
+    """Least staleness: the busiest server and its pace, against DSP's; capped below it: the round trip whose
+    window binds, and the slower pace it gives (the stale iteration's)."""
+    forward, backward, transfer = [3.0, 1.0, 1.0], [6.0, 2.0, 2.0], [0.0, 0.0]
+    assert staleness_reason(forward, backward, transfer, [], least_staleness(forward, backward, transfer)) == (
+        "staleness 1,0,0: the least per stage at which every gradient returns in time for the pace of stage 0, "
+        "1.2e+04 ms a batch (DSP's 2(K−1−k): 4,2,0)")
+    equal = [1.0] * 3, [2.0] * 3, [0.1, 0.1]
+    capped = (1, 1, 0)
+    slower = stale_iteration_s(*equal, staleness=capped)
+    why = staleness_reason(*equal, [], capped)
+    assert why.startswith("staleness 1,1,0 (capped): the gradient round trip of stages 0–1 (8.2e+03 ms over 1 batch)")
+    assert f"{slower * 1e3:.3g} ms a batch instead of stage 0's 4e+03 ms" in why

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,9 @@ def test_plan_command_explains_and_records_the_pipeline(capsys: pytest.CaptureFi
     document = json.loads(capsys.readouterr().out)
     plan = load_plan(out)
     assert plan.pipeline.schedule == "sync" and document["pipeline"]["staleness"] == [0] * plan.pipeline.stages
-    assert {row["layer"] for row in document["decisions"]} >= {"conv1", "fc"}
+    assert {row["layer"] for row in document["decisions"]} >= {"conv1", "fc"} and document["staleness_why"] is None
+    assert main([*args, "--schedule", "stale", "--max-staleness", "2"]) == 0
+    assert re.search(r"staleness [012](,[012])+( \(capped\))?: the (least per stage|gradient round trip)", capsys.readouterr().out)
     with pytest.raises(SystemExit) as exited:
         main([*args, "--max-staleness", "-1"])
     assert exited.value.code == 2 and "--max-staleness" in capsys.readouterr().err
@@ -258,7 +261,8 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
     """resnet18 on 4 devices, 2 to 4 stages, sync (each micro-batch count) and stale: the cut and the devices
     per stage the search picks have the least objective (``Σ t + (M−1)·max t`` or ``max t``, each stage's time its
     exact layout optimum on its devices) of every allowed cut and every split of the devices among the stages'
-    sizes (3 stages: 2 + 1 + 1, or fewer with devices left idle)."""
+    sizes (3 stages: 2 + 1 + 1, or fewer with devices left idle); and the lower bound that skips configurations
+    (``planner.stage_bounds.Floor``) is never above that optimum."""
     import itertools
     import math
 
@@ -291,6 +295,7 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
         splits = [split for split in itertools.product(config.sizes, repeat=stages) if sum(split) <= 4]
         brute = min(objective([0, *starts], split) for starts in itertools.combinations(allowed, stages - 1)
                     for split in splits)
+        assert config.floor.bound_s <= brute * (1 + 1e-12), config.pipeline  # the bound the search prunes by
         assignments, _, _, pipeline = _stage_layouts(config, profile, cluster, settings)[0]
         chosen = [0] + [heads.index(next(h for h in heads if assignments[h].stage == k)) for k in range(1, stages)]
         assert objective(chosen, pipeline.devices_per_stage) == pytest.approx(brute, rel=1e-9), config.pipeline

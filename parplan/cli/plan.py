@@ -78,6 +78,17 @@ def search_plan(args: argparse.Namespace, graph: LayerGraph, profile: Any = None
         return plan_model(graph, profile, cluster, search_settings(args), model_spec=args.model, progress=progress)
 
 
+def _staleness_why(result: Any) -> str | None:
+    """Why a stale plan's stages have their staleness (``cost_models.pipeline_cost.staleness_reason``)."""
+    from cost_models.pipeline_cost import staleness_reason
+
+    pipeline, stages = result.plan.pipeline, result.estimate.stages
+    if pipeline.schedule != "stale" or pipeline.stages < 2:
+        return None
+    return staleness_reason([s.forward_s for s in stages], [s.backward_s for s in stages],
+                            [s.transfer_s for s in stages[:-1]], [s.allreduce_s for s in stages], pipeline.staleness)
+
+
 def _plan_document(graph: LayerGraph, result: Any) -> dict[str, Any]:
     from planner.space import decision_groups
 
@@ -94,6 +105,7 @@ def _plan_document(graph: LayerGraph, result: Any) -> dict[str, Any]:
     return {**result.plan.to_dict(), "summary": result.plan.summary(), "candidates": result.candidates,
             "pruned": result.pruned, "search_s": result.search_s, "chosen_from": result.chosen_from,
             "skipped_configurations": result.skipped_configurations, "decisions": rows,
+            "staleness_why": _staleness_why(result),
             "considered": [{"plan": c.summary, "iteration_s": c.iteration_s, "memory_bytes_max": c.memory_bytes_max,
                             "fits": c.fits} for c in result.considered],
             "baselines": [{"name": b.name, "devices": b.plan.cluster.devices, "iteration_s": b.estimate.iteration_s,

@@ -209,6 +209,8 @@ def print_plan_summary(document: dict[str, Any], path: str, console: Console | N
     console.print(f"[bold]{document['summary']}[/] on {where}: {predicted['iteration_s'] * 1e3:.2f} ms per "
                   f"iteration, {format_bytes(predicted['memory_bytes_max'])} per rank"
                   + "".join(f"; {b['speedup']:.2f}× {_baseline_label(b, devices)}" for b in document["baselines"]))
+    if document.get("staleness_why"):
+        console.print(document["staleness_why"])
     if table or explain:
         console.print(_decision_table(document["decisions"], explain))
     how = f"solver {solver['name']} {solver['status']} in {solver['seconds']:.2f} s" if solver else "no exact solve"
