@@ -97,6 +97,7 @@ from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_
                                      reduction_refusal, reshape_refusal, sample_dim_refusal, sample_view_refusal,
                                      stacks_or_reduces)
 from cost_models.layout import Layout
+from cost_models.micro_batches import micro_batch_node, micro_batch_sizes
 from cost_models.orders import default_order, logical
 
 if TYPE_CHECKING:
@@ -329,8 +330,9 @@ def inherent(reason: str) -> bool:
 
 def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
     """Why the pipeline runtime cannot execute ``pipeline`` (a ``Plan.pipeline``) on a batch of ``batch``."""
-    if batch % pipeline.micro_batches:
-        return f"{pipeline.micro_batches} micro-batches do not divide the batch of {batch}; choose a divisor"
+    if pipeline.micro_batches > batch:
+        return (f"{pipeline.micro_batches} micro-batches of a batch of {batch}: each needs at least one sample; "
+                f"choose at most {batch}")
     if pipeline.schedule == "stale" and any(a < b for a, b in zip(pipeline.staleness, pipeline.staleness[1:])):
         return (f"staleness {list(pipeline.staleness)} grows from a stage to a later one; the stale schedule needs it "
                 f"non-increasing (DSP's is 2(K−1−k))")
@@ -404,10 +406,18 @@ def plan_refusals(plan: Any, graph: LayerGraph, *, sync_batchnorm: bool = False)
     if (why := piece_layout_refusal(graph, plan.layers)):
         yield why
     micro = pipeline.micro_batches if pipeline.stages > 1 else 1
+    batch = int(plan.input_shape[0])
+    least = micro_batch_sizes(batch, micro)[-1] if micro <= batch else batch  # the smallest micro-batch's samples
     for name, assignment in plan.layers.items():
-        if name in graph and (why := layer_refusal(graph.nodes[name], assignment.layout,
-                                                   sync_batchnorm=sync_batchnorm, micro_batches=micro)):
-            yield f"'{name}' ({graph.nodes[name]['kind']}, {assignment.layout}): {why}"
+        if name not in graph:
+            continue
+        node = graph.nodes[name]
+        why = layer_refusal(node, assignment.layout, sync_batchnorm=sync_batchnorm, micro_batches=micro)
+        if why is None and micro > 1 and (why := layer_refusal(micro_batch_node(node, batch, least),
+                                                               assignment.layout, sync_batchnorm=sync_batchnorm)):
+            why = f"on a micro-batch of {least} sample(s), {why}"
+        if why:
+            yield f"'{name}' ({node['kind']}, {assignment.layout}): {why}"
 
 
 def _ordered_dim_split(layout: Layout, dim: int, layer: Mapping[str, Any]) -> bool:

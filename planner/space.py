@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from cost_models.capability import layer_refusal
 from cost_models.cluster import Cluster
 from cost_models.edges import edge_layouts, edge_move
 from cost_models.errors import InputError
@@ -212,7 +213,10 @@ class LayerCosts:
 
     def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
                  saved_copies: int = 1, patterns: PatternTable | None = None, *, memo: CostMemo | None = None,
-                 recompute: bool = False) -> None:
+                 recompute: bool = False, smallest: LayerGraph | None = None) -> None:
+        """``smallest``: the graph on the smallest micro-batch, where micro-batches differ in size (``graph``:
+        on the largest, which every one is priced as): a layout must split each layer on both."""
+        self.smallest = smallest
         self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
         self.saved_copies = 1 if recompute else saved_copies
         self.recompute = recompute
@@ -256,7 +260,10 @@ class LayerCosts:
         return (total_s + again_s, total_s - allreduce_s + again_s, resident_bytes + (self.saved_copies - 1) * saved_bytes)
 
     def _reads(self, name: str, layout: Layout) -> bool:
-        """Whether ``name`` under ``layout`` can read each input as it wants it: no rank's part empty."""
+        """Whether ``name`` under ``layout`` can read each input as it wants it — no rank's part empty — and, on
+        the smallest of uneven micro-batches, still splits (``cost_models.capability``)."""
+        if self.smallest is not None and layer_refusal(self.smallest.nodes[name], layout) is not None:
+            return False
         target = self.graph.nodes[name]
         for source in self.graph.predecessors(name):
             move = edge_layouts(self.graph.nodes[source], target, layout, layout)

@@ -44,12 +44,13 @@ layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from math import ceil, inf
+from math import inf
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, estimate
+from cost_models.micro_batches import micro_batch_node, micro_batch_sizes
 from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
@@ -92,14 +93,24 @@ def stage_counts(devices: int, devices_per_node: int, max_stages: int) -> list[i
 
 
 def micro_batch_counts(batch: int, stages: int) -> list[int]:
-    """The micro-batch counts a ``sync`` pipeline of ``stages`` stages may take: the divisors of ``batch`` (the
-    runtime cuts the batch into equal micro-batches) from ``stages`` up (or the batch, if smaller).
+    """The micro-batch counts a ``sync`` pipeline of ``stages`` stages may take, from ``stages`` up (or the batch,
+    if smaller): the divisors of ``batch``, ``stages`` itself, and, where the micro-batch sizes these give lie
+    more than a factor of 2 apart, the count that halves the larger (micro-batches then differ by one sample:
+    ``cost_models.micro_batches``) — so that every size of micro-batch is within a factor of 2 of one searched.
 
     Fewer micro-batches than stages are left out: the first stage would hold the whole batch's activations, as
     it does with ``M = K``, and every stage would idle for ``K − M`` of the ``K + M − 1`` steps.
     """
     least = min(stages, batch)
-    return [count for count in range(least, batch + 1) if batch % count == 0] or [batch]
+    counts = {count for count in range(least, batch + 1) if batch % count == 0} | {least}
+    while True:
+        sizes = sorted({-(-batch // count) for count in counts}, reverse=True)
+        gaps = [large for large, small in zip(sizes, sizes[1:]) if large > 2 * small]
+        halving = [-(-batch // -(-large // 2)) for large in gaps]  # the fewest micro-batches of ≤ ⌈large/2⌉ samples
+        new = [count for count in halving if count not in counts]
+        if not new:
+            return sorted(counts)
+        counts.add(new[0])
 
 
 @dataclass(frozen=True)
@@ -247,8 +258,10 @@ class _Makers:
             stage_cluster = _sized_cluster(self.cluster, size)
             if size not in self.patterns:  # both schedules, every micro-batch size
                 self.patterns[size] = PatternTable(stage_cluster, size, depth=has_volumes(self.source))
+            batch = int(self.source.input_shape[0])
+            smallest = None if batch % micro == 0 else micro_batch_graph(self.source, micro, smallest=True)
             self.makers[size, micro] = _costs_maker(self.graph(micro), self.profile, stage_cluster, self.optimizer,
-                                                    self.patterns[size], self.memo)
+                                                    self.patterns[size], self.memo, smallest)
         return self.makers[size, micro]
 
 
@@ -263,8 +276,9 @@ def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[
 
 
 def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
-                 memo: CostMemo) -> Callable[[int, bool], LayerCosts]:
-    """``(saved copies, recompute) → LayerCosts`` of ``graph`` on the stage's devices, each made once."""
+                 memo: CostMemo, smallest: Any = None) -> Callable[[int, bool], LayerCosts]:
+    """``(saved copies, recompute) → LayerCosts`` of ``graph`` on the stage's devices, each made once;
+    ``smallest``: the graph on the smallest micro-batch, where they differ (``LayerCosts``)."""
     made: dict[tuple[int, bool], LayerCosts] = {}
 
     def costs(copies: int, recompute: bool) -> LayerCosts:
@@ -272,7 +286,7 @@ def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str,
         if key not in made:
             made[key] = (next(iter(made.values())).variant(*key) if made else
                          LayerCosts(graph, profile, cluster, cluster.devices, optimizer, saved_copies=key[0],
-                                    patterns=patterns, memo=memo, recompute=recompute))
+                                    patterns=patterns, memo=memo, recompute=recompute, smallest=smallest))
         return made[key]
     return costs
 
@@ -433,23 +447,22 @@ def _solver_info(solutions: list[Solution]) -> SolverInfo:
                       None if None in gaps else max(gaps))  # type: ignore[type-var]
 
 
-def micro_batch_graph(graph: LayerGraph, micro: int) -> Any:
-    """A copy of ``graph`` whose shapes carry ``⌈N/micro⌉`` samples (as ``estimate`` costs a micro-batch).
+def micro_batch_graph(graph: LayerGraph, micro: int, *, smallest: bool = False) -> Any:
+    """A copy of ``graph`` whose shapes carry the samples of the largest (``smallest``: the smallest) of ``micro``
+    micro-batches (``cost_models.micro_batches``; ``estimate`` costs the largest).
 
     Each layer's inputs keep their argument order (``graph.predecessors``), which
     ``networkx``'s own ``copy`` would reorder by producer.
     """
     if micro == 1:
         return graph
+    batch = int(graph.input_shape[0])
+    sizes = micro_batch_sizes(batch, micro)
+    samples = sizes[-1] if smallest else sizes[0]
     scaled = type(graph)()
     scaled.graph.update(graph.graph)
-
-    def shrink(shape: list[Any]) -> list[Any]:
-        return [ceil(shape[0] / micro), *shape[1:]] if shape and not isinstance(shape[0], list) else shape
-
     for name, data in graph.nodes(data=True):
-        scaled.add_node(name, **{**data, "output_shape": shrink(data["output_shape"]),
-                                 "input_shapes": [shrink(shape) for shape in data.get("input_shapes", [])]})
+        scaled.add_node(name, **micro_batch_node(data, batch, samples))
     scaled.add_edges_from((source, name, dict(graph.edges[source, name]))
                           for name in graph.nodes for source in graph.predecessors(name))
     return scaled

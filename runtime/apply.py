@@ -42,6 +42,7 @@ model returning a dict, tuple or list: summed over its floating outputs).
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Sequence
 
@@ -150,15 +151,10 @@ class DistributedModel(DataHelpers, nn.Module):
         self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
         self.constants = constant_nodes(nodes, frozenset(graph.nodes))
         """Layers computed from parameters and constants alone: whole on every rank (``runtime.shapes``)."""
-        held = held_plan(plan, nodes, graph)
-        self.sites = _sites(self._nodes, model, held, graph, self.member, ranks, self.groups, sync_batchnorm)
-        placements = input_placements(nodes, {name: a.layout for name, a in held.layers.items()}, graph, len(ranks))
-        self.input_placements: tuple[Placement, ...] = tuple(placements.values())
-        """Where each model input is loaded, in argument order: where its first layer reads it (``runtime.inputs``)."""
+        self._all_nodes, self._sync_batchnorm = nodes, sync_batchnorm
+        held = self._shaped(graph)
         self._inputs = placeholder_inputs(nodes, len(graph.input_shapes))  # placeholder -> the input it is fed
         self._reads_inputs = any(node.op == "placeholder" for node in self._nodes)
-        _refuse_unsupported(self.sites.values())
-        refuse_shapes(nodes, model, held, graph, len(ranks))
         self.random = random_ops(self._nodes, model)
         """This model's random ops (``runtime.random_ops``); the keyed ones draw by :attr:`draw_key`."""
         direct = stage_nodes is None and runs_directly(
@@ -174,9 +170,6 @@ class DistributedModel(DataHelpers, nn.Module):
         """When set, switchable unkeyed random ops run in their evaluation form (``--verify``)."""
         self._forwards = 0
         self._key = DrawKey(random_seed, 0)
-        self._static = static_values(static_nodes(nodes, tensor_names(graph)),
-                                     lambda name: graph.nodes[name]["output_shape"])
-        """Shape reads and the values computed from them alone, as the unsplit program has them (``runtime.shapes``)."""
         owned = (lambda: parameters_of(self._nodes, model)) if stage_nodes is not None else model.parameters
         shared, self.slices = slice_parameters(self.sites.values(), self.member, model, owned)
         self.own_parameters: list[nn.Parameter] = list(owned())
@@ -189,6 +182,41 @@ class DistributedModel(DataHelpers, nn.Module):
         self.gradients.install()
         self.layer_ranges = False
         """When set, each layer runs inside a profiler range ``parplan.layer:NAME`` (``runtime.layer_times``)."""
+
+    def _shaped(self, graph: LayerGraph) -> Plan:
+        """Set what depends on the inputs' shapes (``graph``, the model traced at them): each layer's site, where
+        each input is loaded, the shape reads' values; returns the plan as held (``held_plan``).
+
+        Raises:
+            PlanError: A layer the plan splits cannot be split at these shapes.
+        """
+        nodes, plan, ranks = self._all_nodes, self.plan, self.ranks
+        self.layer_graph = graph
+        held = held_plan(plan, nodes, graph)
+        self.sites = _sites(self._nodes, self.model, held, graph, self.member, ranks, self.groups, self._sync_batchnorm)
+        placements = input_placements(nodes, {name: a.layout for name, a in held.layers.items()}, graph, len(ranks))
+        self.input_placements: tuple[Placement, ...] = tuple(placements.values())
+        """Where each model input is loaded, in argument order: where its first layer reads it (``runtime.inputs``)."""
+        _refuse_unsupported(self.sites.values())
+        refuse_shapes(nodes, self.model, held, graph, len(ranks))
+        self._static = static_values(static_nodes(nodes, tensor_names(graph)),
+                                     lambda name: graph.nodes[name]["output_shape"])
+        """Shape reads and the values computed from them alone, as the unsplit program has them (``runtime.shapes``)."""
+        return held
+
+    def reshaped(self, graph: LayerGraph) -> "DistributedModel":
+        """This pipeline stage on inputs of other shapes (``graph``: the model traced at them — a pipeline's
+        smaller micro-batch): its own layer geometry, and the same parameters (sliced once), gradient sums,
+        process groups and random ops.
+
+        Raises:
+            PlanError: The model runs whole (not a stage), or a layer cannot be split at these shapes.
+        """
+        if self._program:
+            raise PlanError("only a pipeline stage runs on several input shapes; trace the model at each instead")
+        other = copy.copy(self)
+        other._shaped(graph)
+        return other
 
     # --- forward -------------------------------------------------------------------------------------------
 

@@ -32,7 +32,11 @@ Events (``runtime.schedules``):
   iteration accumulates without summing over the stage's replicas.
 * ``U`` steps the optimizer over this stage's parameters and clears them.
 
-With ``M`` micro-batches each loss share is scaled by ``1/M``: one ``sync``
+With ``M`` micro-batches each loss share is scaled by ``1/M`` — by its share of
+the samples where ``M`` does not divide the batch (``cost_models.micro_batches``:
+two sizes one sample apart, each run at its own shapes by a
+:meth:`runtime.apply.DistributedModel.reshaped` view of the one stage, sharing
+its weights and gradient sums): one ``sync``
 iteration equals the unsplit model accumulating the gradients of the same
 ``M`` micro-batches (batch-norm statistics are per micro-batch, as in GPipe;
 with ``M = 1`` that is plain unsplit training).
@@ -49,7 +53,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -59,6 +63,7 @@ from torch.fx.node import map_aggregate
 from cost_models.capability import pipeline_refusal
 from cost_models.errors import PlanError
 from cost_models.graph import trace
+from cost_models.micro_batches import micro_batch_sizes, micro_batch_starts
 from cost_models.plan import Plan
 from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
@@ -106,10 +111,12 @@ def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, l
     world = dist.get_world_size() if dist.is_initialized() else 1
     check_plan(plan, graph, world)
     check_pipeline(plan)
-    micro = plan.pipeline.micro_batches
-    shapes = [(shape[0] // micro, *shape[1:]) for shape in plan.shapes]  # every input's micro-batch
-    micro_graph = graph if micro == 1 else trace(model, shapes, getattr(torch, plan.dtype), leaf_modules)
-    return PipelineStage(model, plan, micro_graph, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown, timeout,
+    batch = int(plan.input_shape[0])
+    graphs = {}  # per micro-batch size (two, one apart, when the count does not divide the batch)
+    for samples in dict.fromkeys(micro_batch_sizes(batch, plan.pipeline.micro_batches)):
+        shapes = [(-(-shape[0] * samples // batch), *shape[1:]) for shape in plan.shapes]  # every input's
+        graphs[samples] = graph if samples == batch else trace(model, shapes, getattr(torch, plan.dtype), leaf_modules)
+    return PipelineStage(model, plan, graphs, sync_batchnorm, tuple(leaf_modules), loss_fn, slowdown, timeout,
                          random_seed=random_seed)
 
 
@@ -135,6 +142,7 @@ class _Stash:
     """What a batch in flight keeps: inputs (leaves), outputs to backward, its draws' key, the RNG state, the target."""
 
     batch: int
+    model: DistributedModel  # the stage at this batch's size
     inputs: dict[str, torch.Tensor]
     x: tuple[torch.Tensor, ...]  # the model's inputs (the first stage's boxes of them); () on other stages
     target: torch.Tensor | None
@@ -153,9 +161,12 @@ def _activation_dtype(model: nn.Module, plan: Plan) -> torch.dtype:
 class PipelineStage:
     """This rank's stage: its part of the model and the events of a schedule (module docstring)."""
 
-    def __init__(self, model: nn.Module, plan: Plan, graph: LayerGraph, sync_batchnorm: bool, leaf_modules: tuple[str, ...],
-                 loss_fn: Loss | None, slowdown: float, timeout: timedelta | None = None, *,
-                 random_seed: int = 0) -> None:
+    def __init__(self, model: nn.Module, plan: Plan, graphs: Mapping[int, LayerGraph], sync_batchnorm: bool,
+                 leaf_modules: tuple[str, ...], loss_fn: Loss | None, slowdown: float, timeout: timedelta | None = None,
+                 *, random_seed: int = 0) -> None:
+        """``graphs``: the model traced at each micro-batch size (``cost_models.micro_batches``), largest first."""
+        largest, *others = graphs
+        graph = graphs[largest]
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.plan, self.stages = plan, plan.pipeline.stages
         self.dtype = _activation_dtype(model, plan)
@@ -177,23 +188,26 @@ class PipelineStage:
             (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
         self.model = DistributedModel(model, plan, graph, self._stage_ranks(self.index), sync_batchnorm, leaf_modules,
                                       frozenset(self.cut.nodes), groups, random_seed=random_seed)
+        self._models = {largest: self.model, **{size: self.model.reshaped(graphs[size]) for size in others}}
+        """The stage at each micro-batch size: one set of parameters, the geometry of each shape."""
+        batch, micro = int(plan.input_shape[0]), plan.pipeline.micro_batches
+        self._sizes, self._starts = micro_batch_sizes(batch, micro), micro_batch_starts(batch, micro)
         self._buffers = _buffers_of(self.cut.nodes, nodes, model)
         held = _crossing_placements(nodes, cuts, plan, graph)  # as each crossing's producer holds it
         self._held = {c.name: held[c.name] for c in self.cut.sends}
         self.placements = {c.name: wire_placement(held[c.name], self.sizes[self.index]) for c in self.cut.receives}
         """Each value this stage receives, under its wire placement on this stage (``runtime.stage_moves``)."""
-        self._outgoing = {(c.name, m): self._moves(c.name, held[c.name], c.producer, m, rank)
-                          for c in self.cut.sends for m in c.consumers}
-        self._incoming = {c.name: self._moves(c.name, held[c.name], c.producer, self.index, rank)
-                          for c in self.cut.receives}
+        self._outgoing = {(size, c.name, m): self._moves(part, c.name, held[c.name], c.producer, m, rank)
+                          for size, part in self._models.items() for c in self.cut.sends for m in c.consumers}
+        self._incoming = {(size, c.name): self._moves(part, c.name, held[c.name], c.producer, self.index, rank)
+                          for size, part in self._models.items() for c in self.cut.receives}
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.slowdown = slowdown
-        self.loss_scale = 1.0 / plan.pipeline.micro_batches
         self.stale = plan.pipeline.schedule == "stale"
         self.recompute = self.stale or plan.pipeline.recomputes(self.index)
         """Whether a forward keeps only its inputs (stale, or recomputation) and the backward recomputes it."""
         self.losses: list[torch.Tensor] = []
-        """The last stage's loss share of each batch forwarded, in order (not scaled by ``1/M``)."""
+        """The last stage's loss share of each batch forwarded, in order (not scaled by its share of the samples)."""
         self.keep_outputs = False
         self.outputs: dict[int, Any] = {}
         """With ``keep_outputs``, the last stage's output box of each batch forwarded."""
@@ -219,6 +233,53 @@ class PipelineStage:
     def buffers(self) -> list[torch.Tensor]:
         """The buffers of this stage's layers (batch-norm statistics), as the model holds them."""
         return self._buffers
+
+    @property
+    def layer_ranges(self) -> bool:
+        """Whether each layer runs in a profiler range (``DistributedModel.layer_ranges``), at every size."""
+        return self.model.layer_ranges
+
+    @layer_ranges.setter
+    def layer_ranges(self, value: bool) -> None:
+        for part in self._models.values():
+            part.layer_ranges = value
+
+    @property
+    def switch_off_random(self) -> bool:
+        """Whether switchable unkeyed random ops run in their evaluation form (``--verify``), at every size."""
+        return self.model.switch_off_random
+
+    @switch_off_random.setter
+    def switch_off_random(self, value: bool) -> None:
+        for part in self._models.values():
+            part.switch_off_random = value
+
+    @property
+    def output_key(self) -> str | None:
+        """The part of the output the last stage takes the loss of (``DistributedModel.output_key``)."""
+        return self.model.output_key
+
+    @output_key.setter
+    def output_key(self, key: str | None) -> None:
+        for part in self._models.values():
+            part.output_key = key
+
+    def model_for(self, batch: int) -> DistributedModel:
+        """The stage at the size of (micro-)batch ``batch`` (under ``stale``: every batch is whole)."""
+        return self._models[self.samples(batch)]
+
+    def samples(self, batch: int) -> int:
+        """The samples of (micro-)batch ``batch``: micro-batches may differ by one (``cost_models.micro_batches``)."""
+        return self._sizes[batch] if len(self._sizes) > 1 else self._sizes[0]
+
+    def first_sample(self, batch: int) -> int:
+        """The index in its global batch of (micro-)batch ``batch``'s first sample."""
+        return self._starts[batch] if len(self._starts) > 1 else 0
+
+    def loss_scale(self, batch: int) -> float:
+        """What (micro-)batch ``batch``'s mean loss is scaled by: its share of the batch's samples (``1/M`` when
+        the micro-batches are equal)."""
+        return 1.0 / len(self._sizes) if len(set(self._sizes)) == 1 else self.samples(batch) / sum(self._sizes)
 
     def parameters(self) -> list[nn.Parameter]:
         """The parameters this rank trains (its stage's; channel-split ones sliced)."""
@@ -256,8 +317,8 @@ class PipelineStage:
         return records
 
     def _default_keys(self) -> Callable[[int], DrawKey]:
-        seed, run, size = self.model.random_seed, self._runs, int(self.model.layer_graph.input_shape[0])
-        return lambda batch: DrawKey(seed, run, batch * size)
+        seed, run = self.model.random_seed, self._runs
+        return lambda batch: DrawKey(seed, run, self.first_sample(batch))
 
     def forward(self, batch: int, x: Inputs | None = None, target: torch.Tensor | None = None,
                 key: DrawKey | None = None) -> None:
@@ -266,17 +327,19 @@ class PipelineStage:
         ``x``: the first stage's box of the model's input (a tuple of boxes for a model taking several).
         ``key``: the key of its random draws (default: as :meth:`run`'s for this run).
         """
-        received = {c.name: self._receive(c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
+        size = self.samples(batch)
+        received = {c.name: self._receive(size, c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
         inputs = as_inputs(x) if x is not None else ()
-        stash = _Stash(batch, received, inputs, target, key or self._default_keys()(batch), torch.get_rng_state())
+        stash = _Stash(batch, self._models[size], received, inputs, target, key or self._default_keys()(batch),
+                       torch.get_rng_state())
         with torch.set_grad_enabled(not self.recompute):
             self._compute(stash)
         for crossing in self.cut.sends:
             for consumer in crossing.consumers:
-                moves = self._outgoing[crossing.name, consumer]
+                moves = self._outgoing[size, crossing.name, consumer]
                 self._send(stash.outputs[crossing.name], moves.box, moves.sends, consumer, 2 * crossing.tag)
         if self.last:
-            self.losses.append(stash.loss.detach() / self.loss_scale)  # type: ignore[union-attr]
+            self.losses.append(stash.loss.detach() / self.loss_scale(batch))  # type: ignore[union-attr]
         if self.recompute:
             stash.outputs, stash.loss = {}, None
         self._stash[batch] = stash
@@ -284,7 +347,8 @@ class PipelineStage:
     def backward(self, batch: int, sync: bool = True) -> None:
         """Receive the gradients of ``batch``'s outputs, backward (after recomputing, if stale), send input gradients."""
         stash = self._stash.pop(batch)
-        grads = {c.name: sum(self._receive_gradient(c.name, consumer, 2 * c.tag + 1) for consumer in c.consumers)
+        size = self.samples(batch)
+        grads = {c.name: sum(self._receive_gradient(size, c.name, consumer, 2 * c.tag + 1) for consumer in c.consumers)
                  for c in self.cut.sends}
         saved = self._recompute(stash) if self.recompute else []
         tensors = [stash.outputs[name] for name in grads] + ([stash.loss] if self.last else [])
@@ -295,7 +359,7 @@ class PipelineStage:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         self._restore(saved)
         for crossing in self.cut.receives:
-            leaf, moves = stash.inputs[crossing.name], self._incoming[crossing.name]
+            leaf, moves = stash.inputs[crossing.name], self._incoming[size, crossing.name]
             self._send(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf), moves.box, moves.receives,
                        crossing.producer, 2 * crossing.tag + 1)
 
@@ -305,29 +369,30 @@ class PipelineStage:
                  [peer for _, _, peer in self._sending])
         self._sending = []
 
-    def input_box(self) -> tuple[slice, ...]:
-        """The first stage's slices of a (micro-)batch it loads (of the first input)."""
-        return self.model.input_box()
+    def input_box(self, batch: int = 0) -> tuple[slice, ...]:
+        """The first stage's slices of (micro-)batch ``batch`` it loads (of the first input), within that batch."""
+        return self.model_for(batch).input_box()
 
-    def input_boxes(self) -> tuple[tuple[slice, ...], ...]:
-        """The first stage's slices of each input of a (micro-)batch it loads, in argument order."""
-        return self.model.input_boxes()
+    def input_boxes(self, batch: int = 0) -> tuple[tuple[slice, ...], ...]:
+        """The first stage's slices of each input of (micro-)batch ``batch`` it loads, in argument order, within
+        that batch."""
+        return self.model_for(batch).input_boxes()
 
-    def target_box(self, target_shape: Sequence[int]) -> tuple[slice, ...]:
-        """The last stage's slices of a (micro-)batch's target."""
-        return self.model.target_box(target_shape)
+    def target_box(self, target_shape: Sequence[int], batch: int = 0) -> tuple[slice, ...]:
+        """The last stage's slices of (micro-)batch ``batch``'s target (of ``target_shape``)."""
+        return self.model_for(batch).target_box(target_shape)
 
     # --- computing -------------------------------------------------------------------------------------------
 
     def _compute(self, stash: _Stash) -> None:
-        env = {name: self.model.value(name, _operand(leaf), self.placements[name])
-               for name, leaf in stash.inputs.items()}
-        env = self.model.run_nodes(env, stash.x if self.first else (), stash.key, keep={c.name for c in self.cut.sends})
+        model = stash.model
+        env = {name: model.value(name, _operand(leaf), self.placements[name]) for name, leaf in stash.inputs.items()}
+        env = model.run_nodes(env, stash.x if self.first else (), stash.key, keep={c.name for c in self.cut.sends})
         stash.outputs = {c.name: _tensor(env[c.name]) for c in self.cut.sends}
         if self.last and self.keep_outputs:
             self.outputs[stash.batch] = map_aggregate(env["(output)"], _detached)
         if self.last:
-            stash.loss = self.model.loss(env["(output)"], stash.target, self.loss_fn) * self.loss_scale
+            stash.loss = model.loss(env["(output)"], stash.target, self.loss_fn) * self.loss_scale(stash.batch)
 
     def _recompute(self, stash: _Stash) -> list[torch.Tensor]:
         """Run the forward of ``stash`` again, with the RNG as it was; returns the buffers as they were before."""
@@ -348,9 +413,11 @@ class PipelineStage:
     def _stage_ranks(self, stage: int) -> tuple[int, ...]:
         return tuple(range(self.offsets[stage], self.offsets[stage] + self.sizes[stage]))
 
-    def _moves(self, name: str, held: Placement, producer: int, consumer: int, rank: int) -> CrossingMoves:
-        """This rank's part in moving crossing ``name`` from stage ``producer`` to stage ``consumer``."""
-        shape = geometry(self.model.layer_graph.nodes[name]["output_shape"], held)
+    def _moves(self, model: DistributedModel, name: str, held: Placement, producer: int, consumer: int,
+               rank: int) -> CrossingMoves:
+        """This rank's part in moving crossing ``name`` (at ``model``'s shapes) from stage ``producer`` to stage
+        ``consumer``."""
+        shape = geometry(model.layer_graph.nodes[name]["output_shape"], held)
         return crossing_moves(shape, held, self._stage_ranks(producer), wire_placement(held, self.sizes[consumer]),
                               self._stage_ranks(consumer), rank)
 
@@ -362,17 +429,21 @@ class PipelineStage:
             with exchange(f"the pipeline send to stage {stage}", [peer]):
                 self._sending.append((dist.isend(part, peer, tag=tag), part, peer))
 
-    def _receive(self, name: str, stage: int, tag: int) -> torch.Tensor:
-        """This rank's box of crossing ``name`` of a batch, from the members of stage ``stage`` that hold it."""
-        moves = self._incoming[name]
-        shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self.placements[name], self.member)
+    def _receive(self, size: int, name: str, stage: int, tag: int) -> torch.Tensor:
+        """This rank's box of crossing ``name`` of a batch of ``size`` samples, from the members of stage ``stage``
+        that hold it."""
+        moves = self._incoming[size, name]
+        graph = self._models[size].layer_graph
+        shape = local_shape(graph.nodes[name]["output_shape"], self.placements[name], self.member)
         buffer = self._gathered(moves.box, moves.receives, f"the activation of {name}", stage, tag).reshape(shape)
         return buffer.requires_grad_(buffer.is_floating_point())
 
-    def _receive_gradient(self, name: str, stage: int, tag: int) -> torch.Tensor:
-        """The gradient of this rank's box of crossing ``name`` that stage ``stage`` sends back (its pieces summed)."""
-        moves = self._outgoing[name, stage]
-        shape = local_shape(self.model.layer_graph.nodes[name]["output_shape"], self._held[name], self.member)
+    def _receive_gradient(self, size: int, name: str, stage: int, tag: int) -> torch.Tensor:
+        """The gradient of this rank's box of crossing ``name`` (of a batch of ``size`` samples) that stage
+        ``stage`` sends back (its pieces summed)."""
+        moves = self._outgoing[size, name, stage]
+        graph = self._models[size].layer_graph
+        shape = local_shape(graph.nodes[name]["output_shape"], self._held[name], self.member)
         return self._gathered(moves.box, moves.sends, f"the gradient of {name}", stage, tag).reshape(shape)
 
     def _gathered(self, box: Box, pieces: Sequence[tuple[int, Box]], what: str, stage: int, tag: int) -> torch.Tensor:

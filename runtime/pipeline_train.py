@@ -114,7 +114,7 @@ def _layer_times(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Opt
         _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device)
 
     first = options.warmup + options.steps + 1  # after the memory step
-    return profiled_layer_times(stage.model, one_batch, range(first, first + PER_LAYER_STEPS), device)
+    return profiled_layer_times(stage, one_batch, range(first, first + PER_LAYER_STEPS), device)
 
 
 def _trace(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
@@ -127,7 +127,7 @@ def _trace(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
         _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device)
 
     after = options.warmup + options.steps + 1 + (PER_LAYER_STEPS if options.per_layer else 0)
-    profiled_trace(stage.model, one_batch, after, device, options.trace)
+    profiled_trace(stage, one_batch, after, device, options.trace)
 
 
 def _train_segments(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
@@ -182,7 +182,7 @@ def _build(options: Any, plan: Any, dtype: torch.dtype, device: torch.device, sy
     stage = apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
                            options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
                            random_seed=options.seed)
-    stage.model.output_key = options.output  # the part of the output the last stage takes the loss of
+    stage.output_key = options.output  # the part of the output the last stage takes the loss of
     return stage
 
 
@@ -234,11 +234,11 @@ def _load(options: Any, stage: Any, step: int, micro: int, dtype: torch.dtype, d
     ``micro`` of ``step``."""
     if not (stage.first or stage.last):
         return None, None
-    graph = stage.model.layer_graph
-    output_shape = graph.nodes[stage.model.output_name]["output_shape"]
-    size = graph.input_shape[0]
-    x_boxes = tuple(_shifted(box, micro * size) for box in stage.input_boxes()) if stage.first else None
-    t_box = _shifted(stage.target_box((size, *output_shape[2:])), micro * size) if stage.last else None
+    part = stage.model_for(micro)
+    output_shape = part.layer_graph.nodes[part.output_name]["output_shape"]
+    size, first = stage.samples(micro), stage.first_sample(micro)
+    x_boxes = tuple(_shifted(box, first) for box in stage.input_boxes(micro)) if stage.first else None
+    t_box = _shifted(stage.target_box((size, *output_shape[2:]), micro), first) if stage.last else None
     inputs, target = _batch(options, output_shape, x_boxes or _empty_boxes(options),
                             t_box or _empty(1 + len(output_shape[2:])), step, dtype, device)
     return (inputs if x_boxes else None), (target if t_box else None)
@@ -261,8 +261,7 @@ def _batch(options: Any, output_shape: Sequence[int], x_boxes: tuple[tuple[slice
 
 def _keys(options: Any, stage: Any, step: int) -> Callable[[int], DrawKey]:
     """The keys of a sync step's micro-batches: the step, and the global index of each one's first sample."""
-    size = int(stage.model.layer_graph.input_shape[0])
-    return lambda micro: DrawKey(options.seed, step, micro * size)
+    return lambda micro: DrawKey(options.seed, step, stage.first_sample(micro))
 
 
 def _shifted(box: tuple[slice, ...], offset: int) -> tuple[slice, ...]:
@@ -300,9 +299,17 @@ def _losses(stage: Any, steps: range, micro: int, device: torch.device) -> list[
     if stage.last:
         shares = [float(loss) for loss in stage.losses[-len(steps) * micro:]]
         for index in range(len(steps)):
-            values[index] = sum(shares[index * micro:(index + 1) * micro]) / micro
+            values[index] = _step_loss(stage, shares[index * micro:(index + 1) * micro])
     all_reduce(values, "the loss allreduce")
     return [float(v) for v in values]
+
+
+def _step_loss(stage: Any, shares: Sequence[float]) -> float:
+    """One step's loss from its micro-batches' mean losses: the mean over equal micro-batches, else each weighted by
+    its share of the samples (the unsplit model's mean over the batch)."""
+    if len(set(stage.samples(b) for b in range(len(shares)))) == 1:
+        return sum(shares) / len(shares)
+    return sum(share * stage.loss_scale(b) for b, share in enumerate(shares))
 
 
 def _stage_report(stage: Any, plan: Any, segments: list[list[Any]], wall_s: float, device: torch.device,
@@ -336,7 +343,7 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
     if plan.pipeline.schedule == "stale":
         plan = _capped(plan, 0)
     stage = _build(options, plan, dtype, device, sync_batchnorm=True)
-    stage.model.switch_off_random = True
+    stage.switch_off_random = True
     stage.keep_outputs = True
     events = _events(options, plan, stage)
     micro = plan.pipeline.micro_batches if plan.pipeline.schedule == "sync" else 1
@@ -354,7 +361,7 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
              if dtype.itemsize < 8 else None)
     comparison = Comparison.of(reference, dtype, options.tolerance, noise=noise)
     for b in range(micro) if stage.last else ():
-        compare_outputs(comparison, stage.model, stage.outputs[b], reference.outputs[b])
+        compare_outputs(comparison, stage.model_for(b), stage.outputs[b], reference.outputs[b])
     compare_gradients(comparison, stage.model, reference.model)
     return comparison.report(device) | random_report(reference.random)
 
@@ -362,9 +369,10 @@ def _verify(options: Any, plan: Any, dtype: torch.dtype, device: torch.device) -
 def _whole(options: Any, stage: Any, micro: int, dtype: torch.dtype, device: torch.device
            ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """The whole micro-batch ``micro`` of step 0 (every input) and its labels (the unsplit model's)."""
-    graph = stage.model.layer_graph
-    size, output_shape = graph.input_shape[0], graph.nodes[stage.model.output_name]["output_shape"]
-    samples = slice(micro * size, (micro + 1) * size)
+    part = stage.model_for(micro)
+    output_shape = part.layer_graph.nodes[part.output_name]["output_shape"]
+    first = stage.first_sample(micro)
+    samples = slice(first, first + stage.samples(micro))
     x_boxes = tuple((samples, *(slice(0, e) for e in shape[1:])) for shape in options.shapes)
     t_box = (samples, *(slice(0, e) for e in output_shape[2:]))
     return _batch(options, output_shape, x_boxes, t_box, 0, dtype, device)

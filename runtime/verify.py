@@ -96,7 +96,8 @@ def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequ
     whole input, or a tuple of the whole inputs of a model taking several. With ``amp`` the forward runs under
     that autocast (``runtime.precision``), as the split's does.
 
-    Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches);
+    Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches) or,
+    where they differ in size, weighted by its share of their samples;
     the loss is :func:`runtime.outputs.output_loss` (cross-entropy over the floating outputs, or over those of
     the part ``output`` names).
 
@@ -168,12 +169,15 @@ def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence
     model, outputs = build(dtype), []
     traced = symbolic_trace(model, tuple(leaf_modules), inputs=len(as_inputs(batches[0][0])) if batches else 1)
     ops = tuple(random_ops(list(traced.graph.nodes), model).values())
-    for x, labels, key in batches:
+    samples = [int(labels.shape[0]) if labels.dim() else 1 for _, labels, _ in batches]
+    even = len(set(samples)) == 1  # each loss / M; else weighted by its share of the samples
+    for (x, labels, key), count in zip(batches, samples):
         interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
         with inside_switched_off(model, ops):
             with autocast(amp, next(model.parameters(), torch.empty(0)).device):
                 out = interpreter.run(*(tensor.to(dtype) for tensor in as_inputs(x)))
-                loss = output_loss(out, labels, key=output) / len(batches)
+                loss = output_loss(out, labels, key=output)
+                loss = loss / len(batches) if even else loss * (count / sum(samples))
             loss.backward()
         outputs.append(map_aggregate(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v))
     return Reference(model, tuple(outputs), ops)

@@ -168,6 +168,56 @@ def test_a_sync_pipeline_plan_file_runs_in_gpipe_order_and_is_predicted(repo: Pa
     assert document["verify"]["passed"] and document["verify"]["grad_max_rel_err"] < 1e-4
 
 
+def test_uneven_micro_batches_and_stages_of_one_and_more_devices_run_and_verify(repo: Path, tmp_path: Path) -> None:
+    """ResNet-18, float64, each verified equal to the unsplit model: a sync pipeline of 1 + 2 devices on a batch of
+    5 in 2 micro-batches (3 + 2 samples; the second stage splits them 2 + 1 and 1 + 1); a stale one of 1 + 3
+    devices (the second stage n3); and the plan the stage search makes on 2 devices for a batch of 5 with two
+    sync stages, whose micro-batches are uneven."""
+    from dataclasses import replace
+    from functools import partial
+
+    import torch
+
+    from calibrate.presets import preset_cluster, preset_profile
+    from cost_models.graph import trace
+    from cost_models.layout import Layout
+    from cost_models.model_spec import load_model
+    from cost_models.plan import LayerAssignment, Pipeline, save_plan
+    from cost_models.uniform import balanced_starts, uniform_plan
+    from planner.search import assigned_plan
+    from planner.settings import SearchSettings
+    from planner.stages import search_pipelines
+
+    spec = ["--model", "torchvision:resnet18", "--dtype", "float64"]
+    plans = {}
+    for name, batch, schedule, micro, second in (("sync-1+2", 5, "sync", 2, 2), ("stale-1+3", 6, "stale", 1, 3)):
+        graph = trace(load_model("torchvision:resnet18"), (batch, 3, 64, 64), torch.float64)
+        starts = balanced_starts(graph, 2)
+        head = set(graph.compute_layers()[:graph.compute_layers().index(starts[0])])
+        rule = lambda layer, _, head=head, second=second: [Layout()] if layer in head else [Layout(n=second)]  # noqa: E731
+        base = uniform_plan(graph, preset_cluster("h100", second), rule, model_spec="torchvision:resnet18")
+        layers = {layer: LayerAssignment(a.layout, 0 if layer in head else 1) for layer, a in base.layers.items()}
+        pipeline = Pipeline(2, (1, second), schedule, micro, (1, 0) if schedule == "stale" else (0, 0))
+        plans[name] = (batch, replace(base, cluster=preset_cluster("h100", 1 + second), layers=layers,
+                                      pipeline=pipeline))
+    graph = trace(load_model("torchvision:resnet18"), (5, 3, 64, 64), torch.float64)
+    two = preset_cluster("h100", 2)
+    searched = search_pipelines(graph, preset_profile("h100"), two, partial(assigned_plan, graph, two),
+                                SearchSettings(max_stages=2, schedule="sync"), prune=False)
+    uneven = [c.plan for c in searched.candidates if c.plan.pipeline.micro_batches in (2, 3)]  # 3 + 2; 2 + 2 + 1
+    assert uneven, [c.plan.summary() for c in searched.candidates]
+    plans["searched"] = (5, replace(uneven[0], model_spec="torchvision:resnet18"))
+    for name, (batch, plan) in plans.items():
+        save_plan(plan, tmp_path / f"{name}.json")
+        run = _parplan("run", *spec, "--input-shape", f"{batch},3,64,64", "--plan", str(tmp_path / f"{name}.json"),
+                       "--nproc", str(sum(plan.pipeline.devices_per_stage)), "--steps", "1", "--warmup", "0",
+                       "--verify", "--json", cwd=repo)
+        assert run.returncode == 0, f"{name}: {run.stderr}"
+        document = json.loads(run.stdout)
+        assert document["verify"]["passed"], (name, document["verify"])
+        assert document["verify"]["grad_max_rel_err"] > 0 or name != "sync-1+2"  # the split's sums round differently
+
+
 def test_a_recomputing_plan_and_one_on_unequal_stages_run_and_verify(repo: Path, tmp_path: Path) -> None:
     """What the stage search emits runs: the UNet at 8×3×64×64 on 2 devices of 13 MB plans two sync stages of
     8 micro-batches whose first recomputes its activations; on 4 devices ResNet-18's 3-stage stale pipelines

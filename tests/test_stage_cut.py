@@ -78,8 +78,10 @@ def test_pipelines_the_runtime_cannot_run_are_refused(resnet: tuple) -> None:
                   "stale", staleness=(0, 1))
     with pytest.raises(PlanError, match=r"staleness \[0, 1\] grows"):
         check_pipeline(plan)
-    with pytest.raises(PlanError, match="3 micro-batches do not divide the batch of 4"):
-        check_pipeline(replace(plan, pipeline=replace(plan.pipeline, schedule="sync", micro_batches=3, staleness=(0, 0))))
+    sync = replace(plan.pipeline, schedule="sync", staleness=(0, 0))
+    check_pipeline(replace(plan, pipeline=replace(sync, micro_batches=3)))  # 2 + 1 + 1 samples run
+    with pytest.raises(PlanError, match="5 micro-batches of a batch of 4: each needs at least one sample"):
+        check_pipeline(replace(plan, pipeline=replace(sync, micro_batches=5)))
     unequal = replace(plan, cluster=replace(plan.cluster, devices=3),
                       pipeline=replace(plan.pipeline, devices_per_stage=(1, 2), staleness=(1, 0)))
     check_pipeline(unequal)  # stages of 1 and 2 devices run (tests/test_runtime_pipeline.py)

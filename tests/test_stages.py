@@ -28,8 +28,10 @@ def test_stage_counts_and_micro_batches() -> None:
     assert stage_counts(64, 8, 4) == [2, 4]  # 32 and 16 devices: whole nodes
     assert stage_counts(8, 8, 4) == [2, 4]  # parts of one node
     assert stage_counts(24, 8, 4) == [3]  # 12 devices per stage would split a node unevenly
-    assert micro_batch_counts(64, 4) == [4, 8, 16, 32, 64] and micro_batch_counts(6, 4) == [6]
-    assert micro_batch_counts(7, 2) == [7] and micro_batch_counts(3, 8) == [3]  # a batch smaller than the stages
+    assert micro_batch_counts(64, 4) == [4, 8, 16, 32, 64]  # divisors: sizes 16, 8, … 1, each half the last
+    assert micro_batch_counts(6, 4) == [4, 6]  # 4 micro-batches: 2 + 2 + 1 + 1 samples
+    assert micro_batch_counts(7, 2) == [2, 4, 7]  # 4 + 3, 2 + 2 + 2 + 1, and 1 each: no size twice the next
+    assert micro_batch_counts(3, 8) == [3]  # a batch smaller than the stages
 
 
 def test_runner_ups_name_the_best_alternative_and_its_extra_cost() -> None:
