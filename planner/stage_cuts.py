@@ -44,7 +44,7 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-__all__ = ["Cuts", "exact_cuts"]
+__all__ = ["Cuts", "exact_cuts", "fits_nodes"]
 
 _TAU_CHUNK = 256  # caps solved at once; later chunks may be skipped
 _DP_ELEMENTS = 1 << 21  # floats of one step of the vectorised DP (start × end points × device units × caps) at most
@@ -69,11 +69,13 @@ class _Grid:
     sizes: tuple[int, ...]
     widths: tuple[int, ...]  # each size in units
     units: int  # the budget in units
+    aligned: tuple[np.ndarray, ...]  # per size: whether a stage of it may start after each number of units used
 
 
 def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callable[[int, int, int], float],
                true: Callable[[int, int, int, int], float], *, sizes: Sequence[int] = (1,), budget: int | None = None,
-               micro_batches: int = 1, stale: bool = False, limit_s: float | None = None) -> Cuts | None:
+               micro_batches: int = 1, stale: bool = False, limit_s: float | None = None,
+               node: int | None = None) -> Cuts | None:
     """The cuts of ``count`` decisions into ``stages`` stages, and each stage's devices, minimising the objective
     (module docstring).
 
@@ -86,6 +88,8 @@ def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callabl
         budget: The devices of all stages together, at most (default: every stage the largest size).
         limit_s: Give up (``None``) once a round's optimum — a lower bound on the true one — reaches it: a plan
             already found is at least as fast.
+        node: Devices per node: stages take consecutive devices in order, and each must be whole nodes
+            starting at a node's first device, or part of one node (:func:`fits_nodes`); ``None``: any.
 
     Returns:
         ``None`` when no cut gives every stage a finite time, or none can come under ``limit_s``.
@@ -94,8 +98,10 @@ def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callabl
     if len(points) - 1 < stages:
         return None
     unit = reduce(gcd, sizes)
-    grid = _Grid(points, tuple(sizes), tuple(size // unit for size in sizes),
-                 (budget if budget is not None else stages * max(sizes)) // unit)
+    total = budget if budget is not None else stages * max(sizes)
+    aligned = tuple(np.array([fits_nodes(used * unit, size, node, total) for used in range(total // unit + 1)])
+                    for size in sizes)
+    grid = _Grid(points, tuple(sizes), tuple(size // unit for size in sizes), total // unit, aligned)
     known: dict[tuple[int, int, int, int], float] = {}
     lower = _bounds(grid, bound)
 
@@ -120,6 +126,16 @@ def exact_cuts(count: int, stages: int, allowed: Collection[int], bound: Callabl
                         _objective(times, micro_batches, stale), times, rounds)
         for segment in fresh:
             known[segment] = true(*segment)
+
+
+def fits_nodes(used: int, size: int, node: int | None, budget: int) -> bool:
+    """Whether a stage of ``size`` devices may follow ``used`` devices: whole nodes from a node's first device,
+    or within one node (any, when every device is on one node or ``node`` is ``None``)."""
+    if node is None or budget <= node:
+        return True
+    if size % node == 0:
+        return used % node == 0
+    return node % size == 0 and used % node + size <= node
 
 
 def _objective(times: tuple[float, ...], micro: int, stale: bool) -> float:
@@ -194,7 +210,8 @@ def _min_max(grid: _Grid, table: np.ndarray, stages: int) -> float:
         for z, width in enumerate(grid.widths):
             if width > grid.units:
                 continue
-            paced = np.maximum(best[:, None, :grid.units + 1 - width], table[k, :, :, z][:, :, None])  # [a, b, g]
+            before = np.where(grid.aligned[z][None, :grid.units + 1 - width], best[:, :grid.units + 1 - width], np.inf)
+            paced = np.maximum(before[:, None, :], table[k, :, :, z][:, :, None])  # [a, b, g]
             reached[:, width:] = np.minimum(reached[:, width:], paced.min(axis=0))
         best = reached
     return float(best[size - 1].min())
@@ -220,7 +237,8 @@ def _least_sum(grid: _Grid, table: np.ndarray, stages: int, taus: np.ndarray
             if width >= units or not np.isfinite(times).any():
                 continue
             capped = np.where(times[:, :, None] <= taus, times[:, :, None], np.inf)  # [a, b, cap]
-            candidates = sums[s - 1][:, None, :units - width, :] + capped[:, :, None, :]  # [a, b, g, cap]
+            before = np.where(grid.aligned[z][None, :units - width, None], sums[s - 1][:, :units - width, :], np.inf)
+            candidates = before[:, None, :, :] + capped[:, :, None, :]  # [a, b, g, cap]
             a = np.argmin(candidates, axis=0)  # [b, g, cap]
             value = np.take_along_axis(candidates, a[None], axis=0)[0]
             better = value < sums[s, :, width:, :]

@@ -337,7 +337,8 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
 
         cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, lambda i, j, size: bounds[size](i, j), true,
                           sizes=config.sizes, budget=cluster.devices, micro_batches=config.pipeline.micro_batches,
-                          stale=config.pipeline.schedule == "stale", limit_s=limit_s if which == 1 else None)
+                          stale=config.pipeline.schedule == "stale", limit_s=limit_s if which == 1 else None,
+                          node=cluster.devices_per_node)
         if cuts is None:
             break
         chosen = _Solved()

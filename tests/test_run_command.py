@@ -99,7 +99,8 @@ def test_verify_beyond_its_tolerance_exits_one(repo: Path, tmp_path: Path) -> No
     (["--layout", "n1", "--nproc", "2", "--staleness", "1"], "--staleness caps a stale pipeline's staleness"),
     (["--layout", "n1", "--nproc", "2", "--stages", "2", "--slow-stage", "2:2"], "names stage 2 but the plan has 2"),
     (["--layout", "n1", "--nproc", "2", "--stages", "2", "--slow-stage", "x"], "is not K:FACTOR"),
-    (["--layout", "n1", "--nproc", "2", "--stages", "2", "--micro-batches", "3"], "3 micro-batches do not divide"),
+    (["--layout", "n1", "--nproc", "2", "--stages", "2", "--micro-batches", "5"],
+     "5 micro-batches of a batch of 4: each needs at least one sample"),
     (["--layout", "n2", "--nproc", "2", "--output", "aux"], "--output aux: the model's output has no such part; it "
                                                             "has one tensor"),
 ])

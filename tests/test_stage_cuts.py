@@ -9,17 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.stage_cuts import exact_cuts
+from planner.stage_cuts import exact_cuts, fits_nodes
 
 
-def _brute(count, stages, allowed, true, micro, stale, sizes=(1,), budget=None):  # noqa: ANN001, ANN202
-    """The least objective over every cut and every assignment of sizes to stages within the budget."""
+def _brute(count, stages, allowed, true, micro, stale, sizes=(1,), budget=None, node=None):  # noqa: ANN001, ANN202
+    """The least objective over every cut and every assignment of sizes to stages within the budget (each stage
+    whole nodes from a node's first device, or inside one node, with ``node`` devices per node)."""
     budget = stages * max(sizes) if budget is None else budget
     best = math.inf
     for starts in itertools.combinations(sorted(p for p in set(allowed) if 0 < p < count), stages - 1):
         cuts = [0, *starts, count]
         for devices in itertools.product(sizes, repeat=stages):
-            if sum(devices) > budget:
+            if sum(devices) > budget or not all(fits_nodes(sum(devices[:k]), devices[k], node, budget)
+                                                for k in range(stages)):
                 continue
             times = [true(cuts[k], cuts[k + 1], k, devices[k]) for k in range(stages)]
             if all(math.isfinite(t) for t in times):
@@ -78,8 +80,8 @@ def test_a_balanced_cut_and_the_bubble_term() -> None:
 def test_the_dp_splits_the_devices_as_brute_force_does(count: int, stages: int, micro: int, stale: bool,
                                                       data: st.DataObject) -> None:
     """Stages of different device counts: a stage's time shrinks with its devices by its own scaling (random),
-    a per-stage memory penalty that more devices relieve, some segments that fit no size; every cut and every
-    assignment of sizes within the budget tried by brute force."""
+    a per-stage memory penalty that more devices relieve, some segments that fit no size, nodes of 2 or 4
+    devices (or none); every cut and every assignment of sizes within the budget tried by brute force."""
     sizes = tuple(sorted(data.draw(st.sets(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=3))))
     budget = data.draw(st.integers(stages * min(sizes), stages * max(sizes)))
     weights = data.draw(st.lists(st.floats(0.1, 5.0), min_size=count, max_size=count))
@@ -97,13 +99,15 @@ def test_the_dp_splits_the_devices_as_brute_force_does(count: int, stages: int, 
             return math.inf
         return bound(i, j, size) + (penalty * (stages - k) / size if j - i > 2 else 0.0)
 
-    expected = _brute(count, stages, allowed, true, micro, stale, sizes, budget)
+    node = data.draw(st.sampled_from([None, 2, 4]))  # devices per node: stages keep to whole nodes or one node
+    expected = _brute(count, stages, allowed, true, micro, stale, sizes, budget, node)
     found = exact_cuts(count, stages, allowed, bound, true, sizes=sizes, budget=budget, micro_batches=micro,
-                       stale=stale)
+                       stale=stale, node=node)
     if not math.isfinite(expected):
         assert found is None
         return
     assert found is not None and found.objective_s == pytest.approx(expected, rel=1e-12, abs=1e-12)
     assert sum(found.devices) <= budget and set(found.devices) <= set(sizes)
+    assert all(fits_nodes(sum(found.devices[:k]), found.devices[k], node, budget) for k in range(stages))
     cuts = [*found.starts, count]
     assert found.stage_s == tuple(true(cuts[k], cuts[k + 1], k, found.devices[k]) for k in range(stages))
