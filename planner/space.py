@@ -70,7 +70,7 @@ from planner.prune import surviving_options
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["FOLLOWER_KINDS", "LayerCosts", "Space", "build_space", "decision_groups"]
+__all__ = ["FOLLOWER_KINDS", "LayerCosts", "Space", "build_space", "decision_groups", "splits_exactly"]
 
 FOLLOWER_KINDS = frozenset({"batchnorm", "activation", "dropout", "identity"})
 MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the leading one
@@ -308,6 +308,20 @@ def _decision_rows(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...
             return rows
     raise InputError(f"layer '{head}' ({graph.nodes[head]['kind']}, output {tuple(graph.nodes[head]['output_shape'])}) "
                      f"has no layout on {devices} devices; try a device count its extents can be split by")
+
+
+def splits_exactly(shape: Sequence[int], devices: int, per_node: int) -> bool:
+    """Whether a tensor of ``shape`` has a layout of the space on exactly ``devices`` devices (``per_node`` to a
+    node) whose every split divides its extent: samples and channels by divisors, the rest of the devices in
+    tiles of one of the space's grids (without enumerating every layout of ``devices``)."""
+    volume = len(shape) == 5
+    for n in (n for n in range(1, devices + 1) if devices % n == 0 and shape[0] % n == 0):
+        for c in (c for c in range(1, min(devices // n, max(per_node, 1)) + 1) if devices // n % c == 0):
+            tiles = devices // (n * c)
+            grids = _volume_tilings(tiles) if volume else {(1, h, w) for h, w in _tilings(tiles)}
+            if any(_divides(list(shape), Layout(n=n, c=c, d=d, h=h, w=w)) for d, h, w in grids):
+                return True
+    return False
 
 
 def _layout_tiers(node: Mapping[str, Any], devices: int, per_node: int) -> list[list[Layout]]:

@@ -1,13 +1,16 @@
 """Pipeline stages and staleness: the outer search around the per-stage layout choice.
 
 For each stage count ``K`` (2, 3, … up to ``max_stages``) and each allowed
-schedule — each stage on one of the sizes of equal stages of whole nodes (or of
-equal parts of one node) nearest ``D/K`` from below and above, the cuts
-choosing which, within the ``D`` devices (1024 in 7 stages: 256 + 6 × 128;
-devices may stay idle):
+schedule — each stage on one of the two device counts nearest ``D/K`` from
+below and above among those of equal stages of whole nodes (or of equal parts
+of one node) and any other number of whole nodes the model's largest
+activation splits over exactly (:func:`_stage_sizes`: 64 devices in 3 stages
+for a batch of 12: 24 + 24 + 16), the cuts choosing which, within the ``D``
+devices (1024 in 7 stages: 256 + 6 × 128; devices may stay idle), each stage
+whole nodes from a node's first device or inside one node:
 
-* ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, each divisor of
-  the batch a configuration of its own (more micro-batches: a smaller bubble
+* ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, each count of
+  :func:`micro_batch_counts` a configuration of its own (more micro-batches: a smaller bubble
   and less memory, smaller kernels; the bound below prunes most); stage ``k`` holds ``min(M, K − k)`` micro-batches' activations at once,
   which its memory rows count. Where that binds — the stage's optimum under the
   memory limit is not its unconstrained one — the stage is also solved
@@ -44,7 +47,7 @@ layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from math import inf
+from math import inf, prod
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from cost_models.cluster import Cluster
@@ -60,7 +63,7 @@ from planner.exact import UNCONSTRAINED_SOLVERS, solve_exact
 from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
-from planner.space import LayerCosts, Space, build_space
+from planner.space import LayerCosts, Space, build_space, splits_exactly
 from planner.stage_bounds import Floor, heaviest_first
 from planner.stage_cuts import exact_cuts
 
@@ -202,7 +205,7 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
     """Every stage count and schedule (each micro-batch count a configuration), with lazy bounds."""
     configs = []
     made = _Makers(graph, profile, cluster, settings.optimizer, memo)
-    everything = _stage_sizes(cluster)
+    everything = _stage_sizes(cluster, graph)
     for stages in range(2, settings.max_stages + 1):
         sizes = _sizes_for(stages, cluster.devices, everything)
         for name, micro in _schedules(graph.input_shape[0], stages, settings) if sizes else ():
@@ -219,10 +222,41 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
     return configs
 
 
-def _stage_sizes(cluster: Cluster) -> list[int]:
-    """The device counts of equal stages of whole nodes (or of equal parts of one node), any number of them."""
-    return [cluster.devices // count
-            for count in stage_counts(cluster.devices, cluster.devices_per_node, cluster.devices)]
+def _stage_sizes(cluster: Cluster, graph: LayerGraph) -> list[int]:
+    """The device counts a stage may take: those of equal stages of whole nodes (or of equal parts of one node),
+    and any other number of whole nodes (a 5-smooth number of them: 24, 40, 48 … nodes), part of a node, or —
+    on a cluster of one node — of its devices, over which the model's largest activation splits exactly (a
+    count only idle devices would fill is left out)."""
+    devices, node = cluster.devices, cluster.devices_per_node
+    equal = {devices // count for count in stage_counts(devices, node, devices)}
+    if devices <= node:
+        others = set(range(1, devices))
+    else:
+        others = {node * count for count in _smooth(devices // node)} | {d for d in range(1, node) if node % d == 0}
+    largest = _largest_output(graph)
+    filled = {size for size in others - equal if size < devices and largest is not None
+              and splits_exactly(largest, size, min(node, size))}
+    return sorted(equal | filled, reverse=True)
+
+
+def _smooth(most: int) -> list[int]:
+    """The numbers 1 … ``most`` with no prime factor above 5."""
+    found = []
+    for number in range(1, most + 1):
+        rest = number
+        for prime in (2, 3, 5):
+            while rest % prime == 0:
+                rest //= prime
+        if rest == 1:
+            found.append(number)
+    return found
+
+
+def _largest_output(graph: LayerGraph) -> list[int] | None:
+    """The shape of the largest single output tensor of ``graph``'s layers (the first of the largest)."""
+    shapes = [data["output_shape"] for _, data in graph.nodes(data=True)
+              if data["output_shape"] and not isinstance(data["output_shape"][0], list)]
+    return max(shapes, key=prod, default=None)
 
 
 def _sizes_for(stages: int, devices: int, sizes: Sequence[int]) -> tuple[int, ...]:

@@ -203,3 +203,18 @@ def test_efficientnet_micro_batched_graph_keeps_argument_order_and_sound_decisio
         groups = decision_groups(_CountingGraph(subject, passes=3))
         _assert_groups_sound(subject, groups)
     assert decision_groups(scaled) == decision_groups(graph)
+
+
+def test_splits_exactly_agrees_with_the_layouts_of_the_space() -> None:
+    """``splits_exactly`` (samples and channels by divisors, the rest in the space's grids) says what the space's
+    first tier of layouts says, without enumerating every layout of the device count."""
+    import json
+
+    from planner.space import _tiers, splits_exactly
+
+    for shape in ([64, 64, 1024, 1024], [12, 64, 48, 48], [4, 32, 64, 64, 64], [6, 10, 30, 30], [8, 1000]):
+        for devices in range(1, 130):
+            for per_node in (1, 4, 8):
+                node = min(per_node, devices)
+                assert splits_exactly(shape, devices, node) == bool(_tiers(json.dumps(shape), devices, node)[0]), (
+                    shape, devices, node)

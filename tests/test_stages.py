@@ -34,6 +34,19 @@ def test_stage_counts_and_micro_batches() -> None:
     assert micro_batch_counts(3, 8) == [3]  # a batch smaller than the stages
 
 
+def test_stages_may_take_any_number_of_whole_nodes_their_largest_activation_fills() -> None:
+    """A batch of 12 at 96×96 on 64 devices (8 to a node): 24 devices (n12·h2) are 3 nodes no equal split of 64
+    gives; 3 stages take 16 or 24 each (24 + 24 + 16 uses every device). ResNet-50 at 2048² fills powers of two
+    only: its sizes stay those of equal stages."""
+    from planner.stages import _sizes_for, _stage_sizes
+
+    graph = trace(build_model("resnet18"), (12, 3, 96, 96))
+    sizes = _stage_sizes(preset_cluster("h100", 64), graph)
+    assert sizes == [48, 32, 24, 16, 8, 4, 2, 1] and _sizes_for(3, 64, sizes) == (16, 24)
+    large = trace(build_model("resnet18"), (64, 3, 2048, 2048))
+    assert _stage_sizes(preset_cluster("h100", 1024), large) == [512, 256, 128, 64, 32, 16, 8, 4, 2, 1]
+
+
 def test_runner_ups_name_the_best_alternative_and_its_extra_cost() -> None:
     table = CostTable(("a", "b"), {"a": ("x", "y", "z"), "b": ("x", "y")}, {"a": (1.0, 1.5, 3.0), "b": (1.0, 0.2)},
                       {("a", "b"): ((0.0, 2.0), (2.0, 0.0), (1.0, 1.0))})
