@@ -97,15 +97,19 @@ def stage_counts(devices: int, devices_per_node: int, max_stages: int) -> list[i
 
 def micro_batch_counts(batch: int, stages: int) -> list[int]:
     """The micro-batch counts a ``sync`` pipeline of ``stages`` stages may take, from ``stages`` up (or the batch,
-    if smaller): the divisors of ``batch``, ``stages`` itself, and, where the micro-batch sizes these give lie
-    more than a factor of 2 apart, the count that halves the larger (micro-batches then differ by one sample:
-    ``cost_models.micro_batches``) — so that every size of micro-batch is within a factor of 2 of one searched.
+    if smaller): the divisors of ``batch``; ``stages`` itself where the least divisor's micro-batches are under
+    half of its; and, where the micro-batch sizes these give lie more than a factor of 2 apart, the count that
+    halves the larger (micro-batches then differ by one sample: ``cost_models.micro_batches``) — so that every
+    size of micro-batch is within a factor of 2 of one searched, and a batch with few divisors is not left
+    with micro-batches of one sample only.
 
     Fewer micro-batches than stages are left out: the first stage would hold the whole batch's activations, as
     it does with ``M = K``, and every stage would idle for ``K − M`` of the ``K + M − 1`` steps.
     """
     least = min(stages, batch)
-    counts = {count for count in range(least, batch + 1) if batch % count == 0} | {least}
+    counts = {count for count in range(least, batch + 1) if batch % count == 0}
+    if 2 * -(-batch // min(counts)) < -(-batch // least):  # the divisors' largest micro-batch: under half K's
+        counts.add(least)
     while True:
         sizes = sorted({-(-batch // count) for count in counts}, reverse=True)
         gaps = [large for large, small in zip(sizes, sizes[1:]) if large > 2 * small]

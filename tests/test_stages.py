@@ -29,7 +29,8 @@ def test_stage_counts_and_micro_batches() -> None:
     assert stage_counts(8, 8, 4) == [2, 4]  # parts of one node
     assert stage_counts(24, 8, 4) == [3]  # 12 devices per stage would split a node unevenly
     assert micro_batch_counts(64, 4) == [4, 8, 16, 32, 64]  # divisors: sizes 16, 8, … 1, each half the last
-    assert micro_batch_counts(6, 4) == [4, 6]  # 4 micro-batches: 2 + 2 + 1 + 1 samples
+    assert micro_batch_counts(6, 4) == [6]  # 4 micro-batches would hold 2 samples at most: not twice 1
+    assert micro_batch_counts(13, 2) == [2, 4, 7, 13]  # 7 + 6, 4 + 3 + 3 + 3, 2 × 6 + 1 and 1 each
     assert micro_batch_counts(7, 2) == [2, 4, 7]  # 4 + 3, 2 + 2 + 2 + 1, and 1 each: no size twice the next
     assert micro_batch_counts(3, 8) == [3]  # a batch smaller than the stages
 
@@ -272,7 +273,8 @@ def test_a_stage_recomputes_where_keeping_its_activations_does_not_fit() -> None
             assert all("recompute" in c.estimate.breakdown_s for c in fitting)
 
 
-def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
+@pytest.mark.parametrize("batch", [8, 5])  # 5: two stages also try 2 and 3 uneven micro-batches (3 + 2, 2 + 2 + 1)
+def test_the_search_cuts_where_brute_force_over_every_cut_does(batch: int) -> None:
     """resnet18 on 4 devices, 2 to 4 stages, sync (each micro-batch count) and stale: the cut and the devices
     per stage the search picks have the least objective (``Σ t + (M−1)·max t`` or ``max t``, each stage's time its
     exact layout optimum on its devices) of every allowed cut and every split of the devices among the stages'
@@ -285,12 +287,14 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
     from planner.cut_points import allowed_cuts
     from planner.stages import _best_stage_solve, _configs, _stage_layouts, _StageSpaces
 
-    graph = trace(build_model("resnet18"), (8, 3, 32, 32))
+    graph = trace(build_model("resnet18"), (batch, 3, 32, 32))
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 4)
     settings = SearchSettings(max_stages=4)
+    uneven = 0
     for config in _configs(graph, profile, cluster, settings, CostMemo(profile, "float32")):
         if config.floor.reaches(None):  # some layer has no layout on a stage's devices (the search drops it)
             continue
+        uneven += batch % config.pipeline.micro_batches != 0
         heads, stages = list(config.groups), config.pipeline.stages
         micro, stale = config.pipeline.micro_batches, config.pipeline.schedule == "stale"
 
@@ -314,3 +318,4 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does() -> None:
         assignments, _, _, pipeline = _stage_layouts(config, profile, cluster, settings)[0]
         chosen = [0] + [heads.index(next(h for h in heads if assignments[h].stage == k)) for k in range(1, stages)]
         assert objective(chosen, pipeline.devices_per_stage) == pytest.approx(brute, rel=1e-9), config.pipeline
+    assert uneven == (batch == 5)  # 3 + 2 samples; 2 + 2 + 1 leaves a batch-norm over 1×1 maps one sample
