@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from math import inf, prod
-from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError

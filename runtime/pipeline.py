@@ -137,6 +137,20 @@ class EventRecord:
     wait_s: float
 
 
+class _OnEverySize:
+    """A setting of :class:`PipelineStage`'s model, read from it and set on its view at every micro-batch size."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, stage: Any, owner: type | None = None) -> Any:
+        return self if stage is None else getattr(stage.model, self.name)
+
+    def __set__(self, stage: Any, value: Any) -> None:
+        for part in stage._models.values():
+            setattr(part, self.name, value)
+
+
 @dataclass
 class _Stash:
     """What a batch in flight keeps: inputs (leaves), outputs to backward, its draws' key, the RNG state, the target."""
@@ -234,35 +248,12 @@ class PipelineStage:
         """The buffers of this stage's layers (batch-norm statistics), as the model holds them."""
         return self._buffers
 
-    @property
-    def layer_ranges(self) -> bool:
-        """Whether each layer runs in a profiler range (``DistributedModel.layer_ranges``), at every size."""
-        return self.model.layer_ranges
-
-    @layer_ranges.setter
-    def layer_ranges(self, value: bool) -> None:
-        for part in self._models.values():
-            part.layer_ranges = value
-
-    @property
-    def switch_off_random(self) -> bool:
-        """Whether switchable unkeyed random ops run in their evaluation form (``--verify``), at every size."""
-        return self.model.switch_off_random
-
-    @switch_off_random.setter
-    def switch_off_random(self, value: bool) -> None:
-        for part in self._models.values():
-            part.switch_off_random = value
-
-    @property
-    def output_key(self) -> str | None:
-        """The part of the output the last stage takes the loss of (``DistributedModel.output_key``)."""
-        return self.model.output_key
-
-    @output_key.setter
-    def output_key(self, key: str | None) -> None:
-        for part in self._models.values():
-            part.output_key = key
+    layer_ranges = _OnEverySize()
+    """Whether each layer runs in a profiler range (``DistributedModel.layer_ranges``)."""
+    switch_off_random = _OnEverySize()
+    """Whether switchable unkeyed random ops run in their evaluation form (``--verify``)."""
+    output_key = _OnEverySize()
+    """The part of the output the last stage takes the loss of (``DistributedModel.output_key``)."""
 
     def model_for(self, batch: int) -> DistributedModel:
         """The stage at the size of (micro-)batch ``batch`` (under ``stale``: every batch is whole)."""
