@@ -6,7 +6,9 @@ allreduce counted in full and once with it fully hidden behind backward (the
 two bounds of the overlap the additive objective cannot express). Both optima
 are priced with the full cost model (``cost_models.estimate``). With
 ``max_stages > 1`` the pipeline search (``planner.stages``) adds its plans.
-The fastest plan that fits in memory is returned, beside two baselines
+The fastest plan that fits in memory is returned (of equally fast ones, the one
+with the fewest stages, then the least memory: the same whatever order the
+search found them in), beside two baselines
 priced the same way: pure sample parallelism — what a user would run, on as
 many devices as the batch has samples at most (``min(D, N)``, the largest
 that divides the batch and makes whole nodes), the rest idle, not copies on
@@ -145,11 +147,11 @@ def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Ma
             baselines: tuple[Baseline, ...], failure: InputError | None, skipped: int,
             elapsed_s: float) -> PlanResult:
     pool = [(plan, predicted) for plan, predicted, _ in found] + [(b.plan, b.estimate) for b in baselines]
-    fitting = [(predicted.iteration_s, index) for index, (_, predicted) in enumerate(pool)
-               if predicted.memory_bytes_max <= cluster.memory_bytes]
+    fitting = [(predicted.iteration_s, plan.pipeline.stages, predicted.memory_bytes_max, index)
+               for index, (plan, predicted) in enumerate(pool) if predicted.memory_bytes_max <= cluster.memory_bytes]
     if not fitting:
         raise failure or _nothing_fits(pool, cluster)
-    index = min(fitting)[1]
+    index = min(fitting)[-1]  # the fastest; of equals, the fewest stages, then the least memory
     plan, predicted = pool[index]
     prediction = predicted.prediction()
     solved = next((p.solver for p, _, _ in found if p.solver is not None), None)
