@@ -97,7 +97,7 @@ from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_
                                      reduction_refusal, reshape_refusal, sample_dim_refusal, sample_view_refusal,
                                      stacks_or_reduces)
 from cost_models.layout import Layout
-from cost_models.micro_batches import micro_batch_node, micro_batch_sizes
+from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.orders import default_order, logical
 
 if TYPE_CHECKING:
@@ -408,13 +408,14 @@ def plan_refusals(plan: Any, graph: LayerGraph, *, sync_batchnorm: bool = False)
     micro = pipeline.micro_batches if pipeline.stages > 1 else 1
     batch = int(plan.input_shape[0])
     least = micro_batch_sizes(batch, micro)[-1] if micro <= batch else batch  # the smallest micro-batch's samples
+    smallest = micro_batch_nodes(graph, least) if 1 < micro <= batch else {}
     for name, assignment in plan.layers.items():
         if name not in graph:
             continue
         node = graph.nodes[name]
         why = layer_refusal(node, assignment.layout, sync_batchnorm=sync_batchnorm, micro_batches=micro)
-        if why is None and micro > 1 and (why := layer_refusal(micro_batch_node(node, batch, least),
-                                                               assignment.layout, sync_batchnorm=sync_batchnorm)):
+        if why is None and smallest and (why := layer_refusal(smallest[name], assignment.layout,
+                                                              sync_batchnorm=sync_batchnorm)):
             why = f"on a micro-batch of {least} sample(s), {why}"
         if why:
             yield f"'{name}' ({node['kind']}, {assignment.layout}): {why}"

@@ -71,7 +71,7 @@ from cost_models.layout import Layout
 from cost_models.local_problem import VIEW_KINDS
 from cost_models.memory import (WEIGHT_SPLIT_KINDS, LayerMemory, StepLayer, distinct_saved_bytes,
                                 parameter_tensors, stage_peak_bytes)
-from cost_models.micro_batches import micro_batch_node, micro_batch_sizes
+from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
 from cost_models.plan import Plan, Prediction, check_plan_for_graph
 from cost_models.profile import Profile
@@ -204,9 +204,7 @@ def _micro_batch_nodes(graph: LayerGraph, micro: int) -> Mapping[str, Mapping[st
     """The layers on the largest of ``micro`` micro-batches (each is priced as it: ``cost_models.micro_batches``)."""
     if micro == 1:
         return graph.nodes
-    batch = int(graph.input_shape[0])
-    samples = micro_batch_sizes(batch, micro)[0]
-    return {name: micro_batch_node(data, batch, samples) for name, data in graph.nodes(data=True)}
+    return micro_batch_nodes(graph, micro_batch_sizes(int(graph.input_shape[0]), micro)[0])
 
 
 def _cached_stage_cluster(found: dict[int, Cluster], cluster: Cluster, plan: Plan, stage: int) -> Cluster:

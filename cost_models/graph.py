@@ -73,8 +73,13 @@ class LayerGraph(nx.DiGraph):
     def batch_layers(self) -> set[str]:
         """The layers computed from the model's inputs (the others compute from parameters and constants alone:
         a weight standardisation, a positional table)."""
-        inputs = [name for name, data in self.nodes(data=True) if data["kind"] == "input"]
-        return set(inputs).union(*(nx.descendants(self, name) for name in inputs))
+        size = (self.number_of_nodes(), self.number_of_edges())
+        known = self.__dict__.get("_batch_layers")
+        if known is None or known[0] != size:  # computed once (a traced graph does not change)
+            inputs = [name for name, data in self.nodes(data=True) if data["kind"] == "input"]
+            self.__dict__["_batch_layers"] = (size, frozenset(set(inputs).union(*(nx.descendants(self, name)
+                                                                               for name in inputs))))
+        return set(self.__dict__["_batch_layers"][1])
 
     @property
     def fingerprint(self) -> str:

@@ -9,17 +9,22 @@ parts: the first ``N mod M`` micro-batches hold ``⌈N/M⌉`` samples, the rest
 samples, so one iteration equals the unsplit model on the whole batch.
 
 A layer's shapes on a micro-batch of ``s`` samples scale the first dimension
-of each of its tensors by ``s/N`` (rounded up): the batch, and what the trace
-recorded as proportional to it.
+of each of its tensors computed from the model's inputs by ``s/N`` (rounded
+up): the batch, and what the trace recorded as proportional to it. Tensors
+computed from parameters and constants alone (a weight standardisation's
+filters, a positional table) keep their shapes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cost_models.errors import InputError
 
-__all__ = ["micro_batch_node", "micro_batch_sizes", "micro_batch_starts"]
+if TYPE_CHECKING:
+    from cost_models.graph import LayerGraph
+
+__all__ = ["micro_batch_node", "micro_batch_nodes", "micro_batch_sizes", "micro_batch_starts"]
 
 
 def micro_batch_sizes(batch: int, count: int) -> tuple[int, ...]:
@@ -44,11 +49,31 @@ def micro_batch_starts(batch: int, count: int) -> tuple[int, ...]:
     return tuple(starts)
 
 
-def micro_batch_node(data: Mapping[str, Any], batch: int, samples: int) -> dict[str, Any]:
-    """A LayerGraph node's data with its shapes on a micro-batch of ``samples`` of the ``batch`` samples."""
-    def scaled(shape: list[Any]) -> list[Any]:
-        if not shape or isinstance(shape[0], list):
+def micro_batch_node(data: Mapping[str, Any], batch: int, samples: int,
+                     from_batch: tuple[bool, Sequence[bool]] | None = None) -> dict[str, Any]:
+    """A LayerGraph node's data with its shapes on a micro-batch of ``samples`` of the ``batch`` samples.
+
+    ``from_batch``: whether its output, and each of its inputs, is computed from the model's inputs (only those
+    scale); default: all of them.
+    """
+    output, inputs = from_batch if from_batch is not None else (True, None)
+
+    def scaled(shape: list[Any], scales: bool = True) -> list[Any]:
+        if not scales or not shape or isinstance(shape[0], list):
             return shape
         return [-(-shape[0] * samples // batch), *shape[1:]]
-    return {**data, "output_shape": scaled(data["output_shape"]),
-            "input_shapes": [scaled(shape) for shape in data.get("input_shapes", [])]}
+    shapes = data.get("input_shapes", [])
+    return {**data, "output_shape": scaled(data["output_shape"], output),
+            "input_shapes": [scaled(shape, True if inputs is None else inputs[index])
+                             for index, shape in enumerate(shapes)]}
+
+
+def micro_batch_nodes(graph: LayerGraph, samples: int) -> dict[str, dict[str, Any]]:
+    """Every layer's data (:func:`micro_batch_node`) on a micro-batch of ``samples`` of ``graph``'s batch."""
+    batch, flows = int(graph.input_shape[0]), graph.batch_layers()
+    found = {}
+    for name, data in graph.nodes(data=True):
+        sources = [source in flows for source in graph.predecessors(name)]
+        known = len(sources) == len(data.get("input_shapes", []))  # each input's producer (argument order)
+        found[name] = micro_batch_node(data, batch, samples, (name in flows, sources) if known else None)
+    return found

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, estimate
-from cost_models.micro_batches import micro_batch_node, micro_batch_sizes
+from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
@@ -500,8 +500,8 @@ def micro_batch_graph(graph: LayerGraph, micro: int, *, smallest: bool = False) 
     samples = sizes[-1] if smallest else sizes[0]
     scaled = type(graph)()
     scaled.graph.update(graph.graph)
-    for name, data in graph.nodes(data=True):
-        scaled.add_node(name, **micro_batch_node(data, batch, samples))
+    for name, data in micro_batch_nodes(graph, samples).items():
+        scaled.add_node(name, **data)
     scaled.add_edges_from((source, name, dict(graph.edges[source, name]))
                           for name in graph.nodes for source in graph.predecessors(name))
     return scaled

@@ -218,3 +218,31 @@ def test_splits_exactly_agrees_with_the_layouts_of_the_space() -> None:
                 node = min(per_node, devices)
                 assert splits_exactly(shape, devices, node) == bool(_tiers(json.dumps(shape), devices, node)[0]), (
                     shape, devices, node)
+
+
+def test_a_micro_batch_scales_what_the_batch_flows_into_not_filters_made_from_parameters() -> None:
+    """A weight-standardised convolution (``F.conv2d(x, standardise(w))``) on a micro-batch: its input and output
+    halve with the batch; its filters — computed from the parameter alone — keep their 8 output channels, as the
+    runtime's trace at the micro-batch's shape has them (the same in the estimate's and the planner's graphs)."""
+    import torch
+    from torch import nn
+
+    from cost_models.estimate import _micro_batch_nodes
+    from planner.stages import micro_batch_graph
+
+    class Standardised(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 3, 3, 3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            w = (self.weight - self.weight.mean()) / (self.weight.std() + 1e-5)
+            return nn.functional.conv2d(x, w, padding=1)
+
+    graph = trace(Standardised(), (8, 3, 16, 16))
+    conv = next(name for name in graph.compute_layers() if graph.nodes[name]["kind"] == "conv")
+    for nodes in (micro_batch_graph(graph, 2).nodes, _micro_batch_nodes(graph, 2)):
+        assert nodes[conv]["input_shapes"] == [[4, 3, 16, 16], [8, 3, 3, 3]]
+        assert nodes[conv]["output_shape"] == [4, 8, 16, 16]
+    retraced = trace(Standardised(), (4, 3, 16, 16))
+    assert retraced.nodes[conv]["input_shapes"] == [[4, 3, 16, 16], [8, 3, 3, 3]]
