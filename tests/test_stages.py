@@ -39,7 +39,7 @@ def test_stages_may_take_any_number_of_whole_nodes_their_largest_activation_fill
     """A batch of 12 at 96×96 on 64 devices (8 to a node): 24 devices (n12·h2) are 3 nodes no equal split of 64
     gives; 3 stages take 16 or 24 each (24 + 24 + 16 uses every device). ResNet-50 at 2048² fills powers of two
     only: its sizes stay those of equal stages."""
-    from planner.stages import _sizes_for, _stage_sizes
+    from planner.stage_sizes import sizes_for as _sizes_for, stage_sizes as _stage_sizes
 
     graph = trace(build_model("resnet18"), (12, 3, 96, 96))
     sizes = _stage_sizes(preset_cluster("h100", 64), graph)
