@@ -40,7 +40,14 @@ What is measured, and how:
   so a large size may be skipped while smaller ones of the second pass run;
 * a collective the backend refuses (``RuntimeError`` or ``NotImplementedError``
   on a small probe over all ranks) is left out for the whole run and reported
-  in :attr:`CommMeasurement.skipped` with the backend's message.
+  in :attr:`CommMeasurement.skipped` with the backend's message;
+* a peer that dies or hangs (past ``timeout``, which the groups made here get;
+  the default group's is its own) fails the waiting rank with a
+  :class:`cost_models.rank_failures.RankFailure` of one line that names the
+  collective being timed and the measurement (``rank 0: timed out after 4 s
+  (a peer hung or is far behind) in the timed allreduce of 1024 bytes with
+  rank 1 (measurement 3 of 34)``): every collective here runs inside
+  :func:`cost_models.rank_failures.exchange`.
 
 Assumptions: every rank calls :func:`measure_collectives` with the same
 arguments; on nccl each rank has already selected its GPU
@@ -55,6 +62,7 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -63,6 +71,7 @@ import torch.distributed as dist
 from cost_models.collectives import COLLECTIVES
 from cost_models.errors import InputError
 from cost_models.profile import CommSample
+from cost_models.rank_failures import LOST, RankFailure, at, describe, exchange, place, reason
 
 __all__ = ["DEFAULT_SIZES_BYTES", "CommMeasurement", "default_group_sizes", "measure_collectives"]
 
@@ -75,6 +84,8 @@ _RUN, _SKIP, _STOP = 0, 1, 2  # rank 0's decision before each measurement
 
 Operation = Callable[[], object]
 Progress = Callable[[int, int], None]
+BeforeMeasurement = Callable[[int, int], None]
+"""Called as ``before(rank, measurement)`` (1-based) on every rank at the start of each planned measurement."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,9 @@ def measure_collectives(
     warmup: int = 2,
     device: torch.device | None = None,
     progress: Progress | None = None,
+    *,
+    timeout: timedelta | None = None,
+    before_measurement: BeforeMeasurement | None = None,
 ) -> CommMeasurement:
     """Time each collective on each group of the first ``g`` ranks at each size, until ``deadline_s``.
 
@@ -175,18 +189,22 @@ def measure_collectives(
         device: Where buffers live; default the current GPU on nccl, else the CPU.
         progress: Called on every rank as ``progress(done, planned)`` after each
             planned measurement, timed or skipped.
+        timeout: How long the groups made here wait for a peer (``None``: torch's default for the backend).
+        before_measurement: Called on every rank as ``before_measurement(rank, measurement)`` (1-based) at the
+            start of each planned measurement, before rank 0's go-ahead (``parplan calibrate``'s fault injection).
 
     Returns:
         The samples, the collectives the backend refused, and what the deadline cut.
 
     Raises:
         InputError: An argument is out of range or names an unknown collective.
+        RankFailure: A peer died or hung past the timeout; the message names the collective and the measurement.
         RuntimeError: No default process group is initialised.
     """
     _check_arguments(sizes_bytes, group_sizes, collectives, repeats, warmup)
     collectives = list(dict.fromkeys(collectives))  # each once, in the order given
     context = _Context(dist.get_rank(), device or _default_device(), repeats, warmup, _gather_hosts(), deadline_s)
-    groups = _make_groups(sorted({g for g in group_sizes if g > 1}))
+    groups = _make_groups(sorted({g for g in group_sizes if g > 1}), timeout)
     skipped = _refused(collectives, context)
     plan = [
         (nbytes, g, collective)
@@ -196,7 +214,7 @@ def measure_collectives(
         if collective not in skipped
     ]
     budget = _Budget(deadline_s, repeats + warmup)
-    samples, unfinished = _run_plan(plan, groups, context, budget, progress)
+    samples, unfinished = _run_plan(plan, groups, context, budget, progress, before_measurement)
     return CommMeasurement(tuple(samples), skipped, unfinished, context.hosts, str(dist.get_backend()))
 
 
@@ -225,16 +243,21 @@ def _default_device() -> torch.device:
 
 def _gather_hosts() -> tuple[str, ...]:
     hosts: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
+    with exchange("the gathering of the ranks' host names", range(len(hosts))):
+        dist.all_gather_object(hosts, socket.gethostname())
     return tuple(str(host) for host in hosts)
 
 
-def _make_groups(group_sizes: Sequence[int]) -> dict[int, dist.ProcessGroup | None]:
+def _make_groups(group_sizes: Sequence[int], timeout: timedelta | None) -> dict[int, dist.ProcessGroup | None]:
     """``g`` → the group of ranks ``0..g-1``, or None on a rank outside it; made on every rank alike."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     groups: dict[int, dist.ProcessGroup | None] = {}
     for g in group_sizes:
-        group = dist.group.WORLD if g == world_size else dist.new_group(ranks=list(range(g)))
+        if g == world_size:
+            group = dist.group.WORLD
+        else:
+            with exchange(f"creating the process group of ranks 0–{g - 1}", range(world_size)):
+                group = dist.new_group(ranks=list(range(g)), timeout=timeout)
         groups[g] = group if rank < g and isinstance(group, dist.ProcessGroup) else None
     return groups
 
@@ -250,11 +273,12 @@ def _refused(collectives: Sequence[str], context: _Context) -> dict[str, str]:
     world_size = dist.get_world_size()
     refused: dict[str, str] = {}
     for collective in collectives:
-        reason = _probe(collective, world_size, context)
-        flag = torch.tensor([0 if reason else 1], dtype=torch.int64, device=context.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if int(flag.item()) == 0:
-            refused[collective] = reason or "refused by the backend on another rank"
+        why = _probe(collective, world_size, context)
+        flag = torch.tensor([0 if why else 1], dtype=torch.int64, device=context.device)
+        with exchange(f"the check that every rank can run {collective}", range(world_size)):
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if int(flag.item()) == 0:
+                refused[collective] = why or "refused by the backend on another rank"
     return refused
 
 
@@ -266,6 +290,8 @@ def _probe(collective: str, world_size: int, context: _Context) -> str:
         operation()
         _synchronize(context.device)
     except (RuntimeError, NotImplementedError) as error:
+        if isinstance(error, RuntimeError) and (reason(error) == LOST or reason(error).startswith("timed out")):
+            raise RankFailure(describe(f"the trial {collective}", range(world_size), place(), error)) from error
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     return ""
 
@@ -276,23 +302,31 @@ def _run_plan(
     context: _Context,
     budget: _Budget,
     progress: Progress | None,
+    before_measurement: BeforeMeasurement | None = None,
 ) -> tuple[list[CommSample], int]:
     samples: list[CommSample] = []
     unfinished = 0
+    world = range(dist.get_world_size())
     for index, (nbytes, g, collective) in enumerate(plan):
-        decision = budget.decide(collective, g, nbytes) if context.rank == 0 else _RUN
-        decision = _agree(decision, context.device)
-        if decision == _STOP:
-            return samples, unfinished + len(plan) - index
-        if decision == _SKIP:
-            unfinished += 1
-        elif groups[g] is not None:
-            sample = _measure_one(collective, g, groups[g], nbytes, context)
-            if sample is None:
+        if before_measurement is not None:
+            before_measurement(context.rank, index + 1)
+        timed = f"the timed {collective} of {nbytes} bytes"
+        with at(f"measurement {index + 1} of {len(plan)}"):
+            decision = budget.decide(collective, g, nbytes) if context.rank == 0 else _RUN
+            with exchange(f"the go-ahead for {timed}", world):
+                decision = _agree(decision, context.device)
+            if decision == _STOP:
+                return samples, unfinished + len(plan) - index
+            if decision == _SKIP:
                 unfinished += 1
-            else:
-                samples.append(sample)
-                budget.record(sample)
+            elif groups[g] is not None:
+                with exchange(timed, range(g)):
+                    sample = _measure_one(collective, g, groups[g], nbytes, context)
+                if sample is None:
+                    unfinished += 1
+                else:
+                    samples.append(sample)
+                    budget.record(sample)
         if progress is not None:
             progress(index + 1, len(plan))
     return samples, unfinished

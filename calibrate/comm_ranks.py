@@ -5,10 +5,20 @@ Two ways in:
 * :func:`run_comm_calibration` (and :func:`run_comm_measurement`, which also
   returns what was skipped) from a plain process: spawns ``ranks`` processes
   (spawn context, ``torch.set_num_threads(1)`` in each), which meet through a
-  ``file://`` store in a fresh temporary directory (no ports), run
+  file store in a fresh temporary directory (no ports), run
   :func:`calibrate.comm_bench.measure_collectives` and hand rank 0's result
-  back over a queue read while they run. A rank that fails or dies stops the
-  call at once with its rank, its exit code or its traceback.
+  back over a queue read while they run. Every group waits at most
+  ``timeout_s`` for a peer (``parplan calibrate --timeout-s``; joining, which
+  waits for the others to start, has :data:`_JOIN_S`), so a rank whose peer
+  hung fails within it, naming the collective it waited in
+  (:class:`cost_models.rank_failures.RankFailure`), and exits 1. A rank that
+  fails or dies stops the call at once (:class:`CommCalibrationError`): one
+  line as ``parplan run`` reports its ranks
+  (:func:`cost_models.rank_failures.failure_line`: ``rank 1 died (SIGKILL)``,
+  ``rank 0 failed (exit code 1): RankFailure: rank 0: timed out after 4 s …``),
+  gathered for :data:`_GRACE_S` after the first sign, then the ranks'
+  tracebacks. With nccl each rank gets ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``
+  unless it is set (``runtime.failures`` tells why).
 * :func:`init_from_environment` when this process is one rank of a job
   started by torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``) or by mpirun/srun (rank and size from
@@ -32,7 +42,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,6 +53,8 @@ from cost_models.collectives import COLLECTIVES
 from cost_models.errors import InputError
 from cost_models.heap import steady_heap
 from cost_models.profile import CommSample
+from cost_models.rank_failures import (LOST, RankExit, RankFailedError, RankFailure, barrier, failure_line,
+                                       raise_nccl_errors)
 
 __all__ = [
     "CommCalibrationError", "RankEnvironment", "check_launch", "in_existing_group", "init_from_environment",
@@ -52,12 +64,16 @@ __all__ = [
 SPAWN_BACKENDS = ("gloo", "nccl")
 _MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _TEARDOWN_MARGIN_S = 1.0  # kept from the budget for tearing the ranks down
-_WAIT_GRACE_S = 120.0  # beyond the budget, before ranks count as hung
+_WAIT_GRACE_S = 120.0  # beyond the budget and the groups' timeout, before the parent counts ranks as hung
 _POLL_S = 0.2
+_JOIN_S = 300.0
+"""How long a spawned rank waits for the others to start (seconds apart on a loaded host): not ``timeout_s``."""
+_GRACE_S = 1.0
+"""After the first failed or dead rank, how long the parent waits for the others' reports and exits."""
 
 
-class CommCalibrationError(RuntimeError):
-    """A spawned rank failed, died or hung; the message names the rank and why."""
+class CommCalibrationError(RankFailedError):
+    """A spawned rank failed, died or hung; the first line names the rank and why, as ``parplan run``'s do."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +92,18 @@ class _RankTask:
 
     world_size: int
     backend: str
-    rendezvous: str
+    store_path: str
     deadline_wall_s: float
     sizes_bytes: tuple[int, ...]
     collectives: tuple[str, ...]
     repeats: int
     warmup: int
     timeout_s: float
+    """How long a group waits for a peer."""
+    wait_s: float
+    """How long the parent waits for every rank's report."""
+    before_measurement: Callable[[int, int], None] | None = None
+    """Called on every rank before each measurement (module-level, so that it pickles)."""
 
 
 def run_comm_calibration(
@@ -104,6 +125,8 @@ def run_comm_measurement(
     collectives: Sequence[str] = COLLECTIVES,
     repeats: int = 5,
     warmup: int = 2,
+    timeout_s: float | None = None,
+    before_measurement: Callable[[int, int], None] | None = None,
 ) -> CommMeasurement:
     """Spawn ``ranks`` processes, time collectives on groups of 2, 4, …, ``ranks`` of them, return rank 0's result.
 
@@ -115,6 +138,9 @@ def run_comm_measurement(
         collectives: Which collectives to time.
         repeats: Timed runs per sample.
         warmup: Untimed runs before them.
+        timeout_s: How long any collective of the ranks waits for a peer (default: the budget and 120 s).
+        before_measurement: Called in every rank as ``before_measurement(rank, measurement)`` (1-based) at the
+            start of each planned measurement (a module-level function: it is pickled to the ranks).
 
     Raises:
         InputError: The ranks cannot start (too few, backend or GPUs missing) or
@@ -124,10 +150,12 @@ def run_comm_measurement(
     check_launch(ranks, budget_s, backend)
     _check_request(sizes_bytes, collectives, repeats, warmup)
     deadline_wall_s = time.time() + budget_s - min(_TEARDOWN_MARGIN_S, 0.05 * budget_s)
+    group_timeout_s = budget_s + _WAIT_GRACE_S if timeout_s is None else timeout_s
     with tempfile.TemporaryDirectory(prefix="parplan-comm-") as scratch:
         task = _RankTask(
-            ranks, backend, f"file://{scratch}/rendezvous", deadline_wall_s, tuple(int(s) for s in sizes_bytes),
-            tuple(collectives), repeats, warmup, budget_s + _WAIT_GRACE_S,
+            ranks, backend, f"{scratch}/rendezvous", deadline_wall_s, tuple(int(s) for s in sizes_bytes),
+            tuple(collectives), repeats, warmup, group_timeout_s, budget_s + _WAIT_GRACE_S + group_timeout_s,
+            before_measurement,
         )
         measurement = _spawn_and_collect(task)
     if not measurement.samples:
@@ -182,7 +210,7 @@ def _spawn_and_collect(task: _RankTask) -> CommMeasurement:
     finished = False
     try:
         _start(processes)
-        measurement = _collect(results, processes, task.timeout_s)
+        measurement = _collect(results, processes, task.wait_s)
         finished = True
     finally:
         _stop(processes, graceful=finished)
@@ -210,25 +238,22 @@ def _stop(processes: Sequence[Any], graceful: bool) -> None:
             process.join(1.0)
 
 
-def _collect(results: Any, processes: Sequence[Any], timeout_s: float) -> CommMeasurement:
+def _collect(results: Any, processes: Sequence[Any], wait_s: float) -> CommMeasurement:
     """Read every rank's report while they run; rank 0's measurement."""
-    deadline_s = time.monotonic() + timeout_s
+    deadline_s = time.monotonic() + wait_s
     pending = set(range(len(processes)))
     measurement: CommMeasurement | None = None
     while pending:
         try:
             rank, ok, value = results.get(timeout=_POLL_S)
         except queue_module.Empty:
-            _check_alive(processes, pending)
+            if any(processes[rank].exitcode not in (None, 0) for rank in pending):
+                raise _failure(results, processes, {}) from None
             if time.monotonic() > deadline_s:
-                raise CommCalibrationError(f"ranks {sorted(pending)} did not finish within {timeout_s:g} s") from None
+                raise CommCalibrationError(f"ranks {sorted(pending)} did not finish within {wait_s:g} s") from None
             continue
         if not ok:
-            phase, trace = value
-            last = trace.strip().splitlines()[-1] if trace.strip() else "no traceback"
-            dead = {r: p.exitcode for r, p in enumerate(processes) if p.exitcode not in (None, 0)}
-            also = f" (ranks that died meanwhile, with exit codes: {dead})" if dead else ""
-            raise CommCalibrationError(f"rank {rank} failed while {phase}: {last}{also}\n{trace}")
+            raise _failure(results, processes, {rank: (time.time(), *value)})
         pending.discard(rank)
         measurement = value if rank == 0 else measurement
     if measurement is None:
@@ -236,32 +261,77 @@ def _collect(results: Any, processes: Sequence[Any], timeout_s: float) -> CommMe
     return measurement
 
 
-def _check_alive(processes: Sequence[Any], pending: set[int]) -> None:
-    for rank in sorted(pending):
-        code = processes[rank].exitcode
-        if code not in (None, 0):
-            raise CommCalibrationError(f"rank {rank} died with exit code {code} before reporting")
+def _failure(results: Any, processes: Sequence[Any],
+             reports: dict[int, tuple[float, str, str]]) -> CommCalibrationError:
+    """Every failed rank's end in one line (``failure_line``), then their tracebacks.
+
+    ``reports``: rank → (when, ``ExceptionType: message``, traceback) of the failures reported so far. The
+    others' reports and exits are gathered for ``_GRACE_S`` first. A rank that reports a lost peer counts as
+    failing ``_GRACE_S`` later (as ``parplan run``'s ranks wait that long before they exit), so a peer that
+    exited by itself meanwhile is named first; one killed by a signal is named first anyway.
+    """
+    ended: dict[int, float] = {}
+    settle_s = time.monotonic() + _GRACE_S
+    while True:
+        for rank, process in enumerate(processes):
+            if process.exitcode not in (None, 0):
+                ended.setdefault(rank, time.time())
+        if time.monotonic() >= settle_s or all(process.exitcode is not None for process in processes):
+            break
+        try:
+            rank, ok, value = results.get(timeout=_POLL_S)
+        except queue_module.Empty:
+            continue
+        if not ok:
+            reports.setdefault(rank, (time.time(), *value))
+    failures: dict[int, RankExit] = {}
+    for rank, process in enumerate(processes):
+        code = process.exitcode
+        if rank in reports:  # a rank that reported exits 1 (``_rank_main``)
+            seen, line, _ = reports[rank]
+            failures[rank] = RankExit(code if code not in (None, 0) else 1, seen + (_GRACE_S if LOST in line else 0),
+                                      line)
+        elif rank in ended:
+            failures[rank] = RankExit(code, ended[rank])
+    traces = "\n".join(trace for _, _, trace in reports.values())
+    return CommCalibrationError(failure_line(failures) + (f"\n{traces}" if traces else ""))
 
 
 def _rank_main(task: _RankTask, rank: int, results: Any) -> None:
-    """Body of one spawned rank: join the group, measure, report (rank 0 its result, others None)."""
+    """Body of one spawned rank: join the group, measure, report (rank 0 its result, others None).
+
+    A failure is reported as ``ExceptionType: message`` and its traceback; then the rank exits 1 at once, without
+    tearing the group down (a peer may be gone; the parent stops the others).
+    """
     torch.set_num_threads(1)
     steady_heap()
     phase = "joining the process group"
     try:
         device = _spawned_device(task.backend, rank)
-        dist.init_process_group(
-            task.backend, init_method=task.rendezvous, rank=rank, world_size=task.world_size,
-            timeout=timedelta(seconds=task.timeout_s),
-        )
-        try:
-            phase = "timing collectives"
-            measurement = _measure(task, device)
-            results.put((rank, True, measurement if rank == 0 else None))
-        finally:
-            dist.destroy_process_group()
-    except BaseException:  # reported to the parent with the full traceback; the rank then exits
-        results.put((rank, False, (phase, traceback.format_exc())))
+        raise_nccl_errors(task.backend)
+        _join(task, rank)
+        phase = "timing collectives"
+        measurement = _measure(task, device)
+        barrier("the end of the collective timings")
+        results.put((rank, True, measurement if rank == 0 else None))
+        dist.destroy_process_group()
+    except BaseException as err:  # reported to the parent, which names it in one line; the rank then exits 1
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        line = f"{type(err).__name__}: {first}" + ("" if isinstance(err, RankFailure) else f" (while {phase})")
+        results.put((rank, False, (line, traceback.format_exc())))
+        results.close()
+        results.join_thread()  # the report is in the pipe before the process ends
+        os._exit(1)
+
+
+def _join(task: _RankTask, rank: int) -> None:
+    """Wait up to ``_JOIN_S`` for every rank to start, then form the default group with ``task.timeout_s``."""
+    store = dist.FileStore(task.store_path, task.world_size)
+    store.set_timeout(timedelta(seconds=_JOIN_S))
+    store.set(f"parplan/started/{rank}", "1")
+    store.wait([f"parplan/started/{r}" for r in range(task.world_size)], timedelta(seconds=_JOIN_S))
+    dist.init_process_group(task.backend, store=store, rank=rank, world_size=task.world_size,
+                            timeout=timedelta(seconds=task.timeout_s))
 
 
 def _spawned_device(backend: str, rank: int) -> torch.device:
@@ -275,7 +345,8 @@ def _measure(task: _RankTask, device: torch.device) -> CommMeasurement:
     deadline_s = time.monotonic() + (task.deadline_wall_s - time.time())
     return measure_collectives(
         task.sizes_bytes, default_group_sizes(task.world_size), task.collectives, deadline_s,
-        repeats=task.repeats, warmup=task.warmup, device=device,
+        repeats=task.repeats, warmup=task.warmup, device=device, timeout=timedelta(seconds=task.timeout_s),
+        before_measurement=task.before_measurement,
     )
 
 
@@ -292,8 +363,10 @@ def _torchrun_started(env: Mapping[str, str]) -> bool:
 def init_from_environment(backend: str = "gloo", timeout_s: float = 1800.0) -> RankEnvironment:
     """Initialise the default process group from torchrun's or MPI's environment.
 
-    With nccl, the rank's GPU (its local rank) is selected first. Returns at
-    once, describing the group, when one is initialised already.
+    With nccl, the rank's GPU (its local rank) is selected first, and NCCL's
+    errors are left to the rank (``raise_nccl_errors``; torchrun sets its own
+    value, which is kept). Returns at once, describing the group, when one is
+    initialised already.
 
     Raises:
         InputError: Not started by torchrun or MPI, a variable is missing or
@@ -303,6 +376,7 @@ def init_from_environment(backend: str = "gloo", timeout_s: float = 1800.0) -> R
     timeout = timedelta(seconds=timeout_s)
     if dist.is_available() and dist.is_initialized():
         return RankEnvironment(dist.get_rank(), dist.get_world_size(), _int_variable(env, "LOCAL_RANK", 0), "existing")
+    raise_nccl_errors(backend)
     if _torchrun_started(env):
         return _init_torchrun(backend, env, timeout)
     if any(name in env for name in _MPI_SIZE_VARIABLES):

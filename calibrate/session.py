@@ -8,6 +8,13 @@ ranks running the same kernels (``calibrate.sequences``, ``calibrate.busy``);
 whatever the budget or a Ctrl-C leaves unmeasured is predicted by the fitted
 model, and the profile says how many.
 An interrupted run still returns a valid profile of what was measured.
+
+Every process group of the collectives waits at most ``timeout_s`` for a peer
+(``parplan calibrate --timeout-s``): a rank that dies or hangs fails the
+calibration with one line naming the rank and the collective the others
+waited in (``calibrate.comm_ranks``, ``cost_models.rank_failures``). Started
+by torchrun or mpirun, the ranks wait for rank 0's kernel timings in a group
+of their own whose timeout adds the budget to it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import platform
 import socket
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable, Sequence
 
 import torch
@@ -28,6 +36,7 @@ from calibrate.problems import enumerate_problems
 from cost_models.errors import InputError
 from cost_models.heap import steady_heap
 from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError, OptimizerFit, Profile
+from cost_models.rank_failures import barrier
 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "no CUDA runtime" noise on CPU
 
@@ -43,7 +52,12 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class CalibrationRequest:
-    """What to calibrate: the traced model, device counts, ranks for collectives, budget, threads, device."""
+    """What to calibrate: the traced model, device counts, ranks for collectives, budget, threads, device.
+
+    ``timeout_s``: how long a collective of the ranks waits for a peer. ``before_measurement``: called on every
+    rank as ``(rank, measurement)`` (1-based) at the start of each collective measurement — a module-level
+    function, as it is pickled to spawned ranks (``parplan calibrate`` strikes ``PARPLAN_FAULT`` there).
+    """
 
     graph: Any
     device_counts: tuple[int, ...]
@@ -54,6 +68,8 @@ class CalibrationRequest:
     backend: str = "gloo"
     model_spec: str = ""
     comm_sizes_bytes: tuple[int, ...] | None = None
+    timeout_s: float = 300.0
+    before_measurement: Callable[[int, int], None] | None = None
 
 
 @dataclass
@@ -112,7 +128,10 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
 
     started = time.monotonic()
     joined = not dist.is_initialized()  # a group this call starts, it also ends
-    job = init_from_environment(request.backend)
+    job = init_from_environment(request.backend, request.timeout_s)
+    # rank 0 times the kernels first while the others wait for it: longer than --timeout-s, in a group of their own
+    waiting_s = request.budget_s + request.timeout_s
+    waiting = dist.new_group(list(range(job.world_size)), timeout=timedelta(seconds=waiting_s))
     device = f"cuda:{job.local_rank}" if request.backend == "nccl" else request.device
     total = len(enumerate_problems(request.graph, request.device_counts))
     compute: list[ComputeSample] = []
@@ -127,15 +146,16 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
             request.graph, request.device_counts, compute_deadline, threads=request.threads, device=device,
             helpers=local_helpers(local_ranks, request.threads, device), progress=progress)
         notes += compute_notes
-    dist.barrier()
+    barrier("the wait for rank 0's kernel timings", waiting)
     comm_device = torch.device(device) if request.backend == "nccl" else torch.device("cpu")
     # the planner's most used collectives first, so a short budget still fits them
     order = sorted(COLLECTIVES, key=lambda name: (name not in ("allreduce", "sendrecv"), COLLECTIVES.index(name)))
     measured = measure_collectives(request.comm_sizes_bytes or COMM_SIZES_BYTES, default_group_sizes(job.world_size),
                                    order, started + request.budget_s - RESERVE_S, repeats=COMM_REPEATS,
-                                   device=comm_device)
+                                   device=comm_device, timeout=timedelta(seconds=request.timeout_s),
+                                   before_measurement=request.before_measurement)
     if joined:  # before the interpreter exits: gloo's threads must not outlive it (an abort at exit otherwise)
-        dist.barrier()
+        barrier("the end of the collective timings")
         dist.destroy_process_group()
     if job.rank != 0:
         return None
@@ -189,7 +209,8 @@ def _measure_comm(request: CalibrationRequest, deadline: float) -> tuple[list[Co
     budget_s = deadline - time.monotonic()
     sizes = request.comm_sizes_bytes or COMM_SIZES_BYTES
     try:
-        measured = run_comm_measurement(request.ranks, sizes, budget_s, backend=request.backend, repeats=COMM_REPEATS)
+        measured = run_comm_measurement(request.ranks, sizes, budget_s, backend=request.backend, repeats=COMM_REPEATS,
+                                        timeout_s=request.timeout_s, before_measurement=request.before_measurement)
     except KeyboardInterrupt:
         return [], ["interrupted while timing collectives: none kept"], True
     except InputError as err:  # nothing could be timed in what was left: keep the compute results

@@ -3,7 +3,8 @@
 ``--checkpoint-dir D`` holds one folder per checkpoint::
 
     D/step-00000006/rank-00000.pt    rank 0's shard (torch.save; loads with weights_only=True)
-    D/step-00000006/manifest.json    parplan.checkpoint/3: step, plan, fingerprint, each shard's bytes and sha256
+    D/step-00000006/manifest.json    parplan.checkpoint/4: step, plan, fingerprint, each shard's bytes and sha256,
+                                     the run's flags, the torch version
     D/step-00000006/full.pt          the plan-independent form, written on request (:func:`write_full`)
 
 Writing (:func:`save`, collective): every rank writes its shard atomically
@@ -12,15 +13,23 @@ the shards' sizes and digests reach rank 0, which then writes the manifest
 the same way. A checkpoint is *complete* when its manifest exists, so a crash
 at any moment leaves the newest complete checkpoint intact, and the two
 newest complete ones are kept. D must be one folder every rank sees (a
-shared filesystem across hosts).
+shared filesystem across hosts). A rank that cannot write its shard (a full
+disk) tells the others in the same exchange: none writes the manifest, the
+folder is removed, every rank stops with one line naming the rank, the error
+and the checkpoint still intact (:class:`CheckpointWriteError`).
 
 A shard holds this rank's parameters (a channel-split layer's weights are its
 slice; a pipeline stage holds only its own), its buffers, the optimizer's
 state by parameter name, the CPU (and CUDA) RNG state, the step, the losses
-and step times measured so far, and the plan's digest and fingerprint.
+and step times measured so far, and the plan's digest and fingerprint. A
+stale pipeline's shard also holds its batches in flight (``in_flight``:
+stashed inputs and RNG states, activations received ahead;
+``runtime.pipeline_train``), so its run continues without a drain.
 
 Resuming (:func:`restore`) under the same plan on the same number of ranks
-loads each rank's own shard, so training continues bit for bit. Under
+loads each rank's own shard, so training continues bit for bit; a
+checkpoint one of whose shards is damaged (its digest differs) is passed over
+for the one before, with one line saying so (:func:`usable`). Under
 another plan — other layouts, stages or device count, same model and input —
 every rank takes its part of the gathered form (:func:`gather`: slices
 joined, replicas taken from the lowest rank holding them). The RNG state is
@@ -44,13 +53,14 @@ import torch
 from cost_models.errors import InputError
 from cost_models.jsonio import read_json, write_bytes_atomic, write_json_atomic
 
-__all__ = ["FORMAT", "Progress", "State", "check_compatible", "check_sizes", "complete", "gather", "latest",
-           "plan_digest", "restore", "save", "write_full"]
+__all__ = ["FORMAT", "CheckpointWriteError", "Progress", "State", "check_compatible", "check_sizes", "complete",
+           "gather", "latest", "plan_digest", "restore", "run_flags", "same_run", "save", "usable", "write_full"]
 
-FORMAT = "parplan.checkpoint/3"
-READABLE_FORMATS = {FORMAT: "checkpoint-3", "parplan.checkpoint/2": "checkpoint-2", "parplan.checkpoint/1": "checkpoint-1"}
-"""Manifest formats this code reads, newest first (``/2`` embeds a ``parplan.plan/2`` document, ``/1`` a
-``parplan.plan/1`` one)."""
+FORMAT = "parplan.checkpoint/4"
+READABLE_FORMATS = {FORMAT: "checkpoint-4", "parplan.checkpoint/3": "checkpoint-3", "parplan.checkpoint/2": "checkpoint-2",
+                    "parplan.checkpoint/1": "checkpoint-1"}
+"""Manifest formats this code reads, newest first (``/3`` has no run flags, torch version nor batches in flight,
+``/2`` embeds a ``parplan.plan/2`` document, ``/1`` a ``parplan.plan/1`` one)."""
 SHARD_FORMAT = "parplan.checkpoint-shard/1"
 FULL_FORMAT = "parplan.checkpoint-full/1"
 KEEP = 2
@@ -107,7 +117,8 @@ def latest(directory: str | Path) -> dict[str, Any] | None:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """``folder/manifest.json``, checked against ``parplan.checkpoint/3`` (or ``/2``, ``/1``), with ``folder`` added."""
+    """``folder/manifest.json``, checked against ``parplan.checkpoint/4`` (or ``/3``, ``/2``, ``/1``), with ``folder``
+    added."""
     from cost_models.schema import check_versioned
 
     path = folder / "manifest.json"
@@ -149,32 +160,72 @@ def check_sizes(manifest: Mapping[str, Any]) -> None:
                              f"{folder} to resume from the checkpoint before")
 
 
-def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[str, Any]) -> Path:
+class CheckpointWriteError(RuntimeError):
+    """A rank could not write its shard (a full disk, a folder it may not write): no rank wrote the checkpoint."""
+
+
+def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[str, Any],
+         in_flight: Mapping[str, Any] | None = None) -> Path:
     """Write the checkpoint after ``progress.step`` updates; collective (every rank calls it). Returns its folder.
 
-    ``meta``: ``plan`` (the plan document), ``seed`` and ``warmup`` — recorded for :func:`check_compatible`.
+    ``meta``: ``plan`` (the plan document), ``seed``, ``warmup`` and ``run`` (the flags of :func:`run_flags`) —
+    recorded for :func:`check_compatible`. ``in_flight``: this rank's batches in flight (``runtime.pipeline_train``).
+
+    Raises:
+        CheckpointWriteError: Some rank could not write its shard (every rank raises it, naming that rank).
     """
     import torch.distributed as dist
 
     from runtime.failures import exchange
 
     folder = step_folder(directory, progress.step)
-    folder.mkdir(parents=True, exist_ok=True)
     rank = dist.get_rank()
-    data = _serialise(_shard(progress, state, meta, rank))
     name = f"rank-{rank:05d}.pt"
-    write_bytes_atomic(folder / name, data)
+    entry = _write_shard(folder, name, _shard(progress, state, meta, rank, in_flight), progress.step, rank)
     entries: list[Any] = [None] * dist.get_world_size()
     with exchange("the checkpoint's exchange of shard digests"):
-        dist.all_gather_object(entries, {"rank": rank, "file": name, "bytes": len(data),
-                                         "sha256": hashlib.sha256(data).hexdigest()})
+        dist.all_gather_object(entries, entry)
+    failed = [e for e in entries if "error" in e]
+    if failed:
+        _abandon(folder, name, rank)
+        raise CheckpointWriteError(_write_failure(directory, folder, failed))
     if rank == 0:
-        write_json_atomic(folder / "manifest.json", _manifest(progress, meta, entries))
+        write_json_atomic(folder / "manifest.json", _manifest(progress, meta, entries, in_flight is not None))
         _prune(directory)
     return folder
 
 
-def _shard(progress: Progress, state: State, meta: Mapping[str, Any], rank: int) -> dict[str, Any]:
+def _write_shard(folder: Path, name: str, shard: Mapping[str, Any], step: int, rank: int) -> dict[str, Any]:
+    """Write one shard atomically; its manifest entry, or ``{"rank", "error"}`` when it could not be written."""
+    from runtime.faults import disk_full
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        data = _serialise(shard)
+        disk_full(rank, step, folder / name)  # PARPLAN_FAULT=full:RANK:STEP: as if the disk filled up here
+        write_bytes_atomic(folder / name, data)
+    except (OSError, InputError) as err:
+        return {"rank": rank, "error": str(err.__cause__ or err)}
+    return {"rank": rank, "file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _abandon(folder: Path, name: str, rank: int) -> None:
+    """Remove this rank's shard of a checkpoint that will never be complete (rank 0: the whole folder)."""
+    (folder / name).unlink(missing_ok=True)
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_failure(directory: str | Path, folder: Path, failed: Sequence[Mapping[str, Any]]) -> str:
+    before = complete(directory)
+    kept = f"the checkpoint in {before[-1]} is intact" if before else "no earlier checkpoint exists"
+    first = failed[0]
+    return (f"could not write checkpoint {folder} (rank {first['rank']}: {first['error']}); {kept}; free space in "
+            f"{directory} or give another --checkpoint-dir, and resume")
+
+
+def _shard(progress: Progress, state: State, meta: Mapping[str, Any], rank: int,
+           in_flight: Mapping[str, Any] | None = None) -> dict[str, Any]:
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -184,7 +235,8 @@ def _shard(progress: Progress, state: State, meta: Mapping[str, Any], rank: int)
             "buffers": {n: t.detach().cpu().clone() for n, t in state.buffers.items()},
             "slices": {s.name: [s.dim, s.start, s.stop, s.extent] for s in state.slices.values()},
             "optimizer": _optimizer_by_name(state), "rng": rng,
-            "losses": list(progress.losses), "per_step_s": list(progress.per_step_s)}
+            "losses": list(progress.losses), "per_step_s": list(progress.per_step_s),
+            **({"in_flight": dict(in_flight)} if in_flight is not None else {})}
 
 
 def _optimizer_by_name(state: State) -> dict[str, Any]:
@@ -198,7 +250,14 @@ def _optimizer_by_name(state: State) -> dict[str, Any]:
                              for group in saved["param_groups"]]}
 
 
-def _manifest(progress: Progress, meta: Mapping[str, Any], entries: Sequence[Any]) -> dict[str, Any]:
+def run_flags(*, checkpoint_every: int, order: str, staleness: int | None, lr: float) -> dict[str, Any]:
+    """The flags of a run that shape its trajectory or its recovery besides its plan (``run`` in the manifest): a
+    resume that does not give them again keeps them (``parplan.cli.resume``)."""
+    return {"checkpoint_every": checkpoint_every, "order": order, "staleness": staleness, "lr": lr}
+
+
+def _manifest(progress: Progress, meta: Mapping[str, Any], entries: Sequence[Any],
+              in_flight: bool = False) -> dict[str, Any]:
     import datetime as dt
 
     plan = meta["plan"]
@@ -206,7 +265,8 @@ def _manifest(progress: Progress, meta: Mapping[str, Any], entries: Sequence[Any
             "model": {"spec": plan["model"]["spec"], "fingerprint": plan["model"]["fingerprint"],
                       "input_shape": list(plan["model"]["input_shape"]), "dtype": plan["model"]["dtype"]},
             "seed": meta["seed"], "warmup": meta["warmup"], "plan_digest": plan_digest(plan), "plan": plan,
-            "shards": list(entries),
+            "run": dict(meta.get("run") or run_flags(checkpoint_every=0, order="1f1b", staleness=None, lr=0.01)), "torch": torch.__version__,
+            "in_flight": in_flight, "shards": list(entries),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -233,10 +293,10 @@ def load_shard(manifest: Mapping[str, Any], rank: int) -> dict[str, Any]:
     if entry is None:
         raise InputError(f"checkpoint {folder} has no shard of rank {rank} (it has {len(manifest['shards'])}); "
                          "it is damaged — remove it to resume from the one before")
-    return _load(folder / entry["file"], entry["sha256"])
+    return _load(folder / entry["file"], entry["sha256"], manifest.get("torch"))
 
 
-def _load(path: Path, sha256: str) -> dict[str, Any]:
+def _load(path: Path, sha256: str, written_by: str | None = None) -> dict[str, Any]:
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -245,17 +305,54 @@ def _load(path: Path, sha256: str) -> dict[str, Any]:
     if hashlib.sha256(data).hexdigest() != sha256:
         raise InputError(f"checkpoint file {path} does not match the digest in its manifest (damaged or "
                          "replaced); remove its folder to resume from the checkpoint before")
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 — any unpickling failure is this one line
+        versions = (f"written by torch {written_by}, this is torch {torch.__version__}" if written_by else
+                    f"written by an unrecorded torch version, this is torch {torch.__version__}")
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "Weights only load failed" in first:  # torch's hint (weights_only=False) is not one parplan takes
+            first = "not a tensor archive this torch reads without unpickling code"
+        raise InputError(f"cannot load checkpoint file {path} ({versions}): {first[:200]}; resume with the torch "
+                         "that wrote it, or remove its folder to resume from the checkpoint before") from err
 
 
-def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any], device: torch.device) -> Progress:
-    """Load the checkpoint of ``manifest`` into this rank's ``state``; returns the progress it records.
+def same_run(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint was written under this run's plan on as many ranks (each rank loads its own shard)."""
+    import torch.distributed as dist
 
-    The own shard under the same plan and rank count (bit for bit); else this rank's part of :func:`gather`.
+    return manifest["plan_digest"] == plan_digest(meta["plan"]) and manifest["world_size"] == dist.get_world_size()
+
+
+def usable(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> str | None:
+    """Why this rank cannot load its part of the checkpoint (a shard missing, of another size or digest), or
+    ``None``; not collective: the caller agrees over the ranks."""
+    try:
+        check_sizes(manifest)
+        if same_run(manifest, meta):
+            load_shard(manifest, _rank())
+    except InputError as err:
+        return str(err)
+    return None
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any],
+            device: torch.device) -> tuple[Progress, dict[str, Any] | None]:
+    """Load the checkpoint of ``manifest`` into this rank's ``state``; returns the progress it records and this
+    rank's batches in flight (``None`` when it has none to continue from).
+
+    The own shard under the same plan and rank count (bit for bit); else this rank's part of :func:`gather`
+    (batches in flight are then not continued: the stages refill from the checkpoint's step).
     """
     import torch.distributed as dist
 
-    same = manifest["plan_digest"] == plan_digest(meta["plan"]) and manifest["world_size"] == dist.get_world_size()
+    same = same_run(manifest, meta)
     source = load_shard(manifest, dist.get_rank()) if same else gather(manifest)
     where = f"the checkpoint in {manifest['folder']}"
     _copy_into(source["parameters"], state.parameters, state, "parameter", where)
@@ -264,8 +361,9 @@ def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any], 
     torch.set_rng_state(source["rng"]["cpu"])
     if "cuda" in source["rng"] and device.type == "cuda":
         torch.cuda.set_rng_state(source["rng"]["cuda"], device)
-    return Progress(int(source["step"]), [float(x) for x in source["losses"]],
-                    [float(x) for x in source["per_step_s"]])
+    progress = Progress(int(source["step"]), [float(x) for x in source["losses"]],
+                        [float(x) for x in source["per_step_s"]])
+    return progress, (source.get("in_flight") if same else None)
 
 
 def _local(name: str, tensor: torch.Tensor, state: State) -> torch.Tensor:

@@ -21,7 +21,10 @@
 Every process group waits at most ``RunOptions.timeout_s`` for a peer
 (``init_process_group(timeout=…)``; ``runtime.groups`` passes it to each
 subgroup), so a dead or hung rank makes the others fail within it, naming
-where they waited (``runtime.failures``).
+where they waited (``runtime.failures``). With backend nccl the ranks get
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` unless it is set, so that NCCL's
+watchdog hands its timeout to the rank instead of aborting the process
+(``runtime.failures`` tells why).
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ from typing import Any
 import torch.distributed as dist
 
 from cost_models.errors import InputError
+from cost_models.rank_failures import (RankFailedError, failure_line, failure_message, nccl_errors_raised,
+                                       raise_nccl_errors)
 from runtime.failures import RankFailure
 from runtime.train import RunOptions, worker
 
-__all__ = ["MPI_ENVIRONMENT", "abort_mpi_job", "launch", "launch_many", "started_by_mpi"]
+__all__ = ["MPI_ENVIRONMENT", "RankFailedError", "abort_mpi_job", "launch", "launch_many", "started_by_mpi"]
 
 MPI_ENVIRONMENT = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 """Variables set by Open MPI, MPICH/Intel MPI (PMI), PMIx launchers (srun) and MVAPICH in every rank."""
@@ -65,10 +70,6 @@ _MONITOR_S = 0.1
 
 _GRACE_S = 5 * _MONITOR_S
 """How long a rank that saw a peer die waits before it exits, so that the agent reports the dead one."""
-
-
-class RankFailedError(RuntimeError):
-    """A rank of the group failed (and the restarts, if any, were used up); the message names it."""
 
 
 def started_by_mpi() -> bool:
@@ -117,7 +118,8 @@ def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int
     for log in logs:  # a failed rank is reported in one line (_failure_line), not the agent's log
         log.setLevel(logging.CRITICAL)
     try:
-        results = elastic_launch(config, _elastic_entry)(runs, backend, os.getpid())
+        with nccl_errors_raised(backend):  # the agent passes it on to the ranks it starts
+            results = elastic_launch(config, _elastic_entry)(runs, backend, os.getpid())
     except ChildFailedError as err:
         refused = _bad_input(err)
         if refused is not None:
@@ -184,6 +186,7 @@ def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[
     hosts = comm.allgather(socket.gethostname())
     host, port = comm.bcast(_rendezvous_address(len(set(hosts)) == 1) if rank == 0 else None, root=0)
     store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=_JOIN_TIMEOUT)
+    raise_nccl_errors(backend)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=runs[0].timeout)
     documents = _each([replace(options, launcher="mpi") for options in runs])
     dist.destroy_process_group()  # not after a RankFailure: the command's handler aborts the MPI job at once
@@ -242,22 +245,8 @@ def abort_mpi_job(code: int) -> None:
 
 
 def _failure_line(err: Any, max_restarts: int) -> str:
-    """One line: the rank that failed first, how, and its error; then what the other failed ranks reported.
-
-    A rank killed by a signal comes first (the others' errors are what its death did to them), then by time.
-    """
-    if not err.failures:
-        return "a rank failed without a report"
-
-    def order(rank: int) -> tuple[bool, int, int]:
-        failure = err.failures[rank]
-        return (not (failure.exitcode is not None and failure.exitcode < 0), failure.timestamp, rank)
-
-    first_rank = min(err.failures, key=order)
-    parts = [_one_failure(first_rank, err.failures[first_rank])]
-    parts += [_one_failure(rank, failure) for rank, failure in sorted(err.failures.items()) if rank != first_rank]
-    tried = f" (after {max_restarts} restart{'s' if max_restarts != 1 else ''})" if max_restarts else ""
-    return "; ".join(parts) + tried
+    """One line for torchrun's ``ChildFailedError``: :func:`cost_models.rank_failures.failure_line` of its ranks."""
+    return failure_line(err.failures, max_restarts)
 
 
 def _bad_input(err: Any) -> str | None:
@@ -267,25 +256,8 @@ def _bad_input(err: Any) -> str | None:
     recognised by its name: ``cost_models.errors`` and its subclasses.
     """
     for failure in err.failures.values():
-        last = _message(failure).splitlines()[-1] if _message(failure) else ""
+        last = failure_message(failure).splitlines()[-1] if failure_message(failure) else ""
         kind, _, text = last.partition(": ")
         if kind.rsplit(".", 1)[-1] in _INPUT_ERRORS and text:
             return text
     return None
-
-
-def _message(failure: Any) -> str:
-    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-    return str(message).strip()
-
-
-def _one_failure(rank: int, failure: Any) -> str:
-    if failure.exitcode is not None and failure.exitcode < 0:
-        try:
-            name = signal.Signals(-failure.exitcode).name
-        except ValueError:
-            name = f"signal {-failure.exitcode}"
-        return f"rank {rank} died ({name})"
-    message = _message(failure)
-    last = message.splitlines()[-1] if message else ""
-    return f"rank {rank} failed (exit code {failure.exitcode})" + (f": {last}" if last else "")

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -68,17 +68,20 @@ from cost_models.plan import Plan
 from cost_models.redistribution import Box
 from cost_models.tracing import symbolic_trace
 from runtime._values import geometry
-from runtime.apply import DistributedModel, local_shape, parameters_of
-from runtime.inputs import Inputs, as_inputs, placeholder_placements
-from runtime.preflight import check_plan, held_plan
+from runtime.apply import DistributedModel, local_shape
+from runtime.inputs import Inputs, as_inputs
+from runtime.preflight import check_plan
 from runtime.failures import at, exchange, wait_all
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
-from runtime.placement import Placement, box_extent, box_view, value_placement
+from runtime.placement import Placement, box_extent, box_view
 from runtime.random_ops import DrawKey
 from runtime.schedules import Event
 from runtime.shapes import static_nodes, tensor_names
 from runtime.stage_cut import StageCut, cut_stages
 from runtime.stage_moves import CrossingMoves, crossing_moves, wire_placement
+from runtime.stage_setup import (activation_dtype, buffers_of, crossing_placements, refuse_shared_parameters,
+                                  release_others)
+from runtime.stash import Stash, as_leaf, crossing_tensor, detached, operand, saved_stash
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -151,27 +154,6 @@ class _OnEverySize:
             setattr(part, self.name, value)
 
 
-@dataclass
-class _Stash:
-    """What a batch in flight keeps: inputs (leaves), outputs to backward, its draws' key, the RNG state, the target."""
-
-    batch: int
-    model: DistributedModel  # the stage at this batch's size
-    inputs: dict[str, torch.Tensor]
-    x: tuple[torch.Tensor, ...]  # the model's inputs (the first stage's boxes of them); () on other stages
-    target: torch.Tensor | None
-    key: DrawKey
-    rng: torch.Tensor
-    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
-    loss: torch.Tensor | None = None
-
-
-def _activation_dtype(model: nn.Module, plan: Plan) -> torch.dtype:
-    """The dtype the model computes in: its first floating parameter's, else the plan's."""
-    floating = (p.dtype for p in model.parameters() if p.is_floating_point())
-    return next(floating, getattr(torch, plan.dtype))
-
-
 class PipelineStage:
     """This rank's stage: its part of the model and the events of a schedule (module docstring)."""
 
@@ -183,7 +165,7 @@ class PipelineStage:
         graph = graphs[largest]
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.plan, self.stages = plan, plan.pipeline.stages
-        self.dtype = _activation_dtype(model, plan)
+        self.dtype = activation_dtype(model, plan)
         """What activations and gradients cross stages in: the model's (a float32 plan verified in float64)."""
         self.sizes = tuple(plan.pipeline.devices_per_stage)
         self.offsets = tuple(sum(self.sizes[:k]) for k in range(self.stages))
@@ -194,7 +176,7 @@ class PipelineStage:
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages,
                           static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
         self.cut: StageCut = cuts[self.index]
-        _refuse_shared_parameters(model, nodes, cuts)
+        refuse_shared_parameters(model, nodes, cuts)
         groups = GroupCache(tuple(range(world)), timeout)
         groups.build(r for k, cut in enumerate(cuts) for r in group_ranks(
             (plan.layers[n].layout for n in cut.nodes if n in plan.layers), self._stage_ranks(k)))
@@ -206,8 +188,8 @@ class PipelineStage:
         """The stage at each micro-batch size: one set of parameters, the geometry of each shape."""
         batch, micro = int(plan.input_shape[0]), plan.pipeline.micro_batches
         self._sizes, self._starts = micro_batch_sizes(batch, micro), micro_batch_starts(batch, micro)
-        self._buffers = _buffers_of(self.cut.nodes, nodes, model)
-        held = _crossing_placements(nodes, cuts, plan, graph)  # as each crossing's producer holds it
+        self._buffers = buffers_of(self.cut.nodes, nodes, model)
+        held = crossing_placements(nodes, cuts, plan, graph)  # as each crossing's producer holds it
         self._held = {c.name: held[c.name] for c in self.cut.sends}
         self.placements = {c.name: wire_placement(held[c.name], self.sizes[self.index]) for c in self.cut.receives}
         """Each value this stage receives, under its wire placement on this stage (``runtime.stage_moves``)."""
@@ -225,11 +207,12 @@ class PipelineStage:
         self.keep_outputs = False
         self.outputs: dict[int, Any] = {}
         """With ``keep_outputs``, the last stage's output box of each batch forwarded."""
-        self._stash: dict[int, _Stash] = {}
+        self._stash: dict[int, Stash] = {}
+        self._ahead: dict[int, dict[str, torch.Tensor]] = {}  # batch -> crossings received before its forward
         self._sending: list[tuple[Any, torch.Tensor, int]] = []  # (request, tensor kept alive, peer)
         self._waited = 0.0
         self._runs = 0
-        _release_others(model, self.model.own_parameters)
+        release_others(model, self.model.own_parameters)
 
     # --- public ----------------------------------------------------------------------------------------------
 
@@ -278,16 +261,20 @@ class PipelineStage:
 
     def run(self, events: Sequence[Event], optimizer: torch.optim.Optimizer,
             data: Callable[[int], tuple[Inputs | None, torch.Tensor | None]],
-            last_backward: int | None = None, keys: Callable[[int], DrawKey] | None = None) -> list[EventRecord]:
+            last_backward: int | None = None, keys: Callable[[int], DrawKey] | None = None,
+            after_update: Callable[[int, list[EventRecord]], None] | None = None) -> list[EventRecord]:
         """Execute ``events``; ``data(b)`` gives this rank's input box (a tuple of them, one per input, for a model
         taking several) and target box of batch ``b``.
 
         ``last_backward``: under ``sync``, the batch whose backward ends the accumulation (sums gradients
         over the stage's replicas); every backward syncs when it is ``None``. ``keys(b)``: the key of batch
         ``b``'s random draws (default: ``(random_seed, runs before this one, b × micro-batch size)``).
+        ``after_update(b, records)``: called after each update, ``b`` the batch whose backward it follows (a stale
+        pipeline's checkpoints, ``runtime.pipeline_train``).
         """
         keys = keys or self._default_keys()
-        records = []
+        records: list[EventRecord] = []
+        backwarded = -1
         for event in events:
             self._reap_sends()
             start, waited = time.perf_counter(), self._waited
@@ -303,6 +290,9 @@ class PipelineStage:
             end = time.perf_counter()
             end = self._straggle(event, start, end, self._waited - waited)
             records.append(EventRecord(event, start, end, self._waited - waited))
+            backwarded = event.batch if event.kind == "B" else backwarded
+            if event.kind == "U" and after_update is not None:
+                after_update(backwarded, records)
         self.finish_sends()
         self._runs += 1
         return records
@@ -318,10 +308,11 @@ class PipelineStage:
         ``x``: the first stage's box of the model's input (a tuple of boxes for a model taking several).
         ``key``: the key of its random draws (default: as :meth:`run`'s for this run).
         """
-        size = self.samples(batch)
-        received = {c.name: self._receive(size, c.name, c.producer, 2 * c.tag) for c in self.cut.receives}
+        size, ahead = self.samples(batch), self._ahead.pop(batch, {})
+        received = {c.name: ahead[c.name] if c.name in ahead else self._receive(size, c.name, c.producer, 2 * c.tag)
+                    for c in self.cut.receives}
         inputs = as_inputs(x) if x is not None else ()
-        stash = _Stash(batch, self._models[size], received, inputs, target, key or self._default_keys()(batch),
+        stash = Stash(batch, self._models[size], received, inputs, target, key or self._default_keys()(batch),
                        torch.get_rng_state())
         with torch.set_grad_enabled(not self.recompute):
             self._compute(stash)
@@ -354,6 +345,37 @@ class PipelineStage:
             self._send(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf), moves.box, moves.receives,
                        crossing.producer, 2 * crossing.tag + 1)
 
+    def receive_ahead(self, batches: Mapping[str, Sequence[int]]) -> None:
+        """Receive now, per crossing, what its producer has already sent for these batches (not yet forwarded
+        here); their forwards take it from here (``runtime.pipeline_train``: a consistent cut of a stale pipeline)."""
+        for crossing in self.cut.receives:
+            for batch in batches.get(crossing.name, ()):
+                self._ahead.setdefault(batch, {})[crossing.name] = self._receive(
+                    self.samples(batch), crossing.name, crossing.producer, 2 * crossing.tag)
+
+    def in_flight(self) -> dict[str, Any]:
+        """The batches forwarded and not yet backwarded (their stashed inputs, draws' keys and RNG states; the
+        last stage's losses of them) and the crossings received ahead, as tensors to save (batch numbers of
+        this run)."""
+        stashed = sorted(self._stash)
+        return {"stash": {b: saved_stash(self._stash[b]) for b in stashed},
+                "losses": [loss.cpu().clone() for loss in self.losses[len(self.losses) - len(stashed):]]
+                if self.last and stashed else [],
+                "ahead": {b: {n: t.detach().cpu().clone() for n, t in named.items()} for b, named in self._ahead.items()}}
+
+    def reinstall(self, saved: Mapping[str, Any], shift: int = 0) -> None:
+        """Take back the batches in flight :meth:`in_flight` saved, numbered ``shift`` lower in this run."""
+        device = self._device()
+        for batch, entry in saved["stash"].items():
+            b = int(batch) - shift
+            target = entry["target"]
+            self._stash[b] = Stash(b, self.model_for(b), {n: as_leaf(t, device) for n, t in entry["inputs"].items()},
+                                    tuple(t.to(device) for t in entry["x"]),
+                                    None if target is None else target.to(device), DrawKey(*entry["key"]), entry["rng"])
+        self.losses += [loss.to(device) for loss in saved["losses"]]
+        for batch, named in saved["ahead"].items():
+            self._ahead[int(batch) - shift] = {n: as_leaf(t, device) for n, t in named.items()}
+
     def finish_sends(self) -> None:
         """Wait until every posted send has completed."""
         wait_all([work for work, _, _ in self._sending], "the pipeline's sends to the neighbouring stages",
@@ -375,17 +397,17 @@ class PipelineStage:
 
     # --- computing -------------------------------------------------------------------------------------------
 
-    def _compute(self, stash: _Stash) -> None:
+    def _compute(self, stash: Stash) -> None:
         model = stash.model
-        env = {name: model.value(name, _operand(leaf), self.placements[name]) for name, leaf in stash.inputs.items()}
+        env = {name: model.value(name, operand(leaf), self.placements[name]) for name, leaf in stash.inputs.items()}
         env = model.run_nodes(env, stash.x if self.first else (), stash.key, keep={c.name for c in self.cut.sends})
-        stash.outputs = {c.name: _tensor(env[c.name]) for c in self.cut.sends}
+        stash.outputs = {c.name: crossing_tensor(env[c.name]) for c in self.cut.sends}
         if self.last and self.keep_outputs:
-            self.outputs[stash.batch] = map_aggregate(env["(output)"], _detached)
+            self.outputs[stash.batch] = map_aggregate(env["(output)"], detached)
         if self.last:
             stash.loss = model.loss(env["(output)"], stash.target, self.loss_fn) * self.loss_scale(stash.batch)
 
-    def _recompute(self, stash: _Stash) -> list[torch.Tensor]:
+    def _recompute(self, stash: Stash) -> list[torch.Tensor]:
         """Run the forward of ``stash`` again, with the RNG as it was; returns the buffers as they were before."""
         buffers = [buffer.detach().clone() for buffer in self._buffers]
         with torch.random.fork_rng(devices=[]):
@@ -472,60 +494,3 @@ class PipelineStage:
 
 
 _PHASES = {"F": "forward", "B": "backward", "U": "update"}
-
-
-def _crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], plan: Plan, graph: LayerGraph) -> dict[str, Placement]:
-    """Each crossing's placement on the wire: its producer's (a model input's: the one the first stage loads it
-    in, ``runtime.inputs``)."""
-    held = {name: assignment.layout for name, assignment in held_plan(plan, nodes, graph).layers.items()}
-    loaded = placeholder_placements(nodes, held, graph, plan.pipeline.devices_per_stage[0])
-    return {crossing.name: value_placement(plan.layers[crossing.name].layout, graph.nodes[crossing.name])
-            if crossing.name in plan.layers
-            else loaded[crossing.name] for crossing in (c for cut in cuts for c in cut.sends)}
-
-
-def _refuse_shared_parameters(model: nn.Module, nodes: list[Any], cuts: Sequence[StageCut]) -> None:
-    """A parameter used on two stages would be trained twice; refuse the cut, naming it."""
-    owner: dict[int, int] = {}
-    for cut in cuts:
-        members = set(cut.nodes)
-        for param in parameters_of([node for node in nodes if node.name in members], model):
-            if owner.setdefault(id(param), cut.index) != cut.index:
-                name = next(n for n, p in model.named_parameters() if p is param)
-                raise PlanError(f"parameter {name} is used on stages {owner[id(param)]} and {cut.index}; put the "
-                                f"layers sharing it on one stage")
-
-
-def _buffers_of(names: Sequence[str], nodes: list[Any], model: nn.Module) -> list[torch.Tensor]:
-    """The buffers (batch-norm statistics, …) of the modules this stage's nodes call, each once."""
-    members, found = set(names), {}
-    for node in nodes:
-        if node.name in members and node.op == "call_module":
-            found.update((id(b), b) for b in model.get_submodule(str(node.target)).buffers())
-    return list(found.values())
-
-
-def _release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
-    """Empty the parameters of the other stages on this rank (they are trained elsewhere)."""
-    mine = {id(param) for param in own}
-    for param in model.parameters():
-        if id(param) not in mine:
-            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-            param.requires_grad_(False)
-
-
-def _detached(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) else value
-
-
-def _operand(received: torch.Tensor) -> torch.Tensor:
-    """A received activation as the stage's layers take it: a copy when it is the leaf its gradient is read
-    from (a first layer may work in place — ``x += …``, ``ReLU(inplace=True)`` — which a leaf refuses)."""
-    return received.clone() if received.requires_grad else received
-
-
-def _tensor(value: Any) -> torch.Tensor:
-    tensor = getattr(value, "tensor", value)
-    if not isinstance(tensor, torch.Tensor):
-        raise PlanError(f"a value crossing a pipeline cut is a {type(tensor).__name__}, not a tensor; move the cut")
-    return tensor

@@ -11,11 +11,13 @@ A *step* is one iteration of the plan's schedule:
   of the last stage (the pipeline's throughput, fill included in the first);
   ``wall_s`` is the whole run's.
 
-With ``--checkpoint-every N`` the steps run in segments of ``N`` and a
-checkpoint is written after each (``runtime.recovery``); a stale pipeline
-drains at the end of every segment (DSP restarts its fill), so its
-trajectory depends on ``N`` — a resumed run matches an uninterrupted run
-with the same ``N``.
+With ``--checkpoint-every N`` a sync pipeline runs in segments of ``N`` steps
+and writes a checkpoint after each (``runtime.recovery``; every step flushes,
+so the cut changes nothing). A stale pipeline does not drain for them: each
+stage writes its part right after its own ``N``-th update, its batches in
+flight included (``_Checkpoints``), so checkpointing leaves its trajectory
+unchanged and a run resumed from one — killed or not — continues it bit for
+bit. It drains only where warm-up ends (the timed steps start with a fill).
 
 Per stage the document reports busy time (events' wall time minus the time
 they waited on receives; a ``--slow-stage`` sleep counts as busy), waiting
@@ -48,7 +50,7 @@ from runtime.faults import planned, strike
 from runtime.checkpoint import Progress
 from runtime.random_ops import DrawKey
 from runtime.recovery import Recovery, training_state
-from runtime.schedules import Event, dsp, gpipe, one_f_one_b, staleness_of
+from runtime.schedules import Event, dsp, dsp_after, forwarded_after, gpipe, one_f_one_b, staleness_of
 
 __all__ = ["pipeline_worker"]
 
@@ -132,7 +134,8 @@ def _trace(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
 
 def _train_segments(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
                     device: torch.device, recovery: Recovery) -> tuple[Progress, list[list[Any]], float]:
-    """The steps not done yet, segment by segment (``_segments``), a checkpoint after each when due.
+    """The steps not done yet, segment by segment (``_segments``), a checkpoint after each when due — or, in a
+    stale pipeline, at each due update inside its segment (``_Checkpoints``).
 
     Returns the progress, the event records of each timed segment (batch numbers restart in each) and their
     wall seconds.
@@ -140,29 +143,86 @@ def _train_segments(options: Any, plan: Any, stage: Any, optimizer: torch.optim.
     progress = recovery.start()
     records: list[list[Any]] = []
     wall_s = 0.0
-    for steps in _segments(progress.step, options.warmup, options.warmup + options.steps, options.checkpoint_every):
-        per_step, segment_records, segment_s = _train(options, plan, stage, optimizer, steps, dtype, device)
-        losses = _losses(stage, steps, plan.pipeline.micro_batches, device)
+    stale = plan.pipeline.schedule == "stale"
+    every = 0 if stale else options.checkpoint_every
+    for steps in _segments(0 if stale else progress.step, options.warmup, options.warmup + options.steps, every):
+        if steps.stop <= progress.step:
+            continue
+        done, in_flight = progress.step - steps.start if steps.start < progress.step else 0, recovery.in_flight
+        if done and in_flight is None:  # nothing to continue (another plan's checkpoint, or a /3 one): refill
+            steps, done = range(progress.step, steps.stop), 0
+        timed = steps.start >= options.warmup
+        checkpoints = _Checkpoints(recovery, progress, steps, timed, stage, device) if stale else None
+        per_step, segment_records, segment_s = _train(options, plan, stage, optimizer, steps, dtype, device,
+                                                      done=done, in_flight=in_flight if done else None,
+                                                      checkpoints=checkpoints)
+        recovery.in_flight = None
+        losses = _losses(stage, range(steps.start + done, steps.stop), plan.pipeline.micro_batches, device)
         progress.step = steps.stop
-        if steps.start >= options.warmup:
+        if timed:
             progress.per_step_s += per_step
             progress.losses += losses
             records.append(segment_records)
             wall_s += segment_s
-        recovery.after_step(progress)
+        if not stale:
+            recovery.after_step(progress)
     return progress, records, wall_s
 
 
 def _segments(first: int, warmup: int, total: int, every: int) -> list[range]:
     """The steps ``first … total−1`` cut where warm-up ends and after every ``every``-th step (a checkpoint).
 
-    A stale pipeline drains at each cut: the batches after it are forwarded with every earlier update done.
+    A stale pipeline drains at each cut: the batches after it are forwarded with every earlier update done — so
+    its checkpoints are written inside a segment instead (``_Checkpoints``), and it is cut at warm-up's end only.
     """
     if first >= total:
         return []
     cuts = sorted({first, total, *([warmup] if first < warmup < total else []),
                    *(range(every * (first // every + 1), total, every) if every else ())})
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+class _Checkpoints:
+    """A stale pipeline's checkpoints inside a segment, written at a consistent cut without a drain.
+
+    Each stage writes the checkpoint after ``t`` updates right after its own ``t``-th update. By then stage
+    ``k`` (staleness ``s_k``, non-increasing along the pipeline) has forwarded batches up to ``t + s_k − 1`` and
+    backwarded those before ``t``: it saves, besides its weights and optimizer, the inputs, draws' keys and RNG
+    states of batches ``t … t + s_k − 1`` (in flight), and first receives what its producers already sent for
+    batches it has not forwarded yet (``t + s_k`` up to the producer's ``t + s_p − 1``), saving those too. No
+    message sent after a stage's cut is received before another's, and every gradient of a batch before ``t``
+    has arrived, so the saved states are one state of the whole pipeline: a run resumed from them, continuing
+    the schedule's events after the ``t``-th update (``runtime.schedules.dsp_after``), trains as the
+    uninterrupted run does, bit for bit.
+    """
+
+    def __init__(self, recovery: Recovery, progress: Progress, steps: range, timed: bool, stage: Any,
+                 device: torch.device) -> None:
+        self.recovery, self.progress, self.steps, self.timed = recovery, progress, steps, timed
+        self.stage, self.device = stage, device
+        self.started = time.perf_counter()
+        self.losses_before = len(stage.losses)  # where this run's losses begin in the last stage's list
+        self.first = progress.step  # the step this run began at
+
+    def __call__(self, batch: int, records: list[Any]) -> None:
+        step = self.steps[batch] + 1  # updates done
+        if not self.recovery.due(step):
+            return
+        updates, staleness = batch + 1, self.stage.plan.pipeline.staleness
+        reach = lambda k: forwarded_after(len(self.steps), staleness[k], updates)  # noqa: E731
+        self.stage.receive_ahead({c.name: range(reach(self.stage.index), reach(c.producer))
+                                  for c in self.stage.cut.receives})
+        losses = _losses_of(self.stage, self.losses_before, step - self.first, 1, self.device)
+        intervals = _update_intervals(self.stage, records, self.started, self.device)
+        now = Progress(step, self.progress.losses + (losses if self.timed else []),
+                       self.progress.per_step_s + (intervals if self.timed else []))
+        self.recovery.after_step(now, _numbered(self.stage.in_flight(), self.steps.start))
+
+
+def _numbered(in_flight: dict[str, Any], start: int) -> dict[str, Any]:
+    """Batches in flight numbered by their step (their batch number in the segment ``+ start``)."""
+    return {"stash": {start + b: entry for b, entry in in_flight["stash"].items()}, "losses": in_flight["losses"],
+            "ahead": {start + b: named for b, named in in_flight["ahead"].items()}}
 
 
 def _capped(plan: Any, bound: int | None) -> Any:
@@ -198,8 +258,13 @@ def _events(options: Any, plan: Any, stage: Any, batches: int = 1) -> tuple[Even
 
 
 def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer, steps: range, dtype: torch.dtype,
-           device: torch.device) -> tuple[list[float], list[Any], float]:
-    """Run ``steps``; returns per-step seconds, this rank's event records and the wall time (slowest rank)."""
+           device: torch.device, *, done: int = 0, in_flight: dict[str, Any] | None = None,
+           checkpoints: Callable[[int, list[Any]], None] | None = None) -> tuple[list[float], list[Any], float]:
+    """Run ``steps``; returns per-step seconds, this rank's event records and the wall time (slowest rank).
+
+    A stale pipeline resumed ``done`` updates into ``steps`` takes back its batches ``in_flight`` and runs the
+    rest of its schedule; ``checkpoints`` is called after each of its updates.
+    """
     from runtime.train import synchronise
 
     barrier("the barrier before the pipeline's first step")
@@ -210,9 +275,12 @@ def _train(options: Any, plan: Any, stage: Any, optimizer: torch.optim.Optimizer
             strike(fault, rank, steps[batch] + 1)
             return _load(options, stage, steps[batch], 0, dtype, device)
 
-        with at(f"steps {steps.start + 1}…{steps.stop}"):
-            records = stage.run(_events(options, plan, stage, len(steps)), optimizer, batch_data,
-                                keys=lambda batch: DrawKey(options.seed, steps[batch]))
+        if in_flight is not None:
+            stage.reinstall(in_flight, shift=steps.start)
+        events = dsp_after(len(steps), plan.pipeline.staleness[stage.index], done)
+        with at(f"steps {steps.start + done + 1}…{steps.stop}"):
+            records = stage.run(events, optimizer, batch_data, keys=lambda batch: DrawKey(options.seed, steps[batch]),
+                                after_update=checkpoints)
         per_step = _update_intervals(stage, records, started, device)
     else:
         records, per_step = [], []
@@ -295,10 +363,15 @@ def _slowest(seconds: float, device: torch.device) -> float:
 
 def _losses(stage: Any, steps: range, micro: int, device: torch.device) -> list[float]:
     """The unsplit loss of each step: the last stage's shares summed over its ranks and micro-batches."""
-    values = torch.zeros(len(steps), dtype=torch.float64, device=device)
+    return _losses_of(stage, len(stage.losses) - len(steps) * micro, len(steps), micro, device)
+
+
+def _losses_of(stage: Any, start: int, steps: int, micro: int, device: torch.device) -> list[float]:
+    """The unsplit loss of ``steps`` steps whose shares begin at ``start`` in the last stage's list (collective)."""
+    values = torch.zeros(steps, dtype=torch.float64, device=device)
     if stage.last:
-        shares = [float(loss) for loss in stage.losses[-len(steps) * micro:]]
-        for index in range(len(steps)):
+        shares = [float(loss) for loss in stage.losses[start:start + steps * micro]]
+        for index in range(steps):
             values[index] = _step_loss(stage, shares[index * micro:(index + 1) * micro])
     all_reduce(values, "the loss allreduce")
     return [float(v) for v in values]

@@ -2,7 +2,8 @@
 
 * ``--checkpoint-every N --checkpoint-dir D``: after every ``N``-th update
   (warm-up included) all ranks write a checkpoint (``runtime.checkpoint``).
-* ``--resume``: start from the newest complete checkpoint in ``D``.
+* ``--resume``: start from the newest complete checkpoint in ``D`` whose
+  shards are intact (a damaged one is passed over, with one line naming it).
 * A group that torchrun's agent restarted (``--max-restarts``; the agent sets
   ``TORCHELASTIC_RESTART_COUNT``) resumes from it too, or starts over when
   no checkpoint was complete yet.
@@ -16,14 +17,19 @@ started, how many restarts preceded it and which checkpoints it wrote.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from cost_models.errors import InputError
-from runtime.checkpoint import Progress, State, check_compatible, latest, restore, save
+
+from runtime.checkpoint import (Progress, State, check_compatible, complete, read_manifest, restore, run_flags, save,
+                                usable)
+from runtime.failures import all_reduce
 
 __all__ = ["Recovery", "training_state"]
 
@@ -45,6 +51,8 @@ class Recovery:
         self.options, self.state, self.device = options, state, device
         self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.resumed_from: int | None = None
+        self.in_flight: dict[str, Any] | None = None
+        """This rank's batches in flight at the checkpoint resumed from (a stale pipeline's), if it continues them."""
         self.written: list[int] = []
         self.seconds: list[float] = []
 
@@ -53,28 +61,57 @@ class Recovery:
         directory = self.options.checkpoint_dir
         if not directory or not (self.options.resume or self.restarts > 0):
             return Progress()
-        manifest = latest(directory)
+        manifest = self._newest_usable(directory)
         if manifest is None:
             if self.options.resume and self.restarts == 0:
                 raise InputError(f"--resume: {directory} holds no complete checkpoint; run without --resume")
             return Progress()
         check_compatible(manifest, {**self.meta(), "steps": self.options.steps})
-        progress = restore(manifest, self.state, self.meta(), self.device)
+        progress, self.in_flight = restore(manifest, self.state, self.meta(), self.device)
         self.resumed_from = progress.step
+        if dist.get_rank() == 0:
+            print(f"parplan: attempt {self.restarts} resumes from step {progress.step} ({manifest['folder']})",
+                  file=sys.stderr, flush=True)
         return progress
 
-    def after_step(self, progress: Progress) -> None:
-        """Write a checkpoint when ``progress.step`` is a multiple of ``--checkpoint-every`` (collective)."""
+    def _newest_usable(self, directory: str) -> dict[str, Any] | None:
+        """The newest complete checkpoint every rank can load its part of (collective); a damaged one is passed
+        over, the lowest rank that found the damage saying so in one line."""
+        world = dist.get_world_size()
+        found = complete(directory)
+        for folder in reversed(found):
+            manifest = read_manifest(folder)
+            why = usable(manifest, self.meta())
+            first = torch.tensor([world if why is None else dist.get_rank()], device=self.device)
+            all_reduce(first, "the ranks' check of the checkpoint", dist.ReduceOp.MIN)
+            if int(first.item()) == world:
+                return manifest
+            if why is not None and int(first.item()) == dist.get_rank():
+                print(f"parplan: warning: passing over the damaged checkpoint {folder}: {why}", file=sys.stderr,
+                      flush=True)
+        if found:
+            raise InputError(f"every checkpoint in {directory} is damaged (the newest, {found[-1]}, and those "
+                             "before it); start afresh in an empty --checkpoint-dir")
+        return None
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is due after ``step`` updates (a multiple of ``--checkpoint-every``)."""
         every = self.options.checkpoint_every
-        if every and self.options.checkpoint_dir and progress.step % every == 0:
+        return bool(every and self.options.checkpoint_dir and step % every == 0)
+
+    def after_step(self, progress: Progress, in_flight: dict[str, Any] | None = None) -> None:
+        """Write a checkpoint when :meth:`due` (collective); ``in_flight``: this rank's batches in flight."""
+        if self.due(progress.step):
             started = time.perf_counter()
-            save(self.options.checkpoint_dir, progress, self.state, self.meta())
+            save(self.options.checkpoint_dir, progress, self.state, self.meta(), in_flight)
             self.seconds.append(time.perf_counter() - started)
             self.written.append(progress.step)
 
     def meta(self) -> dict[str, Any]:
-        """What a checkpoint records of this run and a resume must match."""
-        return {"plan": self.options.plan, "seed": self.options.seed, "warmup": self.options.warmup}
+        """What a checkpoint records of this run and a resume must match (or, for ``run``, keeps)."""
+        return {"plan": self.options.plan, "seed": self.options.seed, "warmup": self.options.warmup,
+                "run": run_flags(checkpoint_every=self.options.checkpoint_every, order=self.options.order,
+                                 staleness=self.options.staleness, lr=self.options.lr)}
 
     def report(self) -> dict[str, Any]:
         """The measurement's ``recovery`` block."""

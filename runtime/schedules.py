@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["Event", "dsp", "gpipe", "one_f_one_b", "staleness_of"]
+__all__ = ["Event", "dsp", "dsp_after", "gpipe", "forwarded_after", "one_f_one_b", "staleness_of"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,24 @@ def dsp(batches: int, staleness: int) -> tuple[Event, ...]:
             events += [Event("B", backwarded), Event("U")]
             backwarded += 1
     return tuple(events)
+
+
+def dsp_after(batches: int, staleness: int, updates: int) -> tuple[Event, ...]:
+    """What is left of :func:`dsp` ``(batches, staleness)`` after its ``updates``-th update: the events of a stage
+    resumed from a checkpoint taken there (``runtime.pipeline_train``)."""
+    events = dsp(batches, staleness)
+    if updates == 0:
+        return events
+    done = [index for index, event in enumerate(events) if event.kind == "U"]
+    if not 0 < updates <= len(done):
+        raise ValueError(f"a stale schedule of {batches} batches has {len(done)} updates, not {updates}")
+    return events[done[updates - 1] + 1:]
+
+
+def forwarded_after(batches: int, staleness: int, updates: int) -> int:
+    """How many batches :func:`dsp` ``(batches, staleness)`` has forwarded by its ``updates``-th update (``≥ 1``):
+    ``updates + staleness``, within the ``batches``; those from ``updates`` on are in flight."""
+    return min(batches, updates + staleness)
 
 
 def staleness_of(events: Sequence[Event]) -> dict[int, int]:

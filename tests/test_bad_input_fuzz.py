@@ -228,7 +228,7 @@ def _command_lines(folder: Path, plan: Path, profile: Path) -> dict[str, list[st
     out = str(folder / "out.json")
     return {
         "inspect": ["inspect", *MODEL],
-        "calibrate": ["calibrate", *MODEL, "--out", out, "--budget-s", "5"],
+        "calibrate": ["calibrate", *MODEL, "--out", out, "--budget-s", "5", "--timeout-s", "30"],
         "profile": ["profile", "show", str(profile)],
         "estimate": ["estimate", *MODEL, "--plan", str(plan), "--profile", str(profile)],
         "plan": ["plan", *MODEL, "--profile", "h100", "--devices", "2", "--out", out],
@@ -292,7 +292,8 @@ def test_mutated_command_lines_are_refused_by_every_command(valid: dict[str, Any
 
 def _required(command: str, option: str) -> bool:
     """Whether leaving ``option`` out of ``command``'s valid line must be refused."""
-    optional = {"calibrate": {"--budget-s"}, "whatif": {"--csv"}, "run": {"--out", "--nproc"}, "validate": {"--out"}}
+    optional = {"calibrate": {"--budget-s", "--timeout-s"}, "whatif": {"--csv"}, "run": {"--out", "--nproc"},
+                "validate": {"--out"}}
     return option not in optional.get(command, set())
 
 

@@ -90,14 +90,42 @@ def test_a_killed_rank_stops_the_others_names_itself_and_leaves_no_process(inter
     assert sorted(p.name for p in folder.iterdir()) == ["step-00000002"]  # step 4's never began
 
 
-def test_resuming_continues_the_uninterrupted_losses_exactly(interrupted: Any, uninterrupted: dict[str, Any],
-                                                             repo: Path) -> None:
-    folder, _, _ = interrupted
-    resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-dir", str(folder),
-                       "--resume", "--json", cwd=repo)
+def test_resuming_continues_the_uninterrupted_losses_exactly_keeping_the_runs_plan_and_flags(
+        interrupted: Any, uninterrupted: dict[str, Any], repo: Path, tmp_path: Path) -> None:
+    """Without --layout and --checkpoint-every the resume keeps the checkpoint's plan and its checkpoints."""
+    folder = tmp_path / "ck"
+    shutil.copytree(interrupted[0], folder)
+    resumed = _parplan("run", *UNET, *STEPS, "--nproc", "2", "--checkpoint-dir", str(folder), "--resume", "--json",
+                       cwd=repo)
     assert _losses(resumed) == uninterrupted["loss"]  # float64, bit for bit
-    assert json.loads(resumed.stdout)["recovery"] == {"resumed_from_step": 2, "restarts": 0, "checkpoint_s": [],
-                                                      "checkpoint_dir": str(folder), "checkpoints": []}
+    assert f"resuming with the checkpoint's --checkpoint-every 2, its plan ({folder}/step-00000002)" in resumed.stderr
+    recovery = json.loads(resumed.stdout)["recovery"]
+    assert len(recovery.pop("checkpoint_s")) == 2
+    assert recovery == {"resumed_from_step": 2, "restarts": 0, "checkpoint_dir": str(folder), "checkpoints": [4, 6]}
+
+
+def test_a_resume_says_which_flag_given_again_differs_and_passes_over_a_damaged_checkpoint(
+        interrupted: Any, uninterrupted: dict[str, Any], repo: Path, tmp_path: Path) -> None:
+    """A corrupt shard (its digest differs) of the newest checkpoint: the ranks pass over it, one line says so,
+    and the one before it continues the run — as intact as it was."""
+    folder = tmp_path / "ck"
+    shutil.copytree(interrupted[0], folder)
+    damaged = folder / "step-00000003"
+    shutil.copytree(folder / "step-00000002", damaged)
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    (damaged / "manifest.json").write_text(json.dumps(manifest | {"step": 3}))
+    shard = damaged / "rank-00001.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-dir", str(folder),
+                       "--resume", "--checkpoint-every", "3", "--json", cwd=repo)
+    assert _losses(resumed) == uninterrupted["loss"]
+    assert "resuming with --checkpoint-every 3 (the checkpoint's run had 2)" in resumed.stderr
+    warnings = [line for line in resumed.stderr.splitlines() if "passing over" in line]
+    assert len(warnings) == 1 and f"the damaged checkpoint {damaged}: checkpoint file {shard} does not match the " \
+        "digest in its manifest" in warnings[0], resumed.stderr
+    assert json.loads(resumed.stdout)["recovery"]["resumed_from_step"] == 2
 
 
 def test_an_elastic_restart_after_a_killed_rank_gives_the_same_losses(uninterrupted: dict[str, Any], repo: Path,
@@ -182,4 +210,47 @@ def test_under_mpirun_a_hung_rank_aborts_the_job_and_a_resume_gives_the_same_los
     folder, _, _ = interrupted
     resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--checkpoint-dir", str(folder), "--resume",
                        "--json", cwd=repo, launcher=_mpirun(2))
+    assert _losses(resumed) == uninterrupted["loss"]
+
+
+STALE = ["--model", "torchvision:resnet18", "--input-shape", "4,3,32,32", "--dtype", "float64", "--warmup", "0",
+         "--steps", "8", "--layout", "n1", "--stages", "2", "--schedule", "stale", "--nproc", "2", "--json"]
+
+
+def test_a_stale_pipeline_checkpoints_in_flight_and_a_kill_and_resume_keep_its_losses_bit_for_bit(
+        repo: Path, tmp_path: Path) -> None:
+    """DSP keeps batches in flight across a checkpoint (no drain): checkpointing every 3 updates, killed at step 6
+    of 8 and resumed from the checkpoint of step 3, the run's losses are those of the run without checkpoints."""
+    import torch
+
+    plain = _losses(_parplan("run", *STALE, cwd=repo))
+    killed = _parplan("run", *STALE, "--checkpoint-every", "3", "--checkpoint-dir", str(tmp_path), cwd=repo,
+                      fault="kill:1:6")
+    assert killed.returncode == 1 and "rank 1 died (SIGKILL)" in killed.stderr
+    manifest = json.loads((tmp_path / "step-00000003" / "manifest.json").read_text())
+    assert manifest["in_flight"] and manifest["run"] == {"checkpoint_every": 3, "order": "1f1b", "staleness": None,
+                                                        "lr": 0.01}
+    first = torch.load(tmp_path / "step-00000003" / "rank-00000.pt", weights_only=True)["in_flight"]
+    assert sorted(first["stash"]) == [3, 4]  # stage 0 (staleness 2) holds steps 4 and 5 in flight
+    last = torch.load(tmp_path / "step-00000003" / "rank-00001.pt", weights_only=True)["in_flight"]
+    assert last["stash"] == {} and sorted(last["ahead"]) == [3, 4]  # what stage 0 had sent, received ahead
+    resumed = _parplan("run", *STALE, "--checkpoint-dir", str(tmp_path), "--resume", cwd=repo)
+    assert _losses(resumed) == plain  # float64, bit for bit
+    assert json.loads(resumed.stdout)["recovery"]["checkpoints"] == [6]  # --checkpoint-every 3 kept
+
+
+def test_a_full_disk_while_writing_a_shard_is_one_line_and_leaves_the_checkpoint_before_usable(
+        uninterrupted: dict[str, Any], repo: Path, tmp_path: Path) -> None:
+    """``full:1:4``: rank 1 cannot write its shard of step 4 (ENOSPC): no manifest, the folder removed, one line
+    naming the rank, the error and the intact checkpoint; the resume from it gives the same losses."""
+    run = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-every", "2",
+                   "--checkpoint-dir", str(tmp_path), "--json", cwd=repo, fault="full:1:4")
+    assert run.returncode == 1 and run.stdout == ""
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("parplan run: error: rank ") and (
+        f"could not write checkpoint {tmp_path}/step-00000004 (rank 1: [Errno 28] No space left on device: "
+        f"'{tmp_path}/step-00000004/rank-00001.pt'); the checkpoint in {tmp_path}/step-00000002 is intact") in last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002"]
+    resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
+                       "--resume", "--json", cwd=repo)
     assert _losses(resumed) == uninterrupted["loss"]

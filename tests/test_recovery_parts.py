@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from cost_models.errors import InputError
 from runtime import checkpoint
 from runtime.checkpoint import Progress, State
 from runtime.failures import RankFailure, at, describe, exchange, in_backward, place, reason
-from runtime.faults import Fault, planned, strike
+from runtime.faults import Fault, Schedule, disk_full, planned, strike
+from runtime.schedules import dsp, dsp_after, forwarded_after
 from runtime.pipeline_train import _segments
 from runtime.slicing import ParameterSlice
 
@@ -53,17 +55,47 @@ def test_a_malformed_fault_is_one_clear_error(text: str) -> None:
         planned(text)
 
 
-def test_a_fault_strikes_only_its_rank_and_step_and_only_the_first_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert planned("") is None and planned("hang:2:7") == Fault("hang", 2, 7)
-    fault = Fault("exit", 1, 3)
-    strike(fault, 0, 3)  # another rank
-    strike(fault, 1, 2)  # another step
+def test_a_fault_strikes_only_its_rank_and_step_and_only_its_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert planned("") is None and planned("hang:2:7") == Schedule((Fault("hang", 2, 7),))
+    assert str(planned("kill:1:7, kill:0:19")) == "kill:1:7,kill:0:19"
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    faults = Schedule((Fault("exit", 1, 3),))
+    strike(faults, 0, 3)  # another rank
+    strike(faults, 1, 2)  # another step
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    strike(fault, 1, 3)  # a restarted group runs clean
+    strike(faults, 1, 3)  # a restarted group runs clean past the schedule
     strike(None, 1, 3)
 
 
-def test_pipeline_segments_end_at_warmup_and_at_each_checkpoint() -> None:
+@pytest.mark.parametrize("attempt", [0, 1, 2])
+def test_a_schedule_of_faults_gives_each_attempt_its_own(monkeypatch: pytest.MonkeyPatch, attempt: int) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(attempt))
+    faults = planned("kill:1:7,full:0:19")
+    assert faults is not None and faults.now() == (Fault("kill", 1, 7), Fault("full", 0, 19), None)[attempt]
+    monkeypatch.setenv("PARPLAN_FAULT", "kill:1:7,full:0:19")
+    if attempt == 1:  # the full disk strikes the checkpoint's write, not the step's start
+        strike(faults, 0, 19)
+        with pytest.raises(OSError, match="No space left on device"):
+            disk_full(0, 19, Path("shard.pt"))
+    disk_full(1, 19, Path("shard.pt"))  # another rank writes
+
+
+def test_the_rest_of_a_stale_schedule_after_an_update_is_what_the_whole_one_does_next() -> None:
+    for batches in range(1, 8):
+        for staleness in range(5):
+            events = dsp(batches, staleness)
+            assert dsp_after(batches, staleness, 0) == events
+            for updates in range(1, batches + 1):
+                rest = dsp_after(batches, staleness, updates)
+                head = events[:len(events) - len(rest)]
+                assert head[-1].kind == "U" and sum(e.kind == "U" for e in head) == updates
+                forwarded = {e.batch for e in head if e.kind == "F"}
+                assert forwarded == set(range(forwarded_after(batches, staleness, updates)))
+    with pytest.raises(ValueError, match="has 3 updates, not 4"):
+        dsp_after(3, 1, 4)
+
+
+def test_pipeline_segments_end_at_warmup_and_at_each_checkpoint_of_a_sync_pipeline() -> None:
     assert _segments(0, 2, 8, 0) == [range(0, 2), range(2, 8)]
     assert _segments(0, 0, 7, 3) == [range(0, 3), range(3, 6), range(6, 7)]
     assert _segments(4, 1, 8, 3) == [range(4, 6), range(6, 8)]
@@ -117,7 +149,8 @@ def test_gathering_joins_slices_keeps_replicas_and_maps_optimizer_state_by_name(
 
 def test_a_version_1_manifest_still_reads_and_its_plan_digests_as_its_version_2_form(tmp_path: Path) -> None:
     manifest = _write_checkpoint(tmp_path, 2, [_shard_state(r, nn.Linear(3, 4)) for r in range(2)])
-    old = {key: value for key, value in manifest.items() if key != "folder"} | {"format": "parplan.checkpoint/1"}
+    old = {key: value for key, value in manifest.items() if key not in ("folder", "run", "torch", "in_flight")} | {
+        "format": "parplan.checkpoint/1"}
     old["plan"] = old["plan"] | {"format": "parplan.plan/1"}
     (Path(manifest["folder"]) / "manifest.json").write_text(json.dumps(old))
     assert checkpoint.read_manifest(Path(manifest["folder"]))["format"] == "parplan.checkpoint/1"
@@ -129,8 +162,8 @@ def test_a_version_1_manifest_still_reads_and_its_plan_digests_as_its_version_2_
     assert checkpoint.plan_digest(third) == checkpoint.plan_digest(first)
     assert checkpoint.plan_digest(first) != checkpoint.plan_digest(
         first | {"layers": [layer | {"layout": layer["layout"] | {"d": 2}}]})
-    (Path(manifest["folder"]) / "manifest.json").write_text(json.dumps(old | {"format": "parplan.checkpoint/4"}))
-    with pytest.raises(InputError, match="'parplan.checkpoint/4' but this parplan reads 'parplan.checkpoint/3'"):
+    (Path(manifest["folder"]) / "manifest.json").write_text(json.dumps(old | {"format": "parplan.checkpoint/5"}))
+    with pytest.raises(InputError, match="'parplan.checkpoint/5' but this parplan reads 'parplan.checkpoint/4'"):
         checkpoint.read_manifest(Path(manifest["folder"]))
 
 
@@ -187,3 +220,20 @@ def test_the_agents_report_names_a_killed_rank_first_and_passes_bad_input_on() -
     damaged = SimpleNamespace(failures={1: failure(1, 5, "Traceback …\ncost_models.errors.InputError: file x is "
                                                          "damaged; remove it")})
     assert _bad_input(damaged) == "file x is damaged; remove it"
+
+
+def test_a_shard_this_torch_cannot_load_names_both_torch_versions(tmp_path: Path) -> None:
+    manifest = _write_checkpoint(tmp_path, 2, [_shard_state(r, nn.Linear(3, 4)) for r in range(2)])
+    folder = Path(manifest["folder"])
+    unreadable = b"not a torch.save archive of this version"
+    (folder / "rank-00001.pt").write_bytes(unreadable)
+    entries = [e | {"bytes": len(unreadable), "sha256": hashlib.sha256(unreadable).hexdigest()} if e["rank"] == 1
+               else e for e in manifest["shards"]]
+    document = {k: v for k, v in manifest.items() if k != "folder"} | {"shards": entries, "torch": "1.13.1"}
+    (folder / "manifest.json").write_text(json.dumps(document))
+    expected = (f"cannot load checkpoint file {folder}/rank-00001.pt (written by torch 1.13.1, this is torch "
+                f"{torch.__version__}): not a tensor archive this torch reads without unpickling code; resume with "
+                "the torch that wrote it")
+    with pytest.raises(InputError, match=re.escape(expected)):
+        checkpoint.load_shard(checkpoint.read_manifest(folder), 1)
+    assert checkpoint.load_shard(checkpoint.read_manifest(folder), 0)["step"] == 2  # the other still loads

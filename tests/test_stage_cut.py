@@ -100,11 +100,11 @@ class _Twice(torch.nn.Module):
 
 
 def test_a_parameter_used_on_two_stages_is_refused() -> None:
-    from runtime.pipeline import _refuse_shared_parameters
+    from runtime.stage_setup import refuse_shared_parameters
 
     model = _Twice()
     nodes = list(symbolic_trace(model, ()).graph.nodes)
     cuts = cut_stages(nodes, {"conv": 0, "relu": 0, "conv_1": 1}, 2)
     with pytest.raises(PlanError, match="parameter conv.weight is used on stages 0 and 1"):
-        _refuse_shared_parameters(model, nodes, cuts)
-    _refuse_shared_parameters(model, nodes, cut_stages(nodes, {"conv": 0, "relu": 0, "conv_1": 0}, 2))
+        refuse_shared_parameters(model, nodes, cuts)
+    refuse_shared_parameters(model, nodes, cut_stages(nodes, {"conv": 0, "relu": 0, "conv_1": 0}, 2))

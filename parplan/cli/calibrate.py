@@ -1,4 +1,12 @@
-"""``parplan calibrate`` (time this machine into a profile) and ``parplan profile show``."""
+"""``parplan calibrate`` (time this machine into a profile) and ``parplan profile show``.
+
+``--timeout-s`` is ``parplan run``'s: every group of the ranks that time
+collectives (and of the split forms' runs) waits at most that long for a
+peer, and a rank that fails is reported in one line (exit 1). For tests,
+``PARPLAN_FAULT=KIND:RANK:STEP`` (``runtime.faults``) strikes rank ``RANK`` at
+the start of collective measurement ``STEP`` (1-based); the split forms,
+being ``parplan run``'s training, count their steps.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +16,8 @@ import time
 from typing import Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import (add_model_arguments, check_out_dir, load_profile_argument, positive_float, positive_int,
-                              print_json, trace_model)
+from parplan.cli.args import (add_model_arguments, add_timeout_argument, check_out_dir, load_profile_argument,
+                              positive_float, positive_int, print_json, trace_model)
 
 __all__ = ["add_calibrate", "add_profile"]
 
@@ -30,6 +38,7 @@ def add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-forms", action="store_true",
                         help="with --ranks > 1, do not end by training the model under its single-split plans "
                              "(nR, cR, hR, wR) to fit what the runtime adds to the kernels")
+    add_timeout_argument(parser)
     parser.add_argument("--out", required=True, metavar="P.json", help="where to write the profile")
     parser.set_defaults(handler=_calibrate)
 
@@ -61,9 +70,19 @@ def _device_counts(text: str | None, ranks: int) -> tuple[int, ...]:
     return tuple(sorted(set(counts)))
 
 
+def _strike_fault(rank: int, measurement: int) -> None:
+    """``PARPLAN_FAULT`` at the start of measurement ``measurement`` (in the ranks: module-level, pickled)."""
+    from runtime.faults import planned, strike
+
+    strike(planned(), rank, measurement)
+
+
 def _calibrate(args: argparse.Namespace) -> int:
+    from runtime.faults import planned
+
     counts = _device_counts(args.devices, args.ranks)
     check_out_dir(args.out)
+    planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
     graph, _ = trace_model(args)
     from calibrate.comm_ranks import in_existing_group
     from calibrate.session import CalibrationRequest, run_calibration
@@ -75,7 +94,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     forms = args.ranks > 1 and not args.no_forms and not in_existing_group()
     backend = args.backend or ("nccl" if args.device.startswith("cuda") else "gloo")
     request = CalibrationRequest(graph, counts, args.ranks, args.budget_s * (1 - FORMS_SHARE if forms else 1),
-                                 args.threads, args.device, backend, args.model)
+                                 args.threads, args.device, backend, args.model, timeout_s=args.timeout_s,
+                                 before_measurement=_strike_fault)
     with calibration_progress(enabled=not args.json) as progress:
         result = run_calibration(request, progress)
     if result is None:  # a rank other than 0 under torchrun/mpirun: rank 0 writes and reports
@@ -105,7 +125,7 @@ def _with_forms(args: argparse.Namespace, graph: Any, backend: str, result: Any,
     if not args.json:
         print("running the split forms (nR, cR, hR, wR) on the ranks", file=sys.stderr, flush=True)
     request = FormsRequest(args.model, load_model(args.model), graph, args.ranks, args.threads, backend,
-                           tuple(args.leaf_module), started + args.budget_s - 1.0)
+                           tuple(args.leaf_module), started + args.budget_s - 1.0, args.timeout_s)
     profile, notes = run_forms(request, result.profile)
     meta = {**profile.meta, "calibration_s": round(time.monotonic() - started, 3),
             "notes": [*profile.meta.get("notes", []), *notes]}

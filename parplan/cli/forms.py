@@ -60,6 +60,8 @@ class FormsRequest:
     leaf_modules: tuple[str, ...]
     deadline: float
     """``time.monotonic()`` by which the forms must be done."""
+    timeout_s: float = 300.0
+    """How long a rank of the forms' runs waits for a peer (``--timeout-s``)."""
 
 
 def run_forms(request: FormsRequest, profile: Any) -> tuple[Any, list[str]]:
@@ -130,7 +132,7 @@ def _launch(request: FormsRequest, plans: list[Any]) -> list[dict[str, Any]]:
                        input_shapes=request.graph.input_shapes, dtype=request.graph.graph["dtype"],
                        plan=plan.to_dict(), steps=STEPS, warmup=WARMUP, leaf_modules=request.leaf_modules,
                        threads=request.threads, quiet=True, graph=request.graph, per_layer=True,
-                       amp=amp_of(request.graph))
+                       amp=amp_of(request.graph), timeout_s=request.timeout_s)
             for plan in plans]
     documents = launch_many(runs, request.ranks, request.backend)
     assert documents is not None  # a plain process, not an MPI rank

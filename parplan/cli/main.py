@@ -71,9 +71,8 @@ def _check_input_shapes(args: argparse.Namespace) -> None:
 def _failure(err: Exception) -> str:
     """One line for a failure that is not bad input: a rank that died or hung, or a bug (asks for --debug)."""
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if "runtime.launch" in sys.modules:  # only a run can have failed ranks (imported by then)
-        from runtime.failures import RankFailure
-        from runtime.launch import RankFailedError
+    if "cost_models.rank_failures" in sys.modules:  # only commands that start ranks have failed ones (imported by then)
+        from cost_models.rank_failures import RankFailedError, RankFailure
 
         if isinstance(err, (RankFailure, RankFailedError)):
             return f"error: {detail}"

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
 from parplan.cli.args import (add_model_arguments, add_timeout_argument, add_trace_argument, amp_argument,
                               compute_dtype, host_shared_cores, load_profile_argument, non_negative_int, positive_float, positive_int, slowdowns)
+from parplan.cli.resume import defaults, resumed
 from parplan.cli.run_checks import (check_pipeline_flags, check_plan_fits, check_precision, check_recovery, layout_plan,
                                     mpi_size)
 
@@ -35,8 +37,9 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Execute PLAN on --nproc local ranks (torchrun's machinery), or on the ranks mpirun/srun started; "
                     "train --steps steps on synthetic data and write the measurement JSON.")
     add_model_arguments(parser)
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/3 (or /2, /1) file made for this model and input")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/3 (or /2, /1) file made for this model and "
+                       "input (with --resume and neither --plan nor --layout: the checkpoint's plan)")
     which.add_argument("--layout", metavar="L[,L…]", help="run without a plan file: every layer takes the first of "
                        "these layouts it can (e.g. h2,n1); n1 (whole) is always tried last")
     parser.add_argument("--nproc", type=positive_int, metavar="R",
@@ -52,7 +55,8 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="first compare one step with the unsplit model; exit 1 if the error exceeds --tolerance")
     parser.add_argument("--tolerance", type=positive_float, metavar="X",
                         help="largest relative error --verify accepts (default 1e-3; 1e-9 in float64)")
-    parser.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default 0.01)")
+    parser.add_argument("--lr", type=positive_float, help="SGD learning rate (default 0.01; with --resume: the "
+                        "checkpoint's run's)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="weights and data seed (default 0)")
     parser.add_argument("--output", metavar="KEY",
                         help="a model returning a dict, tuple or named tuple: take the loss of this part only (a key, "
@@ -81,7 +85,9 @@ def _add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
                        help="write a checkpoint after every N-th update (warm-up included) into --checkpoint-dir")
     group.add_argument("--checkpoint-dir", metavar="D", help="folder of the checkpoints (seen by every rank)")
     group.add_argument("--resume", action="store_true",
-                       help="continue from the newest complete checkpoint in --checkpoint-dir (another plan works too)")
+                       help="continue from the newest complete, intact checkpoint in --checkpoint-dir (another plan "
+                            "works too); the flags --checkpoint-every, --order, --staleness, --lr and the plan not "
+                            "given again are the checkpoint's run's")
     group.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
                        help="when a rank fails, start the group again up to R times, from the last checkpoint "
                             "(torchrun's agent; not under mpirun)")
@@ -96,7 +102,7 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     pipeline.add_argument("--micro-batches", type=positive_int, metavar="M",
                           help="with --layout --stages and sync: micro-batches (default: the divisor of the batch "
                                "nearest below 4K)")
-    pipeline.add_argument("--order", choices=("1f1b", "gpipe"), default="1f1b",
+    pipeline.add_argument("--order", choices=("1f1b", "gpipe"),
                           help="order of a sync pipeline's micro-batches (default 1f1b)")
     pipeline.add_argument("--staleness", type=non_negative_int, metavar="S",
                           help="cap every stage's staleness of a stale pipeline at S (0: sequential, as sync M=1)")
@@ -111,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     from cost_models.graph import parse_input_shapes, trace
     from cost_models.jsonio import check_writable
     from cost_models.model_spec import load_model
+    from cost_models.plan import Plan
     from runtime.faults import planned
     from runtime.launch import launch, started_by_mpi
     from runtime.outputs import check_output_key
@@ -121,7 +128,13 @@ def _run(args: argparse.Namespace) -> int:
     check_writable(args.trace, "--trace")
     planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
     shapes = parse_input_shapes(args.input_shape)
+    manifest, notes = resumed(args)  # a --resume keeps the flags and the plan it does not give again
+    defaults(args)
+    if not (args.plan or args.layout or manifest):
+        raise InputError("give --plan PLAN.json or --layout L (or --resume from a checkpoint, which keeps its plan)")
     plan = _read_plan(args.plan) if args.plan else None
+    if plan is None and not args.layout and manifest is not None:
+        plan = Plan.from_dict(manifest["plan"], f"the plan of the checkpoint in {manifest['folder']}")
     model = load_model(args.model)
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module, amp=amp_argument(args))
@@ -135,6 +148,8 @@ def _run(args: argparse.Namespace) -> int:
     check_precision(args, plan)
     check_recovery(args, plan, mpi)
     backend = backend_for(args.backend, nproc or mpi_size(), mpi)
+    for note in notes:  # what the resume kept, once the input is known good
+        print(note, file=sys.stderr, flush=True)
     options = RunOptions(
         model=args.model, input_shape=shapes[0], input_shapes=shapes, dtype=args.dtype,  # type: ignore[arg-type]
         plan=_predicted(args, plan, graph).to_dict(),

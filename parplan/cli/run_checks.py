@@ -116,15 +116,15 @@ def _check_folder(directory: str, resume: bool) -> None:
 
 def _check_resumable(directory: str, plan: Any, args: argparse.Namespace) -> None:
     """A complete, intact checkpoint of this model, input, dtype, seed and warm-up must be in ``directory``."""
-    from runtime.checkpoint import check_compatible, check_sizes, latest
+    from parplan.cli.resume import newest_whole
+    from runtime.checkpoint import check_compatible
 
-    manifest = latest(directory)
+    manifest = newest_whole(directory)
     if manifest is None:
         raise InputError(f"--resume: {directory} holds no complete checkpoint (no step-*/manifest.json); "
                          "run without --resume")
     check_compatible(manifest, {"plan": plan.to_dict(), "seed": args.seed, "warmup": args.warmup,
                                 "steps": args.steps})
-    check_sizes(manifest)
 
 
 def mpi_size() -> int:
