@@ -65,6 +65,9 @@ class Recovery:
         if manifest is None:
             if self.options.resume and self.restarts == 0:
                 raise InputError(f"--resume: {directory} holds no complete checkpoint; run without --resume")
+            if dist.get_rank() == 0:
+                print(f"parplan: attempt {self.restarts} resumes from step 0 (no complete checkpoint in {directory} "
+                      "yet)", file=sys.stderr, flush=True)
             return Progress()
         check_compatible(manifest, {**self.meta(), "steps": self.options.steps})
         progress, self.in_flight = restore(manifest, self.state, self.meta(), self.device)
