@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue as queue_module
 import tempfile
+from pathlib import Path
 import time
 import traceback
 from typing import Any, Callable
@@ -22,7 +23,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["run_ranks"]
+__all__ = ["run_ranks", "survivors"]
 
 RankFunction = Callable[..., Any]
 PRELOAD = ["torch", "torchvision", "torch.distributed", "distributed", "cost_models.graph", "runtime.apply"]
@@ -101,3 +102,16 @@ def _entry(fn: RankFunction, rank: int, world_size: int, rendezvous: str, queue:
     except BaseException:  # reported to the parent with the full traceback, then the rank exits
         queue.put((rank, False, traceback.format_exc()))
     received.wait(60.0)  # tensors travel as this process's shared memory: it lives until the parent has read them
+
+
+def survivors(tag: str) -> list[int]:
+    """Processes still running with ``PARPLAN_TEST_TAG=tag`` in their environment (ranks a test started that
+    should have ended)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"PARPLAN_TEST_TAG={tag}".encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found

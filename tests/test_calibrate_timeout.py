@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from distributed import survivors
+
 from parplan.cli import main
 
 pytestmark = pytest.mark.multirank
@@ -27,18 +29,6 @@ def _calibrate(*args: str, cwd: Path, fault: str, tag: str) -> subprocess.Comple
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PARPLAN_TEST_TAG": tag, "PARPLAN_FAULT": fault}
     command = [str(Path(sys.executable).parent / "parplan"), "calibrate", *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
-
-
-def _survivors(tag: str) -> list[int]:
-    """Processes still running with ``PARPLAN_TEST_TAG=tag`` in their environment."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if f"PARPLAN_TEST_TAG={tag}".encode() in environ.read_bytes():
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 def test_a_hung_rank_fails_the_calibration_within_the_timeout_naming_the_collective(tmp_path: Path) -> None:
@@ -56,9 +46,9 @@ def test_a_hung_rank_fails_the_calibration_within_the_timeout_naming_the_collect
     assert struck > started and 4 <= ended - struck < 4 + 20  # the timeout, then the report and the ranks stopped
     assert "Traceback" not in run.stderr and not out.exists()
     deadline = time.monotonic() + 5
-    while _survivors(tag) and time.monotonic() < deadline:  # the killed ranks leave /proc a moment later
+    while survivors(tag) and time.monotonic() < deadline:  # the killed ranks leave /proc a moment later
         time.sleep(0.1)
-    assert _survivors(tag) == []
+    assert survivors(tag) == []
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "x"])

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from distributed import survivors
+
 pytestmark = pytest.mark.multirank
 
 UNET = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,40,24", "--dtype", "float64", "--warmup", "0"]
@@ -37,18 +39,6 @@ def _parplan(*args: str, cwd: Path, fault: str = "", launcher: list[str] | None 
     mpi = [*(launcher or []), *(["-x", "PARPLAN_FAULT"] if launcher and fault else [])]
     command = [*mpi, str(Path(sys.executable).parent / "parplan"), *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-
-
-def _survivors(tag: str) -> list[int]:
-    """Processes still running with ``PARPLAN_TEST_TAG=tag`` in their environment."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if f"PARPLAN_TEST_TAG={tag}".encode() in environ.read_bytes():
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 def _losses(run: subprocess.CompletedProcess[str]) -> list[float]:
@@ -86,7 +76,7 @@ def test_a_killed_rank_stops_the_others_names_itself_and_leaves_no_process(inter
     folder, run, tag = interrupted
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.strip().splitlines()[-1] == "parplan run: error: rank 1 died (SIGKILL)"
-    assert _survivors(tag) == []
+    assert survivors(tag) == []
     assert sorted(p.name for p in folder.iterdir()) == ["step-00000002"]  # step 4's never began
 
 
@@ -195,7 +185,7 @@ def test_a_hung_rank_makes_the_others_exit_within_the_timeout_naming_the_exchang
                         r"forward, layer \w+\)", last), last
     struck = float(re.search(r"parplan: fault: rank 1 hangs at step 2 \(t=([0-9.]+)\)", run.stderr).group(1))
     assert struck > started and 4 <= ended - struck < 4 + 15  # the timeout, then the agent's stop and exit
-    assert _survivors(tag) == []
+    assert survivors(tag) == []
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="no mpirun (make test installs openmpi)")
@@ -206,7 +196,7 @@ def test_under_mpirun_a_hung_rank_aborts_the_job_and_a_resume_gives_the_same_los
                     launcher=_mpirun(2), tag=tag)
     assert hung.returncode != 0
     assert "parplan run: error: rank 0: timed out after 4 s" in hung.stderr and "halo exchange" in hung.stderr
-    assert _survivors(tag) == []
+    assert survivors(tag) == []
     folder, _, _ = interrupted
     resumed = _parplan("run", *UNET, *STEPS, "--layout", "h2", "--checkpoint-dir", str(folder), "--resume",
                        "--json", cwd=repo, launcher=_mpirun(2))
