@@ -12,7 +12,7 @@ from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.edges import edge_move
 from cost_models.graph import dtype_itemsize, layer_itemsize
-from cost_models.layer_cost import LayerCost, problem_cost
+from cost_models.layer_cost import Compute, LayerCost, compute_s, problem_cost
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem, layer_problem
 from cost_models.memory import LayerMemory, layer_memory
@@ -38,6 +38,7 @@ class CostMemo:
         self.problems: dict[tuple[str, Layout], LocalProblem | None] = {}
         self.costs: dict[tuple[Any, ...], LayerCost] = {}
         self.memories: dict[tuple[str, Layout, str], LayerMemory] = {}
+        self.computes: dict[LocalProblem, Compute] = {}
         self.edges: dict[tuple[Any, ...], float] = {}
         self.signatures: dict[int, tuple[Mapping[str, Any], str]] = {}  # by id: the node data (kept alive) and its text
 
@@ -45,6 +46,7 @@ class CostMemo:
         """A memo sharing these results but no remembered signatures: for graphs that may have changed since."""
         memo = CostMemo(self.profile, self.dtype, self.threads)
         memo.problems, memo.costs, memo.memories, memo.edges = self.problems, self.costs, self.memories, self.edges
+        memo.computes = self.computes
         return memo
 
     def size(self) -> int:
@@ -85,9 +87,18 @@ class CostMemo:
         cluster = _one_node_normalised(cluster)
         key = (signature, layout, devices, cluster, overlap)
         if key not in self.costs:
-            self.costs[key] = problem_cost(name, layer, layout, self.problem(signature, layer, layout), devices,
-                                           self.profile, cluster, self.itemsize, overlap)
+            problem = self.problem(signature, layer, layout)
+            self.costs[key] = problem_cost(name, layer, layout, problem, devices, self.profile, cluster,
+                                           self.itemsize, overlap, compute=self._compute(problem))
         return self.costs[key]
+
+    def _compute(self, problem: LocalProblem | None) -> Compute | None:
+        """``compute_s`` of ``problem``, once per local problem (layers and layouts that share one share it)."""
+        if problem is None:
+            return None
+        if problem not in self.computes:
+            self.computes[problem] = compute_s(problem, self.profile)
+        return self.computes[problem]
 
     def memory(self, signature: str, layer: Mapping[str, Any], layout: Layout, optimizer: str) -> LayerMemory:
         """``layer_memory`` of the layer under ``layout`` with ``optimizer``'s state."""

@@ -50,7 +50,7 @@ from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, local_problem, phases_of
 from cost_models.profile import Profile
 
-__all__ = ["LayerCost", "layer_cost", "problem_cost"]
+__all__ = ["Compute", "LayerCost", "compute_s", "layer_cost", "problem_cost"]
 
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
 _FLOPS_OF = {"fwd": "fwd", "bwd_data": "bwd_data", "bwd_weight": "bwd_weight", "bwd": "bwd"}
@@ -86,17 +86,20 @@ def layer_cost(name: str, layer: Mapping[str, Any], layout: Layout, devices: int
 
 
 def problem_cost(name: str, layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None, devices: int,
-                 profile: Profile, cluster: Cluster, itemsize: int, overlap: bool = True) -> LayerCost:
-    """:func:`layer_cost` given the layer's ``local_problem`` under ``layout`` (computed once by the caller)."""
+                 profile: Profile, cluster: Cluster, itemsize: int, overlap: bool = True, *,
+                 compute: Compute | None = None) -> LayerCost:
+    """:func:`layer_cost` given the layer's ``local_problem`` under ``layout`` (computed once by the caller) and,
+    optionally, its :func:`compute_s` (the same for every layer and layout of that local problem)."""
     if problem is None:
         if layer["kind"] in ("input", "flatten", "view", "getitem", "identity") or layout.ranks == 1:
             return LayerCost(0.0, 0.0, 0.0, 0.0, _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
                              0.0, 0.0, "none")
         raise PlanError(f"layout {layout} cannot split layer '{name}' ({layer['kind']}, output "
                         f"{tuple(layer['output_shape'])}); choose a layout its kind and shape allow")
-    forward_s, backward_s, weight_s, source = _compute_s(problem, profile)
-    halo_s = _halo_s(layer, layout, problem, profile, cluster)
-    interior = _interior_share(layer, layout, problem) if overlap else 0.0
+    forward_s, backward_s, weight_s, source = compute or compute_s(problem, profile)
+    halos = spatial_halos(layer, layout)
+    halo_s = _halo_s(layer, layout, problem, profile, cluster, halos)
+    interior = _interior_share(problem, halos) if overlap else 0.0
     exposed = max(0.0, halo_s / 2 - interior * forward_s) + max(0.0, halo_s / 2 - interior * backward_s)
     scale = 1.0 if profile.corrections is None else profile.corrections.scale(layer["kind"], layout)
     return LayerCost(
@@ -107,7 +110,13 @@ def problem_cost(name: str, layer: Mapping[str, Any], layout: Layout, problem: L
     )
 
 
-def _compute_s(problem: LocalProblem, profile: Profile) -> tuple[float, float, float, str]:
+Compute = tuple[float, float, float, str]
+"""Forward, backward and weight-gradient seconds of a local problem, and their source (:class:`LayerCost`)."""
+
+
+def compute_s(problem: LocalProblem, profile: Profile) -> Compute:
+    """Seconds of the local problem's passes (forward, backward, the weight-gradient share of backward) and
+    where they came from (``measured``, ``fitted`` or ``mixed``)."""
     flops, key = problem.flops, problem.key
     forward_s = backward_s = weight_s = 0.0
     sources = set()
@@ -157,8 +166,8 @@ def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo],
     return tuple(halos)
 
 
-def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
-    halos = spatial_halos(layer, layout)
+def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster,
+            halos: tuple[list[AxisHalo], ...] | None) -> float:
     if halos is None:
         return 0.0
     shape = layer["input_shapes"][0]
@@ -175,8 +184,7 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
     return 2 * max(halo_exchange_s(profile, found, level) for found in messages)  # forward, backward gradients
 
 
-def _interior_share(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem) -> float:
-    halos = spatial_halos(layer, layout)
+def _interior_share(problem: LocalProblem, halos: tuple[list[AxisHalo], ...] | None) -> float:
     if halos is None or len(halos) != 2:  # a volume's tile is convolved after its exchange (runtime.spatial)
         return 0.0
     out_h, out_w = problem.output_shape[2], problem.output_shape[3]

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import product
+from operator import attrgetter
 from typing import Any, Iterator, Sequence
 
 from cost_models.errors import InputError
@@ -32,7 +33,7 @@ __all__ = ["DIMS", "Layout", "as_volume", "axes_of", "from_volume", "layouts_div
 
 DIMS: tuple[str, ...] = ("n", "c", "d", "h", "w")
 _AXES = {1: "n", 2: "nc", 3: "ncw", 4: "nchw", 5: "ncdhw"}
-_AXIS_INDICES = {rank: tuple("ncdhw".index(axis) for axis in axes) for rank, axes in _AXES.items()}
+_PICK = {rank: attrgetter(*axes) if len(axes) > 1 else (lambda layout: (layout.n,)) for rank, axes in _AXES.items()}
 _PART = re.compile(r"^([ncdhw])(\d+)$")
 _SEPARATORS = re.compile(r"[·.*]")
 
@@ -56,6 +57,10 @@ class Layout:
             parts = getattr(self, dim)
             if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
                 raise InputError(f"Layout.{dim} must be a positive integer, got {parts!r}")
+        object.__setattr__(self, "_hash", hash((self.n, self.c, self.d, self.h, self.w)))  # keys of every cost memo
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
 
     @property
     def ranks(self) -> int:
@@ -73,10 +78,9 @@ class Layout:
 
     def parts_of(self, rank: int) -> tuple[int, ...]:
         """The split counts of the axes a ``rank``-D tensor holds (:func:`axes_of`), in its order."""
-        if rank not in _AXIS_INDICES:
+        if rank not in _PICK:
             axes_of(rank)  # raises: a rank other than 1 to 5
-        parts = (self.n, self.c, self.d, self.h, self.w)
-        return tuple(parts[index] for index in _AXIS_INDICES[rank])
+        return _PICK[rank](self)  # type: ignore[no-any-return]
 
     def items(self) -> Iterator[tuple[str, int]]:
         """``(dimension letter, parts)`` pairs in ``n, c, d, h, w`` order."""

@@ -179,7 +179,8 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
     for stages in range(2, settings.max_stages + 1):
         sizes = sizes_for(stages, cluster.devices, everything)
         for name, micro in _schedules(graph.input_shape[0], stages, settings) if sizes else ():
-            first = [made(size, micro)(min(micro, stages), False) for size in sizes]  # times; the first's memory
+            stage_costs = _stage_costs(made, name, micro, stages)
+            first = [stage_costs(0, False, size) for size in sizes]  # the first stage's costs: its memory the most
             groups = first[0].groups
             if len(groups) < stages:
                 continue
@@ -188,7 +189,7 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
                                    groups, sizes, Floor(first, heaviest_first(made.graph(micro), groups),
                                                          schedule=name, stages=stages, micro_batches=micro,
                                                          devices=cluster.devices),
-                                   _stage_costs(made, name, micro, stages)))
+                                   stage_costs))
     return configs
 
 
