@@ -105,8 +105,8 @@ class CostMemo:
         key = (signature, layout, optimizer)
         if key not in self.memories:
             problem = self.problem(signature, layer, layout)
-            peaks = None if problem is None else self.profile.kernel_peak_bytes(problem.kind, problem.key,
-                                                                                  self.threads)
+            peaks = None if problem is None else {} if not self.profile.timed(problem.kind) else \
+                self.profile.kernel_peak_bytes(problem.kind, problem.key, self.threads)
             self.memories[key] = layer_memory(layer, layout, problem, optimizer, self.itemsize, peaks)
         return self.memories[key]
 

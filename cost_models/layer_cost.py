@@ -117,7 +117,7 @@ Compute = tuple[float, float, float, str]
 def compute_s(problem: LocalProblem, profile: Profile) -> Compute:
     """Seconds of the local problem's passes (forward, backward, the weight-gradient share of backward) and
     where they came from (``measured``, ``fitted`` or ``mixed``)."""
-    flops, key = problem.flops, problem.key
+    flops, key = problem.flops, problem.key if profile.timed(problem.kind) else ""  # "": no sample, the fit
     forward_s = backward_s = weight_s = 0.0
     sources = set()
     for phase in phases_of(problem):

@@ -189,6 +189,7 @@ class Profile:
 
     def __post_init__(self) -> None:
         self._index["samples"] = {(s.kind, s.phase, s.key): s for s in self.compute_samples}
+        self._index["timed"] = frozenset(s.kind for s in self.compute_samples)
         self._index["compute"] = {(f.kind, f.phase): f for f in self.compute_fits}
         self._index["comm"] = {(f.collective, f.level): f for f in self.comm_fits}
 
@@ -247,6 +248,11 @@ class Profile:
         if sample is not None:
             return sample.median_s, "measured"
         return self.compute_fit(kind, phase).time_s(flops, nbytes), "fitted"
+
+    def timed(self, kind: str) -> bool:
+        """Whether calibration timed some local problem of ``kind`` (else every one of them is ``fitted``, and its
+        key need not be built to look it up)."""
+        return kind in self._index["timed"]
 
     def kernel_peak_bytes(self, kind: str, key: str, threads: int | None = None) -> dict[str, int | None]:
         """Per pass, the measured peak bytes of the local problem ``key`` of ``kind`` (passes never timed: absent),
