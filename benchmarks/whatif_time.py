@@ -8,7 +8,7 @@ Usage::
 Runs ``parplan whatif … --json`` as a user would (a fresh process: importing
 torch and tracing included) and prints its wall time per repeat and the
 median, and the sweep's rows (devices, predicted iteration, speedup, plan).
-Target: at most 60 s on the 2-core development machine.
+Target: at most 20 s on the 2-core development machine (issue 23).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main() -> None:
         print()
         return
     print(f"{len(rows)} sizes in {statistics.median(walls):.1f} s (median of {len(walls)}: "
-          + ", ".join(f"{w:.1f}" for w in walls) + " s); target ≤ 60 s")
+          + ", ".join(f"{w:.1f}" for w in walls) + " s); target ≤ 20 s")
     for row in rows:
         if row["feasible"]:
             print(f"  {row['devices']:5d} devices: {row['iteration_s'] * 1e3:9.2f} ms, speedup {_times(row['speedup'])}, "

@@ -133,16 +133,38 @@ class EdgeCosts:
             self.matrices[key] = self._matrix(src, dst, haves, layouts, self.sizes[source])
         return self.matrices[key]
 
-    def _matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
-                layouts: tuple[Layout, ...], itemsize: int) -> np.ndarray:
-        first = edge_layouts(src, dst, haves[0], layouts[0])
-        if first is None:  # the model input is loaded in place
-            return np.zeros((len(haves), len(layouts)))
-        shape = first[0]
+    def pairs(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
+        """Seconds for each pair ``(haves[i], layouts[i])``: the diagonal of :meth:`matrix`, pricing only it (a
+        uniform plan's edges need the moves between equal layouts, not between every two)."""
+        src, dst = self.graph.nodes[source], self.graph.nodes[target]
+        if edge_layouts(src, dst, haves[0], layouts[0]) is None:  # the model input is loaded in place
+            return np.zeros(len(haves))
+        shape, held, wanted = self._slots(src, dst, haves, layouts)
+        starts, rows = np.unique(held, return_inverse=True)
+        ends, columns = np.unique(wanted, return_inverse=True)
+        needed = np.zeros((len(starts), len(ends)), dtype=bool)
+        needed[rows, columns] = True
+        itemsize = self.sizes[source]
+        forward = self._moves_s(shape, itemsize, starts, ends, needed)
+        backward = self._moves_s(shape, itemsize, ends, starts, needed.T)
+        return np.where(held == wanted, 0.0, forward[rows, columns] + backward[columns, rows])
+
+    def _slots(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
+               layouts: tuple[Layout, ...]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+        """The moved tensor's shape and the table slots of what each of ``haves`` holds and each of ``layouts``
+        wants (each projects alone: the held part does not depend on the reader's layout, nor the wanted one on
+        the producer's)."""
         slot = self.table.slot
         held = np.array([slot(edge_layouts(src, dst, have, layouts[0])[1]) for have in haves])  # type: ignore[index]
         wanted = np.array([slot(edge_layouts(src, dst, haves[0], layout)[2])  # type: ignore[index]
                            for layout in layouts])
+        return edge_layouts(src, dst, haves[0], layouts[0])[0], held, wanted  # type: ignore[index]
+
+    def _matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
+                layouts: tuple[Layout, ...], itemsize: int) -> np.ndarray:
+        if edge_layouts(src, dst, haves[0], layouts[0]) is None:  # the model input is loaded in place
+            return np.zeros((len(haves), len(layouts)))
+        shape, held, wanted = self._slots(src, dst, haves, layouts)
         starts, rows = np.unique(held, return_inverse=True)
         ends, columns = np.unique(wanted, return_inverse=True)
         forward = self._moves_s(shape, itemsize, starts, ends)
@@ -150,9 +172,10 @@ class EdgeCosts:
         seconds = forward[rows][:, columns] + backward[columns][:, rows].T
         return np.where(held[:, None] == wanted[None, :], 0.0, seconds)
 
-    def _moves_s(self, shape: tuple[int, ...], itemsize: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    def _moves_s(self, shape: tuple[int, ...], itemsize: int, starts: np.ndarray, ends: np.ndarray,
+                 needed: np.ndarray | None = None) -> np.ndarray:
         """Seconds of the busiest rank moving a ``shape`` tensor of ``itemsize``-byte elements from each of
-        ``starts`` to each of ``ends``.
+        ``starts`` to each of ``ends`` (only where ``needed``, if given: NaN elsewhere, unless priced before).
 
         Each move is priced once per tensor shape (kept in a dense table over the table's slots, NaN until priced).
         """
@@ -160,7 +183,7 @@ class EdgeCosts:
                                                     len(self.table.layouts), np.nan)
         block = np.ix_(starts, ends)
         seconds = known[block]
-        missing = np.isnan(seconds)
+        missing = np.isnan(seconds) if needed is None else np.isnan(seconds) & needed
         if missing.any():
             seconds = np.where(missing, self._priced_moves_s(shape, itemsize, starts, ends, missing), seconds)
             known[block] = seconds

@@ -421,7 +421,7 @@ def _uniform_objectives(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str
     diagonal = {}  # per pair of decisions, the redistribution seconds under each uniform layout
     for (a, b), links in edges.items():
         haves, wants = tuple(c[a][0] for c in per_layout), tuple(c[b][0] for c in per_layout)
-        diagonal[(a, b)] = sum(np.diagonal(costs.edges.matrix(u, v, haves, wants)) for u, v in links)
+        diagonal[(a, b)] = sum(costs.edges.pairs(u, v, haves, wants) for u, v in links)
     found = {}
     for position, (layout, chosen) in enumerate(zip(uniform, per_layout)):
         if memory_limit_bytes is not None and sum(row[3] for row in chosen.values()) > memory_limit_bytes:

@@ -157,7 +157,7 @@ def test_estimates_sharing_a_memo_equal_estimates_alone() -> None:
         estimate(graph, plans[0], preset_profile("a100"), memo=memo)
 
 
-def test_moves_priced_for_other_layouts_first_give_the_same_matrices() -> None:
+def test_moves_priced_for_other_layouts_first_give_the_same_matrices_and_pairs_their_diagonal() -> None:
     graph, profile = _graph("resnet18", (4, 3, 32, 32)), preset_profile("v100")
     cluster = _cluster(4, 2)
     layouts = tuple(layout for layout in layouts_dividing(4) if layout.ranks in (2, 4))
@@ -168,6 +168,10 @@ def test_moves_priced_for_other_layouts_first_give_the_same_matrices() -> None:
         matrix = primed.matrix(source, target, layouts, layouts)
         assert np.array_equal(matrix, EdgeCosts(graph, profile, cluster, 4, 4).matrix(source, target, layouts,
                                                                                         layouts)), (source, target)
+        shuffled = layouts[::-1]  # pairs of unequal layouts too
+        for costs in (primed, EdgeCosts(graph, profile, cluster, 4, 4)):  # moves priced before, or only these
+            assert np.array_equal(costs.pairs(source, target, layouts, shuffled),
+                                  np.diagonal(matrix[:, ::-1])), (source, target)
 
 
 def test_one_option_per_layer_of_a_dense_graph_is_solved_without_the_ilp() -> None:
