@@ -18,10 +18,10 @@ from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS
-from cost_models.orders import NCDHW, NCHW, NCW, default_order, logical
+from cost_models.orders import NCDHW, NCW, default_order, logical
 from cost_models.profile import Profile
 
-__all__ = ["edge_layouts", "edge_move", "edge_s"]
+__all__ = ["edge_frame", "edge_layouts", "edge_move", "edge_s", "projected", "reader_layout"]
 
 
 def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
@@ -47,15 +47,39 @@ def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Lay
     Each layout projects on its own: a 2-D tensor keeps ``n`` and ``c``; a
     filter-split reader (``c > 1`` on a convolution or linear layer) wants ``c = 1``.
     """
+    frame = edge_frame(source)
+    if frame is None:
+        return None
+    shape, flat = frame
+    return shape, projected(have, flat), projected(reader_layout(target["kind"], layout), flat)
+
+
+def edge_frame(source: Mapping[str, Any]) -> tuple[tuple[int, ...], bool] | None:
+    """The shape ``source``'s output moves as (4-D, 5-D of a volume, 3-D of a sequence, else ``(n, features, 1,
+    1)``) and whether it is held flattened (its layouts keep only ``n`` and ``c``); ``None`` for the input (loaded
+    in place) and tuples of tensors (kept whole)."""
     shape = source["output_shape"]
     if source["kind"] == "input" or not shape or isinstance(shape[0], list):
         return None
     order = source.get("attrs", {}).get("order") or default_order(len(shape))
     if len(shape) == 4:  # a channels-last value moves its axes wherever its order holds them: priced as nchw
-        shape = logical(shape, order)
+        return tuple(logical(shape, order)), False
     if (len(shape) == 5 and order == NCDHW) or (len(shape) == 3 and order == NCW):  # a volume, a sequence
-        return tuple(shape), have, _input_layout(target["kind"], layout)
-    return _as_4d(shape, have, _input_layout(target["kind"], layout))
+        return tuple(shape), False
+    features = 1
+    for extent in shape[1:]:
+        features *= extent
+    return (shape[0], features, 1, 1), True
+
+
+def projected(layout: Layout, flat: bool) -> Layout:
+    """``layout`` as a tensor of :func:`edge_frame` holds it (flattened: its ``n`` and ``c`` only)."""
+    return Layout(n=layout.n, c=layout.c) if flat else layout
+
+
+def reader_layout(kind: str, layout: Layout) -> Layout:
+    """The layout a ``kind`` layer under ``layout`` reads its input in: a filter split reads channels whole."""
+    return replace(layout, c=1) if kind in DENSE_KINDS and layout.c > 1 else layout
 
 
 def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
@@ -65,16 +89,3 @@ def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout
         return None  # both project alike (:func:`edge_layouts`)
     move = edge_layouts(source, target, have, layout)
     return None if move is None or move[1] == move[2] else move
-
-
-def _input_layout(kind: str, layout: Layout) -> Layout:
-    return replace(layout, c=1) if kind in DENSE_KINDS and layout.c > 1 else layout
-
-
-def _as_4d(shape: list[int], have: Layout, want: Layout) -> tuple[tuple[int, ...], Layout, Layout]:
-    if len(shape) == 4:
-        return tuple(shape), have, want
-    features = 1
-    for extent in shape[1:]:
-        features *= extent
-    return (shape[0], features, 1, 1), Layout(n=have.n, c=have.c), Layout(n=want.n, c=want.c)

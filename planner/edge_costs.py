@@ -24,7 +24,7 @@ import numpy as np
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import (PATTERN_CASES, move_pattern_arrays, nested_mask, patterned_s, redistribution_row_s,
                                   sendrecv_coefficients)
-from cost_models.edges import edge_layouts
+from cost_models.edges import edge_frame, edge_layouts, projected, reader_layout
 from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, as_volume
 from cost_models.local_problem import DENSE_KINDS
@@ -154,11 +154,11 @@ class EdgeCosts:
         """The moved tensor's shape and the table slots of what each of ``haves`` holds and each of ``layouts``
         wants (each projects alone: the held part does not depend on the reader's layout, nor the wanted one on
         the producer's)."""
-        slot = self.table.slot
-        held = np.array([slot(edge_layouts(src, dst, have, layouts[0])[1]) for have in haves])  # type: ignore[index]
-        wanted = np.array([slot(edge_layouts(src, dst, haves[0], layout)[2])  # type: ignore[index]
-                           for layout in layouts])
-        return edge_layouts(src, dst, haves[0], layouts[0])[0], held, wanted  # type: ignore[index]
+        shape, flat = edge_frame(src)  # type: ignore[misc]  # (callers have checked the edge is not free by rule)
+        slot, kind = self.table.slot, dst["kind"]
+        held = np.array([slot(projected(have, flat)) for have in haves])
+        wanted = np.array([slot(projected(reader_layout(kind, layout), flat)) for layout in layouts])
+        return shape, held, wanted
 
     def _matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
                 layouts: tuple[Layout, ...], itemsize: int) -> np.ndarray:
