@@ -53,10 +53,11 @@ class Layout:
     w: int = field(default=1, kw_only=True)
 
     def __post_init__(self) -> None:
-        for dim in DIMS:
-            parts = getattr(self, dim)
-            if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-                raise InputError(f"Layout.{dim} must be a positive integer, got {parts!r}")
+        counts = (self.n, self.c, self.d, self.h, self.w)
+        if any(type(parts) is not int for parts in counts) or min(counts) < 1:  # (a bool is no count either)
+            dim, parts = next((dim, parts) for dim, parts in zip(DIMS, counts)
+                              if type(parts) is not int or parts < 1)
+            raise InputError(f"Layout.{dim} must be a positive integer, got {parts!r}")
         object.__setattr__(self, "_hash", hash((self.n, self.c, self.d, self.h, self.w)))  # keys of every cost memo
 
     def __hash__(self) -> int:

@@ -227,6 +227,7 @@ class LayerCosts:
         self.memo.check(profile, self.dtype)
         self.layer_seen: dict[tuple[str, Layout], tuple[float, float, int] | None] = {}
         self.raw_seen: dict[tuple[str, Layout], _Raw | None] = {}  # shared by the variants
+        self.followed: dict[tuple[str, Layout], float] = {}  # follower edges, shared by the variants
         self.edges = EdgeCosts(graph, profile, cluster, devices, self.itemsize, patterns)
         self.signature = {name: self.memo.signature(data) for name, data in graph.nodes(data=True)}
 
@@ -287,6 +288,13 @@ class LayerCosts:
         if members not in self.rows_seen:
             self.rows_seen[members] = _decision_rows(self.graph, self, members, self.devices)
         return self.rows_seen[members]
+
+    def follower_edge(self, name: str, layout: Layout) -> float:
+        """:meth:`edge` from the first input of ``name`` (a follower) in ``layout`` to ``name`` in ``layout``."""
+        key = (name, layout)
+        if key not in self.followed:
+            self.followed[key] = self.edge(next(iter(self.graph.predecessors(name))), name, layout, layout)
+        return self.followed[key]
 
     def edge(self, source: str, target: str, have: Layout, layout: Layout) -> float:
         """Redistribution seconds (forward and backward) on the edge ``source → target``."""
@@ -391,7 +399,7 @@ def _decision_row(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...]
             return None
         total_s, hidden_s, nbytes = total_s + found[0], hidden_s + found[1], nbytes + found[2]
         if index:  # a follower reads its producer's output in the same layout
-            moved = costs.edge(next(iter(graph.predecessors(name))), name, layout, layout)
+            moved = costs.follower_edge(name, layout)
             total_s, hidden_s = total_s + moved, hidden_s + moved
     return layout, total_s, hidden_s, nbytes
 
