@@ -125,7 +125,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     local_out = _split_shape(output, layout, own_order) if len(output) in (4, 5) or own_order == NCW else \
         _split_flat(output, layout)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
-    read = replace(layout, c=1) if kind in DENSE_KINDS else layout  # a filter split reads its channels whole
+    # a filter split reads its channels whole
+    read = replace(layout, c=1) if kind in DENSE_KINDS and layout.c > 1 else layout
     shapes = layer["input_shapes"][:1] if kind == "conv" else layer["input_shapes"]  # F.conv2d's filters: whole
     inputs = [_split_shape(s, read, order) if _reordered(s, order) else
               _local_input(kind, list(s), output, local_out, layout, attrs, order)

@@ -209,6 +209,8 @@ def logical(shape: Sequence[int], order: str) -> list[int]:
     """A ``shape`` of a value in ``order``, as ``(N, C, H, W)`` (``(N, C, D, H, W)`` when it holds a depth axis):
     an axis it does not hold has extent 1, and the channels are every dimension that holds no sample, slice, row
     or column axis."""
+    if (order == NCHW and len(shape) == 4) or (order == NCDHW and len(shape) == 5):  # the usual case: as it is
+        return [int(extent) for extent in shape]
     extents = {axis: int(extent) for axis, extent in zip(order, shape)}
     channels = 1
     for axis, extent in zip(order, shape):
