@@ -17,12 +17,12 @@ from parplan.cli import main
 def test_calibrate_two_ranks_then_show(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     code = main(["calibrate", "--model", "examples.unet:unet", "--input-shape", "2,3,32,32", "--ranks", "2",
-                 "--budget-s", "50", "--out", str(out), "--json"])
+                 "--budget-s", "75", "--out", str(out), "--json"])  # room for the forms on a loaded machine
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     summary = json.loads(stdout)
     assert summary["profile"] == str(out) and summary["measured"] > 0
-    assert summary["seconds"] <= 50 + 5
+    assert summary["seconds"] <= 75 + 10  # the budget kept (a rank's last measurement may run over a little)
     profile = load_profile(out)
     assert profile.is_measured and profile.meta["ranks"] == 2 and profile.meta["backend"] == "gloo"
     assert {s.kind for s in profile.compute_samples} >= {"conv", "batchnorm"}
