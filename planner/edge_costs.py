@@ -24,7 +24,7 @@ import numpy as np
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import (PATTERN_CASES, move_pattern_arrays, nested_mask, patterned_s, redistribution_row_s,
                                   sendrecv_coefficients)
-from cost_models.edges import edge_frame, edge_layouts, projected, reader_layout
+from cost_models.edges import edge_frame, projected, reader_layout
 from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, as_volume
 from cost_models.local_problem import DENSE_KINDS
@@ -136,10 +136,10 @@ class EdgeCosts:
     def pairs(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
         """Seconds for each pair ``(haves[i], layouts[i])``: the diagonal of :meth:`matrix`, pricing only it (a
         uniform plan's edges need the moves between equal layouts, not between every two)."""
-        src, dst = self.graph.nodes[source], self.graph.nodes[target]
-        if edge_layouts(src, dst, haves[0], layouts[0]) is None:  # the model input is loaded in place
+        slots = self._slots(self.graph.nodes[source], self.graph.nodes[target], haves, layouts)
+        if slots is None:  # the model input is loaded in place
             return np.zeros(len(haves))
-        shape, held, wanted = self._slots(src, dst, haves, layouts)
+        shape, held, wanted = slots
         starts, rows = np.unique(held, return_inverse=True)
         ends, columns = np.unique(wanted, return_inverse=True)
         needed = np.zeros((len(starts), len(ends)), dtype=bool)
@@ -150,11 +150,14 @@ class EdgeCosts:
         return np.where(held == wanted, 0.0, forward[rows, columns] + backward[columns, rows])
 
     def _slots(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
-               layouts: tuple[Layout, ...]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+               layouts: tuple[Layout, ...]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray] | None:
         """The moved tensor's shape and the table slots of what each of ``haves`` holds and each of ``layouts``
         wants (each projects alone: the held part does not depend on the reader's layout, nor the wanted one on
-        the producer's)."""
-        shape, flat = edge_frame(src)  # type: ignore[misc]  # (callers have checked the edge is not free by rule)
+        the producer's); ``None`` for an edge free by rule (``cost_models.edges.edge_frame``)."""
+        frame = edge_frame(src)
+        if frame is None:
+            return None
+        shape, flat = frame
         slot, kind = self.table.slot, dst["kind"]
         held = np.array([slot(projected(have, flat)) for have in haves])
         wanted = np.array([slot(projected(reader_layout(kind, layout), flat)) for layout in layouts])
@@ -162,9 +165,10 @@ class EdgeCosts:
 
     def _matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
                 layouts: tuple[Layout, ...], itemsize: int) -> np.ndarray:
-        if edge_layouts(src, dst, haves[0], layouts[0]) is None:  # the model input is loaded in place
+        slots = self._slots(src, dst, haves, layouts)
+        if slots is None:  # the model input is loaded in place
             return np.zeros((len(haves), len(layouts)))
-        shape, held, wanted = self._slots(src, dst, haves, layouts)
+        shape, held, wanted = slots
         starts, rows = np.unique(held, return_inverse=True)
         ends, columns = np.unique(wanted, return_inverse=True)
         forward = self._moves_s(shape, itemsize, starts, ends)

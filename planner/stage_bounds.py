@@ -2,10 +2,9 @@
 
 Stage ``k`` of ``s_k`` devices takes ``t_k`` seconds per (micro-)batch, at least
 the sum of its decisions' cheapest options on ``s_k`` devices without the
-allreduce, priced as the first stage runs them (a ``stale`` stage recomputes its
-forward before its backward: ``2F + B``; a ``sync`` one keeping its activations:
-later stages keep fewer micro-batches' activations, never less time). With ``c_s(d)`` decision ``d``'s cheapest option on ``s`` devices
-(``s`` one of the sizes a stage may take), ``S = Σ_d min_s c_s(d)`` and the
+allreduce, priced as its schedule runs them (a ``stale`` stage recomputes its
+forward before its backward: ``2F + B``). With ``c_s(d)`` decision ``d``'s
+cheapest option on ``s`` devices (``s`` one of the sizes a stage may take), ``S = Σ_d min_s c_s(d)`` and the
 device-seconds ``W = Σ_d min_s s·c_s(d)``:
 
 * ``Σ_k t_k ≥ S``, so ``max_k t_k ≥ S / K``;
