@@ -47,10 +47,10 @@ from cost_models.errors import PlanError
 from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.halo import AxisHalo, axis_halos, halo_messages, volume_halo_messages
 from cost_models.layout import Layout
-from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, local_problem, phases_of
+from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, layer_problem, local_problem, phases_of
 from cost_models.profile import Profile
 
-__all__ = ["Compute", "LayerCost", "compute_s", "layer_cost", "problem_cost"]
+__all__ = ["Compute", "LayerCost", "compute_s", "layer_cost", "least_device_s", "problem_cost"]
 
 _HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
 _FLOPS_OF = {"fwd": "fwd", "bwd_data": "bwd_data", "bwd_weight": "bwd_weight", "bwd": "bwd"}
@@ -130,6 +130,22 @@ def compute_s(problem: LocalProblem, profile: Profile) -> Compute:
             backward_s += seconds
             weight_s += seconds if phase == "bwd_weight" else 0.0
     return forward_s, backward_s, weight_s, sources.pop() if len(sources) == 1 else "mixed"
+
+
+def least_device_s(layer: Mapping[str, Any], profile: Profile, dtype: str, *, recompute: bool = False) -> float:
+    """A lower bound on the device-seconds of ``layer``'s forward and backward under any layout on any number of
+    ranks (its forward twice with ``recompute``): every layout's ranks compute at least the whole layer's flops
+    and move at least its bytes between them (ceilings, halos and copies only add), and no term of
+    :func:`problem_cost` but compute is below zero (``Profile.least_device_s``)."""
+    whole = layer_problem(layer, Layout(), dtype)  # in the layer's own dtype under mixed precision
+    if whole is None:
+        return 0.0
+    total = 0.0
+    for phase in phases_of(whole):
+        seconds = profile.least_device_s(whole.kind, phase, getattr(whole.flops, _FLOPS_OF[phase]),
+                                         whole.bytes_moved(phase))
+        total += 2 * seconds if phase == "fwd" and recompute else seconds
+    return total
 
 
 def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], ...] | None:

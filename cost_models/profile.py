@@ -191,6 +191,11 @@ class Profile:
         self._index["samples"] = {(s.kind, s.phase, s.key): s for s in self.compute_samples}
         self._index["timed"] = frozenset(s.kind for s in self.compute_samples)
         self._index["compute"] = {(f.kind, f.phase): f for f in self.compute_fits}
+        rates: dict[tuple[str, str], float] = {}
+        for sample in self.compute_samples:  # the least seconds per flop any timed problem of a kind and pass took
+            rate = sample.median_s / sample.flops if sample.flops > 0 else 0.0
+            rates[sample.kind, sample.phase] = min(rate, rates.get((sample.kind, sample.phase), rate))
+        self._index["least_rate"] = rates
         self._index["comm"] = {(f.collective, f.level): f for f in self.comm_fits}
 
     @property
@@ -248,6 +253,20 @@ class Profile:
         if sample is not None:
             return sample.median_s, "measured"
         return self.compute_fit(kind, phase).time_s(flops, nbytes), "fitted"
+
+    def least_device_s(self, kind: str, phase: str, flops: float, nbytes: float) -> float:
+        """A lower bound on the device-seconds of ``kind``'s pass ``phase`` over a problem of ``flops`` and
+        ``nbytes`` split among any number of ranks (each rank's local problem at least its share: the ranks' flops
+        and bytes add up to at least these): the fit's non-negative terms (its overhead once), or a timed
+        problem's seconds per flop where that is less, times the least correction factor; 0 without a model."""
+        fit = self._index["compute"].get((kind, phase)) or self._index["compute"].get((POOLED_KIND, phase))
+        bounds = [] if fit is None else [max(0.0, fit.overhead_s) + max(0.0, fit.s_per_flop) * flops
+                                         + max(0.0, fit.s_per_byte) * nbytes]
+        rate = self._index["least_rate"].get((kind, phase))
+        if rate is not None:
+            bounds.append(rate * flops)
+        factors = () if self.corrections is None else tuple(self.corrections.layer_scale.values())
+        return min(bounds, default=0.0) * min((1.0, *factors))
 
     def timed(self, kind: str) -> bool:
         """Whether calibration timed some local problem of ``kind`` (else every one of them is ``fitted``, and its

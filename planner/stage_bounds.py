@@ -8,13 +8,18 @@ cheapest option on ``s`` devices (``s`` one of the sizes a stage may take), ``S 
 device-seconds ``W = Σ_d min_s s·c_s(d)``:
 
 * ``Σ_k t_k ≥ S``, so ``max_k t_k ≥ S / K``;
-* ``Σ_k s_k·t_k ≥ W`` and ``Σ_k s_k ≤ D`` (devices may stay idle), so
-  ``max_k t_k ≥ W / D`` — the stronger where stages differ in size: a
-  decision's cheapest option is on the largest stage, which only some stages are.
+* ``Σ_k s_k·t_k ≥ W`` and ``Σ_k s_k ≤ B`` (the configuration's device budget:
+  devices may stay idle), so ``max_k t_k ≥ W / B`` — the stronger where stages
+  differ in size: a decision's cheapest option is on the largest stage, which
+  only some stages are;
+* likewise ``Σ_k s_k·t_k ≥ V``, the least device-seconds of the layers' compute
+  under any layout on any number of ranks (``cost_models.layer_cost.least_device_s``:
+  the ranks of a split compute at least the whole layer's flops), known before
+  any layout is priced: a budget too small for the work is skipped unpriced.
 
-A ``stale`` pipeline's iteration takes ``max_k t_k ≥ max(S/K, W/D)``; a
+A ``stale`` pipeline's iteration takes ``max_k t_k ≥ max(S/K, W/B, V/B)``; a
 ``sync`` one of ``M`` micro-batches ``Σ_k t_k + (M − 1)·max_k t_k ≥ S + (M − 1)·
-max(S/K, W/D)``.
+max(S/K, W/B, V/B)``.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from math import prod
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from cost_models.errors import InputError
+from cost_models.layer_cost import least_device_s
+from cost_models.profile import Profile
 from planner.space import LayerCosts
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["Floor", "heaviest_first"]
+__all__ = ["Floor", "heaviest_first", "least_work_s"]
 
 
 class Floor:
@@ -38,16 +45,18 @@ class Floor:
     all."""
 
     def __init__(self, costs: Sequence[LayerCosts], order: Sequence[str], *, schedule: str, stages: int,
-                 micro_batches: int, devices: int) -> None:
+                 micro_batches: int, devices: int, work_s: float = 0.0) -> None:
+        """``devices``: the budget ``B``; ``work_s``: ``V`` (the module's)."""
         self.costs, self.order = costs, order  # one per device count a stage may take
         self.schedule, self.stages, self.micro_batches, self.devices = schedule, stages, micro_batches, devices
+        self.work_s = work_s
         self.summed, self.partial_s, self.device_s = 0, 0.0, 0.0
         self.valid = True
 
     @property
     def bound_s(self) -> float:
         """The bound from the decisions summed so far."""
-        busiest_s = max(self.partial_s / self.stages, self.device_s / self.devices)
+        busiest_s = max(self.partial_s / self.stages, max(self.device_s, self.work_s) / self.devices)
         if self.schedule == "stale":
             return busiest_s
         return self.partial_s + (self.micro_batches - 1) * busiest_s
@@ -68,6 +77,12 @@ class Floor:
                 self.device_s += min(seconds * size for seconds, size in cheapest)
             self.summed += 1
         return not self.valid or (limit_s is not None and self.bound_s >= limit_s)
+
+
+def least_work_s(graph: LayerGraph, profile: Profile, *, recompute: bool) -> float:
+    """``V`` (the module's): the least device-seconds of every layer's compute, forward recomputed or not."""
+    dtype = graph.graph["dtype"]
+    return sum(least_device_s(data, profile, dtype, recompute=recompute) for _, data in graph.nodes(data=True))
 
 
 def heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> list[str]:

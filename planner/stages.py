@@ -1,13 +1,15 @@
 """Pipeline stages and staleness: the outer search around the per-stage layout choice.
 
-For each stage count ``K`` (2, 3, … up to ``max_stages``) and each allowed
-schedule — each stage on one of the two device counts nearest ``D/K`` from
-below and above among those of equal stages of whole nodes (or of equal parts
-of one node) and any other number of whole nodes the model's largest
-activation splits over exactly (``planner.stage_sizes.stage_sizes``: 64 devices in 3 stages
-for a batch of 12: 24 + 24 + 16), the cuts choosing which, within the ``D``
-devices (1024 in 7 stages: 256 + 6 × 128; devices may stay idle), each stage
-whole nodes from a node's first device or inside one node:
+For each device budget ``B`` (``D``, ``D/2``, ``D/4`` … down to 2 devices, the
+rest idle: ``planner.stage_sizes.budgets`` — past some size a small batch runs
+faster on fewer devices), each stage count ``K`` (2, 3, … up to
+``max_stages``) and each allowed schedule — each stage on one of the two device
+counts nearest ``B/K`` from below and above among those of equal stages of whole
+nodes (or of equal parts of one node) and any other number of whole nodes the
+model's largest activation splits over exactly (``planner.stage_sizes.stage_sizes``: 64
+devices in 3 stages for a batch of 12: 24 + 24 + 16), the cuts choosing which,
+within the ``B`` devices (1024 in 7 stages: 256 + 6 × 128; devices may stay
+idle), each stage whole nodes from a node's first device or inside one node:
 
 * ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, each count of
   :func:`micro_batch_counts` a configuration of its own (more micro-batches: a smaller bubble
@@ -46,6 +48,7 @@ layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field, replace
 from math import inf
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -64,9 +67,9 @@ from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
 from planner.space import LayerCosts, Space, build_space
-from planner.stage_bounds import Floor, heaviest_first
+from planner.stage_bounds import Floor, heaviest_first, least_work_s
 from planner.stage_cuts import exact_cuts
-from planner.stage_sizes import micro_batch_counts, sizes_for, stage_counts, stage_sizes
+from planner.stage_sizes import budgets, micro_batch_counts, sizes_for, stage_counts, stage_sizes
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -103,6 +106,8 @@ class _Config:
     groups: Mapping[str, tuple[str, ...]]
     sizes: tuple[int, ...]
     """The device counts a stage may take (``planner.stage_sizes.stage_sizes``)."""
+    budget: int
+    """The devices its stages may use together, at most (the rest idle: ``planner.stage_sizes.budgets``)."""
     floor: Floor
     stage_costs: Callable[[int, bool, int], LayerCosts | None]
     """Stage ``k``'s costs on ``size`` devices keeping (``False``) or recomputing (``True``; ``None`` for a stale
@@ -110,7 +115,7 @@ class _Config:
     holds at once."""
 
 
-_FIRST_SUMMED = 6  # decisions every configuration's bound sums before the configurations are ordered
+_SUMMED_AT_ONCE = 4  # decisions a configuration's bound sums each time it is first in line
 
 
 def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
@@ -118,47 +123,62 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
                      progress: Progress | None = None) -> PipelineSearch:
     """The pipeline plans of the search (module docstring), priced.
 
-    Configurations are tried in the order of a lower bound on their iteration
-    time, and skipped once the bound reaches the fastest plan that fits found
-    so far (``incumbent_s`` to start with): every stage's forward and backward
-    take at least the sum of its decisions' cheapest options without the
-    allreduce, so a ``stale`` pipeline needs at least that sum over all
-    decisions divided by ``K``, and a ``sync`` one ``(K + M − 1)/K`` times it (per
-    micro-batch: ``Σ_k t_k + (M − 1)·max_k t_k`` with ``max_k t_k ≥ Σ_k t_k / K``). The sum is taken lazily, the decisions writing the most elements first: every configuration
-    sums a few before they are ordered, and a configuration stops summing (and is skipped) as soon as its part
-    of the sum reaches the best plan — one that cannot win costs the layouts of a few decisions, not of all.
-    ``prune=False`` prices every configuration (to check that rule). ``memo``: layer costs
-    shared with the caller's other estimates (``cost_models.estimate.CostMemo``). ``progress(done, total)`` is
-    called after each configuration.
+    Best first: the configuration of the least lower bound on its iteration time
+    (``planner.stage_bounds.Floor``) is taken next; where its bound is not yet
+    summed over every decision it sums a few more (the decisions writing the
+    most elements first) and goes back in line, else it is solved. The search
+    ends when the least bound reaches the fastest plan that fits found so far
+    (``incumbent_s`` to start with): every configuration left is skipped. Every
+    stage's forward and backward take at least the sum of its decisions'
+    cheapest options without the allreduce, so a ``stale`` pipeline needs at least that
+    sum over all decisions divided by ``K``, and a ``sync`` one ``(K + M − 1)/K`` times it (per
+    micro-batch: ``Σ_k t_k + (M − 1)·max_k t_k`` with ``max_k t_k ≥ Σ_k t_k / K``); and every configuration
+    at least its layers' least device-seconds over its device budget, known unpriced — one that cannot win
+    costs the layouts of a few decisions, or none. ``prune=False`` prices every configuration (to check that
+    rule). ``memo``: layer costs shared with the caller's other estimates (``cost_models.estimate.CostMemo``).
+    ``progress(done, total)`` is called as configurations are solved or skipped.
     """
     memo = memo or CostMemo(profile, graph.graph["dtype"])
     configs = _configs(graph, profile, cluster, settings, memo)
-    for config in configs:
-        config.floor.reaches(None if not prune else incumbent_s, None if not prune else _FIRST_SUMMED)
-    configs.sort(key=lambda config: config.floor.bound_s)
-    found, skipped, best = [], 0, incumbent_s
+    line = [(config.floor.bound_s, index) for index, config in enumerate(configs)]
+    heapq.heapify(line)
+    found, skipped, best, done = [], 0, incumbent_s, 0
     solved: dict[tuple[Any, ...], Any] = {}  # stage solves, shared by the configurations
-    for done, config in enumerate(configs, start=1):
+    while line:
         if progress is not None:
-            progress(done - 1, len(configs))
-        if config.floor.reaches(best if prune else None):
-            skipped += config.floor.valid
+            progress(done, len(configs))
+        _, index = heapq.heappop(line)
+        floor, limit_s = configs[index].floor, best if prune else None
+        if floor.reaches(limit_s, _SUMMED_AT_ONCE if prune else None) or not floor.valid:
+            skipped, done = skipped + floor.valid, done + 1
             continue
-        limit_s = best if prune else None
-        for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings, limit_s,
-                                                                     solved):
-            plan = make_plan(assignments, pipeline, info)
-            predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
-            if plan.pipeline.schedule == "stale":
-                plan = _least_stale(plan, predicted)
-                predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
-            fits = predicted.memory_bytes_max <= cluster.memory_bytes
-            found.append(PipelineCandidate(plan, predicted, fits, explained))
-            if fits and (best is None or predicted.iteration_s < best):
-                best = predicted.iteration_s
+        if floor.summed < len(floor.order):  # not summed over every decision yet: back in line
+            heapq.heappush(line, (floor.bound_s, index))
+            continue
+        done += 1
+        for candidate in _priced_layouts(configs[index], graph, profile, cluster, make_plan, settings, limit_s, solved,
+                                         memo):
+            found.append(candidate)
+            if candidate.fits and (best is None or candidate.estimate.iteration_s < best):
+                best = candidate.estimate.iteration_s
     if progress is not None:
         progress(len(configs), len(configs))
     return PipelineSearch(tuple(found), skipped)
+
+
+def _priced_layouts(config: _Config, graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker,
+                    settings: SearchSettings, limit_s: float | None, solved: dict[tuple[Any, ...], Any],
+                    memo: CostMemo) -> list[PipelineCandidate]:
+    """The configuration's plans (one per allreduce table whose cuts can beat ``limit_s``), priced in full."""
+    found = []
+    for assignments, info, explained, pipeline in _stage_layouts(config, profile, cluster, settings, limit_s, solved):
+        plan = make_plan(assignments, pipeline, info)
+        predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
+        if plan.pipeline.schedule == "stale":
+            plan = _least_stale(plan, predicted)
+            predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
+        found.append(PipelineCandidate(plan, predicted, predicted.memory_bytes_max <= cluster.memory_bytes, explained))
+    return found
 
 
 def _least_stale(plan: Plan, predicted: Estimate) -> Plan:
@@ -172,25 +192,33 @@ def _least_stale(plan: Plan, predicted: Estimate) -> Plan:
 
 
 def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:
-    """Every stage count and schedule (each micro-batch count a configuration), with lazy bounds."""
+    """Every stage count, device budget and schedule (each micro-batch count a configuration), with lazy bounds."""
     configs = []
     made = _Makers(graph, profile, cluster, settings.optimizer, memo)
     everything = stage_sizes(cluster, graph)
-    for stages in range(2, settings.max_stages + 1):
-        sizes = sizes_for(stages, cluster.devices, everything)
-        for name, micro in _schedules(graph.input_shape[0], stages, settings) if sizes else ():
-            stage_costs = _stage_costs(made, name, micro, stages)
-            first = [stage_costs(0, False, size) for size in sizes]  # the first stage's costs: its memory the most
-            groups = first[0].groups
-            if len(groups) < stages:
-                continue
-            staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
-            configs.append(_Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro),
-                                   groups, sizes, Floor(first, heaviest_first(made.graph(micro), groups),
-                                                         schedule=name, stages=stages, micro_batches=micro,
-                                                         devices=cluster.devices),
-                                   stage_costs))
+    for budget in budgets(cluster.devices, cluster.devices_per_node):
+        for stages in range(2, settings.max_stages + 1):
+            sizes = sizes_for(stages, budget, everything)
+            for name, micro in _schedules(graph.input_shape[0], stages, settings) if sizes else ():
+                config = _config(made, name, micro, stages, sizes, budget, settings)
+                if config is not None:
+                    configs.append(config)
     return configs
+
+
+def _config(made: "_Makers", name: str, micro: int, stages: int, sizes: tuple[int, ...], budget: int,
+            settings: SearchSettings) -> _Config | None:
+    """One configuration with its lazy bound; ``None`` where the model has fewer decisions than stages."""
+    stage_costs = _stage_costs(made, name, micro, stages)
+    first = [stage_costs(0, False, size) for size in sizes]  # the first stage's costs: its memory the most
+    groups = first[0].groups
+    if len(groups) < stages:
+        return None
+    staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
+    graph = made.graph(micro)
+    return _Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), graph, groups, sizes, budget,
+                   Floor(first, heaviest_first(graph, groups), schedule=name, stages=stages, micro_batches=micro,
+                         devices=budget, work_s=made.work_s(micro, name == "stale")), stage_costs)
 
 
 class _Makers:
@@ -202,12 +230,19 @@ class _Makers:
         self.graphs: dict[int, Any] = {}
         self.patterns: dict[int, PatternTable] = {}
         self.makers: dict[tuple[int, int], Callable[[int, bool], LayerCosts]] = {}
+        self.works: dict[tuple[int, bool], float] = {}
 
     def graph(self, micro: int) -> Any:
         """The graph of one of ``micro`` micro-batches."""
         if micro not in self.graphs:
             self.graphs[micro] = micro_batch_graph(self.source, micro)
         return self.graphs[micro]
+
+    def work_s(self, micro: int, recompute: bool) -> float:
+        """The least device-seconds of one of ``micro`` micro-batches' compute (``planner.stage_bounds``)."""
+        if (micro, recompute) not in self.works:
+            self.works[micro, recompute] = least_work_s(self.graph(micro), self.profile, recompute=recompute)
+        return self.works[micro, recompute]
 
     def __call__(self, size: int, micro: int) -> Callable[[int, bool], LayerCosts]:
         """``(saved copies, recompute) → LayerCosts`` of a stage of ``size`` devices and ``micro`` micro-batches."""
@@ -293,7 +328,7 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
             return inf if solves[i, j, k, size] is None else solves[i, j, k, size][2].objective_s  # type: ignore[index]
 
         cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, lambda i, j, size: bounds[size](i, j), true,
-                          sizes=config.sizes, budget=cluster.devices, micro_batches=config.pipeline.micro_batches,
+                          sizes=config.sizes, budget=config.budget, micro_batches=config.pipeline.micro_batches,
                           stale=config.pipeline.schedule == "stale", limit_s=limit_s if which == 1 else None,
                           node=cluster.devices_per_node)
         if cuts is None:
