@@ -213,9 +213,13 @@ class LayerCosts:
 
     def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, devices: int, optimizer: str,
                  saved_copies: int = 1, patterns: PatternTable | None = None, *, memo: CostMemo | None = None,
-                 recompute: bool = False, smallest: LayerGraph | None = None) -> None:
+                 recompute: bool = False, smallest: LayerGraph | None = None,
+                 groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
         """``smallest``: the graph on the smallest micro-batch, where micro-batches differ in size (``graph``:
-        on the largest, which every one is priced as): a layout must split each layer on both."""
+        on the largest, which every one is priced as): a layout must split each layer on both. ``groups``:
+        :func:`decision_groups` of ``graph``, where the caller has them."""
+        if groups is not None:
+            self.groups = dict(groups)  # (else the cached property finds them)
         self.smallest = smallest
         self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
         self.saved_copies = 1 if recompute else saved_copies

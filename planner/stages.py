@@ -66,7 +66,7 @@ from planner.exact import UNCONSTRAINED_SOLVERS, solve_exact
 from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
-from planner.space import LayerCosts, Space, build_space
+from planner.space import LayerCosts, Space, build_space, decision_groups
 from planner.stage_bounds import Floor, heaviest_first, least_work_s
 from planner.stage_cuts import exact_cuts
 from planner.stage_sizes import budgets, micro_batch_counts, sizes_for, stage_counts, stage_sizes
@@ -209,16 +209,15 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
 def _config(made: "_Makers", name: str, micro: int, stages: int, sizes: tuple[int, ...], budget: int,
             settings: SearchSettings) -> _Config | None:
     """One configuration with its lazy bound; ``None`` where the model has fewer decisions than stages."""
-    stage_costs = _stage_costs(made, name, micro, stages)
-    first = [stage_costs(0, False, size) for size in sizes]  # the first stage's costs: its memory the most
-    groups = first[0].groups
+    groups, order = made.decisions(micro)
     if len(groups) < stages:
         return None
+    stage_costs = _stage_costs(made, name, micro, stages)
+    first = [stage_costs(0, False, size) for size in sizes]  # the first stage's costs: its memory the most
     staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
-    graph = made.graph(micro)
-    return _Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), graph, groups, sizes, budget,
-                   Floor(first, heaviest_first(graph, groups), schedule=name, stages=stages, micro_batches=micro,
-                         devices=budget, work_s=made.work_s(micro, name == "stale")), stage_costs)
+    return _Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro), groups, sizes,
+                   budget, Floor(first, order, schedule=name, stages=stages, micro_batches=micro, devices=budget,
+                                 work_s=made.work_s(micro, name == "stale")), stage_costs)
 
 
 class _Makers:
@@ -231,12 +230,20 @@ class _Makers:
         self.patterns: dict[int, PatternTable] = {}
         self.makers: dict[tuple[int, int], Callable[[int, bool], LayerCosts]] = {}
         self.works: dict[tuple[int, bool], float] = {}
+        self.groups: dict[int, tuple[dict[str, tuple[str, ...]], list[str]]] = {}
 
     def graph(self, micro: int) -> Any:
         """The graph of one of ``micro`` micro-batches."""
         if micro not in self.graphs:
             self.graphs[micro] = micro_batch_graph(self.source, micro)
         return self.graphs[micro]
+
+    def decisions(self, micro: int) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+        """The decisions of one of ``micro`` micro-batches' graph, and their order heaviest first."""
+        if micro not in self.groups:
+            groups = decision_groups(self.graph(micro))
+            self.groups[micro] = (groups, heaviest_first(self.graph(micro), groups))
+        return self.groups[micro]
 
     def work_s(self, micro: int, recompute: bool) -> float:
         """The least device-seconds of one of ``micro`` micro-batches' compute (``planner.stage_bounds``)."""
@@ -253,7 +260,7 @@ class _Makers:
             batch = int(self.source.input_shape[0])
             smallest = None if batch % micro == 0 else micro_batch_graph(self.source, micro, smallest=True)
             self.makers[size, micro] = _costs_maker(self.graph(micro), self.profile, stage_cluster, self.optimizer,
-                                                    self.patterns[size], self.memo, smallest)
+                                                    self.patterns[size], self.memo, smallest, self.decisions(micro)[0])
         return self.makers[size, micro]
 
 
@@ -268,9 +275,9 @@ def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[
 
 
 def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
-                 memo: CostMemo, smallest: Any = None) -> Callable[[int, bool], LayerCosts]:
-    """``(saved copies, recompute) → LayerCosts`` of ``graph`` on the stage's devices, each made once;
-    ``smallest``: the graph on the smallest micro-batch, where they differ (``LayerCosts``)."""
+                 memo: CostMemo, smallest: Any, groups: Mapping[str, tuple[str, ...]]) -> Callable[[int, bool], LayerCosts]:
+    """``(saved copies, recompute) → LayerCosts`` of ``graph`` (its decisions ``groups``) on the stage's devices,
+    each made once; ``smallest``: the graph on the smallest micro-batch, where they differ (``LayerCosts``)."""
     made: dict[tuple[int, bool], LayerCosts] = {}
 
     def costs(copies: int, recompute: bool) -> LayerCosts:
@@ -278,7 +285,8 @@ def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str,
         if key not in made:
             made[key] = (next(iter(made.values())).variant(*key) if made else
                          LayerCosts(graph, profile, cluster, cluster.devices, optimizer, saved_copies=key[0],
-                                    patterns=patterns, memo=memo, recompute=recompute, smallest=smallest))
+                                    patterns=patterns, memo=memo, recompute=recompute, smallest=smallest,
+                                    groups=groups))
         return made[key]
     return costs
 
