@@ -53,13 +53,23 @@ def main() -> None:
         return
     print(f"{len(rows)} sizes in {statistics.median(walls):.1f} s (median of {len(walls)}: "
           + ", ".join(f"{w:.1f}" for w in walls) + " s); target ≤ 20 s")
+    feasible = [row for row in rows if row["feasible"]]
+    times = [row["iteration_s"] for row in feasible]
+    print(f"non-increasing: {'yes' if times == sorted(times, reverse=True) else 'NO'}; every row its own size's "
+          f"search: {'yes' if all(row.get('found_at') == row['devices'] for row in feasible) else 'NO'}")
     for row in rows:
         if row["feasible"]:
             print(f"  {row['devices']:5d} devices: {row['iteration_s'] * 1e3:9.2f} ms, speedup {_times(row['speedup'])}, "
                   f"{_times(row['speedup_vs_sample'])} over pure sample, planned in {row['search_s']:.1f} s: "
-                  f"{row['plan']}")
+                  f"{row['plan']}{_idle(row)}")
         else:
             print(f"  {row['devices']:5d} devices: infeasible — {row['reason']}")
+
+
+def _idle(row: dict) -> str:
+    """Where the plan leaves devices idle: on how many it runs."""
+    used = row.get("devices_used") or row["devices"]
+    return f" (on {used} of them)" if used < row["devices"] else ""
 
 
 def _times(ratio: float | None) -> str:

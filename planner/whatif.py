@@ -10,8 +10,10 @@ optionally scaled (:func:`scaled_profile`). Sizes run in parallel processes.
 * Weak scaling: the input shape's batch is per device; at ``D`` devices the
   global batch is ``D`` times it (the model is traced again per size).
 
-Under strong scaling a size may leave devices idle: when a smaller size of
-the sweep has a faster plan, that plan is the row's, on ``devices_used`` of
+Under strong scaling a size may leave devices idle: its own search's pipelines
+may use half, a quarter … of them (``planner.stage_sizes.budgets``), and where
+a smaller size of the sweep still has a faster plan (a one-stage plan, which
+the search does not shrink), that plan is the row's, on ``devices_used`` of
 the ``D`` devices (the rest idle: ``parplan plan --devices`` that count makes
 it), so a sweep never gets slower with more devices (:func:`with_idle`).
 Splitting a small batch ever finer costs more halo, redistribution and
@@ -78,8 +80,12 @@ class WhatIfRow:
     efficiency: float | None = None
     speedup_vs_sample: float | None = None
     search_s: float = 0.0
+    found_at: int | None = None
+    """The size of the sweep whose own search found the plan (``devices`` unless :func:`with_idle` took a smaller
+    size's); ``None`` in an infeasible row."""
     devices_used: int | None = None
-    """Devices the plan runs on (the rest idle: :func:`with_idle`); ``None`` in an infeasible row."""
+    """Devices the plan runs on (the rest idle: its own search's pipeline budget, or :func:`with_idle`); ``None``
+    in an infeasible row."""
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON and CSV rows)."""
@@ -187,15 +193,15 @@ def with_idle(rows: Sequence[WhatIfRow]) -> list[WhatIfRow]:
         if not row.feasible:
             found.append(row)
             continue
-        if best is None or row.iteration_s < best.iteration_s:  # type: ignore[operator]
-            best = row
+        if best is None or row.iteration_s <= best.iteration_s:  # type: ignore[operator]
+            best = row  # of equal plans, the size's own (its search may leave the same devices idle)
         if row.pure_sample_s is not None and (sample is None or row.pure_sample_s < sample.pure_sample_s):  # type: ignore[operator]
             sample = row
         if row.one_stage_s is not None and (one_stage is None or row.one_stage_s < one_stage):
             one_stage = row.one_stage_s
         found.append(replace(row, iteration_s=best.iteration_s, samples_per_s=best.samples_per_s,
                              memory_bytes=best.memory_bytes, plan=best.plan, stages=best.stages,
-                             devices_used=best.devices_used, one_stage_s=one_stage,
+                             devices_used=best.devices_used, found_at=best.found_at, one_stage_s=one_stage,
                              pure_sample_s=sample.pure_sample_s if sample else None,
                              pure_sample_samples_per_s=sample.pure_sample_samples_per_s if sample else None,
                              sample_parallel=sample.sample_parallel if sample else row.sample_parallel))
@@ -248,4 +254,5 @@ def _row(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Search
         pure_sample_s=sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
         pure_sample_samples_per_s=batch / sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
         sample_parallel=sample.plan.cluster.devices if sample is not None else 1,
-        search_s=result.search_s, devices_used=result.plan.cluster.devices)
+        search_s=result.search_s, devices_used=sum(result.plan.pipeline.devices_per_stage),
+        found_at=cluster.devices)
