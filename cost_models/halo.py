@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 from cost_models.errors import InputError
 
-__all__ = ["AxisHalo", "HaloMessage", "adaptive_reads", "axis_halos", "halo_messages", "partition",
+__all__ = ["AxisHalo", "HaloMessage", "adaptive_reads", "axis_halos", "distinct_axis_halos", "halo_messages", "partition",
            "reads_beyond_neighbours", "volume_halo_messages", "window_output_extent"]
 
 
@@ -113,6 +113,27 @@ def axis_halos(extent_in: int, parts: int, kernel: int, stride: int = 1, dilatio
     if refusal is not None:
         raise InputError(refusal)
     return list(halos)
+
+
+def distinct_axis_halos(extent_in: int, parts: int, kernel: int, stride: int = 1, dilation: int = 1,
+                        padding: int = 0, ceil_mode: bool = False) -> tuple[AxisHalo, ...]:
+    """The distinct values of :func:`axis_halos`, in tile order (a tile's messages depend only on its halos, which
+    take few values however many tiles there are; remembered).
+
+    Raises:
+        InputError: As :func:`axis_halos`.
+    """
+    halos, refusal = _distinct(extent_in, parts, kernel, stride, dilation, padding, ceil_mode)
+    if refusal is not None:
+        raise InputError(refusal)
+    return halos
+
+
+@lru_cache(maxsize=65536)
+def _distinct(extent_in: int, parts: int, kernel: int, stride: int, dilation: int, padding: int,
+              ceil_mode: bool) -> tuple[tuple[AxisHalo, ...], str | None]:
+    halos, refusal = _axis_halos(extent_in, parts, kernel, stride, dilation, padding, ceil_mode)
+    return tuple(dict.fromkeys(halos)), refusal
 
 
 @lru_cache(maxsize=65536)

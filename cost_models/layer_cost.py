@@ -45,7 +45,7 @@ from cost_models.cluster import Cluster
 from cost_models.comm_cost import allgather_s, allreduce_s, gradient_allreduce_s, halo_exchange_s
 from cost_models.errors import PlanError
 from cost_models.borders import axis_pads, gathered_halos, window_reads
-from cost_models.halo import AxisHalo, axis_halos, halo_messages, volume_halo_messages
+from cost_models.halo import AxisHalo, distinct_axis_halos, halo_messages, volume_halo_messages
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, layer_problem, local_problem, phases_of
 from cost_models.profile import Profile
@@ -148,9 +148,9 @@ def least_device_s(layer: Mapping[str, Any], profile: Profile, dtype: str, *, re
     return total
 
 
-def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], ...] | None:
-    """Per-tile halos of each spatial axis (``(rows, columns)`` of an image; slices first of a volume) of a
-    convolution or pooling split by space; ``None`` if it has none.
+def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[tuple[AxisHalo, ...], ...] | None:
+    """The distinct per-tile halos of each spatial axis (``(rows, columns)`` of an image; slices first of a
+    volume) of a convolution or pooling split by space, in tile order; ``None`` if it has none.
 
     Raises:
         InputError: A tile would read beyond its adjacent tile.
@@ -165,12 +165,12 @@ def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHa
     for axis, parts in enumerate(layout.parts_of(len(shape))[2:]):
         kernel, stride, dilation, padding = (axis_value(attrs.get(key, default), axis) for key, default in
                                              (("kernel_size", 1), ("stride", None), ("dilation", 1), ("padding", 0)))
-        halos.append(_axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding,
-                                 bool(attrs.get("ceil_mode"))))
+        halos.append(distinct_axis_halos(shape[2 + axis], parts, kernel, stride or kernel, dilation, padding,
+                                         bool(attrs.get("ceil_mode"))))
     return tuple(halos)
 
 
-def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo], ...]:
+def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[tuple[AxisHalo, ...], ...]:
     """The halos of a convolution padded in a mode or asymmetrically (``cost_models.borders``): circular padding
     gives the border tiles a halo from the opposite end, as an interior tile has."""
     attrs, shape = layer["attrs"], layer["input_shapes"][0]
@@ -178,20 +178,19 @@ def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[list[AxisHalo],
     for axis, parts in enumerate(layout.parts_of(len(shape))[2:]):
         window = tuple(axis_value(attrs.get(key, 1), axis) for key in ("kernel_size", "stride", "dilation"))
         reads = window_reads(shape[2 + axis], parts, *window, axis_pads(dict(attrs), axis))  # type: ignore[arg-type]
-        halos.append(gathered_halos(shape[2 + axis], reads, attrs.get("padding_mode", "zeros")))
+        halos.append(tuple(dict.fromkeys(gathered_halos(shape[2 + axis], reads, attrs.get("padding_mode", "zeros")))))
     return tuple(halos)
 
 
 def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster,
-            halos: tuple[list[AxisHalo], ...] | None) -> float:
+            halos: tuple[tuple[AxisHalo, ...], ...] | None) -> float:
     if halos is None:
         return 0.0
     shape = layer["input_shapes"][0]
     tile_shape = layout.local_shape(tuple(shape))[2:]
     plane_bytes = problem.input_shapes[0][0] * problem.input_shapes[0][1] * problem.itemsize
     level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
-    # A tile's messages depend only on its halos (sizes use the largest tile), which take few distinct values.
-    distinct = [list(dict.fromkeys(axis)) for axis in halos]
+    distinct = halos  # a tile's messages depend only on its halos (sizes use the largest tile): each distinct once
     if len(distinct) != 2:  # a volume's or a sequence's tile: its axes one after the other
         messages = (volume_halo_messages(combination, tile_shape, plane_bytes) for combination in product(*distinct))
     else:
@@ -200,7 +199,7 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
     return 2 * max(halo_exchange_s(profile, found, level) for found in messages)  # forward, backward gradients
 
 
-def _interior_share(problem: LocalProblem, halos: tuple[list[AxisHalo], ...] | None) -> float:
+def _interior_share(problem: LocalProblem, halos: tuple[tuple[AxisHalo, ...], ...] | None) -> float:
     if halos is None or len(halos) != 2:  # a volume's tile is convolved after its exchange (runtime.spatial)
         return 0.0
     out_h, out_w = problem.output_shape[2], problem.output_shape[3]
@@ -244,11 +243,6 @@ def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalPr
     for extent in problem.input_shapes[0]:
         input_bytes *= extent
     return allreduce_s(profile, cluster, group, input_bytes)
-
-
-def _axis_halos(extent: int, parts: int, kernel: int, stride: int, dilation: int, padding: int,
-                ceil_mode: bool = False) -> tuple[AxisHalo, ...]:
-    return tuple(axis_halos(extent, parts, kernel, stride, dilation, padding, ceil_mode))  # remembered there
 
 
 @lru_cache(maxsize=4096)
