@@ -57,12 +57,13 @@ from cost_models.layout import Layout
 from cost_models.plan import Plan
 from cost_models.tracing import symbolic_trace
 from runtime._data import DataHelpers
+from runtime.boxes import nd_box
 from runtime.direct import runs_directly
 from runtime._values import (Held, Value, call_node, from4d, geometry, in_geometry, last_reads, local_shape, plain,
                              plain_args, reshape_and_cut, reshapes_whole, resolve, same_boxes)
 from runtime.failures import at, place
 from runtime.gradsync import GradientSync
-from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
+from runtime.groups import GroupCache, gradient_group_ranks, group_ranks, this_rank, world_size
 from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_form, input_placement, refusal
@@ -70,15 +71,16 @@ from runtime.outputs import is_container, output_loss
 from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
-from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, module_attribute, nd_box, static_nodes,
+from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, module_attribute, static_nodes,
                             static_values, tensor_names, view_form)
 from runtime.preflight import check_plan, held_plan, refuse_shapes
 from runtime.slicing import slice_parameters
+from runtime.stage_nodes import nodes_of_stage, parameters_of
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["DistributedModel", "apply_plan", "is_container", "local_shape", "output_loss", "parameters_of"]
+__all__ = ["DistributedModel", "apply_plan", "is_container", "local_shape", "output_loss"]
 
 
 _METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous", "is_signed", "element_size",
@@ -115,7 +117,7 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
             ranks, or asks for a split this runtime cannot execute (each named).
     """
     graph = graph if graph is not None else trace(model, plan.shapes, getattr(torch, plan.dtype), leaf_modules)
-    world = tuple(ranks) if ranks is not None else tuple(range(_world_size()))
+    world = tuple(ranks) if ranks is not None else tuple(range(world_size()))
     check_plan(plan, graph, len(world))
     if plan.pipeline.pipelined:
         raise PlanError(f"the plan has {plan.pipeline}; run it with runtime.pipeline.apply_pipeline (parplan run "
@@ -141,14 +143,14 @@ class DistributedModel(DataHelpers, nn.Module):
         super().__init__()
         self.model = model
         self.plan, self.layer_graph, self.ranks = plan, graph, ranks
-        self.member = ranks.index(_rank()) if dist.is_initialized() else 0
+        self.member = ranks.index(this_rank()) if dist.is_initialized() else 0
         program = symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes))
         nodes = list(program.graph.nodes)
-        self._nodes = nodes if stage_nodes is None else _stage_nodes(nodes, stage_nodes)
+        self._nodes = nodes if stage_nodes is None else nodes_of_stage(nodes, stage_nodes)
         self._drops = last_reads(self._nodes)  # values no later node reads: dropped as soon as they are read
         self._output_node = next(node for node in nodes if node.op == "output")
         self._output_key: str | None = None
-        self.groups = groups if groups is not None else GroupCache(tuple(range(_world_size())), timeout)
+        self.groups = groups if groups is not None else GroupCache(tuple(range(world_size())), timeout)
         self.constants = constant_nodes(nodes, frozenset(graph.nodes))
         """Layers computed from parameters and constants alone: whole on every rank (``runtime.shapes``)."""
         self._all_nodes, self._sync_batchnorm = nodes, sync_batchnorm
@@ -490,39 +492,8 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, m
     return sites
 
 
-def _stage_nodes(nodes: list[Node], names: Collection[str]) -> list[Node]:
-    """The nodes of a stage: those named, and every attribute its nodes read.
-
-    Attributes by their readers: torch.fx names the tensor constants a trace makes after those already on
-    the model (``_tensor_constant{i}``, the first free ``i``), so a model traced again (the stage cut's trace,
-    then this one) names them differently than the trace ``names`` came from.
-    """
-    return [node for node in nodes if node.name in names
-            or (node.op == "get_attr" and any(user.name in names for user in node.users))]
-
-
-def parameters_of(nodes: list[Node], model: nn.Module) -> list[nn.Parameter]:
-    """The parameters the ``nodes`` use (their modules' and attributes'), each once."""
-    found: dict[int, nn.Parameter] = {}
-    for node in nodes:
-        if node.op == "call_module":
-            found.update((id(p), p) for p in model.get_submodule(str(node.target)).parameters())
-        elif node.op == "get_attr" and isinstance(value := module_attribute(model, str(node.target)), nn.Parameter):
-            found[id(value)] = value
-    return list(found.values())
-
-
 def _refuse_unsupported(sites: Any) -> None:
     refused = [f"'{site.name}' ({site.kind}, {site.layout}): {why}" for site in sites if (why := refusal(site))]
     if refused:
         raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-

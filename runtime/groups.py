@@ -30,7 +30,8 @@ from cost_models.layout import Layout
 from cost_models.redistribution import coordinates
 from runtime.failures import exchange
 
-__all__ = ["GroupCache", "block_of", "blocks", "gradient_group_ranks", "group_ranks"]
+__all__ = ["GroupCache", "block_of", "blocks", "gradient_group_ranks", "group_ranks", "this_rank",
+           "world_size"]
 
 _KEYS = {"spatial": (True, True, True), "samples": (True, False, True), "slice": (False, False, True),
          "image": (True, True, False)}
@@ -117,3 +118,13 @@ def gradient_group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> I
         for members in blocks(layout, len(ranks), "slice"):
             yield tuple(ranks[q] for q in members)
     yield ranks
+
+
+def world_size() -> int:
+    """The processes of the default group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def this_rank() -> int:
+    """This process's rank in the default group (0 without one)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

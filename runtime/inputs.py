@@ -15,7 +15,7 @@ as the runtime always did.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
 
 import torch
 from torch.fx import Node
@@ -23,8 +23,8 @@ from torch.fx import Node
 from cost_models.layout import Layout
 from cost_models.orders import NCDHW, NCW
 from runtime.layers import read_placement
+from runtime.boxes import nd_box
 from runtime.placement import Placement
-from runtime.shapes import nd_box
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph

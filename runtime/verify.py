@@ -41,7 +41,7 @@ from runtime.inputs import Inputs, as_inputs
 from runtime.placement import value_placement
 from runtime.precision import autocast
 from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, inside_switched_off, random_ops
-from runtime.shapes import nd_box
+from runtime.boxes import nd_box
 
 __all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs",
            "floating_leaves", "held_reference", "keep_reference", "keep_references_of", "random_report",

@@ -26,7 +26,8 @@ from cost_models.errors import PlanError
 from cost_models.layout import Layout
 from distributed import run_ranks
 from runtime.placement import Placement
-from runtime.shapes import flat_runs, nd_box, static_nodes, static_values, tensor_names
+from runtime.boxes import flat_runs, nd_box
+from runtime.shapes import static_nodes, static_values, tensor_names
 
 SHAPE = (4, 3, 12, 8)
 
