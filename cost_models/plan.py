@@ -152,6 +152,11 @@ class Plan:
             _check_assignment(name, assignment, self.pipeline)
 
     @property
+    def used_devices(self) -> int:
+        """The devices the plan runs on: its stages' (the rest of the cluster's idle), the ranks to start."""
+        return sum(self.pipeline.devices_per_stage)
+
+    @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         """Every model input's global shape, in the forward's argument order."""
         return self.input_shapes or (tuple(self.input_shape),)

@@ -46,7 +46,7 @@ def check_plan(plan: Plan, graph: LayerGraph, ranks: int, where: str = "the plan
                         f"{shapes} ({precision}) traces to {graph.fingerprint}; make a new plan (with the same "
                         f"--dtype and --amp as the run)")
     check_plan_for_graph(plan, graph)
-    devices = sum(plan.pipeline.devices_per_stage)
+    devices = plan.used_devices
     if ranks != devices:
         raise PlanError(f"{where} is for {devices} devices but {ranks} ranks would run it; start {devices} ranks "
                         f"(--nproc {devices}) or make a plan for {ranks} devices")

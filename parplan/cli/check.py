@@ -270,7 +270,7 @@ def _layout_check(request: CheckRequest, model: Any, graph: LayerGraph, layout: 
 def _verify_check(request: CheckRequest, model: Any, graph: LayerGraph, plan: Any, pools: Any, name: str, layout: str,
                   passed: str) -> Check:
     """The pre-flight of ``parplan run`` here, then one ``--verify`` run on the pool; ``passed`` is the pass reason."""
-    ranks, started = sum(plan.pipeline.devices_per_stage), time.perf_counter()
+    ranks, started = plan.used_devices, time.perf_counter()
 
     def done(result: str, reason: str, detail: Mapping[str, Any] | None = None) -> Check:
         return Check(name, "verify", layout, ranks, result, reason, time.perf_counter() - started, detail or {})

@@ -203,8 +203,8 @@ def print_plan_summary(document: dict[str, Any], path: str, console: Console | N
     side; the per-layer table (layout, stage, time, memory) with ``table`` or ``explain`` (runner-ups too)."""
     console = console or Console(width=None if sys.stdout.isatty() else 200)
     predicted, solver = document["predicted"], document["solver"]
-    used = document["cluster"]["devices"]
-    devices = document.get("devices_given", used)
+    used = sum(document["pipeline"]["devices_per_stage"])  # the rest of the cluster idle
+    devices = document.get("devices_given", document["cluster"]["devices"])
     where = f"{used} devices" if used == devices else f"{used} of the {devices} devices (the rest idle)"
     console.print(f"[bold]{document['summary']}[/] on {where}: {predicted['iteration_s'] * 1e3:.2f} ms per "
                   f"iteration, {format_bytes(predicted['memory_bytes_max'])} per rank"

@@ -139,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module, amp=amp_argument(args))
     mpi = started_by_mpi()
-    nproc = args.nproc or (None if mpi else (plan.cluster.devices if plan else None))
+    nproc = args.nproc or (None if mpi else (plan.used_devices if plan else None))
     if nproc is None and not mpi:
         raise InputError("--layout needs --nproc R (how many ranks to start)")
     plan = plan if plan is not None else layout_plan(graph, args, nproc or mpi_size())
@@ -183,7 +183,7 @@ def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph) -> Any:
 
     from cost_models.estimate import estimate
 
-    ranks = args.nproc or plan.cluster.devices
+    ranks = args.nproc or plan.used_devices
     result = estimate(graph, plan, load_profile_argument(args.profile, compute_dtype(args)), slowdown=args.slow_stages,
                       shared_cores=host_shared_cores(ranks, args.threads),
                       threads=args.threads or max(1, (os.cpu_count() or 1) // ranks))
