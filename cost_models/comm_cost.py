@@ -38,16 +38,22 @@ GRADIENT_BUCKET_BYTES = 25 * 2**20
 """Bytes of weight gradients one allreduce carries (DDP's default ``bucket_cap_mb=25``)."""
 
 __all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allgather_s", "allreduce_s", "halo_exchange_s", "move_pattern_arrays", "move_patterns", "nested", "nested_mask",
+           "node_shape", "shaped_allreduce_s",
            "gradient_allreduce_s", "pattern_s", "patterned_s",
            "redistribution_row_s", "redistribution_s", "sendrecv_coefficients"]
 
 
 def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes: float) -> float:
     """Seconds to allreduce ``nbytes`` held by each of ``ranks``."""
-    group = len(ranks)
+    if len(ranks) <= 1 or nbytes <= 0:
+        return 0.0
+    return shaped_allreduce_s(profile, len(ranks), *_node_shape(cluster, tuple(ranks)), nbytes)
+
+
+def shaped_allreduce_s(profile: Profile, group: int, nodes: int, local: int, nbytes: float) -> float:
+    """:func:`allreduce_s` over ``group`` ranks on ``nodes`` nodes, at most ``local`` of them on one (``node_shape``)."""
     if group <= 1 or nbytes <= 0:
         return 0.0
-    nodes, local = _node_shape(cluster, tuple(ranks))
     if nodes == 1:
         return profile.comm_time_s("allreduce", "intra", group, nbytes)
     inside = (profile.comm_time_s("reduce_scatter", "intra", local, nbytes)
@@ -69,6 +75,11 @@ def gradient_allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int
     if len(ranks) <= 1 or nbytes <= 0:
         return 0.0
     return allreduce_s(profile, cluster, ranks, GRADIENT_BUCKET_BYTES) * nbytes / GRADIENT_BUCKET_BYTES
+
+
+def node_shape(cluster: Cluster, ranks: Sequence[int]) -> tuple[int, int]:
+    """How many nodes a group of ``ranks`` spans and the most of its ranks on one node."""
+    return _node_shape(cluster, tuple(ranks))
 
 
 @lru_cache(maxsize=8192)

@@ -42,7 +42,8 @@ from itertools import product
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import allgather_s, allreduce_s, gradient_allreduce_s, halo_exchange_s
+from cost_models.comm_cost import (GRADIENT_BUCKET_BYTES, allgather_s, allreduce_s, halo_exchange_s, node_shape,
+                                   shaped_allreduce_s)
 from cost_models.errors import PlanError
 from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.halo import AxisHalo, distinct_axis_halos, halo_messages, volume_halo_messages
@@ -215,7 +216,9 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
     if not layer.get("params"):
         return 0.0
     split = layout.c if layer["kind"] in DENSE_KINDS | {"batchnorm"} else 1
-    return gradient_allreduce_s(profile, cluster, _replica_group(layout, devices), layer["params"] * itemsize / split)
+    group, nodes, local = _replica_shape(layout.c, layout.spatial, devices, cluster)
+    nbytes = layer["params"] * itemsize / split  # as comm_cost.gradient_allreduce_s prices it: t(B)·nbytes/B
+    return shaped_allreduce_s(profile, group, nodes, local, GRADIENT_BUCKET_BYTES) * nbytes / GRADIENT_BUCKET_BYTES
 
 
 def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
@@ -246,8 +249,10 @@ def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalPr
 
 
 @lru_cache(maxsize=4096)
-def _replica_group(layout: Layout, devices: int) -> tuple[int, ...]:
-    """The ranks holding channel slice 0 of the weights (each slice's group has the same node shape)."""
-    block = layout.c * layout.spatial  # ranks r with (r // spatial) % c == 0, as layout.ranks divides devices
-    return tuple(start + offset for start in range(0, devices, block) for offset in range(layout.spatial))
+def _replica_shape(channels: int, spatial: int, devices: int, cluster: Cluster) -> tuple[int, int, int]:
+    """The size and node shape (``comm_cost.node_shape``) of the ranks holding channel slice 0 of the weights
+    (each slice's group has the same node shape), once per layout's channel and spatial parts."""
+    block = channels * spatial  # ranks r with (r // spatial) % c == 0, as layout.ranks divides devices
+    group = [start + offset for start in range(0, devices, block) for offset in range(spatial)]
+    return (len(group), *node_shape(cluster, group))
 
