@@ -25,8 +25,10 @@ What is measured, and how:
   ranks; a sample holds the median and interquartile range over ``repeats``
   runs, after ``warmup`` untimed ones;
 * the link level is ``intra`` when every rank taking part (for ``sendrecv``:
-  both ranks of every pair) runs on one host (``socket.gethostname()``),
-  otherwise ``inter``;
+  both ranks of every pair) runs on one node, otherwise ``inter``; a node is
+  what the launcher calls one (torchrun's agent, Slurm's node id:
+  ``cost_models.job.node_label``), else the host (``socket.gethostname()``),
+  so two torchrun agents on one host measure the between-node level too;
 * order: the sizes in two ascending passes (every other size, then the rest),
   and within a size every group and collective, so a short budget still gives
   every collective samples across the size range;
@@ -70,6 +72,7 @@ import torch.distributed as dist
 
 from cost_models.collectives import COLLECTIVES
 from cost_models.errors import InputError
+from cost_models.job import node_label
 from cost_models.profile import CommSample
 from cost_models.rank_failures import LOST, RankFailure, at, describe, exchange, place, reason
 
@@ -244,7 +247,7 @@ def _default_device() -> torch.device:
 def _gather_hosts() -> tuple[str, ...]:
     hosts: list[object] = [None] * dist.get_world_size()
     with exchange("the gathering of the ranks' host names", range(len(hosts))):
-        dist.all_gather_object(hosts, socket.gethostname())
+        dist.all_gather_object(hosts, node_label(socket.gethostname()))
     return tuple(str(host) for host in hosts)
 
 

@@ -23,8 +23,10 @@ Two ways in:
   started by torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``) or by mpirun/srun (rank and size from
   ``MPI.COMM_WORLD``; rank 0 broadcasts its host name and a free port, unless
-  ``MASTER_ADDR`` and ``MASTER_PORT`` are set already). mpi4py is imported only
-  on that path.
+  ``MASTER_ADDR`` and ``MASTER_PORT`` are set already), or by ``srun`` without
+  MPI (``SLURM_PROCID``, ``SLURM_NTASKS``; rank 0 opens the store at
+  ``cost_models.job.slurm_rendezvous``). mpi4py is imported only on the MPI
+  path.
 
 Assumptions: spawned ranks all run on this host, so the parent's wall clock
 (``time.time()``) is theirs and the budget, which counts from the call,
@@ -51,6 +53,7 @@ import torch.multiprocessing as mp
 from calibrate.comm_bench import DEFAULT_SIZES_BYTES, CommMeasurement, default_group_sizes, measure_collectives
 from cost_models.collectives import COLLECTIVES
 from cost_models.errors import InputError
+from cost_models.job import MPI_ENVIRONMENT, integer_variable, launcher_of, place_in_job, slurm_rendezvous
 from cost_models.heap import steady_heap
 from cost_models.profile import CommSample
 from cost_models.rank_failures import (LOST, RankExit, RankFailedError, RankFailure, barrier, failure_line,
@@ -62,7 +65,6 @@ __all__ = [
 ]
 
 SPAWN_BACKENDS = ("gloo", "nccl")
-_MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _TEARDOWN_MARGIN_S = 1.0  # kept from the budget for tearing the ranks down
 _WAIT_GRACE_S = 120.0  # beyond the budget and the groups' timeout, before the parent counts ranks as hung
 _POLL_S = 0.2
@@ -83,7 +85,7 @@ class RankEnvironment:
     rank: int
     world_size: int
     local_rank: int
-    launcher: str  # "torchrun", "mpi" or "existing" (a group was already initialised)
+    launcher: str  # "torchrun", "mpi", "slurm" or "existing" (a group was already initialised)
 
 
 @dataclass(frozen=True)
@@ -351,13 +353,8 @@ def _measure(task: _RankTask, device: torch.device) -> CommMeasurement:
 
 
 def in_existing_group(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process was started as one rank of a job by torchrun or an MPI launcher."""
-    env = os.environ if environ is None else environ
-    return _torchrun_started(env) or any(name in env for name in _MPI_SIZE_VARIABLES)
-
-
-def _torchrun_started(env: Mapping[str, str]) -> bool:
-    return "RANK" in env and "WORLD_SIZE" in env
+    """Whether this process was started as one rank of a job by torchrun, an MPI launcher or ``srun``."""
+    return launcher_of(environ) is not None
 
 
 def init_from_environment(backend: str = "gloo", timeout_s: float = 1800.0) -> RankEnvironment:
@@ -375,37 +372,40 @@ def init_from_environment(backend: str = "gloo", timeout_s: float = 1800.0) -> R
     env = os.environ
     timeout = timedelta(seconds=timeout_s)
     if dist.is_available() and dist.is_initialized():
-        return RankEnvironment(dist.get_rank(), dist.get_world_size(), _int_variable(env, "LOCAL_RANK", 0), "existing")
+        return RankEnvironment(dist.get_rank(), dist.get_world_size(), integer_variable(env, "LOCAL_RANK", 0), "existing")
     raise_nccl_errors(backend)
-    if _torchrun_started(env):
+    launcher = launcher_of(env)
+    if launcher == "torchrun":
         return _init_torchrun(backend, env, timeout)
-    if any(name in env for name in _MPI_SIZE_VARIABLES):
+    if launcher == "mpi":
         return _init_mpi(backend, timeout)
+    if launcher == "slurm":
+        return _init_slurm(backend, timeout)
     raise InputError(
-        "this process was not started by torchrun or mpirun (none of RANK/WORLD_SIZE, "
-        f"{', '.join(_MPI_SIZE_VARIABLES)} is set); launch it with one, or spawn local ranks instead"
+        "this process was not started by torchrun, mpirun or srun (none of RANK/WORLD_SIZE, "
+        f"{', '.join(MPI_ENVIRONMENT)}, SLURM_PROCID is set); launch it with one, or spawn local ranks instead"
     )
-
-
-def _int_variable(env: Mapping[str, str], name: str, default: int | None = None) -> int:
-    value = env.get(name)
-    if value is None and default is not None:
-        return default
-    try:
-        return int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise InputError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
 def _init_torchrun(backend: str, env: Mapping[str, str], timeout: timedelta) -> RankEnvironment:
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
     if missing:
         raise InputError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not; start the job with torchrun")
-    rank, world_size = _int_variable(env, "RANK"), _int_variable(env, "WORLD_SIZE")
-    local_rank = _int_variable(env, "LOCAL_RANK", 0)
+    rank, world_size = integer_variable(env, "RANK"), integer_variable(env, "WORLD_SIZE")
+    local_rank = integer_variable(env, "LOCAL_RANK", 0)
     _select_device(backend, local_rank)
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
     return RankEnvironment(rank, world_size, local_rank, "torchrun")
+
+
+def _init_slurm(backend: str, timeout: timedelta) -> RankEnvironment:
+    place = place_in_job()
+    assert place is not None
+    host, port = slurm_rendezvous()
+    _select_device(backend, place.local_rank)
+    store = dist.TCPStore(host, port, place.world_size, is_master=place.rank == 0, timeout=timedelta(seconds=_JOIN_S))
+    dist.init_process_group(backend, store=store, rank=place.rank, world_size=place.world_size, timeout=timeout)
+    return RankEnvironment(place.rank, place.world_size, place.local_rank, "slurm")
 
 
 def _init_mpi(backend: str, timeout: timedelta) -> RankEnvironment:
@@ -438,7 +438,7 @@ def _mpi_local_rank(comm: Any, mpi: Any) -> int:
 def _master_address() -> tuple[str, int]:
     """``MASTER_ADDR``/``MASTER_PORT`` if both are set, else this host's name and a free port."""
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        return os.environ["MASTER_ADDR"], _int_variable(os.environ, "MASTER_PORT")
+        return os.environ["MASTER_ADDR"], integer_variable(os.environ, "MASTER_PORT")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
         return socket.gethostname(), int(probe.getsockname()[1])

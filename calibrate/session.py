@@ -35,6 +35,7 @@ from calibrate.compute_fit import fit_compute
 from calibrate.problems import enumerate_problems
 from cost_models.errors import InputError
 from cost_models.heap import steady_heap
+from cost_models.job import place_in_job
 from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError, OptimizerFit, Profile
 from cost_models.rank_failures import barrier
 
@@ -140,7 +141,8 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
     optimizers: list[OptimizerFit] = []
     if job.rank == 0:
         compute_deadline = started + request.budget_s * COMPUTE_SHARE - RESERVE_S
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", job.world_size))
+        place = place_in_job()  # this node's ranks time kernels at once: as many helpers
+        local_ranks = place.local_world_size if place is not None else job.world_size
         optimizers, notes = _measure_optimizers(request.graph, device, compute_deadline, request.threads)
         compute, interrupted, compute_notes = measure_compute(
             request.graph, request.device_counts, compute_deadline, threads=request.threads, device=device,

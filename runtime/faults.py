@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.errors import InputError
+from cost_models.job import job_attempt
 
 __all__ = ["ENVIRONMENT", "Fault", "Schedule", "attempt", "disk_full", "planned", "strike"]
 
@@ -56,7 +57,7 @@ class Schedule:
     faults: tuple[Fault, ...]
 
     def now(self) -> Fault | None:
-        """The fault of this attempt (``TORCHELASTIC_RESTART_COUNT``), ``None`` past the list."""
+        """The fault of this attempt (``cost_models.job.job_attempt``), ``None`` past the list."""
         index = attempt()
         return self.faults[index] if index < len(self.faults) else None
 
@@ -65,8 +66,8 @@ class Schedule:
 
 
 def attempt() -> int:
-    """Which attempt this is: 0 for the first run, the agent's restart count after that."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    """Which attempt this is: 0 for the first run, the job's restarts after that (``cost_models.job``)."""
+    return job_attempt()
 
 
 def planned(text: str | None = None) -> Schedule | None:

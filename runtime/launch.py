@@ -1,4 +1,5 @@
-"""Starting the ranks of ``parplan run``: torchrun's machinery on one host, or the ranks ``mpirun``/``srun`` started.
+"""Starting the ranks of ``parplan run``: torchrun's machinery on this host (for one node of several, too), or
+acting as one rank of a job torchrun, ``mpirun`` or ``srun`` started (``cost_models.job`` tells which).
 
 * Started by hand: the command checks its inputs (model, plan, ranks,
   backend — bad input exits 2 before any rank starts), then starts
@@ -9,7 +10,17 @@
   SIGKILL) and, up to ``max_restarts`` times, starts the group again
   (``runtime.recovery`` resumes it from the last checkpoint). Each rank asks
   the kernel to kill it when the agent's process dies (``PR_SET_PDEATHSIG``),
-  so no rank outlives ``parplan run``.
+  so no rank outlives ``parplan run``. With :class:`Nodes` (``--nnodes N``)
+  this host's agent is one of ``N``: they meet at ``--rdzv-endpoint`` (a c10d
+  rendezvous, or static with ``--node-rank``) and each starts its ranks, numbered
+  node by node; rank 0's node reports.
+* Started by torchrun (``torchrun … --no-python parplan run …``, any
+  ``--nnodes``) or by ``srun`` without MPI: every process is one rank; it
+  joins the job's store (torchrun's agent's, or one rank 0 of a Slurm step
+  opens at ``cost_models.job.slurm_rendezvous``) and runs the worker. A
+  failing rank says why and exits 1: the launcher stops the others (and
+  torchrun's ``--max-restarts`` starts the group again, resumed from the
+  checkpoint by ``runtime.recovery`` as under our own agent).
 * Started by MPI (``mpirun -n R parplan run …``, or ``srun``): every process
   is one rank. Rank and world size come from MPI through mpi4py; rank 0 picks
   a free TCP port and broadcasts the rendezvous address over MPI; each
@@ -37,22 +48,33 @@ import socket
 import sys
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
 from cost_models.errors import InputError
+from cost_models.job import ATTEMPT_VARIABLE, launcher_of, place_in_job, slurm_rendezvous
 from cost_models.rank_failures import (RankFailedError, failure_line, failure_message, nccl_errors_raised,
                                        raise_nccl_errors)
 from runtime.failures import RankFailure
 from runtime.train import RunOptions, worker
 
-__all__ = ["MPI_ENVIRONMENT", "RankFailedError", "abort_mpi_job", "launch", "launch_many", "started_by_mpi"]
+__all__ = ["Nodes", "RankFailedError", "abort_mpi_job", "launch", "launch_many"]
 
-MPI_ENVIRONMENT = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-"""Variables set by Open MPI, MPICH/Intel MPI (PMI), PMIx launchers (srun) and MVAPICH in every rank."""
+
+@dataclass(frozen=True)
+class Nodes:
+    """This host's part of a job of several (``parplan run --nnodes``): torchrun's names and meaning."""
+
+    count: int
+    endpoint: str
+    """``HOST:PORT`` where the agents meet (the c10d store's, or node 0's under a static rendezvous)."""
+    node_rank: int | None = None
+    """This host's node number: a static rendezvous; ``None``: c10d numbers the agents as they arrive."""
+    run_id: str = "parplan"
+    """What every agent of one job gives (torchrun's ``--rdzv-id``)."""
 
 
 _JOIN_TIMEOUT = timedelta(minutes=5)
@@ -72,30 +94,30 @@ _GRACE_S = 5 * _MONITOR_S
 """How long a rank that saw a peer die waits before it exits, so that the agent reports the dead one."""
 
 
-def started_by_mpi() -> bool:
-    """Whether this process is one rank of an MPI job (``mpirun``, ``srun`` with PMI/PMIx)."""
-    return any(name in os.environ for name in MPI_ENVIRONMENT)
-
-
-def launch(options: RunOptions, nproc: int | None, backend: str, max_restarts: int = 0) -> dict[str, Any] | None:
-    """Run ``worker`` on every rank; returns rank 0's measurement here (``None`` on other MPI ranks).
+def launch(options: RunOptions, nproc: int | None, backend: str, max_restarts: int = 0, *,
+           nodes: Nodes | None = None) -> dict[str, Any] | None:
+    """Run ``worker`` on every rank; returns rank 0's measurement here (``None`` on other ranks and nodes).
 
     ``max_restarts``: how often torchrun's agent may start the group again after a rank failed.
     """
-    documents = launch_many([options], nproc, backend, max_restarts)
+    documents = launch_many([options], nproc, backend, max_restarts, nodes=nodes)
     return None if documents is None else documents[0]
 
 
-def launch_many(runs: list[RunOptions], nproc: int | None, backend: str,
-                max_restarts: int = 0) -> list[dict[str, Any]] | None:
+def launch_many(runs: list[RunOptions], nproc: int | None, backend: str, max_restarts: int = 0, *,
+                nodes: Nodes | None = None) -> list[dict[str, Any]] | None:
     """Run ``worker`` for each of ``runs`` in turn on the same ranks (one start-up for all; ``parplan validate``).
 
-    Returns rank 0's measurements in order here (``None`` on other MPI ranks).
+    ``nproc``: the ranks this host starts (``None`` where a launcher started this process as one rank).
+    Returns rank 0's measurements in order here (``None`` on other ranks and nodes).
     """
-    if started_by_mpi():
+    launcher = launcher_of()
+    if launcher == "mpi":
         return _under_mpi(runs, nproc, backend)
+    if launcher is not None:
+        return _as_rank(runs, nproc, backend)
     assert nproc is not None
-    return _elastic(runs, nproc, backend, max_restarts)
+    return _elastic(runs, nproc, backend, max_restarts, nodes)
 
 
 def _shutdown_option(config: type) -> dict[str, float]:
@@ -106,13 +128,24 @@ def _shutdown_option(config: type) -> dict[str, float]:
     return {"shutdown_timeout": _SHUTDOWN_S} if "shutdown_timeout" in inspect.signature(config).parameters else {}
 
 
-def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int) -> list[dict[str, Any]]:
+def _rendezvous(nodes: Nodes | None) -> dict[str, Any]:
+    """``LaunchConfig``'s node count and rendezvous: this host alone, or one of ``nodes``."""
+    if nodes is None:
+        return {"min_nodes": 1, "max_nodes": 1, "run_id": f"parplan-{uuid.uuid4().hex[:8]}", "rdzv_backend": "c10d",
+                "rdzv_endpoint": "localhost:0"}
+    static = nodes.node_rank is not None
+    return {"min_nodes": nodes.count, "max_nodes": nodes.count, "run_id": nodes.run_id,
+            "rdzv_backend": "static" if static else "c10d", "rdzv_endpoint": nodes.endpoint,
+            "rdzv_configs": {"rank": nodes.node_rank} if static else {}}
+
+
+def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int,
+             nodes: Nodes | None) -> list[dict[str, Any]] | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"parplan-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
-                          monitor_interval=_MONITOR_S, start_method="spawn", **_shutdown_option(LaunchConfig))
+    config = LaunchConfig(nproc_per_node=nproc, max_restarts=max_restarts, monitor_interval=_MONITOR_S,
+                          start_method="spawn", **_rendezvous(nodes), **_shutdown_option(LaunchConfig))
     logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
     levels = [log.level for log in logs]
     for log in logs:  # a failed rank is reported in one line (_failure_line), not the agent's log
@@ -128,7 +161,7 @@ def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int
     finally:
         for log, level in zip(logs, levels):
             log.setLevel(level)
-    return results[0]
+    return results.get(0)  # keyed by global rank: rank 0's node alone has it
 
 
 def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list[dict[str, Any]] | None:
@@ -174,6 +207,30 @@ def _each(runs: list[RunOptions]) -> list[dict[str, Any]] | None:
     return None if dist.get_rank() != 0 else [d for d in documents if d is not None]
 
 
+def _as_rank(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, Any]] | None:
+    """This process as one rank of a job torchrun or ``srun`` started: join, run, and on a failure say why and exit."""
+    place = place_in_job()
+    assert place is not None
+    if nproc is not None and nproc != place.world_size:
+        raise InputError(f"--nproc {nproc} but {place.launcher} started {place.world_size} ranks; drop --nproc or "
+                         "make them equal")
+    if place.launcher == "torchrun":
+        _join_group(backend, runs[0].timeout)
+    else:
+        os.environ.setdefault("LOCAL_RANK", str(place.local_rank))  # the rank's GPU (runtime.train)
+        host, port = slurm_rendezvous()
+        store = dist.TCPStore(host, port, place.world_size, is_master=place.rank == 0, timeout=_JOIN_TIMEOUT)
+        raise_nccl_errors(backend)
+        dist.init_process_group(backend, store=store, rank=place.rank, world_size=place.world_size,
+                                timeout=runs[0].timeout)
+    try:
+        documents = _each([replace(options, launcher=place.launcher) for options in runs])
+    except RankFailure as err:
+        _fail_fast(err)
+    dist.destroy_process_group()
+    return documents
+
+
 def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, Any]] | None:
     try:
         from mpi4py import MPI
@@ -203,17 +260,22 @@ def _rendezvous_address(one_host: bool) -> tuple[str, int]:
 
 
 def _join_group(backend: str, timeout: Any) -> None:
-    """``init_process_group`` from torchrun's environment, with its keys under a prefix of this attempt.
+    """``init_process_group`` from torchrun's environment, with its keys under a prefix of this start of the job.
 
-    After a restart the agent's store still holds the previous attempt's gloo addresses, and a rank
-    that read them would connect to a dead peer; a prefix per attempt keeps the attempts apart.
+    The agents' store outlives a restart and still holds the previous start's gloo addresses: a rank
+    that read them would connect to a dead peer. Every rank counts its own starts in the store (each
+    rank starts once per rendezvous round), so the ranks of one round agree on its number — which
+    torchrun's ``TORCHELASTIC_RESTART_COUNT`` does not give across nodes (a healthy node's agent
+    restarts its ranks without counting) — and it becomes the keys' prefix and the job's attempt
+    (:data:`cost_models.job.ATTEMPT_VARIABLE`, read by recovery and the fault schedule).
     """
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=not hosted_by_agent and rank == 0, timeout=_JOIN_TIMEOUT, multi_tenant=True)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"parplan/attempt-{attempt}", store), rank=rank,
+    starts = int(store.add(f"parplan/starts/rank-{rank}", 1))
+    os.environ[ATTEMPT_VARIABLE] = str(starts - 1)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"parplan/start-{starts}", store), rank=rank,
                             world_size=world, timeout=timeout)
 
 
@@ -236,7 +298,7 @@ def abort_mpi_job(code: int) -> None:
     Does nothing outside MPI, or when this process never initialised MPI.
     """
     module = sys.modules.get("mpi4py.MPI")
-    if module is None or not started_by_mpi():
+    if module is None or launcher_of() != "mpi":
         return
     comm = module.COMM_WORLD
     if comm.Get_size() > 1:

@@ -4,9 +4,9 @@
   (warm-up included) all ranks write a checkpoint (``runtime.checkpoint``).
 * ``--resume``: start from the newest complete checkpoint in ``D`` whose
   shards are intact (a damaged one is passed over, with one line naming it).
-* A group that torchrun's agent restarted (``--max-restarts``; the agent sets
-  ``TORCHELASTIC_RESTART_COUNT``) resumes from it too, or starts over when
-  no checkpoint was complete yet.
+* A group that torchrun's agent restarted (``--max-restarts``: the job's
+  attempt, ``cost_models.job.job_attempt``, is past 0) resumes from it too, or
+  starts over when no checkpoint was complete yet.
 
 The step's data is drawn from the seed and the step number, and the RNG
 state is in the checkpoint, so a resumed run's losses are those of the run it
@@ -16,7 +16,6 @@ started, how many restarts preceded it and which checkpoints it wrote.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from cost_models.errors import InputError
+from cost_models.job import job_attempt
 
 from runtime.checkpoint import (Progress, State, check_compatible, complete, read_manifest, restore, run_flags, save,
                                 usable)
@@ -49,7 +49,7 @@ class Recovery:
 
     def __init__(self, options: Any, state: State, device: torch.device) -> None:
         self.options, self.state, self.device = options, state, device
-        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.restarts = job_attempt()
         self.resumed_from: int | None = None
         self.in_flight: dict[str, Any] | None = None
         """This rank's batches in flight at the checkpoint resumed from (a stale pipeline's), if it continues them."""

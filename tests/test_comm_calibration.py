@@ -83,9 +83,10 @@ def test_launcher_detection() -> None:
 
 
 def test_init_from_environment_outside_a_launcher_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS",
+                 "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(InputError, match="torchrun or mpirun"):
+    with pytest.raises(InputError, match="torchrun, mpirun or srun"):
         init_from_environment("gloo")
 
 

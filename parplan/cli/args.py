@@ -208,10 +208,10 @@ def host_shared_cores(ranks: int, threads: int | None) -> float | None:
     """
     import torch
 
+    from cost_models.job import launcher_of
     from planner.validate import shared_cores
-    from runtime.launch import started_by_mpi
 
-    if started_by_mpi() or (torch.cuda.is_available() and torch.cuda.device_count() >= ranks):
+    if launcher_of() == "mpi" or (torch.cuda.is_available() and torch.cuda.device_count() >= ranks):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return shared_cores(ranks, threads or max(1, (os.cpu_count() or 1) // ranks), cores)

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from cost_models.errors import InputError
 from parplan.cli.args import (add_model_arguments, add_timeout_argument, add_trace_argument, amp_argument,
                               compute_dtype, host_shared_cores, load_profile_argument, non_negative_int, positive_float, positive_int, slowdowns)
+from parplan.cli.ranks import JobRanks, add_node_arguments, check_placement, job_ranks
 from parplan.cli.resume import defaults, resumed
-from parplan.cli.run_checks import (check_pipeline_flags, check_plan_fits, check_precision, check_recovery, layout_plan,
-                                    mpi_size)
+from parplan.cli.run_checks import check_pipeline_flags, check_plan_fits, check_precision, check_recovery, layout_plan
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -34,8 +34,9 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan run``."""
     parser = commands.add_parser(
         "run", parents=[common], help="train MODEL under a plan on R ranks and measure it",
-        description="Execute PLAN on --nproc local ranks (torchrun's machinery), or on the ranks mpirun/srun started; "
-                    "train --steps steps on synthetic data and write the measurement JSON.")
+        description="Execute PLAN on --nproc local ranks (torchrun's machinery; with --nnodes, this host's part of a "
+                    "job of several), or as one of the ranks torchrun, srun or mpirun started; train --steps steps on "
+                    "synthetic data and write the measurement JSON.")
     add_model_arguments(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--plan", metavar="PLAN.json", help="a parplan.plan/3 (or /2, /1) file made for this model and "
@@ -43,7 +44,8 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
     which.add_argument("--layout", metavar="L[,L…]", help="run without a plan file: every layer takes the first of "
                        "these layouts it can (e.g. h2,n1); n1 (whole) is always tried last")
     parser.add_argument("--nproc", type=positive_int, metavar="R",
-                        help="ranks to start (default: the plan's devices; under mpirun: its ranks)")
+                        help="ranks to start on this host (default: the plan's devices, over --nnodes; under torchrun, "
+                             "srun or mpirun: theirs)")
     parser.add_argument("--steps", type=non_negative_int, default=10, metavar="S", help="measured steps (default 10)")
     parser.add_argument("--warmup", type=non_negative_int, default=2, metavar="W",
                         help="steps run before measuring (default 2)")
@@ -75,6 +77,7 @@ def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
                                "in a range named as the prediction names it)")
     _add_recovery_arguments(parser)
     _add_pipeline_arguments(parser)
+    add_node_arguments(parser)
     parser.set_defaults(handler=_run)
 
 
@@ -90,7 +93,7 @@ def _add_recovery_arguments(parser: argparse.ArgumentParser) -> None:
                             "given again are the checkpoint's run's")
     group.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="R",
                        help="when a rank fails, start the group again up to R times, from the last checkpoint "
-                            "(torchrun's agent; not under mpirun)")
+                            "(parplan's agent; under torchrun, give torchrun --max-restarts; not under mpirun or srun)")
 
 
 def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     from cost_models.model_spec import load_model
     from cost_models.plan import Plan
     from runtime.faults import planned
-    from runtime.launch import launch, started_by_mpi
+    from runtime.launch import launch
     from runtime.outputs import check_output_key
     from runtime.train import RunOptions
 
@@ -135,34 +138,33 @@ def _run(args: argparse.Namespace) -> int:
     plan = _read_plan(args.plan) if args.plan else None
     if plan is None and not args.layout and manifest is not None:
         plan = Plan.from_dict(manifest["plan"], f"the plan of the checkpoint in {manifest['folder']}")
+    ranks = job_ranks(args, plan.used_devices if plan else None)
+    if plan is not None:
+        check_placement(plan, ranks, f"plan {args.plan}" if args.plan else "the checkpoint's plan")
     model = load_model(args.model)
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module, amp=amp_argument(args))
-    mpi = started_by_mpi()
-    nproc = args.nproc or (None if mpi else (plan.used_devices if plan else None))
-    if nproc is None and not mpi:
-        raise InputError("--layout needs --nproc R (how many ranks to start)")
-    plan = plan if plan is not None else layout_plan(graph, args, nproc or mpi_size())
-    check_plan_fits(args, plan, graph, nproc)
+    plan = plan if plan is not None else layout_plan(graph, args, ranks.total)
+    check_plan_fits(args, plan, graph, ranks.total)
     check_pipeline_flags(args, plan)
     check_precision(args, plan)
-    check_recovery(args, plan, mpi)
-    backend = backend_for(args.backend, nproc or mpi_size(), mpi)
+    check_recovery(args, plan, ranks.launcher)
+    backend = backend_for(args.backend, ranks)
     for note in notes:  # what the resume kept, once the input is known good
         print(note, file=sys.stderr, flush=True)
     options = RunOptions(
         model=args.model, input_shape=shapes[0], input_shapes=shapes, dtype=args.dtype,  # type: ignore[arg-type]
-        plan=_predicted(args, plan, graph).to_dict(),
+        plan=_predicted(args, plan, graph, ranks).to_dict(),
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
-        threads=args.threads or max(1, (os.cpu_count() or 1) // (nproc or mpi_size())), quiet=args.json,
+        threads=args.threads or max(1, (os.cpu_count() or 1) // ranks.per_node), quiet=args.json,
         timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
         resume=args.resume, graph=graph, output=args.output, order=args.order, staleness=args.staleness,
         per_layer=args.per_layer, slow_stages=tuple(sorted(args.slow_stages.items())),
         trace=os.path.abspath(args.trace) if args.trace else "", amp=args.amp or "")
-    document = launch(options, nproc, backend, args.max_restarts)
-    if document is None:  # an MPI rank other than 0: rank 0 reports
+    document = launch(options, ranks.here, backend, args.max_restarts, nodes=ranks.nodes)
+    if document is None:  # a rank other than 0, or a host other than rank 0's: rank 0 reports
         return 0
     _report(args, document)
     verified = document.get("verify")
@@ -175,7 +177,7 @@ def _read_plan(path: str) -> Any:
     return load_plan(path)
 
 
-def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph) -> Any:
+def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph, ranks: JobRanks) -> Any:
     """The plan with its prediction replaced by ``--profile``'s (this machine's), when given."""
     if not args.profile:
         return plan
@@ -183,15 +185,14 @@ def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph) -> Any:
 
     from cost_models.estimate import estimate
 
-    ranks = args.nproc or plan.used_devices
     result = estimate(graph, plan, load_profile_argument(args.profile, compute_dtype(args)), slowdown=args.slow_stages,
-                      shared_cores=host_shared_cores(ranks, args.threads),
-                      threads=args.threads or max(1, (os.cpu_count() or 1) // ranks))
+                      shared_cores=host_shared_cores(ranks.per_node, args.threads),
+                      threads=args.threads or max(1, (os.cpu_count() or 1) // ranks.per_node))
     return replace(plan, predicted=result.prediction())
 
 
-def backend_for(requested: str | None, ranks: int, mpi: bool) -> str:
-    """The backend of ``ranks`` ranks: ``requested``, else nccl with GPUs, else gloo; refused when it cannot work."""
+def backend_for(requested: str | None, ranks: JobRanks) -> str:
+    """The backend of the job: ``requested``, else nccl with GPUs, else gloo; refused when it cannot work."""
     import torch
     import torch.distributed as dist
 
@@ -199,8 +200,9 @@ def backend_for(requested: str | None, ranks: int, mpi: bool) -> str:
     backend = requested or ("nccl" if gpus >= 1 else "gloo")
     if backend == "nccl" and gpus < 1:
         raise InputError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
-    if backend == "nccl" and not mpi and gpus < ranks:  # under MPI the ranks may span hosts
-        raise InputError(f"--backend nccl with {ranks} local ranks needs {ranks} GPUs, this machine has {gpus}")
+    if backend == "nccl" and gpus < ranks.per_node:  # a GPU per rank of a node (each node is one host)
+        raise InputError(f"--backend nccl with {ranks.per_node} ranks on this host needs {ranks.per_node} GPUs, this "
+                         f"machine has {gpus}")
     if backend == "mpi" and not dist.is_mpi_available():
         raise InputError("this torch was built without the MPI backend; use --backend gloo or nccl "
                          "(mpirun can still start the ranks)")

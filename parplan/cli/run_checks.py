@@ -13,7 +13,7 @@ from cost_models.errors import InputError
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["check_pipeline_flags", "check_plan_fits", "check_recovery", "layout_plan", "mpi_size"]
+__all__ = ["check_pipeline_flags", "check_plan_fits", "check_recovery", "layout_plan"]
 
 
 def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Any:
@@ -43,11 +43,11 @@ def _uniform(graph: LayerGraph, text: str, devices: int) -> Any:
     return uniform_layout_plan(graph, layouts, devices)
 
 
-def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, nproc: int | None) -> None:
+def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, ranks: int) -> None:
     from cost_models.model_spec import load_model
     from runtime.preflight import check_plan, check_runnable
 
-    check_plan(plan, graph, nproc or mpi_size(), f"plan {args.plan}" if args.plan else "the --layout plan")
+    check_plan(plan, graph, ranks, f"plan {args.plan}" if args.plan else "the --layout plan")
     check_runnable(load_model(args.model), plan, graph, args.leaf_module, sync_batchnorm=args.sync_batchnorm,
                    verify=args.verify)
 
@@ -82,7 +82,7 @@ def check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
         check_pipeline(plan)
 
 
-def check_recovery(args: argparse.Namespace, plan: Any, mpi: bool) -> None:
+def check_recovery(args: argparse.Namespace, plan: Any, launcher: str | None) -> None:
     """Refuse checkpoint and restart flags that cannot work together, and a --resume with nothing to resume."""
     directory = args.checkpoint_dir
     if (args.checkpoint_every or args.resume) and not directory:
@@ -90,9 +90,13 @@ def check_recovery(args: argparse.Namespace, plan: Any, mpi: bool) -> None:
     if directory and not (args.checkpoint_every or args.resume or args.max_restarts):
         raise InputError(f"--checkpoint-dir {directory} without --checkpoint-every N writes nothing; add it "
                          "(or --resume to continue from it)")
-    if args.max_restarts and mpi:
-        raise InputError("--max-restarts needs torchrun's agent (parplan run --nproc R); mpirun does not restart "
-                         "ranks — drop --max-restarts and rerun mpirun with --resume")
+    if args.max_restarts and launcher == "torchrun":
+        raise InputError("--max-restarts is torchrun's here: give torchrun --max-restarts R (each restart resumes "
+                         "from --checkpoint-dir); drop it from parplan run")
+    if args.max_restarts and launcher is not None:
+        launched = "mpirun" if launcher == "mpi" else "srun"
+        raise InputError(f"--max-restarts needs torchrun's agent (parplan run --nproc R); {launched} does not "
+                         f"restart ranks — drop --max-restarts and rerun {launched} with --resume")
     if directory:
         _check_folder(directory, args.resume)
     if args.resume:
@@ -126,9 +130,3 @@ def _check_resumable(directory: str, plan: Any, args: argparse.Namespace) -> Non
     check_compatible(manifest, {"plan": plan.to_dict(), "seed": args.seed, "warmup": args.warmup,
                                 "steps": args.steps})
 
-
-def mpi_size() -> int:
-    """Ranks of the MPI job this process belongs to."""
-    from mpi4py import MPI
-
-    return int(MPI.COMM_WORLD.Get_size())

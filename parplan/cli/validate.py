@@ -47,7 +47,8 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--profile", required=True, metavar="PROFILE",
                         help="profile of this machine (parplan calibrate), whose predictions are validated")
-    parser.add_argument("--nproc", type=positive_int, required=True, metavar="R", help="ranks to run every plan on")
+    parser.add_argument("--nproc", type=positive_int, metavar="R",
+                        help="ranks to run every plan on (under torchrun, srun or mpirun: theirs)")
     parser.add_argument("--plans", type=positive_int, default=6, metavar="K",
                         help="the planner's top K distinct plans (default 6); the baselines come on top")
     parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per plan (default 10)")
@@ -76,6 +77,7 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from parplan.cli.args import compute_dtype, host_shared_cores, load_profile_argument
+    from parplan.cli.ranks import job_ranks
     from parplan.cli.report import print_validation
 
     from cost_models.jsonio import check_writable
@@ -86,7 +88,9 @@ def _validate(args: argparse.Namespace) -> int:
         raise InputError(f"--trace-dir {args.trace_dir} is not a folder; create it first")
     profile = load_profile_argument(args.profile, compute_dtype(args))
     graph, model = _traced(args)
-    args.shared_cores = host_shared_cores(args.nproc, _threads(args))
+    args.ranks = job_ranks(args, None, missing="give --nproc R (the ranks to run every plan on)")
+    args.nproc = args.ranks.total
+    args.shared_cores = host_shared_cores(args.ranks.per_node, _threads(args))
     candidates, left_out = _candidates(args, graph, model, profile)
     if not args.json:
         print(f"running {len(candidates)} plans on {args.nproc} ranks: {args.steps} timed steps each in "
@@ -116,7 +120,7 @@ def _trace_path(args: argparse.Namespace, candidate: Any, kind: str) -> str:
 
 
 def _threads(args: argparse.Namespace) -> int:
-    return int(args.threads or max(1, (os.cpu_count() or 1) // args.nproc))
+    return int(args.threads or max(1, (os.cpu_count() or 1) // args.ranks.per_node))
 
 
 def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -145,7 +149,7 @@ def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile
             return str(err)
         return None
 
-    cluster = cluster_for(args.profile, profile, args.nproc, None)
+    cluster = cluster_for(args.profile, profile, args.nproc, args.ranks.per_node if args.ranks.spans_nodes else None)
     return validation_candidates(graph, profile, cluster, args.plans, search_settings(args), model_spec=args.model,
                                  min_gap=args.min_gap, refusal=refusal, shared_cores=args.shared_cores)
 
@@ -153,10 +157,9 @@ def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile
 def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph) -> list[dict[str, Any]] | None:
     """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
     from parplan.cli.run import backend_for
-    from runtime.launch import launch_many, started_by_mpi
+    from runtime.launch import launch_many
     from runtime.train import RunOptions
 
-    mpi = started_by_mpi()
     threads = _threads(args)
     per_layer = bool(args.per_layer or args.refine)
     rounds = min(args.rounds, args.steps)
@@ -169,10 +172,9 @@ def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph)
                        quiet=True, timeout_s=args.timeout_s, graph=graph, per_layer=per_layer and r == rounds - 1,
                        amp=args.amp or "", trace=_trace_path(args, candidates[i], "measured") if args.trace_dir and r == rounds - 1 else "")
             for r, i in order]
-    backend = backend_for(args.backend, args.nproc, mpi)
-    with _progress(runs, enabled=not args.json and not mpi) as told:
-        documents = launch_many([replace(run, progress_file=told) for run in runs], None if mpi else args.nproc,
-                                backend)
+    backend = backend_for(args.backend, args.ranks)
+    with _progress(runs, enabled=not args.json and args.ranks.launcher is None) as told:
+        documents = launch_many([replace(run, progress_file=told) for run in runs], args.ranks.here, backend)
     if documents is None:
         return None
     return [_merged([d for (_, i), d in zip(order, documents) if i == index]) for index in range(len(candidates))]
