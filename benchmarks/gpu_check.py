@@ -42,25 +42,23 @@ import datetime as _dt
 import json
 import os
 import platform
-import shlex
-import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu_overhead import overhead  # noqa: E402 - after the repository is on the path
+from benchmarks.gpu_steps import (MIN_STEP_S, Clock, Report, communicate, guarded, parsed, run_step,  # noqa: E402
+                                  shown)
+
 FORMAT = "parplan.gpu_check/1"
-RESERVE_S = 10.0  # kept back for the last report
-MIN_STEP_S = 15.0  # a step with less time than this left is skipped
-STDERR_TAIL = 2000  # characters of a failed step's stderr kept in the report
 UNET = "examples/unet.py:unet"
 PRESET_OF = (("H100", "h100"), ("H200", "h100"), ("H800", "h100"), ("GH200", "h100"), ("A100", "a100"),
              ("A800", "a100"), ("V100", "v100"))
@@ -99,119 +97,6 @@ class Settings:
         found = self.out.with_name(f"{self.out.stem}-{suffix}")
         found.unlink(missing_ok=True)
         return found
-
-
-@dataclass
-class Report:
-    """The document being built: the machine, each step with its command, and the figures."""
-
-    settings: Settings
-    started: float
-    document: dict[str, Any] = field(default_factory=dict)
-
-    def record(self, entry: dict[str, Any]) -> None:
-        self.document.setdefault("steps", []).append(entry)
-        self.write()
-
-    def result(self, *keys: str) -> dict[str, Any]:
-        """The results block at ``keys`` (made on first use)."""
-        block = self.document.setdefault("results", {})
-        for key in keys:
-            block = block.setdefault(key, {})
-        return block
-
-    def write(self) -> None:
-        from cost_models.jsonio import write_json_atomic
-
-        self.document["seconds"] = round(time.monotonic() - self.started, 1)
-        write_json_atomic(self.settings.out, self.document)
-
-
-@dataclass(frozen=True)
-class Clock:
-    """The whole run's deadline."""
-
-    deadline: float
-
-    def left_s(self) -> float:
-        return self.deadline - time.monotonic() - RESERVE_S
-
-
-# --- running steps -------------------------------------------------------------
-
-
-def shown(command: list[str]) -> str:
-    """A command as a person would type it from the repository root."""
-    return shlex.join(["python3" if part == sys.executable else part for part in command])
-
-
-def run_step(report: Report, clock: Clock, name: str, command: list[str], limit_s: float,
-             parse: bool = True) -> Any | None:
-    """Run ``command`` guarded (own process group, timeout within the budget); returns its stdout JSON or None."""
-    allowed_s = min(limit_s, clock.left_s())
-    entry: dict[str, Any] = {"step": name, "command": shown(command)}
-    if allowed_s < MIN_STEP_S:
-        report.record({**entry, "skipped": f"budget: {max(allowed_s, 0.0):.0f} s left"})
-        return None
-    started = time.monotonic()
-    code, out, err = _communicate(command, allowed_s)
-    entry.update(rc=code, seconds=round(time.monotonic() - started, 1))
-    document = _parsed(out) if parse else out
-    if code != 0:
-        entry["error"] = f"timed out after {allowed_s:.0f} s" if code is None else _tail(err)
-    report.record(entry)
-    return document if code in (0, 1) or not parse else None
-
-
-def _communicate(command: list[str], timeout_s: float) -> tuple[int | None, str, str]:
-    """Exit code (None on timeout), stdout and stderr; the whole process group is stopped on timeout."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=timeout_s)
-        return process.returncode, out, err
-    except subprocess.TimeoutExpired:
-        _stop_group(process)
-        out, err = process.communicate()
-        return None, out, err
-
-
-def _stop_group(process: subprocess.Popen[str]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=wait_s)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _parsed(text: str) -> Any | None:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return "\n".join(lines)[-STDERR_TAIL:] if lines else "(no output on stderr)"
-
-
-def guarded(report: Report, name: str, action: Callable[[], Any]) -> Any | None:
-    """Run an in-process step; an exception is recorded and ``None`` returned."""
-    started = time.monotonic()
-    try:
-        value = action()
-    except Exception as err:  # noqa: BLE001 - every failure is recorded, and the check goes on
-        report.record({"step": name, "error": f"{type(err).__name__}: {err}",
-                       "seconds": round(time.monotonic() - started, 1)})
-        return None
-    report.record({"step": name, "seconds": round(time.monotonic() - started, 1)})
-    return value
 
 
 def parplan(*args: str) -> list[str]:
@@ -379,79 +264,6 @@ def check_case(case: ModelCase, settings: Settings, clock: Clock, report: Report
     return linked
 
 
-# --- the plain model against apply_plan (run as --overhead, in its own process) ----------
-
-
-def overhead(spec: str, shape_text: str, device: str, steps: int) -> dict[str, Any]:
-    """Median training step of the plain model and of apply_plan with every layer whole, interleaved."""
-    import torch
-
-    from cost_models.graph import parse_input_shape
-
-    shape, target = parse_input_shape(shape_text), torch.device(device)
-    plain, split, graph = _twins(spec, shape, target)
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(target)
-    out_shape = graph.nodes[graph.graph["outputs"][0]]["output_shape"]
-    labels = torch.zeros(out_shape[0], *out_shape[2:], dtype=torch.long, device=target)
-    runs = {"plain": _timed_step(plain, x, labels, torch.nn.functional.cross_entropy, target),
-            "apply_plan": _timed_step(split, split.shard(x), labels, split.loss, target)}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for round_ in range(steps + 3):  # 3 warm-up rounds; the order alternates so drift hits both alike
-        for name in (list(runs) if round_ % 2 == 0 else list(runs)[::-1]):
-            seconds = runs[name]()
-            if round_ >= 3:
-                times[name].append(seconds)
-    return _overhead_figures(times, device)
-
-
-def _twins(spec: str, shape: tuple[int, ...], device: Any) -> tuple[Any, Any, Any]:
-    """The plain model and apply_plan's unsplit copy of it, with the same weights, on ``device``."""
-    import torch
-
-    from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
-    from cost_models.layout import Layout
-    from cost_models.model_spec import load_model
-    from cost_models.uniform import uniform_plan
-    from runtime.apply import apply_plan
-
-    torch.manual_seed(0)
-    plain = load_model(spec).train()
-    graph = trace(plain, shape)
-    torch.manual_seed(0)
-    copy = load_model(spec).train().to(device)
-    link = Link(0.0, 1e9)
-    cluster = Cluster(devices=1, devices_per_node=1, memory_bytes=2**40, intra=link, inter=link)
-    split = apply_plan(copy, uniform_plan(graph, cluster, [Layout()]), graph=graph)
-    return plain.to(device), split, graph
-
-
-def _timed_step(model: Any, x: Any, labels: Any, loss: Callable[[Any, Any], Any], device: Any) -> Callable[[], float]:
-    import torch
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    def step() -> float:
-        synchronize()
-        started = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss(model(x), labels).backward()
-        optimizer.step()
-        synchronize()
-        return time.perf_counter() - started
-
-    return step
-
-
-def _overhead_figures(times: dict[str, list[float]], device: str) -> dict[str, Any]:
-    plain, split = statistics.median(times["plain"]), statistics.median(times["apply_plan"])
-    pairs = [b / a for a, b in zip(times["plain"], times["apply_plan"])]
-    return {"device": device, "steps": len(times["plain"]), "plain_median_s": plain, "apply_plan_median_s": split,
-            "ratio": split / plain, "ratio_of_pairs_median": statistics.median(pairs),
-            "plain_step_s": times["plain"], "apply_plan_step_s": times["apply_plan"]}
-
-
 # --- two or more GPUs ---------------------------------------------------------------
 
 
@@ -518,12 +330,12 @@ def peers(settings: Settings, clock: Clock, report: Report) -> None:
     if clock.left_s() < MIN_STEP_S:
         report.record({"step": "peers", "command": shown(command), "skipped": "budget"})
         return
-    helped = _communicate([sys.executable, str(script.relative_to(REPO)), "--help"], min(30.0, clock.left_s()))[1]
+    helped = communicate([sys.executable, str(script.relative_to(REPO)), "--help"], min(30.0, clock.left_s()))[1]
     if "--backend" in helped:
         command += ["--backend", settings.backend]
     run_step(report, clock, "peers", command, clock.left_s(), parse=False)
     if out.exists():
-        report.result("multi_gpu")["peers"] = {"report": str(out), "document": _parsed(out.read_text()),
+        report.result("multi_gpu")["peers"] = {"report": str(out), "document": parsed(out.read_text()),
                                                "command": shown(command)}
         report.write()
 

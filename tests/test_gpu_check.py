@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check
+from benchmarks import gpu_check, gpu_steps
 from benchmarks.gpu_check import Clock, Report, Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_a_failing_step_is_recorded_with_its_command_and_the_check_goes_on(tmp_p
 
 
 def test_a_hanging_step_is_stopped_at_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_check, "MIN_STEP_S", 0.0)
+    monkeypatch.setattr(gpu_steps, "MIN_STEP_S", 0.0)
     report, clock = _report(tmp_path), Clock(time.monotonic() + 600)
     started = time.monotonic()
     assert gpu_check.run_step(report, clock, "hangs", [sys.executable, "-c", "import time; time.sleep(60)"], 1.0) is None
