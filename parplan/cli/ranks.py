@@ -35,6 +35,10 @@ class JobRanks:
     nodes: Any = None
     """``runtime.launch.Nodes`` where this host is one of ``--nnodes``."""
 
+    def threads(self, given: int | None) -> int:
+        """CPU threads per rank: ``given`` (``--threads``), else this host's cores over the ranks on it."""
+        return given or max(1, (os.cpu_count() or 1) // self.per_node)
+
     @property
     def spans_nodes(self) -> bool:
         """Whether the job's ranks are on more than one node."""

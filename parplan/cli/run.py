@@ -158,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
-        threads=args.threads or max(1, (os.cpu_count() or 1) // ranks.per_node), quiet=args.json,
+        threads=ranks.threads(args.threads), quiet=args.json,
         timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
         resume=args.resume, graph=graph, output=args.output, order=args.order, staleness=args.staleness,
         per_layer=args.per_layer, slow_stages=tuple(sorted(args.slow_stages.items())),
@@ -187,7 +187,7 @@ def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph, ranks: Jo
 
     result = estimate(graph, plan, load_profile_argument(args.profile, compute_dtype(args)), slowdown=args.slow_stages,
                       shared_cores=host_shared_cores(ranks.per_node, args.threads),
-                      threads=args.threads or max(1, (os.cpu_count() or 1) // ranks.per_node))
+                      threads=ranks.threads(args.threads))
     return replace(plan, predicted=result.prediction())
 
 

@@ -120,7 +120,7 @@ def _trace_path(args: argparse.Namespace, candidate: Any, kind: str) -> str:
 
 
 def _threads(args: argparse.Namespace) -> int:
-    return int(args.threads or max(1, (os.cpu_count() or 1) // args.ranks.per_node))
+    return int(args.ranks.threads(args.threads))
 
 
 def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
