@@ -5,8 +5,9 @@ local shapes, which ``torch.utils.benchmark`` times (CPU) or CUDA events time
 (GPU, via the same Timer, which synchronises). Convolutions run their three
 kernels separately — forward, backward-data and backward-weight, through
 ``aten.convolution_backward`` with one output mask each — as the seed work
-timed them; linear layers their three matrix products; every other kind its
-forward function and the autograd backward of that one function.
+timed them; linear layers their three matrix products; attention its call
+(``calibrate.attention_kernel``); every other kind its forward function and
+the autograd backward of that one function.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
+from calibrate.attention_kernel import attention_kernel
 from cost_models.local_problem import LocalProblem
 
 __all__ = ["TIMED_KINDS", "KernelTiming", "build_kernel", "time_kernel"]
 
 TIMED_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "maxpool", "avgpool", "adaptive_avgpool",
                          "adaptive_maxpool", "upsample", "cat", "add", "mul", "elementwise", "dropout", "activation",
-                         "norm", "pad", "pixel_shuffle"})
+                         "norm", "pad", "pixel_shuffle", "attention"})
 """Kinds with a kernel here; others are predicted by the pooled fit of their pass."""
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -70,6 +72,8 @@ def build_kernel(problem: LocalProblem, phase: str, device: torch.device) -> Cal
         return _conv_kernel(problem, phase, inputs[0], weight, attrs)
     if problem.kind == "linear":
         return _linear_kernel(phase, inputs[0], weight)
+    if problem.kind == "attention":
+        return attention_kernel(problem, phase, inputs)
     forward = _forward_function(problem.kind, attrs, weight, problem.output_shape, inputs[0])
     if phase == "fwd":
         return lambda: forward(*inputs)

@@ -139,6 +139,17 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
 
 
+def _attention_samples_refusal(layer: Mapping[str, Any]) -> str | None:
+    """Attention splits by sample only where dimension 0 of its query holds the samples."""
+    attrs, query = layer.get("attrs", {}), (layer["input_shapes"] or [[]])[0]
+    if len(query) < 3:
+        return f"its query {tuple(query)} is unbatched: it has no samples to split"
+    if attrs.get("form") == "module" and not attrs.get("batch_first"):
+        return ("nn.MultiheadAttention(batch_first=False) holds the samples in dimension 1; construct it with "
+                "batch_first=True to split it by sample")
+    return None
+
+
 def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A layer with several output tensors: a cut into pieces along a dimension the layout does not split
     (``x.chunk(2, dim=1)`` under ``h2``), read by its items only, gives each rank its part of every piece."""
@@ -217,6 +228,8 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS:
         return None
+    if kind == "attention" and layout.n > 1 and (why := _attention_samples_refusal(layer)):
+        return why
     if stacks_or_reduces(layer):
         return reduction_refusal(layer, layout) or (sample_dim_refusal(layer) if layout.n > 1 else None)
     if kind == "getitem" and "sliced_dims" in attrs:

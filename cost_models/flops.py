@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any, Sequence
 
-__all__ = ["Flops", "layer_flops"]
+__all__ = ["Flops", "attention_flops", "layer_flops"]
 
 Shape = Sequence[int]
 
@@ -91,6 +91,8 @@ def layer_flops(
     output = _first_plain(output_shape)
     if attrs.get("flops_per_output") is not None:
         return _counted_flops(float(attrs["flops_per_output"]), output, needs_input_grad, has_weight)
+    if kind == "attention" and inputs:
+        return attention_flops(inputs, output, attrs, needs_input_grad=needs_input_grad, has_weight=has_weight)
     weight = _dense_weight(kind, attrs, inputs, output)
     if weight is None:
         return _elementwise_flops(kind, inputs, output, attrs, needs_input_grad, has_weight)
@@ -101,6 +103,35 @@ def layer_flops(
         bwd_data=dense if needs_input_grad else 0,
         bwd_weight=dense if has_weight else 0,
     )
+
+
+def attention_flops(inputs: Sequence[Shape], output: Shape, attrs: dict[str, Any], *, needs_input_grad: bool,
+                    has_weight: bool) -> Flops:
+    """Multi-head attention: ``nn.MultiheadAttention`` (its four projections and the attention between them)
+    or ``F.scaled_dot_product_attention`` (the attention alone).
+
+    The attention of ``L`` queries over ``S`` keys in ``H`` heads of ``Dk`` (``Dv``) features each: ``QKᵀ`` and
+    the weighted sum of values, ``2·N·H·L·S·(Dk + Dv)``, and a softmax of ``4`` per score. Its backward is
+    twice that (the gradients of scores, queries, keys and values) whatever needs a gradient; the projections
+    count as linear layers do: once forward, once for the inputs' gradient, once for the weights'."""
+    query = inputs[0]
+    key, value = (inputs[1], inputs[2]) if len(inputs) == 3 else (inputs[1], inputs[1]) if len(inputs) == 2 \
+        else (query, query)  # self-attention reads one tensor three times
+    if attrs.get("form") == "module":
+        heads, embed = int(attrs["num_heads"]), int(attrs["embed_dim"])
+        samples = query[0] if attrs.get("batch_first") or len(query) == 2 else query[1]
+        length, keys = prod(query[:-1]) // samples, prod(key[:-1]) // samples
+        scores = samples * heads * length * keys
+        core = 2 * scores * 2 * (embed // heads)
+        projections = 2 * samples * (length * embed * embed * 2 + keys * embed * (key[-1] + value[-1]))
+        inward = 2 * samples * length * embed * embed  # the output projection's: the attention needs it anyway
+    else:
+        scores = prod(query[:-1]) * key[-2]
+        core, projections, inward = 2 * scores * (query[-1] + value[-1]), 0, 0
+    softmax = 4 * scores
+    return Flops(fwd=core + softmax + projections,
+                 bwd_data=2 * (core + softmax) + (projections - (projections - inward) * (not needs_input_grad)),
+                 bwd_weight=projections if has_weight else 0)
 
 
 def _plain_shapes(shapes: Sequence[Any]) -> list[list[int]]:

@@ -41,6 +41,7 @@ _MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], str], 
     ((nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d), "conv_transpose"),
     ((nn.Conv1d, nn.Conv2d, nn.Conv3d), "conv"),
     (nn.Linear, "linear"),
+    (nn.MultiheadAttention, "attention"),
     ((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm), "batchnorm"),
     ((nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d), "norm"),
     ((nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d), "maxpool"),
@@ -77,6 +78,7 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     F.hardswish: "activation", F.leaky_relu: "activation", torch.relu: "activation",
     torch.sigmoid: "activation", torch.tanh: "activation", F.sigmoid: "activation",
     F.conv2d: "conv", F.conv1d: "conv", F.conv3d: "conv", F.linear: "linear",
+    F.scaled_dot_product_attention: "attention",
     F.batch_norm: "batchnorm",
     F.max_pool2d: "maxpool", F.avg_pool2d: "avgpool",
     F.adaptive_avg_pool2d: "adaptive_avgpool", F.adaptive_max_pool2d: "adaptive_maxpool",
@@ -228,6 +230,9 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
                 "value": float(getattr(module, "value", 0.0))}
     if kind == "softmax":
         return {"dim": module.dim}
+    if kind == "attention":
+        return {"form": "module", "embed_dim": module.embed_dim, "num_heads": module.num_heads, "kdim": module.kdim,
+                "vdim": module.vdim, "batch_first": bool(module.batch_first), "dropout": float(module.dropout)}
     if kind == "pixel_shuffle":
         inverse = isinstance(module, nn.PixelUnshuffle)
         return {"factor": module.downscale_factor if inverse else module.upscale_factor, "inverse": inverse}
@@ -284,6 +289,7 @@ _FUNCTION_FIELDS: dict[str, tuple[str, ...]] = {
     "pad": ("pad", "mode", "value"),
     "norm": ("normalized_shape", "num_groups", "eps", "use_input_stats"),
     "dropout": ("p",),
+    "attention": ("dropout_p", "is_causal", "scale"),
 }
 _FUNCTION_NORMS = {"layer_norm": "LayerNorm", "group_norm": "GroupNorm", "instance_norm": "InstanceNorm"}
 _FUNCTION_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -291,6 +297,7 @@ _FUNCTION_DEFAULTS: dict[str, dict[str, Any]] = {
     "upsample": {"mode": "nearest", "align_corners": None},
     "pad": {"mode": "constant", "value": 0.0},
     "flatten": {"start_dim": 0, "end_dim": -1},
+    "attention": {"form": "sdpa", "dropout_p": 0.0, "is_causal": False},
 }
 
 

@@ -1,4 +1,4 @@
-"""The short form of the model-coverage suite (tier 4): ten varied models through ``parplan check``'s checks.
+"""The short form of the model-coverage suite (tier 4): eleven varied models through ``parplan check``'s checks.
 
 Each model, at batch 4 and a 64×64 input: trace, plan on 2 devices
 (``parplan plan``'s default search, for float32), ``--verify`` of that plan,
@@ -58,6 +58,7 @@ MODELS = [
     ("googlenet", "torchvision:googlenet"),
     ("monai-UNet", spec_of("monai__UNet")),
     ("timm-vit_tiny", spec_of("timm__vit_tiny_patch16_224__64")),
+    ("torchvision-vit_tiny", f"{HERE.parents[1] / 'examples' / 'vit.py'}:vit_tiny"),  # nn.MultiheadAttention
 ]
 
 

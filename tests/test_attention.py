@@ -1,0 +1,91 @@
+"""Attention layers: traced as one layer each, counted, refused where they cannot split, timed by calibration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from calibrate.kernels import build_kernel
+from cost_models.capability import layer_refusal
+from cost_models.flops import attention_flops
+from cost_models.graph import trace
+from cost_models.layout import Layout
+from cost_models.local_problem import layer_problem
+from examples.vit import vit_tiny
+
+
+class SelfAttention(nn.Module):
+    """``nn.MultiheadAttention`` with the samples first or (``batch_first=False``) second."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 2, batch_first=batch_first)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+class FusedAttention(nn.Module):
+    """timm's form: one projection to queries, keys and values, ``F.scaled_dot_product_attention`` between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).reshape(2, 7, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 7, 8)
+
+
+def _attention(graph):  # noqa: ANN001, ANN202 - a LayerGraph's attention layers' data
+    return [data for _, data in graph.nodes(data=True) if data["kind"] == "attention"]
+
+
+def test_a_vision_transformer_traces_its_attention_and_counts_every_parameter() -> None:
+    model = vit_tiny()
+    graph = trace(model, (2, 3, 64, 64))
+    layers = _attention(graph)
+    assert len(layers) == 2  # one per encoder layer: (out, None) was dropped before, with its weights
+    assert graph.graph["unused_params"] == 0
+    assert graph.totals()["params"] == sum(p.numel() for p in model.parameters())
+    assert layers[0]["attrs"] == {"form": "module", "embed_dim": 32, "num_heads": 2, "kdim": 32, "vdim": 32,
+                                  "batch_first": True, "dropout": 0.0}
+
+
+def test_attention_flops_equal_the_counted_projections_and_matrix_products() -> None:
+    module, x = nn.MultiheadAttention(16, 2, batch_first=True), torch.randn(2, 17, 16)
+    with FlopCounterMode(display=False) as projections:
+        module(x, x, x, need_weights=False)
+    q, k, v = (torch.randn(2, 2, 17, 8) for _ in range(3))
+    with FlopCounterMode(display=False) as products:  # the attention as matrix products (CPU's fused kernel: uncounted)
+        torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    scores = 2 * 2 * 17 * 17
+    attrs = {"form": "module", "embed_dim": 16, "num_heads": 2, "batch_first": True}
+    whole = attention_flops([[2, 17, 16]], [2, 17, 16], attrs, needs_input_grad=True, has_weight=True)
+    assert whole.fwd == projections.get_total_flops() + products.get_total_flops() + 4 * scores
+    fused = attention_flops([[2, 2, 17, 8]] * 3, [2, 2, 17, 8], {"form": "sdpa"}, needs_input_grad=True, has_weight=False)
+    assert fused.fwd == products.get_total_flops() + 4 * scores and fused.bwd_weight == 0
+    assert whole.bwd_weight == projections.get_total_flops() and whole.bwd_data > whole.fwd
+
+
+def test_attention_splits_by_sample_where_its_samples_are_in_dimension_zero() -> None:
+    first = _attention(trace(SelfAttention(True), (2, 5, 16)))[0]
+    second = _attention(trace(SelfAttention(False), (5, 2, 16)))[0]
+    fused = _attention(trace(FusedAttention(), (2, 7, 8)))[0]
+    assert fused["attrs"]["form"] == "sdpa" and fused["flops_fwd"] > 0
+    assert layer_refusal(first, Layout(n=2)) is None and layer_refusal(fused, Layout(n=2)) is None
+    assert "batch_first=True" in layer_refusal(second, Layout(n=2))
+    for layout in (Layout(c=2), Layout(w=2)):  # heads and tokens: not yet
+        assert layer_refusal(first, layout) is not None
+
+
+@pytest.mark.parametrize("model, shape", [(SelfAttention(True), (2, 5, 16)), (FusedAttention(), (2, 7, 8))])
+def test_calibration_times_both_attention_forms(model: nn.Module, shape: tuple[int, ...]) -> None:
+    layer = _attention(trace(model, shape))[0]
+    problem = layer_problem(layer, Layout(n=2), "float32")
+    assert problem is not None and problem.input_shapes[0][0] == 1
+    for phase in ("fwd", "bwd"):
+        build_kernel(problem, phase, torch.device("cpu"))()
