@@ -46,8 +46,10 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
     input_orders = [orders.get(name, default_order(len(shape))) for name, shape in zip(inputs, shapes)]
     source = next(((order, shape) for order, shape in zip(input_orders, shapes)
                    if order and all(isinstance(extent, int) for extent in shape)), None)
-    if info.kind == "cat" and len(set(input_orders)) > 1:
-        source = None  # a concatenation of values in several orders is in PyTorch's
+    named = {order for order, shape in zip(input_orders, shapes) if order}
+    if info.kind == "cat" and (len(named) > 1 or any(not order and len(shape) == 4 for order, shape in
+                                                     zip(input_orders, shapes))):
+        source = None  # a concatenation of values in several orders is in PyTorch's (a class token: in its reader's)
     if len(meta) == 1 and source and ("stack_dim" in info.attrs or info.attrs.get("keepdim") is not None):
         order = _stacked_or_reduced(info.attrs, input_orders, source[0], len(meta[0][0]))
         orders[node.name] = order

@@ -36,10 +36,13 @@ def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     if not orders or layout.c * layout.spatial == 1:
         return None
     ordered = {order for order in orders if order}
+    if layer["kind"] == "cat" and "" in orders:
+        return (f"it concatenates values in the order {'/'.join(sorted(ordered))} with one whose axes are not named "
+                f"(a class token), which it reads whole under {layout}; split it by sample only")
     own = layer.get("attrs", {}).get("order")
     if own in (NCW, NCDHW) and ordered == {own}:
         return None  # a sequence (volume) read by a layer computing on them: the rules of its kind decide
-    if layer["kind"] == "view" or (len(ordered) == 1 and (layer["kind"] in KEEPING_KINDS | {"cat"}
+    if layer["kind"] == "view" or (len(ordered) == 1 and (layer["kind"] in KEEPING_KINDS | {"cat", "attention"}
                                                           or stacks_or_reduces(layer))):
         return None  # a view's own rules (permutes, reshape_refusal) decide
     return (f"it reads values in the orders {'/'.join(sorted(ordered))} (channels-last, or a channel shuffle's) and "
@@ -107,15 +110,15 @@ def _input_order(layer: Mapping[str, Any]) -> str:
 def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A LayerNorm (over its last dimensions), or a linear layer on a channels-last value: each position computes
     alone, on a box holding the dimensions it reads whole; ``None`` when the layout splits none of them — or, for
-    an ``nn.Linear`` module on a 4-D value, only its channels: it splits its filters, reading its input whole
-    along them."""
+    an ``nn.Linear`` module on a 4-D value or on tokens, only its channels: it splits its filters, reading its
+    input whole along them."""
     attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
     count = len(attrs.get("normalized_shape") or [0]) if layer["kind"] == "norm" else 1
     order = (attrs.get("input_orders") or [""])[0]
     if len(order) != len(shape):  # no order of its own: nchw when 4-D, else features (c) after the samples
         order = NCHW if len(shape) == 4 else "n" + "c" * (len(shape) - 1)
     split = sorted({axis for axis in order[len(shape) - count:] if getattr(layout, axis, 1) > 1})
-    if layer["kind"] == "linear" and split == ["c"] and len(shape) == 4:
+    if layer["kind"] == "linear" and split == ["c"] and len(shape) in (3, 4):
         if attrs.get("function_form"):
             return "linear is a function call; only its module form (nn.Linear) splits its filters"
         split = []  # its filters split, its input read whole along the channels (as a convolution's)
@@ -126,11 +129,11 @@ def last_dim_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
 
 
 def on_last_dims(layer: Mapping[str, Any]) -> bool:
-    """A LayerNorm, or a linear layer reading a 4-D value that holds its channels last."""
+    """A LayerNorm, or a linear layer reading a 4-D value, or 3-D tokens, that holds its channels last."""
     attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
     if layer["kind"] == "norm":
         return attrs.get("norm") == "LayerNorm"
-    return (layer["kind"] == "linear" and bool(inputs) and len(inputs[0]) == 4
+    return (layer["kind"] == "linear" and bool(inputs) and len(inputs[0]) in (3, 4)
             and (attrs.get("input_orders") or [NCHW])[0].endswith("c"))
 
 
@@ -192,7 +195,7 @@ def sample_dim_refusal(layer: Mapping[str, Any]) -> str | None:
             len(sources[1]) == 2 and sources[1][0] == target[0] and len(target) == 2:
         return ("it multiplies by a 2-D value whose rows are the samples, summing over the batch (csatv2's "
                 "attention of (B, N) by (B, N)ᵀ by (B, N))")
-    read = sources if layer["kind"] == "other" else sources[:1]  # a matmul's operands are all activations
+    read = sources if layer["kind"] in ("other", "attention") else sources[:1]  # all operands are activations
     for source in read:
         if isinstance(source, list) and source and not isinstance(source[0], list) and source[0] not in (
                 1, target[0]):

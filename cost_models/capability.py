@@ -66,6 +66,16 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       layer reading such a value splits it by sample only. Pixel shuffle and
       unshuffle split by channel and space when every part of the coarse side,
       scaled, is the part of the fine side.
+    * A transformer's tokens ``(N, L, E)`` (order ``nwc``: patches flattened
+      and transposed, ``cost_models.orders``) split by token as ``w`` (``t``)
+      and by embedding as ``c``, under the rules above: element-wise layers,
+      LayerNorm (not by ``c``) and linear layers (per token; their filters by
+      ``c``). Attention (kind ``attention``) splits by sample where its
+      query holds the samples in dimension 0; an ``nn.MultiheadAttention``
+      attending to itself without a mask also by token, each rank's queries
+      attending to every token (keys and values read whole along ``w``). A
+      concatenation of tokens with a class token (axes not named) splits by
+      sample only.
     * Convolution and linear layers split by channel or space, and batch-norm
       by channel, only as modules (a function call has no module whose
       weights can be sliced) — but ``F.conv2d`` with filters computed from
@@ -150,6 +160,21 @@ def _attention_samples_refusal(layer: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _attention_split_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """Attention splits its tokens (``w``: each rank's queries attend to every token, its keys and values read
+    whole) as an ``nn.MultiheadAttention`` module attending to itself without a mask, on tokens ``nwc``."""
+    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
+    if attrs.get("form") != "module":
+        return "scaled_dot_product_attention splits by sample only (its heads and tokens: not yet)"
+    if len(inputs) != 1 or attrs.get("masked"):
+        return "attention to other tensors, or under a mask, splits by sample only"
+    if layout.c > 1 or layout.h > 1 or layout.d > 1:
+        return f"attention splits its samples and tokens (t, the w axis) only, not {layout}"
+    if (attrs.get("input_orders") or [""])[0] != "nwc" or attrs.get("order") != "nwc":
+        return "attention splits tokens held (N, L, E) (order nwc) only"
+    return None
+
+
 def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A layer with several output tensors: a cut into pieces along a dimension the layout does not split
     (``x.chunk(2, dim=1)`` under ``h2``), read by its items only, gives each rank its part of every piece."""
@@ -230,6 +255,8 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return None
     if kind == "attention" and layout.n > 1 and (why := _attention_samples_refusal(layer)):
         return why
+    if kind == "attention" and layout.c * layout.spatial > 1:
+        return _attention_split_refusal(layer, layout)
     if stacks_or_reduces(layer):
         return reduction_refusal(layer, layout) or (sample_dim_refusal(layer) if layout.n > 1 else None)
     if kind == "getitem" and "sliced_dims" in attrs:

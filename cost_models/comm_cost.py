@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
-from math import lcm, prod
+from math import lcm
 from typing import Mapping, Sequence
 
 import numpy as np

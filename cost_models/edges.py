@@ -5,7 +5,7 @@ redistributed forward (the activation) and back (its gradient). A dense reader
 split by filters (``c > 1`` on a convolution or linear layer) wants its input
 whole in channels; a tensor that is not 4-D is priced as ``(n, features, 1, 1)``;
 a channels-last value is priced in NCHW order (it moves its axes wherever its
-order holds them).
+order holds them), and tokens ``(N, L, E)`` as the sequence ``(N, E, L)``.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def edge_frame(source: Mapping[str, Any]) -> tuple[tuple[int, ...], bool] | None
         return tuple(logical(shape, order)), False
     if (len(shape) == 5 and order == NCDHW) or (len(shape) == 3 and order == NCW):  # a volume, a sequence
         return tuple(shape), False
+    if len(shape) == 3 and len(order) == 3 and "w" in order:  # tokens (nwc): priced as a sequence (N, E, L)
+        return tuple(logical(shape, order)[:2]) + (int(shape[order.index("w")]),), False
     features = 1
     for extent in shape[1:]:
         features *= extent
@@ -78,14 +80,17 @@ def projected(layout: Layout, flat: bool) -> Layout:
 
 
 def reader_layout(kind: str, layout: Layout) -> Layout:
-    """The layout a ``kind`` layer under ``layout`` reads its input in: a filter split reads channels whole."""
-    return replace(layout, c=1) if kind in DENSE_KINDS and layout.c > 1 else layout
+    """The layout a ``kind`` layer under ``layout`` reads its input in: a filter split reads channels whole, and
+    attention split by tokens reads every token (its keys and values; its queries are a part of them)."""
+    if kind in DENSE_KINDS and layout.c > 1:
+        return replace(layout, c=1)
+    return replace(layout, w=1) if kind == "attention" and layout.w > 1 else layout
 
 
 def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
               layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
     """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
-    if have == layout and (layout.c == 1 or target["kind"] not in DENSE_KINDS):
+    if have == layout and reader_layout(target["kind"], layout) == layout:
         return None  # both project alike (:func:`edge_layouts`)
     move = edge_layouts(source, target, have, layout)
     return None if move is None or move[1] == move[2] else move

@@ -19,7 +19,7 @@ sample split only.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection
 
 import torch
@@ -134,7 +134,8 @@ def classify(node: Node, root: GraphModule, *, opaque: Collection[str] = ()) -> 
         if str(node.target) in opaque:
             return KindInfo("other", _module_label(module), {"opaque": "automatic", **_held_norms(module)},
                             bool(getattr(module, "inplace", False)))
-        return _classify_module(module)
+        info = _classify_module(module)
+        return replace(info, attrs={**info.attrs, "masked": _masked(node)}) if info.kind == "attention" else info
     if node.op == "call_method":
         kind = _METHOD_KINDS.get(str(node.target), "other")
         return KindInfo(kind, f"Tensor.{node.target}", _function_attrs(node, root, kind),
@@ -177,6 +178,14 @@ def _classify_module(module: nn.Module) -> KindInfo:
     kind = _module_kind(module)
     attrs = _module_attrs(module, kind) if kind != "other" else {**_module_attrs(module, kind), **_held_norms(module)}
     return KindInfo(kind, _module_label(module), attrs, kind in VIEW_KINDS or bool(getattr(module, "inplace", False)))
+
+
+def _masked(node: Node) -> bool:
+    """Whether an ``nn.MultiheadAttention`` call passes a mask (``key_padding_mask``, ``attn_mask``, causal)."""
+    given = dict(zip(("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask"), node.args))
+    given.update(node.kwargs)
+    return any(given.get(name) is not None for name in ("key_padding_mask", "attn_mask")) or \
+        bool(given.get("is_causal"))
 
 
 def _held_norms(module: nn.Module) -> dict[str, int]:

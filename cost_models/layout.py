@@ -8,7 +8,8 @@ back (``.`` or ``*`` may stand for ``·``, so it can be typed on any keyboard).
 
 Tensors of other ranks name a subset of the axes (:func:`axes_of`): an image
 ``(N, C, H, W)`` has no depth, a sequence ``(N, C, L)`` splits its length as
-``w``. :func:`as_volume` puts any of them in the five-axis frame (extent 1 on
+``w``, and so do a transformer's tokens ``(N, L, E)`` (order ``nwc``: their
+embedding is the channel axis; ``Layout.parse`` reads ``t2`` as ``w2``). :func:`as_volume` puts any of them in the five-axis frame (extent 1 on
 the axes it lacks), where a dimension of extent 1 is held whole whatever the
 layout says.
 
@@ -34,7 +35,8 @@ __all__ = ["DIMS", "Layout", "as_volume", "axes_of", "from_volume", "layouts_div
 DIMS: tuple[str, ...] = ("n", "c", "d", "h", "w")
 _AXES = {1: "n", 2: "nc", 3: "ncw", 4: "nchw", 5: "ncdhw"}
 _PICK = {rank: attrgetter(*axes) if len(axes) > 1 else (lambda layout: (layout.n,)) for rank, axes in _AXES.items()}
-_PART = re.compile(r"^([ncdhw])(\d+)$")
+_PART = re.compile(r"^([ncdhwt])(\d+)$")
+_ALIASES = {"t": "w"}  # tokens (N, L, E) hold their length on the w axis, as a sequence (N, C, L) does
 _SEPARATORS = re.compile(r"[·.*]")
 
 
@@ -113,7 +115,7 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
-        """Read the short form (``n4·h2·w2``, ``n4.h2``, ``n1``) back into a Layout.
+        """Read the short form (``n4·h2·w2``, ``n4.h2``, ``n1``) back into a Layout; ``t`` (tokens) is ``w``.
 
         Raises:
             InputError: Unknown letters, repeated dimensions, or non-positive counts.
@@ -123,12 +125,12 @@ class Layout:
             match = _PART.match(token.strip())
             if match is None:
                 raise InputError(
-                    f"cannot read layout {text!r}: part {token!r} is not a letter n/c/d/h/w followed by a count "
+                    f"cannot read layout {text!r}: part {token!r} is not a letter n/c/d/h/w/t followed by a count "
                     f"(example: n4·h2·w2)"
                 )
-            dim, count = match.group(1), int(match.group(2))
+            dim, count = _ALIASES.get(match.group(1), match.group(1)), int(match.group(2))
             if dim in counts:
-                raise InputError(f"cannot read layout {text!r}: dimension {dim!r} appears twice")
+                raise InputError(f"cannot read layout {text!r}: dimension {dim!r} appears twice (t is w: tokens)")
             counts[dim] = count
         try:
             return cls(**counts)

@@ -122,8 +122,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         output = list(output[0])
     attrs = dict(layer.get("attrs", {}))
     own_order = attrs.get("order") or default_order(len(output))
-    local_out = _split_shape(output, layout, own_order) if len(output) in (4, 5) or own_order == NCW else \
-        _split_flat(output, layout)
+    local_out = _split_shape(output, layout, own_order) if len(output) in (4, 5) or len(own_order) == len(output) \
+        else _split_flat(output, layout)  # (a 3-D value with an order: a sequence ncw, tokens nwc)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
     # a filter split reads its channels whole
     read = replace(layout, c=1) if kind in DENSE_KINDS and layout.c > 1 else layout
@@ -133,6 +133,9 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
               for s, order in zip(shapes, orders)] + [list(s) for s in layer["input_shapes"][len(shapes):]]
     if any(s is None for s in inputs):
         return None
+    if kind == "attention" and layout.w > 1 and len(inputs) == 1:  # queries of its tokens; keys, values: every one
+        every = _split_shape(shapes[0], replace(layout, w=1), orders[0])
+        inputs = [inputs[0], every, every]
     weight = _local_weight(layer.get("weight_shape") or _called_filters(layer), layout, kind, attrs)
     if kind == "pad" and isinstance(attrs.get("pad"), list) and inputs and len(local_out) == 4:
         attrs["pad"], inputs[0] = _tile_padding(attrs["pad"], inputs[0], local_out, layout)
@@ -179,7 +182,8 @@ def _split_shape(shape: Sequence[int], layout: Layout, order: str = NCHW) -> lis
 
 def _reordered(shape: Sequence[int], order: str) -> bool:
     """Whether an input of ``shape`` holds its axes in an order of its own (channels-last, stacked branches)."""
-    return len(shape) in (4, 5) and order not in (NCHW, NCDHW) and len(order) == len(shape)  # (ncw: a sequence)
+    return (len(shape) in (4, 5) and order not in (NCHW, NCDHW) and len(order) == len(shape)) or \
+        (len(shape) == 3 and order != NCW and len(order) == 3)  # tokens (nwc); a sequence (ncw) reads halos
 
 
 def _split_flat(shape: Sequence[int], layout: Layout) -> list[int]:

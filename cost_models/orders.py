@@ -84,6 +84,8 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
         return unknown_order(order, source_shape, shape)
     if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank:
         return order
+    if kind in ("attention", "getitem") and list(source_shape) == list(shape) and len(order) == rank:
+        return order  # attention answers each query token; an item of its (out, None) is out
     return NCDHW if rank == 5 and kind in VOLUME_MAKERS else default_order(rank)
 
 
@@ -159,6 +161,8 @@ def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | 
         trail += 1
     merged = [axis for axis in order[lead:len(order) - trail] if axis != "."]
     middle_count = len(target) - lead - trail
+    if middle_count == 1 and trail == 0 and merged in (["h", "w"], ["d", "h", "w"]) and "c" in order[:lead]:
+        return order[:lead] + "w"  # a map's positions flattened, row-major, into tokens: the token axis is w
     middle = "c" if middle_count == 1 and merged in ([], ["c"]) else "." * middle_count
     result = order[:lead] + middle + order[len(order) - trail:]
     if middle == "c" and ("c" in order[:lead] + order[len(order) - trail:] or len(result) != 4):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError

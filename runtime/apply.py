@@ -431,6 +431,9 @@ class DistributedModel(DataHelpers, nn.Module):
 
     def _wrap(self, site: Site, out: Any) -> Any:
         shape = site.layer["output_shape"]
+        if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) and all(v is None for v in out[1:]) \
+                and shape and not isinstance(shape[0], list):  # (out, None) (attention): out in the layer's box
+            return (self._wrap(site, out[0]), *out[1:])  # its item reads it where it is (kept as a Value)
         if not isinstance(out, torch.Tensor):
             return out  # a tuple of tensors: kept whole (the plan gives such layers no split)
         placement = site.placement
@@ -497,3 +500,4 @@ def _refuse_unsupported(sites: Any) -> None:
     if refused:
         raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
+

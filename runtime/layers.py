@@ -12,6 +12,8 @@ and :data:`HANDLERS` computes the layer's output box:
 * convolution, transposed convolution and linear layers split by ``c`` hold a
   slice of the filters and read every input channel (``Placement(L, "c")``);
   the adjoint of that redistribution sums the input gradients over the slices;
+* self-attention (``nn.MultiheadAttention``) split by tokens reads its keys and
+  values whole along the tokens (``w``), its queries in its own layout;
 * group-norm and instance-norm modules sum their statistics per sample and
   group over the tiles of the same samples (``runtime.norm.group_norm``);
 * batch-norm sums its statistics over the tiles of the same samples and
@@ -370,9 +372,21 @@ def _channel_index(site: Site) -> int:
     return coordinates(site.layout, site.member)[1]
 
 
-HANDLERS: dict[str, Callable[[Site, Fetch], torch.Tensor | None]] = {
+def _attention(site: Site, fetch: Fetch) -> Any:
+    """Self-attention split by tokens: this rank's queries attend to every token — the keys and values read whole
+    along ``w`` (an all-gather; its adjoint sums their gradients back onto each rank's tokens). Returns the
+    module's ``(out, None)``."""
+    if site.module is None or site.layout.w == 1:
+        return None
+    queries = fetch(0, Placement(site.layout))
+    every = fetch(0, Placement(site.layout, "w"))
+    return site.module(queries, every, every, need_weights=False)
+
+
+HANDLERS: dict[str, Callable[[Site, Fetch], Any]] = {
     "conv": _conv, "conv_transpose": _conv_transpose, "linear": _linear, "batchnorm": _batchnorm, "norm": _norm,
     "maxpool": _pool, "avgpool": _pool, "adaptive_avgpool": _adaptive_avgpool, "upsample": _upsample, "pad": _pad,
+    "attention": _attention,
 }
 """Kinds with a distributed form. A handler returns ``None`` when the layer needs none here (unsplit in the
 way that matters): the executor then runs the user's module or function on the local boxes."""

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from cost_models.halo import adaptive_reads, partition
 from runtime.halo_exchange import exchange_halo, window_of_reads
-from runtime.spatial import TileGrid, by_rank, ntuple, pair
+from runtime.spatial import TileGrid, by_rank, ntuple
 
 __all__ = ["adaptive_avg_pool2d", "conv_transpose2d", "interpolate", "pad2d"]
 

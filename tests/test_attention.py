@@ -52,7 +52,25 @@ def test_a_vision_transformer_traces_its_attention_and_counts_every_parameter() 
     assert graph.graph["unused_params"] == 0
     assert graph.totals()["params"] == sum(p.numel() for p in model.parameters())
     assert layers[0]["attrs"] == {"form": "module", "embed_dim": 32, "num_heads": 2, "kdim": 32, "vdim": 32,
-                                  "batch_first": True, "dropout": 0.0}
+                                  "batch_first": True, "dropout": 0.0, "masked": False, "order": "nwc",
+                                  "input_orders": ["nwc"]}
+    assert layer_refusal(layers[0], Layout(n=2, w=2)) is None  # its queries by token, keys and values whole
+    assert "not c2" in layer_refusal(layers[0], Layout(c=2))
+
+
+def test_tokens_hold_their_length_as_w_and_their_embedding_as_c() -> None:
+    """(N, C, H, W) patches flattened to (N, C, H·W) are a sequence; transposed, tokens (N, L, E): ``nwc``. The
+    class token's concatenation and everything after it keep that order, so ``t2`` (``w2``) splits tokens."""
+    graph = trace(vit_tiny(), (2, 3, 64, 64))
+    orders = {name: data["attrs"].get("order") for name, data in graph.nodes(data=True)}
+    assert orders["reshape"] == "ncw" and orders["permute"] == "nwc" and orders["cat"] == "nwc"
+    assert orders["encoder_layers_encoder_layer_1_mlp_3"] == "nwc" and orders["getitem_5"] == "nwc"
+    assert Layout.parse("n2·t2") == Layout(n=2, w=2)
+    mlp, norm = graph.nodes["encoder_layers_encoder_layer_0_mlp_0"], graph.nodes["encoder_layers_encoder_layer_0_ln_1"]
+    for layout in (Layout(w=2), Layout(c=2), Layout(n=2, c=2, w=2)):  # per token; by columns (filters)
+        assert layer_refusal(mlp, layout) is None, layout
+    assert layer_refusal(norm, Layout(w=2)) is None and "c2" in layer_refusal(norm, Layout(c=2))
+    assert "class token" in layer_refusal(graph.nodes["cat"], Layout(w=2))
 
 
 def test_attention_flops_equal_the_counted_projections_and_matrix_products() -> None:
@@ -78,8 +96,21 @@ def test_attention_splits_by_sample_where_its_samples_are_in_dimension_zero() ->
     assert fused["attrs"]["form"] == "sdpa" and fused["flops_fwd"] > 0
     assert layer_refusal(first, Layout(n=2)) is None and layer_refusal(fused, Layout(n=2)) is None
     assert "batch_first=True" in layer_refusal(second, Layout(n=2))
-    for layout in (Layout(c=2), Layout(w=2)):  # heads and tokens: not yet
-        assert layer_refusal(first, layout) is not None
+    for layout in (Layout(c=2), Layout(w=2)):  # tokens not named (a model input), the heads of sdpa: not yet
+        assert layer_refusal(first, layout) is not None and layer_refusal(fused, layout) is not None
+
+
+def test_attention_split_by_tokens_reads_every_token_for_its_keys_and_values() -> None:
+    from cost_models.edges import edge_move
+
+    graph = trace(vit_tiny(), (4, 3, 64, 64))
+    layer = graph.nodes["encoder_layers_encoder_layer_0_self_attention"]
+    problem = layer_problem(layer, Layout(w=2), "float32")
+    assert problem.input_shapes == ((4, 9, 32), (4, 17, 32), (4, 17, 32))  # 9 of 17 queries, every key and value
+    whole = layer_problem(layer, Layout(), "float32")
+    assert whole.flops.fwd > problem.flops.fwd > whole.flops.fwd / 2  # the keys' and values' projections: all
+    move = edge_move(graph.nodes["encoder_layers_encoder_layer_0_ln_1"], layer, Layout(w=2), Layout(w=2))
+    assert move == ((4, 32, 17), Layout(w=2), Layout())  # an all-gather of the tokens, priced as a sequence
 
 
 @pytest.mark.parametrize("model, shape", [(SelfAttention(True), (2, 5, 16)), (FusedAttention(), (2, 7, 8))])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-from typing import Any, Sequence
+from typing import Any
 
 from cost_models.errors import InputError
 
