@@ -17,7 +17,6 @@ every gradient.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Sequence
 
 import pytest
