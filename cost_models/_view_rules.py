@@ -42,11 +42,18 @@ def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     own = layer.get("attrs", {}).get("order")
     if own in (NCW, NCDHW) and ordered == {own}:
         return None  # a sequence (volume) read by a layer computing on them: the rules of its kind decide
-    if layer["kind"] == "view" or (len(ordered) == 1 and (layer["kind"] in KEEPING_KINDS | {"cat", "attention"}
+    if layer["kind"] == "view" or identity_item(layer) or (len(ordered) == 1 and (
+            layer["kind"] in KEEPING_KINDS | {"cat", "attention"}
                                                           or stacks_or_reduces(layer))):
         return None  # a view's own rules (permutes, reshape_refusal) decide
     return (f"it reads values in the orders {'/'.join(sorted(ordered))} (channels-last, or a channel shuffle's) and "
             f"has no form for them under {layout}; split it by sample only")
+
+
+def identity_item(layer: Mapping[str, Any]) -> bool:
+    """``out`` of attention's ``(out, None)``: an item of the shape of what it reads, that value itself."""
+    return layer["kind"] == "getitem" and [list(shape) for shape in layer["input_shapes"]] == [
+        list(layer["output_shape"])]
 
 
 def stacks_or_reduces(layer: Mapping[str, Any]) -> bool:

@@ -72,8 +72,9 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
       LayerNorm (not by ``c``) and linear layers (per token; their filters by
       ``c``). Attention (kind ``attention``) splits by sample where its
       query holds the samples in dimension 0; an ``nn.MultiheadAttention``
-      attending to itself without a mask also by token, each rank's queries
-      attending to every token (keys and values read whole along ``w``). A
+      attending to itself without a mask or dropout also by token, each
+      rank's queries attending to every token (keys and values read whole
+      along ``w``), and by whole heads (``c``). A
       concatenation of tokens with a class token (axes not named) splits by
       sample only.
     * Convolution and linear layers split by channel or space, and batch-norm
@@ -103,9 +104,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
 from cost_models._volume_rules import volume_refusal, volume_refusal_applies
-from cost_models._view_rules import (channel_view_refusal, last_dim_refusal, on_last_dims, order_refusal, permutes,
-                                     reduction_refusal, reshape_refusal, sample_dim_refusal, sample_view_refusal,
-                                     stacks_or_reduces)
+from cost_models._view_rules import (channel_view_refusal, identity_item, last_dim_refusal, on_last_dims,
+                                     order_refusal, permutes, reduction_refusal, reshape_refusal, sample_dim_refusal,
+                                     sample_view_refusal, stacks_or_reduces)
 from cost_models.layout import Layout
 from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.orders import default_order, logical
@@ -162,16 +163,21 @@ def _attention_samples_refusal(layer: Mapping[str, Any]) -> str | None:
 
 def _attention_split_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """Attention splits its tokens (``w``: each rank's queries attend to every token, its keys and values read
-    whole) as an ``nn.MultiheadAttention`` module attending to itself without a mask, on tokens ``nwc``."""
+    whole) and heads (``c``: ``runtime.attention``) as an ``nn.MultiheadAttention`` module attending to itself
+    without a mask or dropout, on tokens ``nwc``."""
     attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
     if attrs.get("form") != "module":
         return "scaled_dot_product_attention splits by sample only (its heads and tokens: not yet)"
-    if len(inputs) != 1 or attrs.get("masked"):
-        return "attention to other tensors, or under a mask, splits by sample only"
-    if layout.c > 1 or layout.h > 1 or layout.d > 1:
-        return f"attention splits its samples and tokens (t, the w axis) only, not {layout}"
+    if len(inputs) != 1 or attrs.get("masked") or attrs.get("dropout"):
+        return "attention to other tensors, under a mask or with dropout splits by sample only"
+    if layout.h > 1 or layout.d > 1:
+        return f"attention splits its samples, heads (c) and tokens (t, the w axis) only, not {layout}"
     if (attrs.get("input_orders") or [""])[0] != "nwc" or attrs.get("order") != "nwc":
         return "attention splits tokens held (N, L, E) (order nwc) only"
+    heads = int(attrs.get("num_heads", 1))
+    if layout.c > 1 and (heads % layout.c or attrs.get("extra_keys")):
+        return (f"attention splits whole heads: {heads} heads into {layout.c} parts"
+                if heads % layout.c else "attention with added key/value biases or zero attention splits no heads")
     return None
 
 
@@ -251,7 +257,7 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return last_dim_refusal(layer, layout)
     if kind == "activation" and layout.c > 1 and prod(layer.get("weight_shape") or [1]) > 1:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
-    if kind in ANY_LAYOUT_KINDS:
+    if kind in ANY_LAYOUT_KINDS or identity_item(layer):
         return None
     if kind == "attention" and layout.n > 1 and (why := _attention_samples_refusal(layer)):
         return why

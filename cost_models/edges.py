@@ -84,7 +84,7 @@ def reader_layout(kind: str, layout: Layout) -> Layout:
     attention split by tokens reads every token (its keys and values; its queries are a part of them)."""
     if kind in DENSE_KINDS and layout.c > 1:
         return replace(layout, c=1)
-    return replace(layout, w=1) if kind == "attention" and layout.w > 1 else layout
+    return replace(layout, c=1, w=1) if kind == "attention" else layout  # (heads: its input whole in channels)
 
 
 def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,

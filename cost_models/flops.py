@@ -113,7 +113,8 @@ def attention_flops(inputs: Sequence[Shape], output: Shape, attrs: dict[str, Any
     The attention of ``L`` queries over ``S`` keys in ``H`` heads of ``Dk`` (``Dv``) features each: ``QKᵀ`` and
     the weighted sum of values, ``2·N·H·L·S·(Dk + Dv)``, and a softmax of ``4`` per score. Its backward is
     twice that (the gradients of scores, queries, keys and values) whatever needs a gradient; the projections
-    count as linear layers do: once forward, once for the inputs' gradient, once for the weights'."""
+    count as linear layers do: once forward, once for the inputs' gradient, once for the weights'. A rank of a
+    split into ``heads_parts`` computes its heads and its rows of every projection: a ``1/heads_parts`` share."""
     query = inputs[0]
     key, value = (inputs[1], inputs[2]) if len(inputs) == 3 else (inputs[1], inputs[1]) if len(inputs) == 2 \
         else (query, query)  # self-attention reads one tensor three times
@@ -128,6 +129,8 @@ def attention_flops(inputs: Sequence[Shape], output: Shape, attrs: dict[str, Any
     else:
         scores = prod(query[:-1]) * key[-2]
         core, projections, inward = 2 * scores * (query[-1] + value[-1]), 0, 0
+    parts = int(attrs.get("heads_parts", 1))  # a rank of a head split: its heads, its rows of each projection
+    core, projections, inward, scores = core // parts, projections // parts, inward // parts, scores // parts
     softmax = 4 * scores
     return Flops(fwd=core + softmax + projections,
                  bwd_data=2 * (core + softmax) + (projections - (projections - inward) * (not needs_input_grad)),

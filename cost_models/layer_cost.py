@@ -28,7 +28,10 @@ Assumptions (beyond those of the modules used):
     * A filter (``c``) split of a convolution or linear layer needs the full
       input on every rank (an edge redistribution provides it) and sums the
       partial input gradients over the ``c`` group: one allreduce of the local
-      input gradient.
+      input gradient. A head split of attention does too, and gathers every
+      head's output over the group (an all-gather forward, its adjoint
+      backward, each priced as one all-gather); its weights are whole on every
+      rank, allreduced over all of them.
     * A profile refined by ``parplan validate --refine`` scales every term but
       the weight-gradient allreduce by its layer factor
       (``cost_models.corrections``).
@@ -39,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
+from math import prod
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
@@ -216,7 +220,8 @@ def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, 
     if not layer.get("params"):
         return 0.0
     split = layout.c if layer["kind"] in DENSE_KINDS | {"batchnorm"} else 1
-    group, nodes, local = _replica_shape(layout.c, layout.spatial, devices, cluster)
+    channels = 1 if layer["kind"] == "attention" else layout.c  # its weights whole on every rank (runtime.attention)
+    group, nodes, local = _replica_shape(channels, layout.spatial, devices, cluster)
     nbytes = layer["params"] * itemsize / split  # as comm_cost.gradient_allreduce_s prices it: t(B)·nbytes/B
     return shaped_allreduce_s(profile, group, nodes, local, GRADIENT_BUCKET_BYTES) * nbytes / GRADIENT_BUCKET_BYTES
 
@@ -238,14 +243,16 @@ def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
 
 def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,
                       cluster: Cluster) -> float:
-    if layer["kind"] not in DENSE_KINDS or layout.c == 1 or not problem.needs_input_grad:
+    if layer["kind"] not in DENSE_KINDS | {"attention"} or layout.c == 1:
         return 0.0
     stride = layout.spatial
     group = [index * stride for index in range(layout.c)]
-    input_bytes = problem.itemsize
-    for extent in problem.input_shapes[0]:
-        input_bytes *= extent
-    return allreduce_s(profile, cluster, group, input_bytes)
+    input_bytes = problem.itemsize * prod(problem.input_shapes[-1])
+    reduced = allreduce_s(profile, cluster, group, input_bytes) if problem.needs_input_grad else 0.0
+    if layer["kind"] != "attention":
+        return reduced
+    heads_bytes = problem.itemsize * prod(problem.output_shape) * layout.c  # every head's output, gathered
+    return reduced + 2 * allgather_s(profile, cluster, group, heads_bytes)  # and its gradient scattered back
 
 
 @lru_cache(maxsize=4096)

@@ -241,7 +241,8 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
         return {"dim": module.dim}
     if kind == "attention":
         return {"form": "module", "embed_dim": module.embed_dim, "num_heads": module.num_heads, "kdim": module.kdim,
-                "vdim": module.vdim, "batch_first": bool(module.batch_first), "dropout": float(module.dropout)}
+                "vdim": module.vdim, "batch_first": bool(module.batch_first), "dropout": float(module.dropout),
+                "extra_keys": module.bias_k is not None or bool(module.add_zero_attn)}
     if kind == "pixel_shuffle":
         inverse = isinstance(module, nn.PixelUnshuffle)
         return {"factor": module.downscale_factor if inverse else module.upscale_factor, "inverse": inverse}

@@ -126,7 +126,7 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         else _split_flat(output, layout)  # (a 3-D value with an order: a sequence ncw, tokens nwc)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
     # a filter split reads its channels whole
-    read = replace(layout, c=1) if kind in DENSE_KINDS and layout.c > 1 else layout
+    read = replace(layout, c=1) if kind in DENSE_KINDS | {"attention"} and layout.c > 1 else layout
     shapes = layer["input_shapes"][:1] if kind == "conv" else layer["input_shapes"]  # F.conv2d's filters: whole
     inputs = [_split_shape(s, read, order) if _reordered(s, order) else
               _local_input(kind, list(s), output, local_out, layout, attrs, order)
@@ -134,8 +134,10 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     if any(s is None for s in inputs):
         return None
     if kind == "attention" and layout.w > 1 and len(inputs) == 1:  # queries of its tokens; keys, values: every one
-        every = _split_shape(shapes[0], replace(layout, w=1), orders[0])
+        every = _split_shape(shapes[0], replace(read, w=1), orders[0])
         inputs = [inputs[0], every, every]
+    if kind == "attention" and layout.c > 1:
+        attrs["heads_parts"] = layout.c  # its heads (cost_models.flops.attention_flops)
     weight = _local_weight(layer.get("weight_shape") or _called_filters(layer), layout, kind, attrs)
     if kind == "pad" and isinstance(attrs.get("pad"), list) and inputs and len(local_out) == 4:
         attrs["pad"], inputs[0] = _tile_padding(attrs["pad"], inputs[0], local_out, layout)

@@ -146,6 +146,8 @@ def _joined_head(graph: LayerGraph, name: str, inputs: list[str], head_of: Mappi
         return first
     if kind == "getitem" and len(arguments) == 1 and isinstance((graph.nodes[lead]["output_shape"] or [0])[0], list):
         return first  # an item of a layer's several outputs: in that layer's layout (piece_layout_refusal)
+    if kind == "getitem" and len(arguments) == 1 and graph.nodes[lead]["kind"] == "attention":
+        return first  # out of attention's (out, None): where the attention left it (runtime.apply)
     if kind not in MERGED_KINDS:
         return name
     others = {head_of[source] for source in inputs if source != lead} - {first}

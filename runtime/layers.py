@@ -13,7 +13,8 @@ and :data:`HANDLERS` computes the layer's output box:
   slice of the filters and read every input channel (``Placement(L, "c")``);
   the adjoint of that redistribution sums the input gradients over the slices;
 * self-attention (``nn.MultiheadAttention``) split by tokens reads its keys and
-  values whole along the tokens (``w``), its queries in its own layout;
+  values whole along the tokens (``w``), its queries in its own layout; split
+  by heads (``c``), its input whole along the channels (``runtime.attention``);
 * group-norm and instance-norm modules sum their statistics per sample and
   group over the tiles of the same samples (``runtime.norm.group_norm``);
 * batch-norm sums its statistics over the tiles of the same samples and
@@ -45,6 +46,7 @@ from cost_models.capability import layer_refusal
 from cost_models.halo import partition
 from cost_models.layout import Layout, axes_of
 from runtime import borders, norm, resample, spatial
+from runtime.attention import heads_attention
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
 
@@ -373,14 +375,18 @@ def _channel_index(site: Site) -> int:
 
 
 def _attention(site: Site, fetch: Fetch) -> Any:
-    """Self-attention split by tokens: this rank's queries attend to every token — the keys and values read whole
-    along ``w`` (an all-gather; its adjoint sums their gradients back onto each rank's tokens). Returns the
-    module's ``(out, None)``."""
-    if site.module is None or site.layout.w == 1:
+    """Self-attention split by tokens and heads: this rank's queries attend to every token — the keys and values
+    read whole along ``w`` (an all-gather; its adjoint sums their gradients back onto each rank's tokens) — and,
+    split by ``c``, with its heads only (``runtime.attention``). Returns the module's ``(out, None)``."""
+    layout = site.layout
+    if site.module is None or (layout.w == 1 and layout.c == 1):
         return None
-    queries = fetch(0, Placement(site.layout))
-    every = fetch(0, Placement(site.layout, "w"))
-    return site.module(queries, every, every, need_weights=False)
+    queries = fetch(0, Placement(layout, "c"))
+    every = fetch(0, Placement(layout, "cw")) if layout.w > 1 else queries
+    if layout.c == 1:
+        return site.module(queries, every, every, need_weights=False)
+    return heads_attention(site.module, queries, every, layout, site.member, site.ranks,
+                           site.layer["output_shape"]), None
 
 
 HANDLERS: dict[str, Callable[[Site, Fetch], Any]] = {

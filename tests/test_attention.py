@@ -52,10 +52,12 @@ def test_a_vision_transformer_traces_its_attention_and_counts_every_parameter() 
     assert graph.graph["unused_params"] == 0
     assert graph.totals()["params"] == sum(p.numel() for p in model.parameters())
     assert layers[0]["attrs"] == {"form": "module", "embed_dim": 32, "num_heads": 2, "kdim": 32, "vdim": 32,
-                                  "batch_first": True, "dropout": 0.0, "masked": False, "order": "nwc",
-                                  "input_orders": ["nwc"]}
-    assert layer_refusal(layers[0], Layout(n=2, w=2)) is None  # its queries by token, keys and values whole
-    assert "not c2" in layer_refusal(layers[0], Layout(c=2))
+                                  "batch_first": True, "dropout": 0.0, "extra_keys": False, "masked": False,
+                                  "order": "nwc", "input_orders": ["nwc"]}
+    for layout in (Layout(n=2, w=2), Layout(c=2), Layout(c=2, w=2)):  # queries by token, keys whole; by heads
+        assert layer_refusal(layers[0], layout) is None, layout
+    assert "2 heads into 4 parts" in layer_refusal(layers[0], Layout(c=4))
+    assert "no h axis" in layer_refusal(layers[0], Layout(h=2))
 
 
 def test_tokens_hold_their_length_as_w_and_their_embedding_as_c() -> None:
@@ -111,6 +113,21 @@ def test_attention_split_by_tokens_reads_every_token_for_its_keys_and_values() -
     assert whole.flops.fwd > problem.flops.fwd > whole.flops.fwd / 2  # the keys' and values' projections: all
     move = edge_move(graph.nodes["encoder_layers_encoder_layer_0_ln_1"], layer, Layout(w=2), Layout(w=2))
     assert move == ((4, 32, 17), Layout(w=2), Layout())  # an all-gather of the tokens, priced as a sequence
+
+
+def test_attention_split_by_heads_computes_its_share_and_gathers_the_heads() -> None:
+    from cost_models.layer_cost import layer_cost
+
+    graph = trace(vit_tiny(), (4, 3, 64, 64))
+    layer = graph.nodes["encoder_layers_encoder_layer_0_self_attention"]
+    whole, heads = layer_problem(layer, Layout(), "float32"), layer_problem(layer, Layout(c=2), "float32")
+    assert heads.input_shapes == ((4, 17, 32),) and heads.output_shape == (4, 17, 16)  # input whole in channels
+    assert heads.flops.fwd == whole.flops.fwd // 2  # one head of two: half of every projection and score
+    from calibrate.presets import preset_cluster, preset_profile
+
+    cluster = preset_cluster("h100", 2)
+    cost = layer_cost("a", layer, Layout(c=2), 2, preset_profile("h100"), cluster, 4, "float32")
+    assert cost.channel_reduce_s > 0  # the heads gathered, the input gradients summed
 
 
 @pytest.mark.parametrize("model, shape", [(SelfAttention(True), (2, 5, 16)), (FusedAttention(), (2, 7, 8))])
