@@ -128,7 +128,8 @@ class EdgeCosts:
     def matrix(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
         """Seconds for each pair of ``haves`` (rows, the producer's layouts) and ``layouts`` (the reader's)."""
         src, dst = self.graph.nodes[source], self.graph.nodes[target]
-        key = (src["kind"] == "input", self.shape_key[source], dst["kind"] in DENSE_KINDS, haves, layouts)
+        reads = "attention" if dst["kind"] == "attention" else dst["kind"] in DENSE_KINDS  # (edges.reader_layout)
+        key = (src["kind"] == "input", self.shape_key[source], reads, haves, layouts)
         if key not in self.matrices:
             self.matrices[key] = self._matrix(src, dst, haves, layouts, self.sizes[source])
         return self.matrices[key]
