@@ -62,7 +62,10 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
         if info.kind == "other" and source and "n" not in source[0]:  # an opaque call on merged samples (an LSTM)
             order = "." * len(source[0])
         orders[node.name] = order
-        return replace(info, attrs={**info.attrs, "piece_order": order}) if order else info
+        extra = {"piece_order": order} if order else {}
+        if order and any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):
+            extra["input_orders"] = input_orders  # (unbind's pieces lose a dimension: the value cut's order)
+        return replace(info, attrs={**info.attrs, **extra}) if extra else info
     shape = meta[0][0]
     held = [orders.get(name, "") for name, made in zip(inputs, shapes) if made and isinstance(made[0], list)]
     order = held[0] if info.kind == "getitem" and held and len(held[0]) == len(shape) else \

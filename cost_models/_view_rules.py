@@ -90,13 +90,14 @@ def permutes(layer: Mapping[str, Any]) -> bool:
 def reshape_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     """A reshape (a view with sizes, ``contiguous``) of a value split by rows or columns runs on the box when its
     value keeps every split axis in a dimension of the same extent (the leading and trailing dimensions it keeps:
-    ``cost_models.orders.reshaped``) — or when its value holds no rows or columns at all (SwiftFormer's tokens
-    ``(N, C, H·W)`` back to ``(N, C, H, W)``): every rank holds that value whole and cuts its box of the map."""
+    ``cost_models.orders.reshaped``) — or when its value holds no rows (tokens, SwiftFormer's ``(N, C, H·W)``
+    back to ``(N, C, H, W)``): every rank reads that value whole along its tokens (``w``) and cuts its box of the
+    map."""
     source, target = layer["input_shapes"][0], layer["output_shape"]
     read = _input_order(layer)
-    if (layer.get("target") in _WHOLE_RESHAPES and not {"h", "w"} & set(read)
+    if (layer.get("target") in _WHOLE_RESHAPES and not {"d", "h"} & set(read)
             and {"h", "w"} & set(layer.get("attrs", {}).get("order") or default_order(len(target)))):
-        return None  # a value holding no rows or columns (tokens): every rank reshapes it whole and cuts its box
+        return None  # tokens (no rows): every rank reads them whole along w, reshapes them and cuts its box
     made = layer.get("attrs", {}).get("order") or (reshaped(read, source, target) if read else None) or ""
     for axis in (a for a in "hw" if getattr(layout, a) > 1):
         if axis in read and source[read.index(axis)] < getattr(layout, axis):

@@ -167,7 +167,7 @@ def _attention_split_refusal(layer: Mapping[str, Any], layout: Layout) -> str | 
     without a mask or dropout, on tokens ``nwc``."""
     attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
     if attrs.get("form") != "module":
-        return "scaled_dot_product_attention splits by sample only (its heads and tokens: not yet)"
+        return _fused_attention_refusal(layer, layout)
     if len(inputs) != 1 or attrs.get("masked") or attrs.get("dropout"):
         return "attention to other tensors, under a mask or with dropout splits by sample only"
     if layout.h > 1 or layout.d > 1:
@@ -178,6 +178,21 @@ def _attention_split_refusal(layer: Mapping[str, Any], layout: Layout) -> str | 
     if layout.c > 1 and (heads % layout.c or attrs.get("extra_keys")):
         return (f"attention splits whole heads: {heads} heads into {layout.c} parts"
                 if heads % layout.c else "attention with added key/value biases or zero attention splits no heads")
+    return None
+
+
+def _fused_attention_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+    """``F.scaled_dot_product_attention(q, k, v)`` splits its tokens (``w``): queries, keys and values ``(N, H,
+    L, D)`` holding them on one axis named ``w`` (timm's ``qkv.unbind(0)`` of tokens ``nwc``), no mask, no
+    dropout; each rank's queries attend to every key and value (read whole along ``w``). Its heads are no
+    named axis: not split."""
+    attrs, order = layer.get("attrs", {}), layer.get("attrs", {}).get("order") or ""
+    if layout.c > 1 or layout.h > 1 or layout.d > 1:
+        return f"scaled_dot_product_attention splits its samples and tokens (t, the w axis) only, not {layout}"
+    if attrs.get("masked") or attrs.get("dropout_p"):
+        return "scaled_dot_product_attention under a mask or with dropout splits by sample only"
+    if "w" not in order or (attrs.get("input_orders") or []) != [order] * 3:
+        return "scaled_dot_product_attention splits tokens only where its query, keys and values name them (w)"
     return None
 
 
@@ -192,7 +207,8 @@ def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return unfit or "a layer with several output tensors is kept whole"  # (N, classes) logits have no h, w
     order = attrs.get("piece_order") or default_order(len(shape))
     dim = attrs["pieces_along"] % len(shape)
-    if _dim_split(layout, dim, len(shape)) if len(order) != len(shape) else getattr(layout, order[dim], 1) > 1:
+    cut = (attrs.get("input_orders") or [""])[0] if attrs.get("pieces_drop") else order  # the value cut's order
+    if _dim_split(layout, dim, len(shape)) if len(cut) != len(shape) else getattr(layout, cut[dim], 1) > 1:
         return f"it cuts dimension {dim} into pieces, which {layout} splits"
     return next((why for piece in layer["output_shape"] if (why := _ordered_fit_refusal(piece, order, layout))), None)
 

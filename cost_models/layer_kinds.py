@@ -339,6 +339,9 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
         attrs["norm"] = _FUNCTION_NORMS.get(getattr(node.target, "__name__", ""), str(node.target))
     if kind == "getitem":
         attrs.update(_index_attrs(node))
+    if kind == "attention":  # F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
+        mask = kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        attrs["masked"] = mask is not None or bool(kwargs.get("is_causal", False))
     if kind == "other":
         attrs.update(_pieces_attrs(node) or _stack_attrs(node) or _reduce_attrs(node))
     if kind in _FUNCTION_FIELDS or kind in ("linear", "dropout", "norm"):
@@ -359,7 +362,7 @@ def _index_attrs(node: Node) -> dict[str, Any]:
 
 
 _PIECES = frozenset({"chunk", "split", "tensor_split", "torch.chunk", "torch.split", "torch.tensor_split",
-                     "torch.functional.split"})
+                     "torch.functional.split", "unbind", "torch.unbind"})
 """Calls that cut a tensor into pieces along one dimension (``x.chunk(2, dim=1)``, ``torch.split(x, w, 1)``)."""
 
 
@@ -370,12 +373,14 @@ def _pieces_attrs(node: Node) -> dict[str, Any]:
         _get_qualified_name(node.target) if callable(node.target) else "")
     if name not in _PIECES or not node.args or not isinstance(node.args[0], Node):
         return {}
-    dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
+    drops = name.endswith("unbind")  # x.unbind(dim): the pieces lose that dimension (timm's q, k, v)
+    position = 1 if drops else 2
+    dim = node.kwargs.get("dim", node.args[position] if len(node.args) > position else 0)
     if not isinstance(dim, int):
         return {}
     items_only = all(user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2
                      and isinstance(user.args[1], int) for user in node.users)
-    return {"pieces_along": dim, "items_only": items_only}
+    return {"pieces_along": dim, "items_only": items_only, **({"pieces_drop": True} if drops else {})}
 
 
 def _stack_attrs(node: Node) -> dict[str, Any]:

@@ -133,9 +133,10 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
               for s, order in zip(shapes, orders)] + [list(s) for s in layer["input_shapes"][len(shapes):]]
     if any(s is None for s in inputs):
         return None
-    if kind == "attention" and layout.w > 1 and len(inputs) == 1:  # queries of its tokens; keys, values: every one
-        every = _split_shape(shapes[0], replace(read, w=1), orders[0])
-        inputs = [inputs[0], every, every]
+    if kind == "attention" and layout.w > 1:  # queries of its tokens; keys and values: every one
+        wider = replace(read, w=1)
+        every = [_split_shape(s, wider, order) for s, order in zip(shapes, orders)]
+        inputs = [inputs[0], every[0], every[0]] if len(inputs) == 1 else [inputs[0], *every[1:]]
     if kind == "attention" and layout.c > 1:
         attrs["heads_parts"] = layout.c  # its heads (cost_models.flops.attention_flops)
     weight = _local_weight(layer.get("weight_shape") or _called_filters(layer), layout, kind, attrs)

@@ -77,7 +77,7 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
     perm = permutation(node, len(order))
     if perm is not None and len(perm) == rank:
         return "".join(order[d] for d in perm)
-    if kind == "view" and list(source_shape) != list(shape):
+    if kind in ("view", "flatten") and list(source_shape) != list(shape):
         made = reshaped(order, source_shape, shape)
         return made or (unknown_order(order, source_shape, shape) if unnamed(order) else default_order(rank))
     if kind == "other" and order != default_order(len(order)):
@@ -126,6 +126,9 @@ def piece_order(attrs: dict[str, Any], source: tuple[str, Sequence[int]] | None,
     if "pieces_along" not in attrs or source is None or not source[0]:
         return ""
     order = source[0]
+    if attrs.get("pieces_drop") and len(order) == len(source[1]):  # unbind: the pieces lose the dimension cut
+        dim = attrs["pieces_along"] % len(order)
+        order = order[:dim] + order[dim + 1:]
     kept = all(len(shape) == len(order) for shape in shapes)
     return order if kept and order != default_order(len(order)) else ""
 
@@ -165,7 +168,8 @@ def reshaped(order: str, source: Sequence[int], target: Sequence[int]) -> str | 
         return order[:lead] + "w"  # a map's positions flattened, row-major, into tokens: the token axis is w
     middle = "c" if middle_count == 1 and merged in ([], ["c"]) else "." * middle_count
     result = order[:lead] + middle + order[len(order) - trail:]
-    if middle == "c" and ("c" in order[:lead] + order[len(order) - trail:] or len(result) != 4):
+    if middle == "c" and ("c" in order[:lead] + order[len(order) - trail:] or len(result) != 4) and \
+            result != "nwc":  # (heads' features merged back into tokens' embedding: timm's attention)
         result = order[:lead] + "." + order[len(order) - trail:]
     return result if {"d", "h", "w"} & set(result) else None
 

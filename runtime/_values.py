@@ -99,9 +99,9 @@ def same_boxes(shape: tuple[int, ...], first: Placement, second: Placement, size
 
 def reshapes_whole(source: Placement, source_shape: Sequence[int], placement: Placement, shape: Sequence[int]) -> bool:
     """Whether a reshape of a value of ``source_shape`` held under ``source`` into a map of ``shape`` split by rows
-    or columns under ``placement`` reads a value holding none (tokens ``(N, C, H·W)``: the capability predicate's
-    reshape rule), whole on every rank but for its samples, which stay the map's."""
-    holds_space = source.holds(source_shape) and bool({"d", "h", "w"} & set(source.order))
+    or columns under ``placement`` reads a value holding no rows (tokens ``(N, C, H·W)``, their axis ``w`` or
+    none: the capability predicate's reshape rule), read whole along the tokens, its samples the map's."""
+    holds_space = source.holds(source_shape) and bool({"d", "h"} & set(source.order))  # a map (tokens: w only)
     same_samples = placement.layout.n == 1 or int(source_shape[0]) == int(shape[0])
     return (not holds_space and same_samples and placement.holds(shape)
             and (placement.keeps("h") or placement.keeps("w")))

@@ -313,7 +313,7 @@ class DistributedModel(DataHelpers, nn.Module):
             return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
         if form == "reshape" and isinstance(read, Value) and reshapes_whole(read.placement, read.shape, site.placement,
                                                                              site.layer["output_shape"]):
-            source = self._operand(site, env, broadcast=False)(node.all_input_nodes[0])
+            source = self._fetch(read, Placement(site.layout, "dhw"))  # every token (a split of them: gathered)
             return self._wrap(site, reshape_and_cut(source, site.layer["output_shape"], site.placement, self.member))
         if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
             args, kwargs = resolve(node, self._operand(site, env, broadcast=False))
@@ -346,6 +346,7 @@ class DistributedModel(DataHelpers, nn.Module):
         placement = next(iter(placements)) if len(placements) == 1 else Placement(Layout())
         if placement.layout.c * placement.layout.spatial > 1:
             placement = Placement(Layout())
+        placement = Placement(placement.layout, placement.whole)  # samples only: no order (its results' ranks vary)
         return Held(call_node(node, self.model, *resolve(node, lambda n: self._held_input(node, env[n.name],
                                                                                            placement))), placement)
 

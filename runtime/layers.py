@@ -377,10 +377,15 @@ def _channel_index(site: Site) -> int:
 def _attention(site: Site, fetch: Fetch) -> Any:
     """Self-attention split by tokens and heads: this rank's queries attend to every token — the keys and values
     read whole along ``w`` (an all-gather; its adjoint sums their gradients back onto each rank's tokens) — and,
-    split by ``c``, with its heads only (``runtime.attention``). Returns the module's ``(out, None)``."""
+    split by ``c``, with its heads only (``runtime.attention``). Returns the module's ``(out, None)``, or
+    ``F.scaled_dot_product_attention``'s output."""
     layout = site.layout
-    if site.module is None or (layout.w == 1 and layout.c == 1):
+    if layout.w == 1 and layout.c == 1:
         return None
+    if site.module is None:  # F.scaled_dot_product_attention(q, k, v): split by tokens only
+        keys, values = (fetch(index, Placement(layout, "w")) for index in (1, 2))
+        return F.scaled_dot_product_attention(fetch(0, Placement(layout)), keys, values,
+                                              scale=site.layer["attrs"].get("scale"))
     queries = fetch(0, Placement(layout, "c"))
     every = fetch(0, Placement(layout, "cw")) if layout.w > 1 else queries
     if layout.c == 1:

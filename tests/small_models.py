@@ -41,3 +41,11 @@ class NormAfterPool(nn.Module):
 
 
 MODELS = {"functional": FunctionalNet, "norm_after_pool": NormAfterPool}
+
+
+def timm_vit_tiny() -> nn.Module:
+    """timm's ViT (its attention: one ``qkv`` projection, ``unbind``, ``F.scaled_dot_product_attention``), two
+    blocks on 64×64 images."""
+    import timm
+
+    return timm.create_model("vit_tiny_patch16_224", img_size=64, num_classes=10, depth=2)

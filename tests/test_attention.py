@@ -102,6 +102,20 @@ def test_attention_splits_by_sample_where_its_samples_are_in_dimension_zero() ->
         assert layer_refusal(first, layout) is not None and layer_refusal(fused, layout) is not None
 
 
+def test_timms_attention_keeps_its_tokens_named_through_the_heads() -> None:
+    from tests.small_models import timm_vit_tiny
+
+    graph = trace(timm_vit_tiny(), (4, 3, 64, 64))
+    orders = {name: data["attrs"].get("order") for name, data in graph.nodes(data=True)}
+    assert orders["flatten"] == "ncw" and orders["permute"] == ".n.w." and orders["getitem_8"] == "n.w."
+    assert orders["reshape_1"] == "nwc"  # the heads' features merged back: the embedding
+    unbind, fused = graph.nodes["unbind"], graph.nodes["scaled_dot_product_attention"]
+    assert unbind["attrs"]["pieces_drop"] and layer_refusal(unbind, Layout(n=2, w=2)) is None
+    assert layer_refusal(fused, Layout(w=2)) is None and "no c axis" in layer_refusal(fused, Layout(c=2))
+    problem = layer_problem(fused, Layout(w=2), "float32")
+    assert problem.input_shapes == ((4, 3, 9, 64), (4, 3, 17, 64), (4, 3, 17, 64))
+
+
 def test_attention_split_by_tokens_reads_every_token_for_its_keys_and_values() -> None:
     from cost_models.edges import edge_move
 

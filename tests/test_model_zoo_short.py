@@ -103,6 +103,18 @@ def test_a_vision_transformer_verifies_its_token_and_column_splits(pools: RankPo
         assert results[name].detail["split"] >= least, (name, results[name].detail)  # attention too, under w
 
 
+def test_timms_vision_transformer_verifies_its_token_splits(pools: RankPools) -> None:
+    """timm's form — ``qkv(x).reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)`` and
+    ``F.scaled_dot_product_attention`` — keeps the tokens named through the heads' view and back, so ``t2``
+    splits every layer of its blocks, attention included."""
+    layouts = tuple(Layout.parse(text) for text in ("t2", "n2·t2"))
+    report = check_model(CheckRequest(f"{HERE.parent / 'small_models.py'}:timm_vit_tiny", (4, 3, 64, 64),
+                                      devices=(), layouts=layouts, timeout_s=120, verify_dtype="float64"), pools)
+    results = {check.name: check for check in report.checks}
+    assert all(check.result == "pass" for check in report.checks), [(c.name, c.reason) for c in report.checks]
+    assert results["verify w2"].detail["split"] >= 66 and results["verify n2·w2"].detail["split"] >= 64
+
+
 # -------------------------------------------------------------------- the harness: failures end as fail
 def rank_one_dies() -> object:
     """A tiny network whose rank 1 is killed while building it (the parent and rank 0 build it normally)."""

@@ -191,17 +191,19 @@ def test_the_preflight_checks_a_permutation_by_its_dimensions_not_its_extents() 
 
     class Square(nn.Module):  # (4, 4, 6) → (4, 4, 6): extents equal, the samples move to dimension 1
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x.flatten(2)[:, :, :6].permute(1, 0, 2).contiguous().sum(dim=2)
+            return (x[:, :, :6] * 2.0).permute(1, 0, 2).contiguous().sum(dim=2)
 
     model = Square()
     from cost_models.graph import trace
 
-    graph = trace(model, (4, 4, 2, 3))
+    graph = trace(model, (4, 4, 6))  # a 3-D input: no order names its axes
     nodes = list(symbolic_trace(model, ()).graph.nodes)
     layouts = {name: Layout(n=2) for name in graph.nodes}
     refused = shape_refusals(nodes, graph, layouts, 2, lambda node: None)
     assert any("'permute'" in why and "does not become its part" in why for why in refused)
     assert layer_refusal(graph.nodes["permute"], Layout(n=2)) is None  # the predicate cannot tell from extents
+    named = trace(nn.Flatten(2), (4, 4, 2, 3))  # a map's positions flattened: a sequence, its samples named
+    assert named.nodes["_0" if "_0" in named.nodes else list(named.nodes)[-1]]["attrs"].get("order") == "ncw"
 
 
 def test_an_upsampling_of_one_row_reads_it_whole_and_functional_batchnorm_splits() -> None:
