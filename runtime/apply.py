@@ -501,4 +501,3 @@ def _refuse_unsupported(sites: Any) -> None:
     if refused:
         raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
-
