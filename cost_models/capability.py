@@ -191,8 +191,9 @@ def _fused_attention_refusal(layer: Mapping[str, Any], layout: Layout) -> str | 
         return f"scaled_dot_product_attention splits its samples and tokens (t, the w axis) only, not {layout}"
     if attrs.get("masked") or attrs.get("dropout_p"):
         return "scaled_dot_product_attention under a mask or with dropout splits by sample only"
-    if "w" not in order or (attrs.get("input_orders") or []) != [order] * 3:
-        return "scaled_dot_product_attention splits tokens only where its query, keys and values name them (w)"
+    if len(order) != 4 or order[2] != "w" or (attrs.get("input_orders") or []) != [order] * 3:
+        return ("scaled_dot_product_attention splits tokens only where its query, keys and values (N, H, L, D) "
+                "name them (w, dimension 2)")
     return None
 
 
@@ -208,6 +209,8 @@ def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     order = attrs.get("piece_order") or default_order(len(shape))
     dim = attrs["pieces_along"] % len(shape)
     cut = (attrs.get("input_orders") or [""])[0] if attrs.get("pieces_drop") else order  # the value cut's order
+    if attrs.get("pieces_drop") and len(cut) != len(shape):
+        return "it unbinds a value whose axes are not named (its pieces' boxes are unknown): kept whole"
     if _dim_split(layout, dim, len(shape)) if len(cut) != len(shape) else getattr(layout, cut[dim], 1) > 1:
         return f"it cuts dimension {dim} into pieces, which {layout} splits"
     return next((why for piece in layer["output_shape"] if (why := _ordered_fit_refusal(piece, order, layout))), None)

@@ -116,6 +116,20 @@ def test_timms_attention_keeps_its_tokens_named_through_the_heads() -> None:
     assert problem.input_shapes == ((4, 3, 9, 64), (4, 3, 17, 64), (4, 3, 17, 64))
 
 
+def test_fused_attention_splits_tokens_only_where_dimension_two_names_them() -> None:
+    """CaiT's class attention: a query of one token (x[:, 0], no named axes: its (N, H, 1, D) permuted from the
+    default nchw names D as w) — not a token split; an unbind of unnamed values is kept whole (DaViT)."""
+    import timm
+
+    graph = trace(timm.create_model("cait_xxs24_224", img_size=32, num_classes=10, depth=1), (4, 3, 32, 32))
+    fused = [data for _, data in graph.nodes(data=True) if data["kind"] == "attention"]
+    assert fused and all(layer_refusal(layer, Layout(w=2)) is not None for layer in fused[1:])
+    class_attention = fused[-1]
+    assert class_attention["input_shapes"][0][2] == 1 and "dimension 2" in layer_refusal(class_attention, Layout(w=2))
+    davit = trace(timm.create_model("davit_tiny", num_classes=10), (2, 3, 32, 32))
+    assert "not named" in layer_refusal(davit.nodes["unbind"], Layout(c=2))
+
+
 def test_attention_split_by_tokens_reads_every_token_for_its_keys_and_values() -> None:
     from cost_models.edges import edge_move
 
