@@ -102,6 +102,7 @@ from __future__ import annotations
 from math import prod
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from cost_models._attention_rules import attention_refusal
 from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
 from cost_models._volume_rules import volume_refusal, volume_refusal_applies
 from cost_models._view_rules import (channel_view_refusal, identity_item, last_dim_refusal, on_last_dims,
@@ -148,53 +149,6 @@ def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: b
     order = layer.get("attrs", {}).get("order") or default_order(len(output))
     return (_ordered_fit_refusal(output, order, layout) or order_refusal(layer, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
-
-
-def _attention_samples_refusal(layer: Mapping[str, Any]) -> str | None:
-    """Attention splits by sample only where dimension 0 of its query holds the samples."""
-    attrs, query = layer.get("attrs", {}), (layer["input_shapes"] or [[]])[0]
-    if len(query) < 3:
-        return f"its query {tuple(query)} is unbatched: it has no samples to split"
-    if attrs.get("form") == "module" and not attrs.get("batch_first"):
-        return ("nn.MultiheadAttention(batch_first=False) holds the samples in dimension 1; construct it with "
-                "batch_first=True to split it by sample")
-    return None
-
-
-def _attention_split_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """Attention splits its tokens (``w``: each rank's queries attend to every token, its keys and values read
-    whole) and heads (``c``: ``runtime.attention``) as an ``nn.MultiheadAttention`` module attending to itself
-    without a mask or dropout, on tokens ``nwc``."""
-    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
-    if attrs.get("form") != "module":
-        return _fused_attention_refusal(layer, layout)
-    if len(inputs) != 1 or attrs.get("masked") or attrs.get("dropout"):
-        return "attention to other tensors, under a mask or with dropout splits by sample only"
-    if layout.h > 1 or layout.d > 1:
-        return f"attention splits its samples, heads (c) and tokens (t, the w axis) only, not {layout}"
-    if (attrs.get("input_orders") or [""])[0] != "nwc" or attrs.get("order") != "nwc":
-        return "attention splits tokens held (N, L, E) (order nwc) only"
-    heads = int(attrs.get("num_heads", 1))
-    if layout.c > 1 and (heads % layout.c or attrs.get("extra_keys")):
-        return (f"attention splits whole heads: {heads} heads into {layout.c} parts"
-                if heads % layout.c else "attention with added key/value biases or zero attention splits no heads")
-    return None
-
-
-def _fused_attention_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    """``F.scaled_dot_product_attention(q, k, v)`` splits its tokens (``w``): queries, keys and values ``(N, H,
-    L, D)`` holding them on one axis named ``w`` (timm's ``qkv.unbind(0)`` of tokens ``nwc``), no mask, no
-    dropout; each rank's queries attend to every key and value (read whole along ``w``). Its heads are no
-    named axis: not split."""
-    attrs, order = layer.get("attrs", {}), layer.get("attrs", {}).get("order") or ""
-    if layout.c > 1 or layout.h > 1 or layout.d > 1:
-        return f"scaled_dot_product_attention splits its samples and tokens (t, the w axis) only, not {layout}"
-    if attrs.get("masked") or attrs.get("dropout_p"):
-        return "scaled_dot_product_attention under a mask or with dropout splits by sample only"
-    if len(order) != 4 or order[2] != "w" or (attrs.get("input_orders") or []) != [order] * 3:
-        return ("scaled_dot_product_attention splits tokens only where its query, keys and values (N, H, L, D) "
-                "name them (w, dimension 2)")
-    return None
 
 
 def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
@@ -278,10 +232,8 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS or identity_item(layer):
         return None
-    if kind == "attention" and layout.n > 1 and (why := _attention_samples_refusal(layer)):
-        return why
-    if kind == "attention" and layout.c * layout.spatial > 1:
-        return _attention_split_refusal(layer, layout)
+    if kind == "attention" and ((why := attention_refusal(layer, layout)) or layout.c * layout.spatial > 1):
+        return why  # (split by heads or tokens: its own rules alone)
     if stacks_or_reduces(layer):
         return reduction_refusal(layer, layout) or (sample_dim_refusal(layer) if layout.n > 1 else None)
     if kind == "getitem" and "sliced_dims" in attrs:

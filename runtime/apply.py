@@ -66,14 +66,14 @@ from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks, this_rank, world_size
 from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
-from runtime.layers import HANDLERS, Site, functional_form, input_placement, refusal
+from runtime.layers import HANDLERS, Site, functional_form, input_placement
 from runtime.outputs import is_container, output_loss
 from runtime.placement import Placement, box_extent, broadcast_part
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
 from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, module_attribute, static_nodes,
                             static_values, tensor_names, view_form)
-from runtime.preflight import check_plan, held_plan, refuse_shapes
+from runtime.preflight import check_plan, held_plan, refuse_shapes, refuse_sites
 from runtime.slicing import slice_parameters
 from runtime.stage_nodes import nodes_of_stage, parameters_of
 
@@ -199,7 +199,7 @@ class DistributedModel(DataHelpers, nn.Module):
         placements = input_placements(nodes, {name: a.layout for name, a in held.layers.items()}, graph, len(ranks))
         self.input_placements: tuple[Placement, ...] = tuple(placements.values())
         """Where each model input is loaded, in argument order: where its first layer reads it (``runtime.inputs``)."""
-        _refuse_unsupported(self.sites.values())
+        refuse_sites(self.sites.values())
         refuse_shapes(nodes, self.model, held, graph, len(ranks))
         self._static = static_values(static_nodes(nodes, tensor_names(graph)),
                                      lambda name: graph.nodes[name]["output_shape"])
@@ -494,10 +494,3 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, m
             sites[node.name] = Site(node.name, graph.nodes[node.name]["kind"], plan.layers[node.name].layout,
                                     graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm)
     return sites
-
-
-def _refuse_unsupported(sites: Any) -> None:
-    refused = [f"'{site.name}' ({site.kind}, {site.layout}): {why}" for site in sites if (why := refusal(site))]
-    if refused:
-        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
-                        f"; give those layers a layout it supports (e.g. split them by sample only)")

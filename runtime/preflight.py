@@ -24,13 +24,14 @@ from cost_models.errors import PlanError
 from cost_models.layout import Layout
 from cost_models.plan import Plan, check_plan_for_graph
 from cost_models.tracing import symbolic_trace
+from runtime.layers import refusal
 from runtime.random_ops import CREATIONS, random_ops
 from runtime.shapes import constant_nodes, module_attribute, shape_made_nodes, shape_refusals, static_nodes, tensor_names
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["check_plan", "check_runnable", "held_plan", "refuse_shapes"]
+__all__ = ["check_plan", "check_runnable", "held_plan", "refuse_shapes", "refuse_sites"]
 
 
 def check_plan(plan: Plan, graph: LayerGraph, ranks: int, where: str = "the plan") -> None:
@@ -124,3 +125,16 @@ def refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerG
     refused = shape_refusals(nodes, graph, layouts, size, whole_shape, localised=creations)
     if refused:
         raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}")
+
+
+def refuse_sites(sites: Any) -> None:
+    """Refuse a plan with a layer (a ``runtime.layers.Site``) this runtime cannot execute in its layout, naming
+    the first three and why.
+
+    Raises:
+        PlanError: Some site's layout is refused by the capability predicate.
+    """
+    refused = [f"'{site.name}' ({site.kind}, {site.layout}): {why}" for site in sites if (why := refusal(site))]
+    if refused:
+        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}"
+                        f"; give those layers a layout it supports (e.g. split them by sample only)")
