@@ -247,8 +247,8 @@ def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalPr
         return 0.0
     stride = layout.spatial
     group = [index * stride for index in range(layout.c)]
-    input_bytes = problem.itemsize * prod(problem.input_shapes[-1])
-    reduced = allreduce_s(profile, cluster, group, input_bytes) if problem.needs_input_grad else 0.0
+    reduced = allreduce_s(profile, cluster, group, problem.itemsize * prod(problem.input_shapes[0])) \
+        if problem.needs_input_grad else 0.0  # (a layer of parameters alone reads no input)
     if layer["kind"] != "attention":
         return reduced
     heads_bytes = problem.itemsize * prod(problem.output_shape) * layout.c  # every head's output, gathered

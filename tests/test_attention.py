@@ -165,3 +165,25 @@ def test_calibration_times_both_attention_forms(model: nn.Module, shape: tuple[i
     assert problem is not None and problem.input_shapes[0][0] == 1
     for phase in ("fwd", "bwd"):
         build_kernel(problem, phase, torch.device("cpu"))()
+
+
+def test_a_filter_split_of_a_layer_reading_parameters_alone_sums_no_input_gradient() -> None:
+    """swinv2_cr's meta MLP: ``nn.Linear`` of a constant table (no traced input, no input gradient) under ``c2``
+    (the attention change to ``_channel_reduce_s`` once read its missing input's shape)."""
+    from calibrate.presets import preset_cluster, preset_profile
+    from cost_models.layer_cost import layer_cost
+
+    class Table(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 8)
+            self.register_buffer("coords", torch.randn(4, 2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.fc(self.coords).sum()
+
+    graph = trace(Table(), (2, 8, 4, 4))
+    layer = graph.nodes["fc"]
+    assert layer["input_shapes"] == [] and not layer["needs_input_grad"]
+    cost = layer_cost("fc", layer, Layout(c=2), 2, preset_profile("h100"), preset_cluster("h100", 2), 4, "float32")
+    assert cost.channel_reduce_s == 0.0
