@@ -35,6 +35,7 @@ from cost_models.estimate import CostMemo, Estimate, estimate
 from cost_models.layout import Layout
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo, recorded_shapes
 from cost_models.profile import Profile
+from cost_models.uniform import layout_by_rule
 from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
@@ -189,9 +190,11 @@ def _baselines(graph: LayerGraph, profile: Profile, cluster: Cluster, space: Spa
     found = []
     layers = graph.compute_layers()
     sample = sample_cluster(cluster, graph.input_shape[0])
+    split = Layout(n=sample.devices)  # each layer the runtime runs so; any other (a permutation moving the samples
+    by_rule = layout_by_rule(graph, lambda name, position: (split, Layout()))  # out of dimension 0) whole
     try:
-        found.append(_baseline("pure sample", graph, profile, sample,
-                               {name: Layout(n=sample.devices) for name in layers}, optimizer, memo))
+        found.append(_baseline("pure sample", graph, profile, sample, {name: by_rule[name] for name in layers},
+                               optimizer, memo))
     except PlanError:  # a layer smaller than the batch split (rare: a reshape that folds the batch)
         pass
     if space.uniform_s:
