@@ -195,8 +195,8 @@ def _baselines(graph: LayerGraph, profile: Profile, cluster: Cluster, space: Spa
     try:
         found.append(_baseline("pure sample", graph, profile, sample, {name: by_rule[name] for name in layers},
                                optimizer, memo))
-    except PlanError:  # a layer smaller than the batch split (rare: a reshape that folds the batch)
-        pass
+    except (PlanError, InputError):  # a layer smaller than the batch split (a reshape folding the batch), or a
+        pass  # value whose dimension 0 holds no samples too short for the split (coat's stacked q, k, v)
     if space.uniform_s:
         best = min(space.uniform_s, key=lambda layout: (space.uniform_s[layout], layout.parts()))
         per_decision = space.uniform_layouts[best]
