@@ -190,13 +190,13 @@ def _baselines(graph: LayerGraph, profile: Profile, cluster: Cluster, space: Spa
     found = []
     layers = graph.compute_layers()
     sample = sample_cluster(cluster, graph.input_shape[0])
-    split = Layout(n=sample.devices)  # each layer the runtime runs so; any other (a permutation moving the samples
-    by_rule = layout_by_rule(graph, lambda name, position: (split, Layout()))  # out of dimension 0) whole
-    try:
-        found.append(_baseline("pure sample", graph, profile, sample, {name: by_rule[name] for name in layers},
-                               optimizer, memo))
+    split = Layout(n=sample.devices)
+    by_rule = layout_by_rule(graph, lambda name, position: (split, Layout()))
+    try:  # only where the runtime splits every layer so (not a permutation moving the samples: coat's q, k, v)
+        if all(by_rule[name] == split for name in layers):
+            found.append(_baseline("pure sample", graph, profile, sample, by_rule, optimizer, memo))
     except (PlanError, InputError):  # a layer smaller than the batch split (a reshape folding the batch), or a
-        pass  # value whose dimension 0 holds no samples too short for the split (coat's stacked q, k, v)
+        pass  # value whose dimension 0 holds no samples too short for the split
     if space.uniform_s:
         best = min(space.uniform_s, key=lambda layout: (space.uniform_s[layout], layout.parts()))
         per_decision = space.uniform_layouts[best]
