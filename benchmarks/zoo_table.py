@@ -11,6 +11,7 @@ import re
 from typing import Any, Callable
 
 from benchmarks.zoo_supervisor import GRACE_S
+from parplan.cli.layouts import cannot_split
 
 __all__ = ["COLUMNS", "CONVOLUTIONAL", "HEADINGS", "ZOOS", "cause_of", "checks_of", "exact_in_float64", "full_split",
            "markdown", "verified"]
@@ -56,7 +57,7 @@ def cause_of(reason: str) -> str:
 def full_split(check: dict[str, Any]) -> bool:
     """A passing layout check whose every whole layer cannot be split at all (no runtime gap)."""
     detail = check.get("detail", {})
-    return verified(check) and all(item["cannot_split"] for item in detail.get("whole", []))
+    return verified(check) and all(cannot_split(item["reason"]) for item in detail.get("whole", []))
 
 
 def verified(check: dict[str, Any]) -> bool:
@@ -74,7 +75,7 @@ def _cell(check: dict[str, Any] | None, model: str, notes: dict[str, Notes]) -> 
         return "—"
     if verified(check):
         mark = " (f64)" if exact_in_float64(check) else ""
-        gaps = [item for item in check.get("detail", {}).get("whole", []) if not item["cannot_split"]]
+        gaps = [item for item in check.get("detail", {}).get("whole", []) if not cannot_split(item["reason"])]
         if not gaps:
             return f"pass{mark}"
         labels = sorted({notes["gap"].mark(g["reason"], model) for g in gaps},

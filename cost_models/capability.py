@@ -99,6 +99,7 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
 
 from __future__ import annotations
 
+import re
 from math import prod
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -329,6 +330,7 @@ def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm:
             f"batch-norm (--sync-batchnorm)")
 
 
+_NO_ROWS = re.compile(r"value \([\d, ]+\) \(([ncdhw.]+)\) has no ([dhw/]+) axis to split")
 _INHERENT = ("has only", "has no height and width", "has no depth, height or width", "has no depth to split", "summing over the batch", "fewer elements than", "too fine for", "reading padding only",
              "cannot split an extent", "along a split dimension", "softmax across tiles",
              "softmax over the split channel", "from parameters and constants alone")
@@ -338,11 +340,15 @@ def inherent(reason: str) -> bool:
     """Whether a refusal is the layer's own nature (no runtime could split it so), not a missing distributed form.
 
     Concatenation or softmax along the split dimension, a tensor too small for the parts or without height and
-    width, a tile narrower than a window: a split there needs a redistribution first, which the planner prices
-    as another layout. Everything else — a view that moves the split dimension, whose box a runtime could
-    track, and a layer with several output tensors included — is something this runtime does not implement yet.
+    width — a value naming some spatial axes lacks the others (tokens and sequences: ``w`` alone) —, a tile
+    narrower than a window: a split there needs a redistribution first, which the planner prices as another
+    layout. Everything else — a view that moves the split dimension, whose box a runtime could track, and a
+    layer with several output tensors included — is something this runtime does not implement yet.
     """
-    return any(marker in reason for marker in _INHERENT)
+    if any(marker in reason for marker in _INHERENT):
+        return True
+    rows = _NO_ROWS.search(reason)  # "its 3-D value (…) (nwc) has no h axis to split": tokens have no rows
+    return rows is not None and bool(set(rows[1]) & set("dhw")) and set(rows[2].split("/")) <= set("dhw")
 
 
 def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
