@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+_TEARDOWN_ABORT = "terminate called without an active exception"
+"""A gloo rank that aborts in C++ while the process exits (about 1 run in 15 on this 2-core VM, on the commit
+before the attention work too): the run is repeated once on exactly that signature; any other failure fails."""
 
 
 def _train(ranks: int, folder: Path) -> dict:
@@ -22,6 +25,8 @@ def _train(ranks: int, folder: Path) -> dict:
                str(REPO / "examples" / "train_with_plan.py"), "--steps", "3", "--dtype", "float64",
                "--sync-batchnorm", "--plan", str(folder / f"plan{ranks}.json"), "--out", str(out)]
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and _TEARDOWN_ABORT in done.stderr:  # once: a rank aborted after its last step
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
