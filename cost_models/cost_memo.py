@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
+from cost_models.dense_forms import form_s
 from cost_models.edges import edge_move
 from cost_models.graph import dtype_itemsize, layer_itemsize
 from cost_models.layer_cost import Compute, LayerCost, compute_s, problem_cost
@@ -113,17 +114,17 @@ class CostMemo:
     def edge_s(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
                cluster: Cluster) -> float:
         """:func:`cost_models.edges.edge_s` on ``devices`` ranks of ``cluster``."""
+        cluster, itemsize = _one_node_normalised(cluster), layer_itemsize(source, self.dtype)
+        formed = form_s(source, target, have, layout, self.profile, cluster, itemsize)
         move = edge_move(source, target, have, layout)
         if move is None:
-            return 0.0
-        cluster = _one_node_normalised(cluster)
-        itemsize = layer_itemsize(source, self.dtype)
+            return formed
         key = (*move, itemsize, devices, cluster)
         if key not in self.edges:
             shape4, held, wanted = move
             self.edges[key] = (redistribution_s(self.profile, cluster, shape4, itemsize, held, wanted, devices)
                                + redistribution_s(self.profile, cluster, shape4, itemsize, wanted, held, devices))
-        return self.edges[key]
+        return formed + self.edges[key]
 
 
 @lru_cache(maxsize=256)

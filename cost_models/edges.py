@@ -6,6 +6,9 @@ split by filters (``c > 1`` on a convolution or linear layer) wants its input
 whole in channels; a tensor that is not 4-D is priced as ``(n, features, 1, 1)``;
 a channels-last value is priced in NCHW order (it moves its axes wherever its
 order holds them), and tokens ``(N, L, E)`` as the sequence ``(N, E, L)``.
+A channels-last linear layer split by filters adds the seconds of its form,
+which its input edge decides (``cost_models.dense_forms``): its row form
+reads the input where it is.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
+from cost_models.dense_forms import channels_last_linear, form_s, row_form
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.orders import NCDHW, NCW, default_order, logical
 from cost_models.profile import Profile
 
-__all__ = ["edge_frame", "edge_layouts", "edge_move", "edge_s", "projected", "reader_layout"]
+__all__ = ["edge_frame", "edge_free", "edge_layouts", "edge_move", "edge_s", "projected", "reader_layout"]
 
 
 def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
@@ -29,14 +33,22 @@ def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, l
     """Seconds to move ``source``'s output from layout ``have`` to what ``target`` under ``layout`` reads, and back.
 
     The forward redistribution of the activation plus the backward one of its
-    gradient; zero from the model input (loaded in place) and for equal layouts.
+    gradient (zero from the model input, loaded in place, and for equal layouts),
+    plus the seconds of the reader's form (``cost_models.dense_forms``).
     """
+    formed = form_s(source, target, have, layout, profile, cluster, itemsize)
     move = edge_move(source, target, have, layout)
     if move is None:
-        return 0.0
-    shape4, have, want = move
-    return (redistribution_s(profile, cluster, shape4, itemsize, have, want, devices)
-            + redistribution_s(profile, cluster, shape4, itemsize, want, have, devices))
+        return formed
+    shape4, held, want = move
+    return formed + (redistribution_s(profile, cluster, shape4, itemsize, held, want, devices)
+                     + redistribution_s(profile, cluster, shape4, itemsize, want, held, devices))
+
+
+def edge_free(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout) -> bool:
+    """Whether the edge costs nothing: no move, and no form of the reader priced on it."""
+    formed = layout.c > 1 and channels_last_linear(target) and source.get("kind") != "input"
+    return not formed and edge_move(source, target, have, layout) is None
 
 
 def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
@@ -90,7 +102,7 @@ def reader_layout(kind: str, layout: Layout) -> Layout:
 def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
               layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
     """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
-    if have == layout and reader_layout(target["kind"], layout) == layout:
-        return None  # both project alike (:func:`edge_layouts`)
+    if have == layout and (reader_layout(target["kind"], layout) == layout or row_form(source, target, have, layout)):
+        return None  # both project alike (:func:`edge_layouts`), or a row-form reader reads it where it is
     move = edge_layouts(source, target, have, layout)
     return None if move is None or move[1] == move[2] else move

@@ -28,8 +28,10 @@ Assumptions (beyond those of the modules used):
     * A filter (``c``) split of a convolution or linear layer needs the full
       input on every rank (an edge redistribution provides it) and sums the
       partial input gradients over the ``c`` group: one allreduce of the local
-      input gradient. A head split of attention does too, and gathers every
-      head's output over the group (an all-gather forward, its adjoint
+      input gradient. A channels-last linear layer's is priced on its input
+      edge instead, whose layouts decide its form (``cost_models.dense_forms``).
+      A head split of attention sums the input gradients too, and gathers
+      every head's output over the group (an all-gather forward, its adjoint
       backward, each priced as one all-gather); its weights are whole on every
       rank, allreduced over all of them.
     * A profile refined by ``parplan validate --refine`` scales every term but
@@ -46,6 +48,7 @@ from math import prod
 from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
+from cost_models.dense_forms import channels_last_linear
 from cost_models.comm_cost import (GRADIENT_BUCKET_BYTES, allgather_s, allreduce_s, halo_exchange_s, node_shape,
                                    shaped_allreduce_s)
 from cost_models.errors import PlanError
@@ -243,8 +246,8 @@ def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
 
 def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,
                       cluster: Cluster) -> float:
-    if layer["kind"] not in DENSE_KINDS | {"attention"} or layout.c == 1:
-        return 0.0
+    if layer["kind"] not in DENSE_KINDS | {"attention"} or layout.c == 1 or channels_last_linear(layer):
+        return 0.0  # (a channels-last linear layer's form is priced on its input edge: cost_models.dense_forms)
     stride = layout.spatial
     group = [index * stride for index in range(layout.c)]
     reduced = allreduce_s(profile, cluster, group, problem.itemsize * prod(problem.input_shapes[0])) \

@@ -11,7 +11,11 @@ computes many at once:
   follows from a shape-independent :class:`~cost_models.comm_cost.MovePattern`,
   found once per pair of layouts by examining every rank, then priced per
   tensor shape with array arithmetic; other pairs are computed rank by rank
-  (``comm_cost.redistribution_row_s``).
+  (``comm_cost.redistribution_row_s``);
+* a channels-last linear reader split by filters adds its form's seconds
+  (``cost_models.dense_forms``): the column form's per reader layout, or,
+  where the producer holds the reader's own layout, the row form's instead
+  of any move.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import (PATTERN_CASES, move_pattern_arrays, nested_mask, patterned_s, redistribution_row_s,
                                   sendrecv_coefficients)
+from cost_models.dense_forms import channels_last_linear, column_form_s, row_form, row_form_s
 from cost_models.edges import edge_frame, projected, reader_layout
 from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, as_volume
@@ -129,9 +134,14 @@ class EdgeCosts:
         """Seconds for each pair of ``haves`` (rows, the producer's layouts) and ``layouts`` (the reader's)."""
         src, dst = self.graph.nodes[source], self.graph.nodes[target]
         reads = "attention" if dst["kind"] == "attention" else dst["kind"] in DENSE_KINDS  # (edges.reader_layout)
-        key = (src["kind"] == "input", self.shape_key[source], reads, haves, layouts)
+        formed = self.shape_key[target] if channels_last_linear(dst) else None  # (its forms' seconds)
+        key = (src["kind"] == "input", self.shape_key[source], reads, formed, haves, layouts)
         if key not in self.matrices:
-            self.matrices[key] = self._matrix(src, dst, haves, layouts, self.sizes[source])
+            moved = self._matrix(src, dst, haves, layouts, self.sizes[source])
+            if formed is not None and src["kind"] != "input":
+                rows, added = self._forms(src, dst, haves, layouts, self.sizes[source])
+                moved = np.where(rows, 0.0, moved) + added
+            self.matrices[key] = moved
         return self.matrices[key]
 
     def pairs(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
@@ -148,7 +158,24 @@ class EdgeCosts:
         itemsize = self.sizes[source]
         forward = self._moves_s(shape, itemsize, starts, ends, needed)
         backward = self._moves_s(shape, itemsize, ends, starts, needed.T)
-        return np.where(held == wanted, 0.0, forward[rows, columns] + backward[columns, rows])
+        moved = np.where(held == wanted, 0.0, forward[rows, columns] + backward[columns, rows])
+        src, dst = self.graph.nodes[source], self.graph.nodes[target]
+        if not channels_last_linear(dst) or src["kind"] == "input":
+            return moved
+        pairs = [self._forms(src, dst, (have,), (layout,), itemsize) for have, layout in zip(haves, layouts)]
+        return np.array([(0.0 if row[0, 0] else seconds) + added[0, 0]
+                         for seconds, (row, added) in zip(moved, pairs)])
+
+    def _forms(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
+               layouts: tuple[Layout, ...], itemsize: int) -> tuple[np.ndarray, np.ndarray]:
+        """For a channels-last linear reader (``cost_models.dense_forms``): which pairs of ``haves`` (rows) and
+        ``layouts`` it reads in its row form (no move), and the seconds of its form for each pair."""
+        profile, cluster = self.profile, self.cluster
+        column = [column_form_s(dst, layout, profile, cluster, itemsize) for layout in layouts]
+        rows = np.array([[row_form(src, dst, have, layout) for layout in layouts] for have in haves], dtype=bool)
+        added = np.array([[row_form_s(dst, layout, profile, cluster, itemsize) if rows[i, j] else column[j]
+                           for j, layout in enumerate(layouts)] for i in range(len(haves))])
+        return rows, added.reshape(len(haves), len(layouts))
 
     def _slots(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
                layouts: tuple[Layout, ...]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray] | None:

@@ -54,7 +54,7 @@ import numpy as np
 
 from cost_models.capability import layer_refusal
 from cost_models.cluster import Cluster
-from cost_models.edges import edge_layouts, edge_move
+from cost_models.edges import edge_free, edge_layouts
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo
 from cost_models.graph import dtype_itemsize
@@ -304,7 +304,7 @@ class LayerCosts:
 
     def edge(self, source: str, target: str, have: Layout, layout: Layout) -> float:
         """Redistribution seconds (forward and backward) on the edge ``source → target``."""
-        if edge_move(self.graph.nodes[source], self.graph.nodes[target], have, layout) is None:
+        if edge_free(self.graph.nodes[source], self.graph.nodes[target], have, layout):
             return 0.0
         return float(self.edges.matrix(source, target, (have,), (layout,))[0, 0])
 

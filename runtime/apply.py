@@ -52,6 +52,7 @@ from torch import nn
 from torch.fx import Node
 
 from cost_models.errors import PlanError
+from cost_models.dense_forms import reads_in_row_form
 from cost_models.graph import trace
 from cost_models.layout import Layout
 from cost_models.plan import Plan
@@ -492,5 +493,6 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, m
         if node.name in plan.layers:
             module = model.get_submodule(str(node.target)) if node.op == "call_module" else None
             sites[node.name] = Site(node.name, graph.nodes[node.name]["kind"], plan.layers[node.name].layout,
-                                    graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm)
+                                    graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm,
+                                    reads_in_row_form(node.name, plan, graph))
     return sites

@@ -12,7 +12,10 @@ some of these (:func:`blocks`):
 * ``"image"``: same replica and sample part — the ranks holding every channel
   and tile of the same samples (group-norm split by channel);
 * ``"slice"``: same channel part — every rank holding the same slice of a
-  layer's weights (their gradients are summed over it).
+  layer's weights (their gradients are summed over it);
+* ``"channels"``: same replica, sample part and tile — the ranks holding
+  every channel part of the same box (a row-form linear layer's partial
+  sums, ``cost_models.dense_forms``).
 
 ``torch.distributed.new_group`` must be entered by every rank of the default
 group for every group, in the same order, so :class:`GroupCache` creates all
@@ -33,17 +36,20 @@ from runtime.failures import exchange
 __all__ = ["GroupCache", "block_of", "blocks", "gradient_group_ranks", "group_ranks", "this_rank",
            "world_size"]
 
-_KEYS = {"spatial": (True, True, True), "samples": (True, False, True), "slice": (False, False, True),
-         "image": (True, True, False)}
+_KINDS = ("spatial", "samples", "slice", "image", "channels")
+_KEYS = {"spatial": (True, True, True, False), "samples": (True, False, True, False),
+         "slice": (False, False, True, False), "image": (True, True, False, False),
+         "channels": (True, True, False, True)}  # the same replica, sample part, channel part, tile
 
 
 def blocks(layout: Layout, size: int, kind: str) -> list[tuple[int, ...]]:
-    """The partition of members ``0 … size−1`` into groups of ``kind`` (``spatial``, ``samples``, ``slice``, ``image``)."""
-    replica, sample, channel = _KEYS[kind]
-    found: dict[tuple[int, ...], list[int]] = {}
+    """The partition of members ``0 … size−1`` into groups of ``kind`` (one of ``_KINDS``)."""
+    replica, sample, channel, tile = _KEYS[kind]
+    found: dict[tuple[Any, ...], list[int]] = {}
     for member in range(size):
-        n, c, *_ = coordinates(layout, member)
-        key = (member // layout.ranks if replica else -1, n if sample else -1, c if channel else -1)
+        n, c, *spatial = coordinates(layout, member)
+        key = (member // layout.ranks if replica else -1, n if sample else -1, c if channel else -1,
+               tuple(spatial) if tile else ())
         found.setdefault(key, []).append(member)
     return [tuple(members) for members in found.values()]
 
@@ -105,7 +111,7 @@ class GroupCache:
 def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     """The global ranks of every group that layers of ``layouts`` on ``ranks`` use (``runtime.groups``)."""
     for layout in sorted(set(layouts)):
-        for kind in ("spatial", "samples", "slice", "image"):
+        for kind in _KINDS:
             for members in blocks(layout, len(ranks), kind):
                 yield tuple(ranks[q] for q in members)
     yield ranks

@@ -47,6 +47,7 @@ from cost_models.halo import partition
 from cost_models.layout import Layout, axes_of
 from runtime import borders, norm, resample, spatial
 from runtime.attention import heads_attention
+from runtime.collectives import all_reduce_sum
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
 
@@ -69,6 +70,7 @@ class Site:
     ranks: tuple[int, ...]
     groups: GroupCache
     sync_batchnorm: bool
+    row_form: bool = False  # a linear layer reading its input split as its own filters (cost_models.dense_forms)
 
     def block(self, kind: str, layout: Layout | None = None) -> tuple[int, ...]:
         """Global ranks of this rank's group of ``kind`` (``runtime.groups.blocks``) under ``layout``."""
@@ -104,7 +106,7 @@ class Site:
 
 def input_placement(site: Site) -> Placement:
     """The placement in which the layer reads its tensor inputs."""
-    return read_placement(site.kind, site.layout)
+    return Placement(site.layout) if site.row_form else read_placement(site.kind, site.layout)
 
 
 def read_placement(kind: str, layout: Layout) -> Placement:
@@ -172,7 +174,19 @@ def _linear(site: Site, fetch: Fetch) -> torch.Tensor | None:
     x = fetch(0, input_placement(site))
     if site.module is None or site.layout.c == 1:
         return None
+    if site.row_form:
+        return _row_linear(site, x)
     return F.linear(x, site.module.weight, site.module.bias)
+
+
+def _row_linear(site: Site, x: torch.Tensor) -> torch.Tensor:
+    """Megatron-LM's row form (``cost_models.dense_forms``): this rank's input channels times its columns of the
+    weight, summed over the ``c`` group; its part of the output channels, plus its part of the bias."""
+    assert site.module is not None
+    summed = all_reduce_sum(F.linear(x, site.module.weight), site.groups.get(site.block("channels")))
+    start, stop = partition(summed.shape[-1], site.layout.c)[_channel_index(site)]
+    out, bias = summed.narrow(-1, start, stop - start), site.module.bias
+    return out if bias is None else out + bias
 
 
 def _batchnorm(site: Site, fetch: Fetch) -> torch.Tensor | None:

@@ -2,7 +2,9 @@
 
 A layer split ``c`` ways keeps on each rank the filters (output channels) of
 its channel part ``partition(C_out, c)[k]``: the weight's first dimension
-(the second for a transposed convolution) and the bias; batch-norm keeps the
+(the second for a transposed convolution) and the bias — a linear layer in
+its row form (``cost_models.dense_forms``) keeps the weight's columns of its
+input part instead, and its part of the bias; batch-norm keeps the
 same slice of its weight, bias and running statistics. The parameter is
 replaced in the module by a new one holding the slice, so an optimizer built
 afterwards sees only local data. Every other parameter stays whole.
@@ -105,7 +107,7 @@ def _once_per_module(sites: list[Site]) -> list[Site]:
 
 
 def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter | None]]:
-    module, dim = site.module, _SLICED_DIM[site.kind]
+    module, dim = site.module, 1 if site.row_form else _SLICED_DIM[site.kind]  # (row form: its input's columns)
     assert module is not None
     cut = []
     for key in ("weight", "bias", "running_mean", "running_var"):

@@ -90,7 +90,8 @@ def test_a_zoo_model_plans_and_verifies(spec: str, pools: RankPools) -> None:
 
 def test_a_vision_transformer_verifies_its_token_and_column_splits(pools: RankPools) -> None:
     """ViT's tokens (N, L, E) split by token (``t2``: LayerNorm, MLP, adds, and attention whose queries attend to
-    every token) and by column (``c2``: the MLP's filters, attention's heads) on 2 and 4 ranks, equal to the
+    every token) and by column (``c2``: the MLP's first linear layer by its filters, the second in its row form —
+    Megatron-LM's pair, ``cost_models.dense_forms`` — and attention's heads) on 2 and 4 ranks, equal to the
     unsplit model in float64."""
     layouts = tuple(Layout.parse(text) for text in ("t2", "c2", "n2·t2", "c2·t2", "n2·c2", "t4"))
     spec = f"{HERE.parents[1] / 'examples' / 'vit.py'}:vit_tiny"
@@ -106,8 +107,9 @@ def test_a_vision_transformer_verifies_its_token_and_column_splits(pools: RankPo
 def test_timms_vision_transformer_verifies_its_token_splits(pools: RankPools) -> None:
     """timm's form — ``qkv(x).reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)`` and
     ``F.scaled_dot_product_attention`` — keeps the tokens named through the heads' view and back, so ``t2``
-    splits every layer of its blocks, attention included."""
-    layouts = tuple(Layout.parse(text) for text in ("t2", "n2·t2"))
+    splits every layer of its blocks, attention included; ``c2`` splits its MLP (fc1, then fc2 in its row form
+    across the ``Identity`` between them)."""
+    layouts = tuple(Layout.parse(text) for text in ("t2", "n2·t2", "c2"))
     report = check_model(CheckRequest(f"{HERE.parent / 'small_models.py'}:timm_vit_tiny", (4, 3, 64, 64),
                                       devices=(), layouts=layouts, timeout_s=120, verify_dtype="float64"), pools)
     results = {check.name: check for check in report.checks}
