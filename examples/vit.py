@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torchvision.models import VisionTransformer
 
-__all__ = ["vit_b_16_64", "vit_b_16_512", "vit_tiny"]
+__all__ = ["vit_b_16_64", "vit_b_16_512", "vit_ti_8_64", "vit_tiny"]
 
 
 def vit_b_16(image_size: int, num_classes: int = 1000) -> VisionTransformer:
@@ -27,6 +27,13 @@ def vit_b_16_64() -> VisionTransformer:
 def vit_b_16_512() -> VisionTransformer:
     """ViT-B/16 on 512×512 images (1024 patches and the class token)."""
     return vit_b_16(512)
+
+
+def vit_ti_8_64() -> VisionTransformer:
+    """ViT-Ti/8 (DeiT-Tiny's 12 layers of 3 heads, 192 features, MLP 768) on 64×64 images: 64 patches and the
+    class token (``parplan validate``'s transformer on a CPU)."""
+    return VisionTransformer(image_size=64, patch_size=8, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768,
+                             num_classes=1000)
 
 
 def vit_tiny() -> VisionTransformer:

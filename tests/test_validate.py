@@ -197,11 +197,12 @@ def _parplan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_validate_runs_plans_and_writes_a_refined_profile(repo: Path, tmp_path: Path) -> None:
     refined, out = tmp_path / "refined.json", tmp_path / "report.json"
     run = _parplan("validate", *UNET, "--profile", "h100", "--nproc", "2", "--plans", "2", "--steps", "2",
-                   "--warmup", "0", "--refine", str(refined), "--out", str(out), "--json", cwd=repo)
+                   "--warmup", "0", "--refine", str(refined), "--out", str(out), "--json", "--layouts", "w2", cwd=repo)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report == json.loads(out.read_text()) and report["format"] == "parplan.validation/1"
     assert len(report["plans"]) >= 3 and report["plans"][0]["name"].startswith("top 1")
+    assert report["plans"][-1]["name"] == "layout w2"  # --layouts: parplan run --layout's plan, run and priced
     assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in report["plans"])
     for field in ("median_rel_err", "p90_rel_err", "kendall_tau", "regret"):
         assert field in report and field in report["refine"]["after"]
@@ -217,6 +218,8 @@ def test_bad_validate_arguments_are_one_line_and_exit_two(capsys: pytest.Capture
     assert "is a folder" in capsys.readouterr().err
     assert main(["validate", *UNET, "--profile", str(tmp_path / "none.json"), "--nproc", "2"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    assert main(["validate", *UNET, "--profile", "h100", "--nproc", "2", "--layouts", "n4"]) == 2
+    assert "not the 2 ranks of --nproc" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
         main(["validate", *UNET, "--profile", "h100", "--nproc", "2", "--plans", "0"])
     assert exited.value.code == 2

@@ -3,7 +3,8 @@
 Order: the input shape, the profile and the model are checked (bad input
 exits 2 before any rank starts); the candidates are chosen
 (``planner.candidates``: top K distinct plans, then pure sample, pure spatial
-and a pipeline), each checked against what the runtime executes (refused ones
+and a pipeline; then the plan of each of ``--layouts``, as ``parplan run
+--layout`` runs it), each checked against what the runtime executes (refused ones
 are named and left out); one launch of ``--nproc`` ranks runs them all in
 turn, in ``--rounds`` interleaved rounds (``runtime.launch.launch_many``:
 ``--warmup`` steps, then the round's share of ``--steps`` timed steps; in
@@ -58,6 +59,9 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="run the plans in this many interleaved rounds (the order reversed every other round), "
                              "the steps shared among them, so drift of the machine hits every plan alike "
                              "(default 2)")
+    parser.add_argument("--layouts", default="", metavar="L,L,…",
+                        help="also run the plan of each layout, as parplan run --layout L runs it (every layer its "
+                             "first of L, n1 it can take), on --nproc ranks (L's ranks; default: none)")
     parser.add_argument("--min-gap", type=positive_float, default=0.03, metavar="X",
                         help="least relative difference of predicted times between top plans (default 0.03)")
     parser.add_argument("--per-layer", action="store_true",
@@ -150,8 +154,34 @@ def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile
         return None
 
     cluster = cluster_for(args.profile, profile, args.nproc, args.ranks.per_node if args.ranks.spans_nodes else None)
-    return validation_candidates(graph, profile, cluster, args.plans, search_settings(args), model_spec=args.model,
-                                 min_gap=args.min_gap, refusal=refusal, shared_cores=args.shared_cores)
+    found, left_out = validation_candidates(graph, profile, cluster, args.plans, search_settings(args),
+                                            model_spec=args.model, min_gap=args.min_gap, refusal=refusal,
+                                            shared_cores=args.shared_cores)
+    return found + _layout_candidates(args, graph, profile, cluster, refusal, left_out), left_out
+
+
+def _layout_candidates(args: argparse.Namespace, graph: LayerGraph, profile: Any, cluster: Any,
+                       refusal: Any, left_out: list[str]) -> list[Any]:
+    """The plans of ``--layouts`` (``parplan run --layout``'s), priced; a refused one is named in ``left_out``."""
+    from cost_models.layout import Layout
+    from cost_models.uniform import uniform_plan
+    from planner.candidates import Candidate
+    from planner.search import priced
+
+    found = []
+    for text in (part.strip() for part in args.layouts.split(",") if part.strip()):
+        layout = Layout.parse(text)
+        if layout.ranks != args.nproc:
+            raise InputError(f"--layouts {text} splits into {layout.ranks} parts, not the {args.nproc} ranks of "
+                             f"--nproc; give layouts of {args.nproc} ranks")
+        plan = uniform_plan(graph, cluster, [layout, Layout()], model_spec=args.model)
+        reason = refusal(plan)
+        if reason is not None:
+            left_out.append(f"layout {layout}: {reason}")
+            continue
+        baseline = priced(f"layout {layout}", plan, profile, graph, args.optimizer, args.shared_cores)
+        found.append(Candidate(baseline.name, "baseline", baseline.plan, baseline.estimate))
+    return found
 
 
 def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph) -> list[dict[str, Any]] | None:
