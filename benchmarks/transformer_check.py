@@ -1,6 +1,7 @@
 """Vision transformers in float64 on 2 and 4 gloo ranks: each plans with default settings and verifies its plan,
-and its token (``t2``), head/column (``c2``) and sample·token (``n2·t2``) splits verify — against the unsplit
-model, forward output and every parameter gradient (``parplan check --verify-dtype float64``).
+and its splits verify — ViT's token (``t2``), head/column (``c2``) and sample·token (``n2·t2``), Swin's rows and
+columns of whole windows (``h2``, ``w2``, ``n2·h2``) — against the unsplit model, forward output and every
+parameter gradient (``parplan check --verify-dtype float64``).
 
 Usage::
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "vit64": ("examples/vit.py:vit_b_16_64", "4,3,64,64", "c2,t2,n2·t2"),
     "vit512": ("examples/vit.py:vit_b_16_512", "2,3,512,512", "c2,t2,n2·t2"),
-    "swin_t": ("torchvision:swin_t", "4,3,224,224", "n2,c2,n2·c2"),
+    "swin_t": ("torchvision:swin_t", "4,3,224,224", "n2,h2,w2,n2·h2"),
 }
 
 

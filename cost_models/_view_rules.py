@@ -35,6 +35,8 @@ def order_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
                 f"split it by space or channel only")
     if not orders or layout.c * layout.spatial == 1:
         return None
+    if layer["kind"] == "window_attention" or layer.get("attrs", {}).get("patch_merging"):
+        return None  # Swin's: their own rules (cost_models._window_rules)
     ordered = {order for order in orders if order}
     if layer["kind"] == "cat" and "" in orders:
         return (f"it concatenates values in the order {'/'.join(sorted(ordered))} with one whose axes are not named "

@@ -105,6 +105,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from cost_models._attention_rules import attention_refusal
 from cost_models._spatial_rules import norm_refusal, shuffle_refusal, spatial_refusal
+from cost_models._window_rules import merging_refusal, window_refusal
 from cost_models._volume_rules import volume_refusal, volume_refusal_applies
 from cost_models._view_rules import (channel_view_refusal, identity_item, last_dim_refusal, on_last_dims,
                                      order_refusal, permutes, reduction_refusal, reshape_refusal, sample_dim_refusal,
@@ -233,6 +234,10 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS or identity_item(layer):
         return None
+    if kind == "window_attention":
+        return window_refusal(layer, layout)
+    if attrs.get("patch_merging"):
+        return merging_refusal(layer, layout)
     if kind == "attention" and ((why := attention_refusal(layer, layout)) or layout.c * layout.spatial > 1):
         return why  # (split by heads or tokens: its own rules alone)
     if stacks_or_reduces(layer):

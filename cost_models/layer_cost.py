@@ -34,6 +34,9 @@ Assumptions (beyond those of the modules used):
       every head's output over the group (an all-gather forward, its adjoint
       backward, each priced as one all-gather); its weights are whole on every
       rank, allreduced over all of them.
+    * Swin's window attention split by rows or columns (whole windows per
+      tile) exchanges its shifted windows' rows with the adjacent tiles: four
+      messages of ``shift`` rows per split axis (``runtime.windows``), exposed.
     * A profile refined by ``parplan validate --refine`` scales every term but
       the weight-gradient allreduce by its layer factor
       (``cost_models.corrections``).
@@ -106,7 +109,8 @@ def problem_cost(name: str, layer: Mapping[str, Any], layout: Layout, problem: L
                         f"{tuple(layer['output_shape'])}); choose a layout its kind and shape allow")
     forward_s, backward_s, weight_s, source = compute or compute_s(problem, profile)
     halos = spatial_halos(layer, layout)
-    halo_s = _halo_s(layer, layout, problem, profile, cluster, halos)
+    halo_s = _halo_s(layer, layout, problem, profile, cluster, halos) + _window_shift_s(layer, layout, problem,
+                                                                                         profile, cluster)
     interior = _interior_share(problem, halos) if overlap else 0.0
     exposed = max(0.0, halo_s / 2 - interior * forward_s) + max(0.0, halo_s / 2 - interior * backward_s)
     scale = 1.0 if profile.corrections is None else profile.corrections.scale(layer["kind"], layout)
@@ -205,6 +209,25 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
         messages = (halo_messages(distinct[0], distinct[1], (i, j), tile_shape, plane_bytes)  # type: ignore[arg-type]
                     for i in range(len(distinct[0])) for j in range(len(distinct[1])))
     return 2 * max(halo_exchange_s(profile, found, level) for found in messages)  # forward, backward gradients
+
+
+def _window_shift_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,
+                    cluster: Cluster) -> float:
+    """Swin's shifted windows split by rows or columns: along each split axis a tile receives the next tile's
+    first ``shift`` rows before attending and the previous tile's last ``shift`` after (``runtime.windows``),
+    and returns their gradients backward: four messages of ``shift`` rows, one after the other."""
+    attrs = layer["attrs"]
+    if layer["kind"] != "window_attention" or layout.spatial == 1 or not any(attrs.get("shift_size") or [0]):
+        return 0.0
+    n, h, w, c = problem.output_shape
+    level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
+    extents = layer["input_shapes"][0][1:3]
+    seconds = 0.0
+    for parts, extent, window, shift, across in zip((layout.h, layout.w), extents, attrs["window_size"],
+                                                    attrs["shift_size"], (w, h)):
+        if parts > 1 and shift and window < extent:
+            seconds += 4 * profile.comm_time_s("sendrecv", level, 2, n * shift * across * c * problem.itemsize)
+    return seconds
 
 
 def _interior_share(problem: LocalProblem, halos: tuple[tuple[AxisHalo, ...], ...] | None) -> float:

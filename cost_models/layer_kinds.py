@@ -95,6 +95,7 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
 
 _QUALIFIED_KINDS: dict[str, str] = {
     "torchvision.ops.stochastic_depth.stochastic_depth": "dropout",  # ConvNeXt, Swin, EfficientNet: per-sample masks
+    "torchvision.models.swin_transformer.shifted_window_attention": "window_attention",  # Swin v1 and v2
 }
 """Functions of other packages, by qualified name (this module does not import them)."""
 
@@ -300,6 +301,7 @@ _FUNCTION_FIELDS: dict[str, tuple[str, ...]] = {
     "norm": ("normalized_shape", "num_groups", "eps", "use_input_stats"),
     "dropout": ("p",),
     "attention": ("dropout_p", "is_causal", "scale"),
+    "window_attention": ("window_size", "shift_size", "num_heads", "attention_dropout", "dropout"),
 }
 _FUNCTION_NORMS = {"layer_norm": "LayerNorm", "group_norm": "GroupNorm", "instance_norm": "InstanceNorm"}
 _FUNCTION_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -342,8 +344,10 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
     if kind == "attention":  # F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
         mask = kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
         attrs["masked"] = mask is not None or bool(kwargs.get("is_causal", False))
+    if kind == "window_attention":  # torchvision's Swin: cosine attention (v2) when given a logit scale
+        attrs["cosine"] = kwargs.get("logit_scale") is not None
     if kind == "other":
-        attrs.update(_pieces_attrs(node) or _stack_attrs(node) or _reduce_attrs(node))
+        attrs.update(_pieces_attrs(node) or _stack_attrs(node) or _reduce_attrs(node) or _merging_attrs(node))
     if kind in _FUNCTION_FIELDS or kind in ("linear", "dropout", "norm"):
         attrs["function_form"] = True
     return attrs
@@ -381,6 +385,13 @@ def _pieces_attrs(node: Node) -> dict[str, Any]:
     items_only = all(user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2
                      and isinstance(user.args[1], int) for user in node.users)
     return {"pieces_along": dim, "items_only": items_only, **({"pieces_drop": True} if drops else {})}
+
+
+def _merging_attrs(node: Node) -> dict[str, Any]:
+    """``patch_merging``: torchvision's Swin ``_patch_merging_pad`` — each 2×2 patch of an ``(N, H, W, C)`` map
+    concatenated into ``(N, H/2, W/2, 4C)`` (odd extents padded at the end first)."""
+    label = _get_qualified_name(node.target) if node.op == "call_function" and callable(node.target) else ""
+    return {"patch_merging": True} if label == "torchvision.models.swin_transformer._patch_merging_pad" else {}
 
 
 def _stack_attrs(node: Node) -> dict[str, Any]:

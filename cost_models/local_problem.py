@@ -127,7 +127,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
     # a filter split reads its channels whole
     read = replace(layout, c=1) if kind in DENSE_KINDS | {"attention"} and layout.c > 1 else layout
-    shapes = layer["input_shapes"][:1] if kind == "conv" else layer["input_shapes"]  # F.conv2d's filters: whole
+    # F.conv2d's filters, window attention's position bias: whole
+    shapes = layer["input_shapes"][:1] if kind in ("conv", "window_attention") else layer["input_shapes"]
     inputs = [_split_shape(s, read, order) if _reordered(s, order) else
               _local_input(kind, list(s), output, local_out, layout, attrs, order)
               for s, order in zip(shapes, orders)] + [list(s) for s in layer["input_shapes"][len(shapes):]]

@@ -80,13 +80,23 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
     if kind in ("view", "flatten") and list(source_shape) != list(shape):
         made = reshaped(order, source_shape, shape)
         return made or (unknown_order(order, source_shape, shape) if unnamed(order) else default_order(rank))
+    if kind == "other" and order == "nhwc" and _merges_patches(node):
+        return order  # Swin's patch merging: (N, H, W, C) to (N, H/2, W/2, 4C)
     if kind == "other" and order != default_order(len(order)):
         return unknown_order(order, source_shape, shape)
     if kind in KEEPING_KINDS | {"view", "cat"} and len(order) == rank:
         return order
-    if kind in ("attention", "getitem") and list(source_shape) == list(shape) and len(order) == rank:
+    if kind in ("attention", "window_attention", "getitem") and list(source_shape) == list(shape) and \
+            len(order) == rank:
         return order  # attention answers each query token; an item of its (out, None) is out
     return NCDHW if rank == 5 and kind in VOLUME_MAKERS else default_order(rank)
+
+
+def _merges_patches(node: Node) -> bool:
+    """torchvision's Swin ``_patch_merging_pad`` (``cost_models.layer_kinds``: ``patch_merging``)."""
+    target = node.target
+    return node.op == "call_function" and getattr(target, "__name__", "") == "_patch_merging_pad" and \
+        getattr(target, "__module__", "") == "torchvision.models.swin_transformer"
 
 
 def sequence_layer(kind: str, attrs: dict[str, Any], shape: Sequence[int],

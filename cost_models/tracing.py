@@ -109,9 +109,11 @@ def _check_arguments(traced: GraphModule, input_shapes: tuple[tuple[int, ...], .
 
 
 def _opaque_layers(gm: GraphModule, automatic: frozenset[str]) -> frozenset[str]:
-    """Nodes calling a module whose kind is ``other``: opaque, their forward FLOPs counted on fake tensors."""
-    return frozenset(node.name for node in gm.graph.nodes
-                     if node.op == "call_module" and classify(node, gm, opaque=automatic).kind == "other")
+    """Nodes calling a module whose kind is ``other``, and Swin's window attention (one untraced function):
+    opaque, their forward FLOPs counted on fake tensors."""
+    return frozenset(node.name for node in gm.graph.nodes if (node.op == "call_module" and classify(
+        node, gm, opaque=automatic).kind == "other") or (node.op == "call_function" and classify(
+            node, gm, opaque=automatic).kind == "window_attention"))
 
 
 def _cast_floating(module: nn.Module, dtype: torch.dtype, fake_mode: FakeTensorMode) -> None:

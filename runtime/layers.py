@@ -48,6 +48,7 @@ from cost_models.layout import Layout, axes_of
 from runtime import borders, norm, resample, spatial
 from runtime.attention import heads_attention
 from runtime.collectives import all_reduce_sum
+from runtime.windows import window_attention
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
 
@@ -264,7 +265,14 @@ def functional_form(site: Site, target: Any) -> Callable[[Site, Any, Any], torch
         return functional_batch_norm
     if site.kind == "norm" and target is F.group_norm:
         return functional_group_norm
+    if site.kind == "window_attention" and site.spatial_split:
+        return functional_window_attention
     return functional_conv if site.kind == "conv" and site.spatial_split else None
+
+
+def functional_window_attention(site: Site, args: Any, kwargs: Any) -> torch.Tensor:
+    """Swin's ``shifted_window_attention`` on this rank's tile of whole windows (``runtime.windows``)."""
+    return window_attention(site.grid(), site.layer["input_shapes"][0][1:3], args, kwargs)
 
 
 _CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")

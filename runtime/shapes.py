@@ -300,6 +300,8 @@ def _operand_refusal(node: Node, graph: LayerGraph, layout: Layout, constants: C
         return []  # F.layer_norm, F.linear: their weights span the last dimensions, whole in every box
     if kind == "norm" and graph.nodes[node.name]["attrs"].get("norm") == "GroupNorm":
         return []  # F.group_norm: its per-channel weight and bias cut to the box's channels (runtime.layers)
+    if kind == "window_attention" and layout.c == 1:
+        return []  # Swin's: its projections and position bias whole on every tile (runtime.windows)
     for source in node.all_input_nodes:
         shape = graph.nodes[source.name]["output_shape"] if source.name in constants else whole_shape(source)
         if shape is not None and _single(list(shape)) and _numel(shape) > 1:

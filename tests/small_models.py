@@ -49,3 +49,12 @@ def timm_vit_tiny() -> nn.Module:
     import timm
 
     return timm.create_model("vit_tiny_patch16_224", img_size=64, num_classes=10, depth=2)
+
+
+def swin_tiny() -> nn.Module:
+    """torchvision's Swin Transformer at two stages of 2 blocks (24 and 48 features, windows of 4, shifted by 2 in
+    every second block) for 64×64 images: 16×16 then 8×8 patches (whole windows on 2 and 4 tiles)."""
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(patch_size=[4, 4], embed_dim=24, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4],
+                           stochastic_depth_prob=0.0, num_classes=10)

@@ -117,6 +117,20 @@ def test_timms_vision_transformer_verifies_its_token_splits(pools: RankPools) ->
     assert results["verify w2"].detail["split"] >= 66 and results["verify n2·w2"].detail["split"] >= 64
 
 
+def test_swins_shifted_windows_verify_under_row_and_column_splits(pools: RankPools) -> None:
+    """torchvision's Swin (``shifted_window_attention`` and patch merging on ``(N, H, W, C)`` maps) split by rows
+    and columns of whole windows: the shifted blocks' rolled rows come from the adjacent tiles (``runtime.windows``);
+    at 8×8 patches the second stage's windows of 4 split 2 ways, not 4 (those layers stay whole under ``h4``)."""
+    layouts = tuple(Layout.parse(text) for text in ("h2", "w2", "h2·w2", "n2·h2", "h4"))
+    report = check_model(CheckRequest(f"{HERE.parent / 'small_models.py'}:swin_tiny", (2, 3, 64, 64), devices=(),
+                                      layouts=layouts, timeout_s=120, verify_dtype="float64"), pools)
+    results = {check.name: check for check in report.checks}
+    assert all(check.result == "pass" for check in report.checks), [(c.name, c.reason) for c in report.checks]
+    for name in ("verify h2", "verify w2", "verify h2·w2", "verify n2·h2"):
+        assert results[name].detail["split"] >= 56, (name, results[name].detail)  # windows, merging, MLPs, norms
+    assert results["verify h4"].detail["split"] == 54  # all but the second stage's two window attentions
+
+
 # -------------------------------------------------------------------- the harness: failures end as fail
 def rank_one_dies() -> object:
     """A tiny network whose rank 1 is killed while building it (the parent and rank 0 build it normally)."""
