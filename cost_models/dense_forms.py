@@ -110,6 +110,6 @@ def _channel_group(layout: Layout) -> list[int]:
 
 
 def _local_elements(shape: list[int], order: str, layout: Layout) -> int:
-    """Elements of a rank's box of ``shape`` (axes ``order``, channels last) under ``layout``, whole along the
-    channels."""
-    return prod(-(-extent // getattr(layout, axis)) for extent, axis in zip(shape[:-1], order)) * shape[-1]
+    """Elements of a rank's box of ``shape`` (axes ``order``, channels last; ``.``: a dimension holding no axis,
+    whole) under ``layout``, whole along the channels."""
+    return prod(-(-extent // getattr(layout, axis, 1)) for extent, axis in zip(shape[:-1], order)) * shape[-1]

@@ -66,3 +66,15 @@ def test_edge_matrices_equal_each_edge_priced_alone(graph, which: int) -> None: 
                        for layout in LAYOUTS] for have in LAYOUTS])
     np.testing.assert_allclose(matrix, alone, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(costs.pairs(source, target, LAYOUTS, LAYOUTS), np.diagonal(alone), rtol=1e-12)
+
+
+def test_a_dimension_holding_no_axis_is_whole_in_the_forms_sizes() -> None:
+    """EdgeNeXt's ``(N, H, ·, C)`` values (order ``nh.c``): the dimension holding no axis counts whole."""
+    profile, cluster = preset_profile("h100"), preset_cluster("h100", DEVICES)
+    layer = {"kind": "linear", "input_shapes": [[4, 8, 6, 16]], "output_shape": [4, 8, 6, 32],
+             "attrs": {"input_orders": ["nh.c"], "order": "nh.c"}}
+    source = {"kind": "activation", "output_shape": [4, 8, 6, 16], "attrs": {"order": "nh.c"}}
+    layout = Layout(n=2, c=2)
+    assert form_s(source, layer, layout, layout, profile, cluster, 4) == row_form_s(layer, layout, profile, cluster, 4)
+    whole = row_form_s(layer, Layout(c=2), profile, cluster, 4)
+    assert 0 < row_form_s(layer, layout, profile, cluster, 4) < whole  # half the samples: half the bytes
