@@ -38,6 +38,7 @@ from cost_models.profile import Profile
 from cost_models.uniform import layout_by_rule
 from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
+from planner.gc_pause import collector_paused
 from planner.settings import Progress, SearchSettings
 from planner.space import Space, build_space
 from planner.stages import search_pipelines
@@ -96,6 +97,12 @@ def plan_model(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: 
     Raises:
         InputError: No plan fits in memory (with how much is missing) or a layer cannot be placed.
     """
+    with collector_paused():  # the search keeps what it allocates: collections would find next to nothing
+        return _plan_model(graph, profile, cluster, settings, model_spec, progress)
+
+
+def _plan_model(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str,
+                progress: Progress | None) -> PlanResult:
     optimizer = settings.optimizer
     started = time.perf_counter()
     memo = _memo_for(graph, profile)  # layer costs shared by the spaces and every estimate
