@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
     from cost_models.plan import Plan
 
-__all__ = ["channels_last_linear", "column_form_s", "form_s", "reads_in_row_form", "row_form", "row_form_s"]
+__all__ = ["channels_last_linear", "column_form_s", "form_s", "has_forms", "reads_in_row_form", "row_form",
+           "row_form_s"]
 
 
 def channels_last_linear(layer: Mapping[str, Any]) -> bool:
@@ -62,10 +63,14 @@ def channels_last_linear(layer: Mapping[str, Any]) -> bool:
     return len(inputs[0]) in (3, 4) and len(orders[0]) == len(inputs[0]) and orders[0].endswith("c")
 
 
+def has_forms(source: Mapping[str, Any], target: Mapping[str, Any], layout: Layout) -> bool:
+    """Whether ``target`` under ``layout``, reading ``source``, runs one of the two forms (its edge prices it)."""
+    return layout.c > 1 and channels_last_linear(target) and source.get("kind") != "input"
+
+
 def row_form(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout) -> bool:
     """Whether ``target`` under ``layout`` runs its row form, reading ``source``'s output held in ``have``."""
-    return (layout.c > 1 and have == layout and source.get("kind") != "input" and channels_last_linear(target)
-            and target["input_shapes"][0][-1] >= layout.c)
+    return have == layout and has_forms(source, target, layout) and target["input_shapes"][0][-1] >= layout.c
 
 
 def reads_in_row_form(name: str, plan: Plan, graph: LayerGraph) -> bool:
@@ -82,7 +87,7 @@ def reads_in_row_form(name: str, plan: Plan, graph: LayerGraph) -> bool:
 def form_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, profile: Profile,
            cluster: Cluster, itemsize: int) -> float:
     """Seconds of ``target``'s filter split that depend on its form (0 when it has no forms or ``c`` is 1)."""
-    if layout.c == 1 or not channels_last_linear(target) or source.get("kind") == "input":
+    if not has_forms(source, target, layout):
         return 0.0
     if row_form(source, target, have, layout):
         return row_form_s(target, layout, profile, cluster, itemsize)

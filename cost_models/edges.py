@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
-from cost_models.dense_forms import channels_last_linear, form_s, row_form
+from cost_models.dense_forms import form_s, has_forms, row_form
 from cost_models.layout import Layout
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.orders import NCDHW, NCW, default_order, logical
@@ -47,8 +47,7 @@ def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, l
 
 def edge_free(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout) -> bool:
     """Whether the edge costs nothing: no move, and no form of the reader priced on it."""
-    formed = layout.c > 1 and channels_last_linear(target) and source.get("kind") != "input"
-    return not formed and edge_move(source, target, have, layout) is None
+    return not has_forms(source, target, layout) and edge_move(source, target, have, layout) is None
 
 
 def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,

@@ -201,7 +201,7 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
     shape = layer["input_shapes"][0]
     tile_shape = layout.local_shape(tuple(shape))[2:]
     plane_bytes = problem.input_shapes[0][0] * problem.input_shapes[0][1] * problem.itemsize
-    level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
+    level = _tile_level(layout, cluster)
     distinct = halos  # a tile's messages depend only on its halos (sizes use the largest tile): each distinct once
     if len(distinct) != 2:  # a volume's or a sequence's tile: its axes one after the other
         messages = (volume_halo_messages(combination, tile_shape, plane_bytes) for combination in product(*distinct))
@@ -209,6 +209,11 @@ def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, pro
         messages = (halo_messages(distinct[0], distinct[1], (i, j), tile_shape, plane_bytes)  # type: ignore[arg-type]
                     for i in range(len(distinct[0])) for j in range(len(distinct[1])))
     return 2 * max(halo_exchange_s(profile, found, level) for found in messages)  # forward, backward gradients
+
+
+def _tile_level(layout: Layout, cluster: Cluster) -> str:
+    """The link between a sample's tiles: ``inter`` when its ``h·w`` group spans nodes."""
+    return "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
 
 
 def _window_shift_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,
@@ -220,7 +225,7 @@ def _window_shift_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProb
     if layer["kind"] != "window_attention" or layout.spatial == 1 or not any(attrs.get("shift_size") or [0]):
         return 0.0
     n, h, w, c = problem.output_shape
-    level = "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
+    level = _tile_level(layout, cluster)
     extents = layer["input_shapes"][0][1:3]
     seconds = 0.0
     for parts, extent, window, shift, across in zip((layout.h, layout.w), extents, attrs["window_size"],

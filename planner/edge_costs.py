@@ -28,7 +28,7 @@ import numpy as np
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import (PATTERN_CASES, move_pattern_arrays, nested_mask, patterned_s, redistribution_row_s,
                                   sendrecv_coefficients)
-from cost_models.dense_forms import channels_last_linear, column_form_s, row_form, row_form_s
+from cost_models.dense_forms import channels_last_linear, column_form_s, form_s, row_form, row_form_s
 from cost_models.edges import edge_frame, projected, reader_layout
 from cost_models.graph import dtype_itemsize
 from cost_models.layout import Layout, as_volume
@@ -162,9 +162,9 @@ class EdgeCosts:
         src, dst = self.graph.nodes[source], self.graph.nodes[target]
         if not channels_last_linear(dst) or src["kind"] == "input":
             return moved
-        pairs = [self._forms(src, dst, (have,), (layout,), itemsize) for have, layout in zip(haves, layouts)]
-        return np.array([(0.0 if row[0, 0] else seconds) + added[0, 0]
-                         for seconds, (row, added) in zip(moved, pairs)])
+        return np.array([(0.0 if row_form(src, dst, have, layout) else seconds)
+                         + form_s(src, dst, have, layout, self.profile, self.cluster, itemsize)
+                         for seconds, have, layout in zip(moved, haves, layouts)])
 
     def _forms(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
                layouts: tuple[Layout, ...], itemsize: int) -> tuple[np.ndarray, np.ndarray]:
