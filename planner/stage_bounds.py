@@ -20,6 +20,14 @@ device-seconds ``W = Σ_d min_s s·c_s(d)``:
 A ``stale`` pipeline's iteration takes ``max_k t_k ≥ max(S/K, W/B, V/B)``; a
 ``sync`` one of ``M`` micro-batches ``Σ_k t_k + (M − 1)·max_k t_k ≥ S + (M − 1)·
 max(S/K, W/B, V/B)``.
+
+Until every decision is summed, each one not yet priced counts its own least
+device-seconds ``V_d`` (``V = Σ_d V_d``): ``c_s(d) ≥ V_d / s ≥ V_d / s_max`` in
+``S`` and ``s·c_s(d) ≥ V_d`` in ``W``, with ``s_max`` the largest size a stage
+may take. So before any layout is priced a sync pipeline already needs
+``V/s_max + (M − 1)·V/B`` — more than the best plan where its stages are small
+against the budget or its micro-batches many — and the bound rises with each
+decision summed instead of starting from nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from planner.space import LayerCosts
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["Floor", "heaviest_first", "least_work_s"]
+__all__ = ["Floor", "decision_works_s", "heaviest_first"]
 
 
 class Floor:
@@ -45,21 +53,26 @@ class Floor:
     all."""
 
     def __init__(self, costs: Sequence[LayerCosts], order: Sequence[str], *, schedule: str, stages: int,
-                 micro_batches: int, devices: int, work_s: float = 0.0) -> None:
-        """``devices``: the budget ``B``; ``work_s``: ``V`` (the module's)."""
+                 micro_batches: int, devices: int, works_s: Sequence[float] = ()) -> None:
+        """``devices``: the budget ``B``; ``works_s``: each decision's ``V_d`` in ``order`` (the module's; none:
+        zero)."""
         self.costs, self.order = costs, order  # one per device count a stage may take
         self.schedule, self.stages, self.micro_batches, self.devices = schedule, stages, micro_batches, devices
-        self.work_s = work_s
+        self.largest = max(c.devices for c in costs)
+        works = list(works_s) or [0.0] * len(order)
+        self.rest_after_s = [sum(works[index:]) for index in range(len(order) + 1)]  # V_d of decisions index …
         self.summed, self.partial_s, self.device_s = 0, 0.0, 0.0
         self.valid = True
 
     @property
     def bound_s(self) -> float:
-        """The bound from the decisions summed so far."""
-        busiest_s = max(self.partial_s / self.stages, max(self.device_s, self.work_s) / self.devices)
+        """The bound from the decisions summed so far, the rest counted by their least device-seconds."""
+        rest_s = self.rest_after_s[self.summed]
+        stage_sum_s = self.partial_s + rest_s / self.largest
+        busiest_s = max(stage_sum_s / self.stages, (self.device_s + rest_s) / self.devices)
         if self.schedule == "stale":
             return busiest_s
-        return self.partial_s + (self.micro_batches - 1) * busiest_s
+        return stage_sum_s + (self.micro_batches - 1) * busiest_s
 
     def reaches(self, limit_s: float | None, most: int | None = None) -> bool:
         """Sum decisions (at most ``most`` more) until the bound reaches ``limit_s`` (``None``: all); whether it
@@ -79,10 +92,13 @@ class Floor:
         return not self.valid or (limit_s is not None and self.bound_s >= limit_s)
 
 
-def least_work_s(graph: LayerGraph, profile: Profile, *, recompute: bool) -> float:
-    """``V`` (the module's): the least device-seconds of every layer's compute, forward recomputed or not."""
+def decision_works_s(graph: LayerGraph, profile: Profile, groups: Mapping[str, tuple[str, ...]], order: Sequence[str],
+                     *, recompute: bool) -> list[float]:
+    """``V_d`` (the module's) of each decision in ``order``: the least device-seconds of its layers' compute,
+    forward recomputed or not."""
     dtype = graph.graph["dtype"]
-    return sum(least_device_s(data, profile, dtype, recompute=recompute) for _, data in graph.nodes(data=True))
+    return [sum(least_device_s(graph.nodes[layer], profile, dtype, recompute=recompute) for layer in groups[head])
+            for head in order]
 
 
 def heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> list[str]:

@@ -67,7 +67,7 @@ from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
 from planner.space import LayerCosts, Space, build_space, decision_groups
-from planner.stage_bounds import Floor, heaviest_first, least_work_s
+from planner.stage_bounds import Floor, decision_works_s, heaviest_first
 from planner.stage_cuts import exact_cuts
 from planner.stage_sizes import budgets, micro_batch_counts, sizes_for, stage_counts, stage_sizes
 
@@ -217,7 +217,7 @@ def _config(made: "_Makers", name: str, micro: int, stages: int, sizes: tuple[in
     staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
     return _Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro), groups, sizes,
                    budget, Floor(first, order, schedule=name, stages=stages, micro_batches=micro, devices=budget,
-                                 work_s=made.work_s(micro, name == "stale")), stage_costs)
+                                 works_s=made.works_s(micro, name == "stale")), stage_costs)
 
 
 class _Makers:
@@ -229,7 +229,7 @@ class _Makers:
         self.graphs: dict[int, Any] = {}
         self.patterns: dict[int, PatternTable] = {}
         self.makers: dict[tuple[int, int], Callable[[int, bool], LayerCosts]] = {}
-        self.works: dict[tuple[int, bool], float] = {}
+        self.works: dict[tuple[int, bool], list[float]] = {}
         self.groups: dict[int, tuple[dict[str, tuple[str, ...]], list[str]]] = {}
 
     def graph(self, micro: int) -> Any:
@@ -245,10 +245,13 @@ class _Makers:
             self.groups[micro] = (groups, heaviest_first(self.graph(micro), groups))
         return self.groups[micro]
 
-    def work_s(self, micro: int, recompute: bool) -> float:
-        """The least device-seconds of one of ``micro`` micro-batches' compute (``planner.stage_bounds``)."""
+    def works_s(self, micro: int, recompute: bool) -> list[float]:
+        """The least device-seconds of each decision of one of ``micro`` micro-batches, heaviest first
+        (``planner.stage_bounds``)."""
         if (micro, recompute) not in self.works:
-            self.works[micro, recompute] = least_work_s(self.graph(micro), self.profile, recompute=recompute)
+            groups, order = self.decisions(micro)
+            self.works[micro, recompute] = decision_works_s(self.graph(micro), self.profile, groups, order,
+                                                            recompute=recompute)
         return self.works[micro, recompute]
 
     def __call__(self, size: int, micro: int) -> Callable[[int, bool], LayerCosts]:

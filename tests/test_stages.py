@@ -341,8 +341,10 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does(batch: int) -> No
     settings = SearchSettings(max_stages=4)
     uneven, budgets = set(), set()
     for config in _configs(graph, profile, cluster, settings, CostMemo(profile, "float32")):
+        unpriced_s = config.floor.bound_s  # every decision counted by its least device-seconds
         if config.floor.reaches(None):  # some layer has no layout on a stage's devices (the search drops it)
             continue
+        assert 0 < unpriced_s <= config.floor.bound_s * (1 + 1e-12), config.pipeline  # pricing only raises it
         budgets.add(config.budget)
         if batch % config.pipeline.micro_batches:
             uneven.add((config.pipeline.stages, config.pipeline.micro_batches))
