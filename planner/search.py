@@ -40,7 +40,8 @@ from planner.exact import solve_exact
 from planner.explain import RunnerUp, runner_ups
 from planner.gc_pause import collector_paused
 from planner.settings import Progress, SearchSettings
-from planner.space import Space, build_space
+from planner.rows_ahead import rows_ahead
+from planner.space import Arrivals, LayerCosts, Space, build_space
 from planner.stages import search_pipelines
 
 if TYPE_CHECKING:
@@ -97,16 +98,24 @@ def plan_model(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: 
     Raises:
         InputError: No plan fits in memory (with how much is missing) or a layer cannot be placed.
     """
+    started = time.perf_counter()
     with collector_paused():  # the search keeps what it allocates: collections would find next to nothing
-        return _plan_model(graph, profile, cluster, settings, model_spec, progress)
+        memo = _memo_for(graph, profile)  # layer costs shared by the spaces and every estimate
+        ahead = rows_ahead(graph, profile, cluster, settings, memo)  # on another core, meanwhile
+        try:
+            return _plan_model(graph, profile, cluster, settings, model_spec, progress, memo,
+                               None if ahead is None else ahead.arrivals, started)
+        finally:
+            if ahead is not None:
+                ahead.close()
 
 
 def _plan_model(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, model_spec: str,
-                progress: Progress | None) -> PlanResult:
+                progress: Progress | None, memo: CostMemo, arrivals: Arrivals | None, started: float) -> PlanResult:
     optimizer = settings.optimizer
-    started = time.perf_counter()
-    memo = _memo_for(graph, profile)  # layer costs shared by the spaces and every estimate
-    space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes, memo=memo)
+    costs = LayerCosts(graph, profile, cluster, cluster.devices, optimizer, memo=memo)
+    costs.arrivals = arrivals
+    space = build_space(graph, profile, cluster, cluster.devices, optimizer, cluster.memory_bytes, costs=costs)
     found: list[tuple[Plan, Estimate, Mapping[str, RunnerUp]]] = []
     failure = None
     for table in (space.table, space.hidden_allreduce):  # allreduce counted in full / fully hidden
@@ -129,7 +138,7 @@ def _plan_model(graph: LayerGraph, profile: Profile, cluster: Cluster, settings:
         priced = [predicted for _, predicted, _ in found] + [b.estimate for b in baselines]
         incumbent = min((p.iteration_s for p in priced if p.memory_bytes_max <= cluster.memory_bytes), default=None)
         searched = search_pipelines(graph, profile, cluster, make, settings, incumbent_s=incumbent, memo=memo,
-                                    progress=progress)
+                                    progress=progress, arrivals=arrivals)
         found += [(c.plan, c.estimate, c.runner_ups) for c in searched.candidates]
         skipped = searched.skipped
     return _choose(cluster, space, found, baselines, failure, skipped, time.perf_counter() - started)

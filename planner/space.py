@@ -47,7 +47,7 @@ import copy
 import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -70,7 +70,8 @@ from planner.prune import surviving_options
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["FOLLOWER_KINDS", "LayerCosts", "Space", "build_space", "decision_groups", "splits_exactly"]
+__all__ = ["FOLLOWER_KINDS", "Arrivals", "LayerCosts", "Space", "build_space", "decision_groups", "space_size",
+           "splits_exactly"]
 
 FOLLOWER_KINDS = frozenset({"batchnorm", "activation", "dropout", "identity"})
 MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the leading one
@@ -222,6 +223,7 @@ class LayerCosts:
         :func:`decision_groups` of ``graph``, where the caller has them."""
         if groups is not None:
             self.groups = dict(groups)  # (else the cached property finds them)
+        self.arrivals: Arrivals | None = None  # asked before a decision's rows are made here
         self.smallest = smallest
         self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
         self.saved_copies = 1 if recompute else saved_copies
@@ -292,7 +294,9 @@ class LayerCosts:
     def rows(self, members: tuple[str, ...]) -> list["_Row"]:
         """The options of the decision placing ``members``: layout, seconds, seconds with hidden allreduce, bytes."""
         if members not in self.rows_seen:
-            self.rows_seen[members] = _decision_rows(self.graph, self, members, self.devices)
+            found = None if self.arrivals is None else self.arrivals(self, members)
+            self.rows_seen[members] = found if found is not None else _decision_rows(self.graph, self, members,
+                                                                                     self.devices)
         return self.rows_seen[members]
 
     def follower_edge(self, name: str, layout: Layout) -> float:
@@ -310,6 +314,9 @@ class LayerCosts:
 
 
 _Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the allreduce hidden, bytes
+Arrivals = Callable[[LayerCosts, tuple[str, ...]], "list[_Row] | None"]
+"""``arrivals(costs, members)``: the rows of that decision under those costs computed elsewhere — :meth:`LayerCosts.rows`
+of equal costs in another process (``planner.rows_ahead``) — or ``None``: then they are made here."""
 _Raw = tuple[float, float, float, int, int]  # seconds, allreduce, forward seconds, resident and saved bytes
 _Uniform = tuple[float, float, dict[str, Layout]]  # seconds, seconds with the allreduce hidden, layout per decision
 
@@ -349,6 +356,12 @@ def _tiers(shape_text: str, devices: int, per_node: int) -> tuple[tuple[Layout, 
     volume = len(shape) == 5
     dividing = [layout for layout in _tiled(devices, volume, per_node) if _divides(shape, layout)]
     return (tuple(lay for lay in dividing if lay.ranks == devices), tuple(lay for lay in dividing if lay.ranks < devices))
+
+
+def space_size(devices: int, *, volume: bool, per_node: int) -> int:
+    """How many layouts of the space (module docstring) a layer may take on ``devices`` devices, before its shape
+    rules any out: the work of pricing a decision there, roughly."""
+    return len(_tiled(devices, volume, per_node))
 
 
 @lru_cache(maxsize=64)

@@ -33,7 +33,7 @@ decision summed instead of starting from nothing.
 from __future__ import annotations
 
 from math import prod
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from cost_models.errors import InputError
 from cost_models.layer_cost import least_device_s
@@ -52,13 +52,14 @@ class Floor:
     cannot win costs the layouts of a few decisions, not all. Not :attr:`valid` once a decision has no layout at
     all."""
 
-    def __init__(self, costs: Sequence[LayerCosts], order: Sequence[str], *, schedule: str, stages: int,
-                 micro_batches: int, devices: int, works_s: Sequence[float] = ()) -> None:
-        """``devices``: the budget ``B``; ``works_s``: each decision's ``V_d`` in ``order`` (the module's; none:
-        zero)."""
-        self.costs, self.order = costs, order  # one per device count a stage may take
+    def __init__(self, sizes: Sequence[int], costs_of: Callable[[int], LayerCosts], order: Sequence[str], *,
+                 schedule: str, stages: int, micro_batches: int, devices: int, works_s: Sequence[float] = ()) -> None:
+        """``sizes``: the device counts a stage may take, ``costs_of(size)`` the costs there (made when first
+        summed: a configuration skipped unpriced makes none); ``devices``: the budget ``B``; ``works_s``: each
+        decision's ``V_d`` in ``order`` (the module's; none: zero)."""
+        self.sizes, self.costs_of, self.order = sizes, costs_of, order
         self.schedule, self.stages, self.micro_batches, self.devices = schedule, stages, micro_batches, devices
-        self.largest = max(c.devices for c in costs)
+        self.largest = max(sizes)
         works = list(works_s) or [0.0] * len(order)
         self.rest_after_s = [sum(works[index:]) for index in range(len(order) + 1)]  # V_d of decisions index …
         self.summed, self.partial_s, self.device_s = 0, 0.0, 0.0
@@ -82,7 +83,7 @@ class Floor:
             head = self.order[self.summed]
             try:
                 cheapest = [(min(row[2] for row in costs.rows(costs.groups[head])), costs.devices)
-                            for costs in self.costs]
+                            for costs in map(self.costs_of, self.sizes)]
             except InputError:  # some layer has no layout on the stage's devices with this micro-batch
                 self.valid = False
             else:

@@ -66,10 +66,10 @@ from planner.exact import UNCONSTRAINED_SOLVERS, solve_exact
 from planner.edge_costs import PatternTable, has_volumes
 from planner.explain import RunnerUp, runner_ups
 from planner.settings import Progress, SearchSettings
-from planner.space import LayerCosts, Space, build_space, decision_groups
+from planner.space import Arrivals, LayerCosts, Space, build_space, decision_groups
 from planner.stage_bounds import Floor, decision_works_s, heaviest_first
 from planner.stage_cuts import exact_cuts
-from planner.stage_sizes import budgets, micro_batch_counts, sizes_for, stage_counts, stage_sizes
+from planner.stage_sizes import budgets, micro_batch_counts, sized_cluster, sizes_for, stage_counts, stage_sizes
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -120,7 +120,7 @@ _SUMMED_AT_ONCE = 4  # decisions a configuration's bound sums each time it is fi
 
 def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
                      *, incumbent_s: float | None = None, prune: bool = True, memo: CostMemo | None = None,
-                     progress: Progress | None = None) -> PipelineSearch:
+                     progress: Progress | None = None, arrivals: Arrivals | None = None) -> PipelineSearch:
     """The pipeline plans of the search (module docstring), priced.
 
     Best first: the configuration of the least lower bound on its iteration time
@@ -136,10 +136,13 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
     at least its layers' least device-seconds over its device budget, known unpriced — one that cannot win
     costs the layouts of a few decisions, or none. ``prune=False`` prices every configuration (to check that
     rule). ``memo``: layer costs shared with the caller's other estimates (``cost_models.estimate.CostMemo``).
-    ``progress(done, total)`` is called as configurations are solved or skipped.
+    ``progress(done, total)`` is called as configurations are solved or skipped. ``arrivals``: every stage's
+    ``LayerCosts.arrivals`` (rows computed elsewhere: ``planner.rows_ahead``).
     """
     memo = memo or CostMemo(profile, graph.graph["dtype"])
-    configs = _configs(graph, profile, cluster, settings, memo)
+    made = _Makers(graph, profile, cluster, settings.optimizer, memo)
+    made.arrivals = arrivals
+    configs = _configs(graph, profile, cluster, settings, memo, made)
     line = [(config.floor.bound_s, index) for index, config in enumerate(configs)]
     heapq.heapify(line)
     found, skipped, best, done = [], 0, incumbent_s, 0
@@ -191,10 +194,11 @@ def _least_stale(plan: Plan, predicted: Estimate) -> Plan:
     return replace(plan, pipeline=replace(plan.pipeline, staleness=lags))
 
 
-def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo) -> list[_Config]:
+def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo,
+             made: "_Makers | None" = None) -> list[_Config]:
     """Every stage count, device budget and schedule (each micro-batch count a configuration), with lazy bounds."""
     configs = []
-    made = _Makers(graph, profile, cluster, settings.optimizer, memo)
+    made = made or _Makers(graph, profile, cluster, settings.optimizer, memo)
     everything = stage_sizes(cluster, graph)
     for budget in budgets(cluster.devices, cluster.devices_per_node):
         for stages in range(2, settings.max_stages + 1):
@@ -213,11 +217,15 @@ def _config(made: "_Makers", name: str, micro: int, stages: int, sizes: tuple[in
     if len(groups) < stages:
         return None
     stage_costs = _stage_costs(made, name, micro, stages)
-    first = [stage_costs(0, False, size) for size in sizes]  # the first stage's costs: its memory the most
+
+    def first(size: int) -> LayerCosts:  # the first stage's costs: its memory the most
+        costs = stage_costs(0, False, size)
+        assert costs is not None
+        return costs
     staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
     return _Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro), groups, sizes,
-                   budget, Floor(first, order, schedule=name, stages=stages, micro_batches=micro, devices=budget,
-                                 works_s=made.works_s(micro, name == "stale")), stage_costs)
+                   budget, Floor(sizes, first, order, schedule=name, stages=stages, micro_batches=micro,
+                                 devices=budget, works_s=made.works_s(micro, name == "stale")), stage_costs)
 
 
 class _Makers:
@@ -231,6 +239,7 @@ class _Makers:
         self.makers: dict[tuple[int, int], Callable[[int, bool], LayerCosts]] = {}
         self.works: dict[tuple[int, bool], list[float]] = {}
         self.groups: dict[int, tuple[dict[str, tuple[str, ...]], list[str]]] = {}
+        self.arrivals: Arrivals | None = None  # given to every LayerCosts made
 
     def graph(self, micro: int) -> Any:
         """The graph of one of ``micro`` micro-batches."""
@@ -257,13 +266,14 @@ class _Makers:
     def __call__(self, size: int, micro: int) -> Callable[[int, bool], LayerCosts]:
         """``(saved copies, recompute) → LayerCosts`` of a stage of ``size`` devices and ``micro`` micro-batches."""
         if (size, micro) not in self.makers:
-            stage_cluster = _sized_cluster(self.cluster, size)
+            stage_cluster = sized_cluster(self.cluster, size)
             if size not in self.patterns:  # both schedules, every micro-batch size
                 self.patterns[size] = PatternTable(stage_cluster, size, depth=has_volumes(self.source))
             batch = int(self.source.input_shape[0])
             smallest = None if batch % micro == 0 else micro_batch_graph(self.source, micro, smallest=True)
             self.makers[size, micro] = _costs_maker(self.graph(micro), self.profile, stage_cluster, self.optimizer,
-                                                    self.patterns[size], self.memo, smallest, self.decisions(micro)[0])
+                                                    self.patterns[size], self.memo, smallest, self.decisions(micro)[0],
+                                                    self.arrivals)
         return self.makers[size, micro]
 
 
@@ -278,7 +288,8 @@ def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[
 
 
 def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
-                 memo: CostMemo, smallest: Any, groups: Mapping[str, tuple[str, ...]]) -> Callable[[int, bool], LayerCosts]:
+                 memo: CostMemo, smallest: Any, groups: Mapping[str, tuple[str, ...]],
+                 arrivals: Arrivals | None = None) -> Callable[[int, bool], LayerCosts]:
     """``(saved copies, recompute) → LayerCosts`` of ``graph`` (its decisions ``groups``) on the stage's devices,
     each made once; ``smallest``: the graph on the smallest micro-batch, where they differ (``LayerCosts``)."""
     made: dict[tuple[int, bool], LayerCosts] = {}
@@ -290,6 +301,7 @@ def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str,
                          LayerCosts(graph, profile, cluster, cluster.devices, optimizer, saved_copies=key[0],
                                     patterns=patterns, memo=memo, recompute=recompute, smallest=smallest,
                                     groups=groups))
+            made[key].arrivals = arrivals
         return made[key]
     return costs
 
@@ -304,11 +316,6 @@ def _stage_costs(made: _Makers, schedule: str, micro: int, stages: int) -> Calla
             return None if recompute else made(size, micro)(1, True)
         return made(size, micro)(min(micro, stages - stage), recompute)
     return costs
-
-
-def _sized_cluster(cluster: Cluster, devices: int) -> Cluster:
-    """The cluster of one stage of ``devices`` devices (whole nodes, or part of one)."""
-    return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
 
 
 _Solve = tuple[Space, CostTable, Solution, bool]
