@@ -79,7 +79,7 @@ from cost_models.profile import Profile
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "estimate"]
+__all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "crossing_bytes", "estimate", "transfer_s"]
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -340,9 +340,18 @@ def _boundary_bytes(context: _Context, stage: int, into: bool) -> int:
             crosses = target in plan.layers and plan.layers[source].stage <= cut < plan.layers[target].stage
             layout = plan.layers[source].layout
         if crosses:
-            total += ceil(_elements(context.nodes[source]["output_shape"]) / layout.ranks) * layer_itemsize(
-                context.nodes[source], context.dtype)
+            total += crossing_bytes(context.nodes[source], layout.ranks, context.dtype)
     return total
+
+
+def crossing_bytes(node: Mapping[str, Any], ranks: int, dtype: str) -> int:
+    """Bytes one rank sends of the output of ``node`` (split over ``ranks``) to the next pipeline stage."""
+    return ceil(_elements(node["output_shape"]) / ranks) * layer_itemsize(node, dtype)
+
+
+def transfer_s(profile: Profile, level: str, nbytes: int) -> float:
+    """Seconds of one stage-to-stage transfer of ``nbytes`` per rank over link ``level``."""
+    return profile.comm_time_s("sendrecv", level, 2, nbytes) if nbytes else 0.0
 
 
 def _elements(shape: Any) -> int:
@@ -362,7 +371,7 @@ def _transfer_s(context: _Context, stage: int, cluster: Cluster) -> float:
     first = sum(context.plan.pipeline.devices_per_stage[:stage])
     after = first + context.plan.pipeline.devices_per_stage[stage]
     level = "inter" if cluster.node_of(first) != cluster.node_of(min(after, cluster.devices - 1)) else "intra"
-    return context.profile.comm_time_s("sendrecv", level, 2, nbytes)
+    return transfer_s(context.profile, level, nbytes)
 
 
 def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...], plan: Plan, micro: int,

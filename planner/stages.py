@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.estimate import CostMemo, Estimate, estimate
+from cost_models.estimate import CostMemo, Estimate, crossing_bytes, estimate, transfer_s
 from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
@@ -335,6 +335,8 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
     """
     heads, allowed = list(config.groups), allowed_cuts(config.graph, config.groups)
     shared: dict[tuple[Any, ...], Any] = {} if solved is None else solved
+    if limit_s is not None and _sends_rule_out(config, heads, allowed, profile, cluster, shared, limit_s):
+        return []
     found = {}
     for which in (1, 0):
         bounds = {size: _floor_bound(config, heads, which, cluster.memory_bytes, size) for size in config.sizes}
@@ -357,6 +359,58 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
         found[which] = (chosen.assignments, _solver_info(chosen.solutions), chosen.explained,
                         replace(config.pipeline, devices_per_stage=cuts.devices, recompute=tuple(chosen.recompute)))
     return [found[which] for which in (0, 1) if which in found]
+
+
+def _sends_rule_out(config: _Config, heads: Sequence[str], allowed: set[int], profile: Profile, cluster: Cluster,
+                    shared: dict[tuple[Any, ...], Any], limit_s: float) -> bool:
+    """Whether a stale configuration cannot come under ``limit_s`` (the best plan found so far) once each stage's
+    pace counts its transfer to the next (``cost_models.pipeline_cost``: a stale pipeline moves at least at its
+    slowest link's pace) — decided on the lower bounds alone, no stage solved. Only to skip a configuration: its
+    cuts are chosen on the stages' tables, which the DP is exact on, as before."""
+    if config.pipeline.schedule != "stale":
+        return False
+    sends = _send_floor(config, heads, profile, cluster, shared)
+    bounds = {size: _floor_bound(config, heads, 1, cluster.memory_bytes, size) for size in config.sizes}
+
+    def bound(i: int, j: int, size: int) -> float:
+        return max(bounds[size](i, j), sends(j, size))
+    return exact_cuts(len(heads), config.pipeline.stages, allowed, bound, lambda i, j, k, size: bound(i, j, size),
+                      sizes=config.sizes, budget=config.budget, stale=True, limit_s=limit_s,
+                      node=cluster.devices_per_node) is None
+
+
+def _send_floor(config: _Config, heads: Sequence[str], profile: Profile, cluster: Cluster,
+                shared: dict[tuple[Any, ...], Any]) -> Callable[[int, int], float]:
+    """``(j, size) →`` a lower bound on the seconds a stale stage ending before decision ``j`` on ``size`` devices
+    takes to send its activations on: ``cost_models.estimate``'s transfer with every crossing tensor split over
+    all the stage's devices (a layout uses at most them), between nodes where the stage fills whole nodes (the
+    next one starts on another), else over the faster link."""
+    def floor(j: int, size: int) -> float:
+        key = ("sends", id(config.graph), size)
+        if key not in shared:
+            levels = ("inter",) if size >= cluster.devices_per_node else ("intra", "inter")
+            shared[key] = [min(transfer_s(profile, level, nbytes) for level in levels)
+                           for nbytes in _crossing_bytes(config, heads, size)]
+        return shared[key][j]
+    return floor
+
+
+def _crossing_bytes(config: _Config, heads: Sequence[str], size: int) -> list[int]:
+    """Per decision ``j`` (and after the last): the bytes one of ``size`` ranks sends across a cut before ``j``
+    (``cost_models.estimate``'s boundary: each edge from a stage to a later one); none after the last."""
+    position = {layer: index for index, head in enumerate(heads) for layer in config.groups[head]}
+    change = [0] * (len(heads) + 2)
+    dtype = config.graph.graph["dtype"]
+    for source, target in config.graph.edges:
+        if source in position and target in position and position[source] < position[target]:
+            nbytes = crossing_bytes(config.graph.nodes[source], size, dtype)
+            change[position[source] + 1] += nbytes  # crossed by the cuts before decisions source+1 … target
+            change[position[target] + 1] -= nbytes
+    found, running = [], 0
+    for j in range(len(heads) + 1):
+        running += change[j]
+        found.append(running if j < len(heads) else 0)
+    return found
 
 
 def _segment_solve(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings,

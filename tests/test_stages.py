@@ -152,6 +152,37 @@ def test_the_bound_only_skips_configurations_that_cannot_win(resnet18) -> None: 
     assert min(c.estimate.iteration_s for c in bounded.candidates) == pytest.approx(times[0], rel=1e-12)
 
 
+def test_a_stale_stage_sends_no_faster_than_its_transfer_floor(resnet18) -> None:  # noqa: ANN001
+    """The floor that rules stale configurations out (``planner.stages._send_floor``) is below the estimate's
+    transfer after every stage of every stale plan the search prices, on one node and across nodes."""
+    from planner.stages import _send_floor
+
+    profile = preset_profile("h100")
+    for devices in (8, 32):
+        cluster = preset_cluster("h100", devices)
+        searched = search_pipelines(resnet18, profile, cluster, _maker(resnet18, cluster),
+                                    SearchSettings(max_stages=4, schedule="stale"), prune=False)
+        checked = 0
+        for candidate in searched.candidates:
+            pipeline, layers = candidate.plan.pipeline, candidate.plan.layers
+            config = next(c for c in _stale_configs(resnet18, profile, cluster) if c.pipeline.stages == pipeline.stages)
+            heads = list(config.groups)
+            floor = _send_floor(config, heads, profile, cluster, {})
+            for stage in range(pipeline.stages - 1):
+                first = next(i for i, head in enumerate(heads) if layers[head].stage == stage + 1)
+                sent_s = candidate.estimate.stages[stage].transfer_s
+                assert floor(first, pipeline.devices_per_stage[stage]) <= sent_s * (1 + 1e-12), (devices, pipeline)
+                checked += 1
+        assert checked > 0
+
+
+def _stale_configs(graph, profile, cluster):  # noqa: ANN001, ANN202
+    from cost_models.estimate import CostMemo
+    from planner.stages import _configs
+    return [c for c in _configs(graph, profile, cluster, SearchSettings(max_stages=4, schedule="stale"),
+                                CostMemo(profile, "float32")) if c.pipeline.schedule == "stale"]
+
+
 def _maker(graph, cluster):  # noqa: ANN001, ANN202
     def make(assignments, pipeline, info):  # noqa: ANN001, ANN202
         return Plan(graph.fingerprint, tuple(graph.input_shape), "float32", cluster, dict(assignments), pipeline,
