@@ -115,7 +115,7 @@ class _Config:
     holds at once."""
 
 
-_SUMMED_AT_ONCE = 4  # decisions a configuration's bound sums each time it is first in line
+_SUMMED_AT_ONCE = 1  # decisions a configuration's bound sums each time it is first in line
 
 
 def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
@@ -125,8 +125,10 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
 
     Best first: the configuration of the least lower bound on its iteration time
     (``planner.stage_bounds.Floor``) is taken next; where its bound is not yet
-    summed over every decision it sums a few more (the decisions writing the
-    most elements first) and goes back in line, else it is solved. The search
+    summed over every decision it sums one more (the decisions writing the
+    most elements first; those not summed yet count their least device-seconds)
+    and goes back in line, else it is solved: a configuration is priced no
+    further than its turn in line needs. The search
     ends when the least bound reaches the fastest plan that fits found so far
     (``incumbent_s`` to start with): every configuration left is skipped. Every
     stage's forward and backward take at least the sum of its decisions'
