@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 
 from calibrate.presets import preset_cluster, preset_profile
 from cost_models.graph import parse_input_shape, trace
 from cost_models.model_spec import load_model
+from planner import rows_ahead
 from planner.exact import solve_exact
 from planner.search import plan_model
 from planner.space import build_space
@@ -58,7 +60,11 @@ def main() -> None:
     parser.add_argument("--case", action="append", default=None)
     parser.add_argument("--profile", default="h100")
     parser.add_argument("--max-stages", type=int, default=SearchSettings().max_stages)
+    parser.add_argument("--no-helper", action="store_true",
+                        help="no helper process on the second core (planner.rows_ahead): one core's figure")
     args = parser.parse_args()
+    if args.no_helper:
+        rows_ahead.LEAST_WORK = sys.maxsize
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}")
     for case in args.case or DEFAULT_CASES:
         run_case(case, args.profile, args.max_stages)
