@@ -99,7 +99,10 @@ def rows_ahead(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: 
     lightest = heaviest_first(graph, groups)[::-1]
     jobs = [(tables[0], groups[head]) for head in reversed(groups)]
     jobs += [(table, groups[head]) for head in lightest for table in tables[1:]]
-    side = RowsAhead(graph, cluster, jobs)
+    try:
+        side = RowsAhead(graph, cluster, jobs)
+    except OSError:  # no shared memory to be had: no helper
+        return None
     side.helper = ahead(_producer(graph, profile, cluster, settings.optimizer, memo, side, groups))
     return side if side.helper is not None else None
 
