@@ -79,7 +79,8 @@ from cost_models.profile import Profile
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "crossing_bytes", "estimate", "transfer_s"]
+__all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "crossing_bytes", "estimate", "restaled",
+           "transfer_s"]
 
 @dataclass(frozen=True)
 class LayerEstimate:
@@ -198,6 +199,26 @@ def estimate(graph: LayerGraph, plan: Plan, profile: Profile, cluster: Cluster |
                    for stage in range(plan.pipeline.stages))
     step_s = profile.corrections.step_overhead_s if profile.corrections else 0.0
     return _combine(layers, stages, plan, micro, step_s, shared_cores)
+
+
+def restaled(graph: LayerGraph, plan: Plan, previous: Estimate, staleness_was: Sequence[int], profile: Profile,
+             *, memo: CostMemo | None = None) -> Estimate:
+    """:func:`estimate` of ``plan`` — a stale plan equal to the one ``previous`` priced (with the defaults: no
+    straggler, no shared cores) but for its stages' staleness, ``staleness_was`` there — from ``previous``: the
+    layers and stages are the same but for each stage's stashed inputs (``staleness × its input``), and the pace.
+
+    Raises:
+        PlanError: ``plan`` is not a stale pipeline of as many stages.
+    """
+    if plan.pipeline.schedule != "stale" or len(previous.stages) != plan.pipeline.stages:
+        raise PlanError(f"restaled prices a stale plan of {len(previous.stages)} stages, got a "
+                        f"{plan.pipeline.schedule} one of {plan.pipeline.stages}; use estimate")
+    dtype = graph.graph["dtype"]
+    context = _Context(graph, graph.nodes, plan, profile, dtype, "", True, memo or CostMemo(profile, dtype))
+    stages = tuple(replace(stage, memory_bytes=stage.memory_bytes + (now - was) * _boundary_bytes(context, k, into=True))
+                   for k, (stage, now, was) in enumerate(zip(previous.stages, plan.pipeline.staleness, staleness_was)))
+    step_s = profile.corrections.step_overhead_s if profile.corrections else 0.0
+    return _combine(previous.layers, stages, plan, 1, step_s, None)
 
 
 def _micro_batch_nodes(graph: LayerGraph, micro: int) -> Mapping[str, Mapping[str, Any]]:

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.estimate import CostMemo, Estimate, crossing_bytes, estimate, transfer_s
+from cost_models.estimate import CostMemo, Estimate, crossing_bytes, estimate, restaled, transfer_s
 from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
@@ -180,8 +180,8 @@ def _priced_layouts(config: _Config, graph: LayerGraph, profile: Profile, cluste
         plan = make_plan(assignments, pipeline, info)
         predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
         if plan.pipeline.schedule == "stale":
-            plan = _least_stale(plan, predicted)
-            predicted = estimate(graph, plan, profile, optimizer=settings.optimizer, memo=memo)
+            capped, plan = plan, _least_stale(plan, predicted)
+            predicted = restaled(graph, plan, predicted, capped.pipeline.staleness, profile, memo=memo)
         found.append(PipelineCandidate(plan, predicted, predicted.memory_bytes_max <= cluster.memory_bytes, explained))
     return found
 

@@ -202,6 +202,19 @@ def test_stale_pipeline_stashes_inputs_and_tolerates_a_straggler_better() -> Non
     assert slow_stale < slow_sync
 
 
+def test_restaled_prices_another_staleness_as_a_full_estimate_does() -> None:
+    from cost_models.estimate import restaled
+
+    graph = chain_graph()
+    capped = pipeline_plan(graph, Pipeline(2, (1, 1), "stale", 1, (2, 0)))
+    for lags in ((0, 0), (1, 0), (2, 0)):
+        plan = pipeline_plan(graph, Pipeline(2, (1, 1), "stale", 1, lags))
+        assert restaled(graph, plan, estimate(graph, capped, PROFILE), (2, 0), PROFILE) == estimate(graph, plan, PROFILE)
+    with pytest.raises(PlanError, match="use estimate"):
+        sync = pipeline_plan(graph, Pipeline(2, (1, 1), "sync", 1, (0, 0)))
+        restaled(graph, sync, estimate(graph, sync, PROFILE), (0, 0), PROFILE)
+
+
 def test_stash_counts_the_stage_input() -> None:
     graph = chain_graph()
     no_stash = estimate(graph, pipeline_plan(graph, Pipeline(2, (1, 1), "stale", 1, (0, 0))), PROFILE)

@@ -155,6 +155,7 @@ def test_the_bound_only_skips_configurations_that_cannot_win(resnet18) -> None: 
 def test_a_stale_stage_sends_no_faster_than_its_transfer_floor(resnet18) -> None:  # noqa: ANN001
     """The floor that rules stale configurations out (``planner.stages._send_floor``) is below the estimate's
     transfer after every stage of every stale plan the search prices, on one node and across nodes."""
+    from cost_models.estimate import estimate
     from planner.stages import _send_floor
 
     profile = preset_profile("h100")
@@ -174,6 +175,8 @@ def test_a_stale_stage_sends_no_faster_than_its_transfer_floor(resnet18) -> None
                 assert floor(first, pipeline.devices_per_stage[stage]) <= sent_s * (1 + 1e-12), (devices, pipeline)
                 checked += 1
         assert checked > 0
+        for candidate in searched.candidates:  # priced from the capped plan's estimate (``restaled``): as in full
+            assert candidate.estimate == estimate(resnet18, candidate.plan, profile), candidate.plan.pipeline
 
 
 def _stale_configs(graph, profile, cluster):  # noqa: ANN001, ANN202
