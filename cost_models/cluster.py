@@ -62,6 +62,11 @@ class Cluster:
                 f"Cluster of {self.devices} devices cannot be made of whole nodes of {self.devices_per_node}; "
                 f"use a multiple of {self.devices_per_node} devices"
             )
+        object.__setattr__(self, "_hash", hash((self.devices, self.devices_per_node, self.memory_bytes, self.intra,
+                                                self.inter, self.name)))  # keys of every cost memo
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
 
     @property
     def nodes(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.dense_forms import form_s, has_forms, row_form
-from cost_models.layout import Layout
+from cost_models.layout import Layout, whole_channels
 from cost_models.local_problem import DENSE_KINDS
 from cost_models.orders import NCDHW, NCW, default_order, logical
 from cost_models.profile import Profile
@@ -94,7 +94,7 @@ def reader_layout(kind: str, layout: Layout) -> Layout:
     """The layout a ``kind`` layer under ``layout`` reads its input in: a filter split reads channels whole, and
     attention split by tokens reads every token (its keys and values; its queries are a part of them)."""
     if kind in DENSE_KINDS and layout.c > 1:
-        return replace(layout, c=1)
+        return whole_channels(layout)
     return replace(layout, c=1, w=1) if kind == "attention" else layout  # (heads: its input whole in channels)
 
 

@@ -22,7 +22,7 @@ bounds time and memory.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import product
 from operator import attrgetter
@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from cost_models.errors import InputError
 
-__all__ = ["DIMS", "Layout", "as_volume", "axes_of", "from_volume", "layouts_dividing"]
+__all__ = ["DIMS", "Layout", "as_volume", "axes_of", "from_volume", "layouts_dividing", "whole_channels"]
 
 DIMS: tuple[str, ...] = ("n", "c", "d", "h", "w")
 _AXES = {1: "n", 2: "nc", 3: "ncw", 4: "nchw", 5: "ncdhw"}
@@ -184,3 +184,9 @@ def _spatial_shape(shape: Sequence[int]) -> tuple[int, ...]:
         raise InputError(f"a Layout splits 3-D (N, C, L), 4-D (N, C, H, W) and 5-D (N, C, D, H, W) tensors, got "
                          f"shape {tuple(shape)}")
     return tuple(int(extent) for extent in shape)
+
+
+@lru_cache(maxsize=8192)
+def whole_channels(layout: Layout) -> Layout:
+    """``layout`` with its channels whole (``c = 1``): what a filter split reads (made once per layout)."""
+    return replace(layout, c=1)

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 from cost_models.borders import axis_pads
 from cost_models.capability import layer_refusal
 from cost_models.flops import Flops, layer_flops
-from cost_models.layout import Layout
+from cost_models.layout import Layout, whole_channels
 from cost_models.orders import NCDHW, NCHW, NCW, default_order
 
 __all__ = ["DENSE_KINDS", "VIEW_KINDS", "LocalProblem", "axis_value", "layer_problem", "local_problem", "phases_of"]
@@ -126,7 +126,7 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         else _split_flat(output, layout)  # (a 3-D value with an order: a sequence ncw, tokens nwc)
     orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
     # a filter split reads its channels whole
-    read = replace(layout, c=1) if kind in DENSE_KINDS | {"attention"} and layout.c > 1 else layout
+    read = whole_channels(layout) if kind in DENSE_KINDS | {"attention"} and layout.c > 1 else layout
     # F.conv2d's filters, window attention's position bias: whole
     shapes = layer["input_shapes"][:1] if kind in ("conv", "window_attention") else layer["input_shapes"]
     inputs = [_split_shape(s, read, order) if _reordered(s, order) else

@@ -23,6 +23,11 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Hashable
 
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: pipes keep their default size
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["Ahead", "Produce", "ahead"]
 
 Send = Callable[[Hashable, Any], None]
@@ -30,6 +35,7 @@ Produce = Callable[[Send], None]
 """``produce(send)``: compute values and ``send(key, value)`` each (in the helper process)."""
 
 _NICENESS = 19  # added to the helper's priority where it cannot be SCHED_IDLE
+_PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size
 
 
 class Ahead:
@@ -64,6 +70,7 @@ def ahead(produce: Produce) -> Ahead | None:
         return None
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
+    _widen(sending)
     process = context.Process(target=_helper, args=(produce, sending), daemon=True)
     for stream in (sys.stdout, sys.stderr):  # else the helper would write the planner's buffered output again
         stream.flush()
@@ -77,6 +84,15 @@ def ahead(produce: Produce) -> Ahead | None:
         return None
     sending.close()  # the helper holds its own end: the planner sees EOF once it ends
     return Ahead(process, receiving)
+
+
+def _widen(connection: Connection) -> None:
+    """Let the pipe hold :data:`_PIPE_BYTES` (Linux; 64 KiB by default): the planner takes values only when it
+    needs one, and the helper must not stall on a full pipe meanwhile."""
+    try:
+        fcntl.fcntl(connection.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr, attr-defined]
+    except (AttributeError, OSError):  # not Linux, or above this system's pipe-max-size: the default
+        pass
 
 
 def _may_fork() -> bool:

@@ -220,13 +220,11 @@ def _config(made: "_Makers", name: str, micro: int, stages: int, sizes: tuple[in
         return None
     stage_costs = _stage_costs(made, name, micro, stages)
 
-    def first(size: int) -> LayerCosts:  # the first stage's costs: its memory the most
-        costs = stage_costs(0, False, size)
-        assert costs is not None
-        return costs
+    def seconds(size: int) -> LayerCosts:  # a stage's seconds (the bound reads no bytes): one micro-batch's costs,
+        return made(size, micro)(1, name == "stale")  # shared by every stage count (a stale stage recomputes)
     staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
     return _Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro), groups, sizes,
-                   budget, Floor(sizes, first, order, schedule=name, stages=stages, micro_batches=micro,
+                   budget, Floor(sizes, seconds, order, schedule=name, stages=stages, micro_batches=micro,
                                  devices=budget, works_s=made.works_s(micro, name == "stale")), stage_costs)
 
 
@@ -435,13 +433,13 @@ def _floor_bound(config: _Config, heads: Sequence[str], which: int, memory_bytes
     ``which`` 0, hidden: 1): no stage of them costs less — edges cost nothing or more, memory and recomputing only
     add; ``inf`` where even their leanest options (one micro-batch's activations: the last stage's, or
     recomputing) exceed the memory."""
-    costs = config.stage_costs(0, False, size)
-    leanest = config.stage_costs(config.pipeline.stages - 1, False, size)
-    assert costs is not None and leanest is not None
+    leanest = config.stage_costs(config.pipeline.stages - 1, False, size)  # (its seconds: every stage's)
+    assert leanest is not None
     seconds, least = [0.0], [0]
     for head in heads:
-        seconds.append(seconds[-1] + min(row[1 + which] for row in costs.rows(config.groups[head])))
-        least.append(least[-1] + min(row[3] for row in leanest.rows(config.groups[head])))
+        rows = leanest.rows(config.groups[head])
+        seconds.append(seconds[-1] + min(row[1 + which] for row in rows))
+        least.append(least[-1] + min(row[3] for row in rows))
     return lambda i, j: inf if least[j] - least[i] > memory_bytes else seconds[j] - seconds[i]
 
 
