@@ -86,3 +86,23 @@ def test_closing_ends_a_helper_that_is_still_working() -> None:
     assert helper is not None
     helper.close()
     assert not helper.process.is_alive() and helper.arrived() == []
+
+
+def test_the_helper_does_not_stall_on_a_full_pipe_while_the_planner_is_busy() -> None:
+    """The planner takes values only when it needs one: a helper that has sent 640 KiB meanwhile has not waited
+    for it (the pipe holds 1 MiB where the system allows; 64 KiB by default)."""
+    fcntl = pytest.importorskip("fcntl")
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        pytest.skip("pipes keep their default size here")
+
+    def produce(send) -> None:  # noqa: ANN001
+        for key in range(64):
+            send(key, b"x" * 10_000)
+    helper = ahead(produce)
+    assert helper is not None
+    helper.process.join(timeout=30)
+    try:
+        assert not helper.process.is_alive()
+        assert [key for key, _ in helper.arrived()] == list(range(64))
+    finally:
+        helper.close()
