@@ -4,6 +4,7 @@ into (``planner.stages`` searches every configuration these allow)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from math import prod
 from typing import TYPE_CHECKING, Sequence
 
@@ -71,16 +72,22 @@ def stage_sizes(cluster: Cluster, graph: LayerGraph) -> list[int]:
     and any other number of whole nodes (a 5-smooth number of them: 24, 40, 48 … nodes), part of a node, or —
     on a cluster of one node — of its devices, over which the model's largest activation splits exactly (a
     count only idle devices would fill is left out)."""
-    devices, node = cluster.devices, cluster.devices_per_node
+    largest = _largest_output(graph)
+    return list(_sizes(cluster.devices, cluster.devices_per_node, None if largest is None else tuple(largest)))
+
+
+@lru_cache(maxsize=256)
+def _sizes(devices: int, node: int, largest: tuple[int, ...] | None) -> tuple[int, ...]:
+    """:func:`stage_sizes` of ``devices`` devices, ``node`` to a node, for a largest activation of shape
+    ``largest`` (made once: a search and its helper both ask)."""
     equal = {devices // count for count in stage_counts(devices, node, devices)}
     if devices <= node:
         others = set(range(1, devices))
     else:
         others = {node * count for count in _smooth(devices // node)} | {d for d in range(1, node) if node % d == 0}
-    largest = _largest_output(graph)
     filled = {size for size in others - equal if size < devices and largest is not None
               and splits_exactly(largest, size, min(node, size))}
-    return sorted(equal | filled, reverse=True)
+    return tuple(sorted(equal | filled, reverse=True))
 
 
 def _smooth(most: int) -> list[int]:

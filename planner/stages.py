@@ -370,6 +370,8 @@ def _sends_rule_out(config: _Config, heads: Sequence[str], allowed: set[int], pr
     if config.pipeline.schedule != "stale":
         return False
     sends = _send_floor(config, heads, profile, cluster, shared)
+    if max(sends(j, size) for j in allowed for size in config.sizes) < limit_s:
+        return False  # no transfer reaches the limit: the DP's own bounds decide as before
     bounds = {size: _floor_bound(config, heads, 1, cluster.memory_bytes, size) for size in config.sizes}
 
     def bound(i: int, j: int, size: int) -> float:
