@@ -43,7 +43,9 @@ the transfers between stages, and the caller keeps the fastest that fits in
 memory. A
 configuration whose lower bound cannot beat the fastest plan found so far is
 skipped (:func:`search_pipelines`), and so is one in which some layer has no
-layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps).
+layout at all (a batch-norm over a one-sample micro-batch of ``1×1`` maps), and
+a stale one whose cuts cannot beat it once each stage's pace counts its
+transfer to the next (:func:`_sends_rule_out`).
 """
 
 from __future__ import annotations
@@ -220,8 +222,10 @@ def _config(made: "_Makers", name: str, micro: int, stages: int, sizes: tuple[in
         return None
     stage_costs = _stage_costs(made, name, micro, stages)
 
-    def seconds(size: int) -> LayerCosts:  # a stage's seconds (the bound reads no bytes): one micro-batch's costs,
-        return made(size, micro)(1, name == "stale")  # shared by every stage count (a stale stage recomputes)
+    def seconds(size: int) -> LayerCosts:
+        """A stage's costs for the bound, which reads their seconds only: one kept micro-batch's (or, stale,
+        recomputed), shared by every stage count."""
+        return made(size, micro)(1, name == "stale")
     staleness = dsp_staleness(stages, settings.max_staleness) if name == "stale" else (0,) * stages
     return _Config(Pipeline(stages, (sizes[0],) * stages, name, micro, staleness), made.graph(micro), groups, sizes,
                    budget, Floor(sizes, seconds, order, schedule=name, stages=stages, micro_batches=micro,
