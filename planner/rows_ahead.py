@@ -5,7 +5,7 @@ A search prices each decision's layouts (``LayerCosts.rows``) in several tables:
 budget (the whole batch, its forward recomputed). None depends on another, so a helper process computes them
 meanwhile, in the order the planner asks last: the one-stage table from its last decision back (the planner
 builds it from the first), then the stale tables decision by decision, lightest first, every size in turn
-(the search's bounds sum them heaviest first). The planner :meth:`RowsAhead.arrivals` takes a row the helper
+(the search's bounds sum them heaviest first). Through :meth:`RowsAhead.arrivals` the planner takes a row the helper
 sent before making it itself, and marks each one it makes as its own in an array both processes share, which
 the helper skips — so they meet in the middle, each row made once. The rows are the same values either way:
 the helper's tables are built as the search builds its own (the same graph, profile, stage cluster, counts).
