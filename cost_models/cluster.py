@@ -11,12 +11,12 @@ Assumptions:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cost_models.errors import InputError
 
-__all__ = ["Cluster", "Link"]
+__all__ = ["Cluster", "Link", "stage_cluster"]
 
 
 @dataclass(frozen=True)
@@ -112,3 +112,12 @@ class Cluster:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def stage_cluster(cluster: Cluster, devices: int) -> Cluster:
+    """The cluster of one pipeline stage of ``devices`` of ``cluster``'s devices (whole nodes, or part of one).
+
+    Raises:
+        InputError: ``devices`` are more than one node but not whole nodes.
+    """
+    return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))

@@ -62,7 +62,7 @@ from dataclasses import dataclass, replace
 from math import ceil, prod
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from cost_models.cluster import Cluster
+from cost_models.cluster import Cluster, stage_cluster
 from cost_models.cost_memo import CostMemo
 from cost_models.errors import InputError, PlanError
 from cost_models.layer_cost import LayerCost
@@ -237,7 +237,7 @@ def _cached_stage_cluster(found: dict[int, Cluster], cluster: Cluster, plan: Pla
 def _stage_cluster(cluster: Cluster, plan: Plan, stage: int) -> Cluster:
     devices = plan.pipeline.devices_per_stage[stage]
     try:
-        return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))
+        return stage_cluster(cluster, devices)
     except InputError as err:
         raise PlanError(f"stage {stage} has {devices} devices, which are not whole nodes of "
                         f"{cluster.devices_per_node}: {err}") from err

@@ -16,7 +16,7 @@ from __future__ import annotations
 import multiprocessing
 from typing import TYPE_CHECKING, Any, Callable
 
-from cost_models.cluster import Cluster
+from cost_models.cluster import Cluster, stage_cluster
 from cost_models.estimate import CostMemo
 from cost_models.profile import Profile
 from planner.ahead import Ahead, ahead
@@ -24,7 +24,7 @@ from planner.edge_costs import has_volumes
 from planner.settings import SearchSettings
 from planner.space import LayerCosts, decision_groups, space_size
 from planner.stage_bounds import heaviest_first
-from planner.stage_sizes import sized_cluster, sizes_for, stage_sizes
+from planner.stage_sizes import sizes_for, stage_sizes
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -82,7 +82,7 @@ class RowsAhead:
 
 def _cluster_of(cluster: Cluster, devices: int) -> Cluster:
     """The cluster a table on ``devices`` devices is priced on: the whole, or a stage's."""
-    return cluster if devices == cluster.devices else sized_cluster(cluster, devices)
+    return cluster if devices == cluster.devices else stage_cluster(cluster, devices)
 
 
 def rows_ahead(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: SearchSettings, memo: CostMemo,

@@ -32,6 +32,7 @@ decision summed instead of starting from nothing.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from math import prod
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
@@ -61,7 +62,7 @@ class Floor:
         self.schedule, self.stages, self.micro_batches, self.devices = schedule, stages, micro_batches, devices
         self.largest = max(sizes)
         works = list(works_s) or [0.0] * len(order)
-        self.rest_after_s = [sum(works[index:]) for index in range(len(order) + 1)]  # V_d of decisions index …
+        self.rest_after_s = [*accumulate(reversed(works), initial=0.0)][::-1]  # V_d of decisions index … (one pass)
         self.summed, self.partial_s, self.device_s = 0, 0.0, 0.0
         self.valid = True
 

@@ -3,7 +3,6 @@ into (``planner.stages`` searches every configuration these allow)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 from math import prod
 from typing import TYPE_CHECKING, Sequence
@@ -14,7 +13,7 @@ from planner.space import splits_exactly
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["budgets", "micro_batch_counts", "sized_cluster", "sizes_for", "stage_counts", "stage_sizes"]
+__all__ = ["budgets", "micro_batch_counts", "sizes_for", "stage_counts", "stage_sizes"]
 
 
 def budgets(devices: int, devices_per_node: int) -> list[int]:
@@ -119,8 +118,3 @@ def sizes_for(stages: int, devices: int, sizes: Sequence[int]) -> tuple[int, ...
     if not below:
         return ()
     return tuple(sorted({max(below), *(min(above),) * bool(above)}))
-
-
-def sized_cluster(cluster: Cluster, devices: int) -> Cluster:
-    """The cluster of one stage of ``devices`` devices (whole nodes, or part of one)."""
-    return replace(cluster, devices=devices, devices_per_node=min(cluster.devices_per_node, devices))

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from math import inf
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from cost_models.cluster import Cluster
+from cost_models.cluster import Cluster, stage_cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, crossing_bytes, estimate, restaled, transfer_s
 from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
@@ -71,7 +71,7 @@ from planner.settings import Progress, SearchSettings
 from planner.space import Arrivals, LayerCosts, Space, build_space, decision_groups
 from planner.stage_bounds import Floor, decision_works_s, heaviest_first
 from planner.stage_cuts import exact_cuts
-from planner.stage_sizes import budgets, micro_batch_counts, sized_cluster, sizes_for, stage_counts, stage_sizes
+from planner.stage_sizes import budgets, micro_batch_counts, sizes_for, stage_counts, stage_sizes
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -270,12 +270,12 @@ class _Makers:
     def __call__(self, size: int, micro: int) -> Callable[[int, bool], LayerCosts]:
         """``(saved copies, recompute) → LayerCosts`` of a stage of ``size`` devices and ``micro`` micro-batches."""
         if (size, micro) not in self.makers:
-            stage_cluster = sized_cluster(self.cluster, size)
+            sized = stage_cluster(self.cluster, size)
             if size not in self.patterns:  # both schedules, every micro-batch size
-                self.patterns[size] = PatternTable(stage_cluster, size, depth=has_volumes(self.source))
+                self.patterns[size] = PatternTable(sized, size, depth=has_volumes(self.source))
             batch = int(self.source.input_shape[0])
             smallest = None if batch % micro == 0 else micro_batch_graph(self.source, micro, smallest=True)
-            self.makers[size, micro] = _costs_maker(self.graph(micro), self.profile, stage_cluster, self.optimizer,
+            self.makers[size, micro] = _costs_maker(self.graph(micro), self.profile, sized, self.optimizer,
                                                     self.patterns[size], self.memo, smallest, self.decisions(micro)[0],
                                                     self.arrivals)
         return self.makers[size, micro]

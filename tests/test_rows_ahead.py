@@ -11,6 +11,7 @@ import pytest
 import planner.rows_ahead as rows_ahead_module
 from calibrate.presets import preset_cluster, preset_profile
 from conftest import build_model
+from cost_models.cluster import stage_cluster
 from cost_models.estimate import CostMemo
 from cost_models.graph import trace
 from planner.ahead import ahead
@@ -18,7 +19,6 @@ from planner.rows_ahead import rows_ahead
 from planner.search import plan_model
 from planner.settings import SearchSettings
 from planner.space import LayerCosts
-from planner.stage_sizes import sized_cluster
 
 pytestmark = pytest.mark.skipif(ahead(lambda send: None) is None, reason="no second core or no fork here")
 
@@ -41,12 +41,12 @@ def test_the_helper_sends_every_row_the_planner_would_make() -> None:
         tables = {table for table, _ in side.jobs}
         assert tables == {(16, False), (8, True), (4, True)}  # the one-stage space; 2 and 3 stages of 8, 4 stages of 4
         for devices, recompute in sorted(tables):
-            mine = LayerCosts(graph, profile, sized_cluster(cluster, devices), devices, "sgd",
+            mine = LayerCosts(graph, profile, stage_cluster(cluster, devices), devices, "sgd",
                               recompute=recompute, memo=CostMemo(profile, "float32"))
             mine.arrivals = side.arrivals
             for members in mine.groups.values():
                 got = mine.rows(members)
-                alone = LayerCosts(graph, profile, sized_cluster(cluster, devices), devices, "sgd",
+                alone = LayerCosts(graph, profile, stage_cluster(cluster, devices), devices, "sgd",
                                    recompute=recompute, memo=CostMemo(profile, "float32")).rows(members)
                 assert got == alone, (devices, members)
         assert side.taken == len(side.jobs)  # every row arrived from the helper, none was made twice
