@@ -24,7 +24,7 @@ from cost_models.errors import InputError
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["micro_batch_node", "micro_batch_nodes", "micro_batch_sizes", "micro_batch_starts"]
+__all__ = ["micro_batch_graph", "micro_batch_node", "micro_batch_nodes", "micro_batch_sizes", "micro_batch_starts"]
 
 
 def micro_batch_sizes(batch: int, count: int) -> tuple[int, ...]:
@@ -77,3 +77,24 @@ def micro_batch_nodes(graph: LayerGraph, samples: int) -> dict[str, dict[str, An
         known = len(sources) == len(data.get("input_shapes", []))  # each input's producer (argument order)
         found[name] = micro_batch_node(data, batch, samples, (name in flows, sources) if known else None)
     return found
+
+
+def micro_batch_graph(graph: LayerGraph, micro: int, *, smallest: bool = False) -> Any:
+    """A copy of ``graph`` whose shapes carry the samples of the largest (``smallest``: the smallest) of ``micro``
+    micro-batches (:func:`micro_batch_nodes`; ``estimate`` costs the largest).
+
+    Each layer's inputs keep their argument order (``graph.predecessors``), which
+    ``networkx``'s own ``copy`` would reorder by producer.
+    """
+    if micro == 1:
+        return graph
+    batch = int(graph.input_shape[0])
+    sizes = micro_batch_sizes(batch, micro)
+    samples = sizes[-1] if smallest else sizes[0]
+    scaled = type(graph)()
+    scaled.graph.update(graph.graph)
+    for name, data in micro_batch_nodes(graph, samples).items():
+        scaled.add_node(name, **data)
+    scaled.add_edges_from((source, name, dict(graph.edges[source, name]))
+                          for name in graph.nodes for source in graph.predecessors(name))
+    return scaled

@@ -21,8 +21,9 @@ from cost_models.estimate import CostMemo
 from cost_models.profile import Profile
 from planner.ahead import Ahead, ahead
 from planner.edge_costs import has_volumes
+from planner.layout_space import space_size
 from planner.settings import SearchSettings
-from planner.space import LayerCosts, decision_groups, space_size
+from planner.space import LayerCosts, decision_groups
 from planner.stage_bounds import heaviest_first
 from planner.stage_sizes import sizes_for, stage_sizes
 

@@ -1,7 +1,7 @@
 """The search space: which layouts each layer may take on a stage's devices, and their cost tables.
 
 Candidates (the seed paper's formulation, Dryden et al. 2019: every layer is
-split over all the processors of its stage):
+split over all the processors of its stage; enumerated in ``planner.layout_space``):
     * ``Layout(n, c, h, w)`` with ``n·c·h·w`` equal to the stage's devices and
       each split dividing its extent of the layer's output exactly; a layer
       that has no such layout (too small to use every device) may take the
@@ -44,9 +44,8 @@ few cheapest options, solved exactly.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import networkx as nx
@@ -58,20 +57,20 @@ from cost_models.edges import edge_free, edge_layouts
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo
 from cost_models.graph import dtype_itemsize
-from cost_models.layout import Layout, layouts_dividing
+from cost_models.layout import Layout
 from cost_models.profile import Profile
 from cost_models.redistribution import holdable
 from cost_models.uniform import NO_COMPUTE_KINDS, fits_output
 from planner.cost_table import CostTable
 from planner.edge_costs import EdgeCosts, PatternTable
 from planner.exact import solve_exact
+from planner.layout_space import layout_tiers
 from planner.prune import surviving_options
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
 
-__all__ = ["FOLLOWER_KINDS", "Arrivals", "LayerCosts", "Space", "build_space", "decision_groups", "space_size",
-           "splits_exactly"]
+__all__ = ["FOLLOWER_KINDS", "Arrivals", "LayerCosts", "Space", "build_space", "decision_groups"]
 
 FOLLOWER_KINDS = frozenset({"batchnorm", "activation", "dropout", "identity"})
 MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the leading one
@@ -323,90 +322,12 @@ _Uniform = tuple[float, float, dict[str, Layout]]  # seconds, seconds with the a
 
 def _decision_rows(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...], devices: int) -> list[_Row]:
     head = members[0]
-    for layouts in _layout_tiers(graph.nodes[head], devices, costs.cluster.devices_per_node):
+    for layouts in layout_tiers(graph.nodes[head], devices, costs.cluster.devices_per_node):
         rows = [row for row in (_decision_row(graph, costs, members, layout) for layout in layouts) if row]
         if rows:
             return rows
     raise InputError(f"layer '{head}' ({graph.nodes[head]['kind']}, output {tuple(graph.nodes[head]['output_shape'])}) "
                      f"has no layout on {devices} devices; try a device count its extents can be split by")
-
-
-def splits_exactly(shape: Sequence[int], devices: int, per_node: int) -> bool:
-    """Whether a tensor of ``shape`` has a layout of the space on exactly ``devices`` devices (``per_node`` to a
-    node) whose every split divides its extent: samples and channels by divisors, the rest of the devices in
-    tiles of one of the space's grids (without enumerating every layout of ``devices``)."""
-    volume = len(shape) == 5
-    for n in (n for n in range(1, devices + 1) if devices % n == 0 and shape[0] % n == 0):
-        for c in (c for c in range(1, min(devices // n, max(per_node, 1)) + 1) if devices // n % c == 0):
-            tiles = devices // (n * c)
-            grids = _volume_tilings(tiles) if volume else {(1, h, w) for h, w in _tilings(tiles)}
-            if any(_divides(list(shape), Layout(n=n, c=c, d=d, h=h, w=w)) for d, h, w in grids):
-                return True
-    return False
-
-
-def _layout_tiers(node: Mapping[str, Any], devices: int, per_node: int) -> list[list[Layout]]:
-    """Layouts of the space (module docstring) that divide the output: on all devices first, then fewer ranks."""
-    return [list(tier) for tier in _tiers(json.dumps(node["output_shape"]), devices, per_node)]
-
-
-@lru_cache(maxsize=1024)
-def _tiers(shape_text: str, devices: int, per_node: int) -> tuple[tuple[Layout, ...], tuple[Layout, ...]]:
-    shape = json.loads(shape_text)
-    volume = len(shape) == 5
-    dividing = [layout for layout in _tiled(devices, volume, per_node) if _divides(shape, layout)]
-    return (tuple(lay for lay in dividing if lay.ranks == devices), tuple(lay for lay in dividing if lay.ranks < devices))
-
-
-def space_size(devices: int, *, volume: bool, per_node: int) -> int:
-    """How many layouts of the space (module docstring) a layer may take on ``devices`` devices, before its shape
-    rules any out: the work of pricing a decision there, roughly."""
-    return len(_tiled(devices, volume, per_node))
-
-
-@lru_cache(maxsize=64)
-def _tiled(devices: int, volume: bool, per_node: int) -> tuple[Layout, ...]:
-    """The layouts of the space on ``devices`` before the tensor is asked: channels split within a node, spatial
-    tiles in one of :func:`_tilings` (images) or :func:`_volume_tilings` (volumes)."""
-    return tuple(layout for layout in layouts_dividing(devices, depth=volume) if layout.c <= max(per_node, 1)
-                 and ((layout.d, layout.h, layout.w) in _volume_tilings(layout.spatial) if volume
-                      else (layout.h, layout.w) in _tilings(layout.spatial)))
-
-
-@lru_cache(maxsize=256)
-def _tilings(tiles: int) -> frozenset[tuple[int, int]]:
-    """Rows-only, columns-only and the most nearly square ``(h, w)`` grid of ``tiles`` tiles (``h ≥ w``)."""
-    rows = min(h for h in range(1, tiles + 1) if tiles % h == 0 and h * h >= tiles)
-    return frozenset({(tiles, 1), (1, tiles), (rows, tiles // rows)})
-
-
-@lru_cache(maxsize=256)
-def _volume_tilings(tiles: int) -> frozenset[tuple[int, int, int]]:
-    """The ``(d, h, w)`` grids of ``tiles`` tiles a volume may take: slabs (one axis split), pencils (the most
-    nearly square split of two axes, either way round) and cubes (the most nearly cubic split of all three, in
-    every order) — each priced, none preferred: which wins depends on the halos, the extents and the links."""
-    found: set[tuple[int, int, int]] = set()
-    for axes in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
-        for counts in _balanced(tiles, len(axes)):
-            grid = [1, 1, 1]
-            for axis, count in zip(axes, counts):
-                grid[axis] = count
-            found.add((grid[0], grid[1], grid[2]))
-    return frozenset(found)
-
-
-def _balanced(tiles: int, axes: int) -> set[tuple[int, ...]]:
-    """Every order of the most balanced factorisation of ``tiles`` into ``axes`` factors (largest factor least)."""
-    factorisations = [f for f in _factorisations(tiles, axes)]
-    best = min(max(f) for f in factorisations)
-    return {f for f in factorisations if max(f) == best}
-
-
-def _factorisations(tiles: int, axes: int) -> list[tuple[int, ...]]:
-    if axes == 1:
-        return [(tiles,)]
-    return [(first, *rest) for first in range(1, tiles + 1) if tiles % first == 0
-            for rest in _factorisations(tiles // first, axes - 1)]
 
 
 def _decision_row(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...], layout: Layout) -> _Row | None:
@@ -497,16 +418,3 @@ def _tables(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list
     hidden = CostTable(heads, labels, {h: tuple(r[2] for r in o) for h, o in rows.items()}, matrices, memory,
                        memory_limit_bytes)
     return full, hidden
-
-
-def _divides(shape: Any, layout: Layout) -> bool:
-    if not shape or isinstance(shape[0], list):  # a tuple of tensors: kept whole
-        return layout.ranks == 1
-    if len(shape) in (4, 5):
-        return layout.divides(tuple(shape))
-    if len(shape) == 3:  # a sequence (N, C, L), its length split as w (other 3-D values: the predicate refuses)
-        return layout.d == layout.h == 1 and layout.divides(tuple(shape))
-    features = 1
-    for extent in shape[1:]:
-        features *= extent
-    return layout.spatial == 1 and shape[0] % layout.n == 0 and features % layout.c == 0

@@ -8,7 +8,7 @@ from math import prod
 from typing import TYPE_CHECKING, Sequence
 
 from cost_models.cluster import Cluster
-from planner.space import splits_exactly
+from planner.layout_space import splits_exactly
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph

@@ -57,8 +57,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cost_models.cluster import Cluster, stage_cluster
 from cost_models.errors import InputError
-from cost_models.estimate import CostMemo, Estimate, crossing_bytes, estimate, restaled, transfer_s
-from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
+from cost_models.estimate import CostMemo, Estimate, estimate, restaled
+from cost_models.micro_batches import micro_batch_graph
 from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
@@ -72,6 +72,7 @@ from planner.space import Arrivals, LayerCosts, Space, build_space, decision_gro
 from planner.stage_bounds import Floor, decision_works_s, heaviest_first
 from planner.stage_cuts import exact_cuts
 from planner.stage_sizes import budgets, micro_batch_counts, sizes_for, stage_counts, stage_sizes
+from planner.stage_transfers import send_floor
 
 if TYPE_CHECKING:
     from cost_models.graph import LayerGraph
@@ -373,7 +374,7 @@ def _sends_rule_out(config: _Config, heads: Sequence[str], allowed: set[int], pr
     cuts are chosen on the stages' tables, which the DP is exact on, as before."""
     if config.pipeline.schedule != "stale":
         return False
-    sends = _send_floor(config, heads, profile, cluster, shared)
+    sends = send_floor(config.graph, config.groups, heads, profile, cluster, shared)
     if max(sends(j, size) for j in allowed for size in config.sizes) < limit_s:
         return False  # no transfer reaches the limit: the DP's own bounds decide as before
     bounds = {size: _floor_bound(config, heads, 1, cluster.memory_bytes, size) for size in config.sizes}
@@ -383,40 +384,6 @@ def _sends_rule_out(config: _Config, heads: Sequence[str], allowed: set[int], pr
     return exact_cuts(len(heads), config.pipeline.stages, allowed, bound, lambda i, j, k, size: bound(i, j, size),
                       sizes=config.sizes, budget=config.budget, stale=True, limit_s=limit_s,
                       node=cluster.devices_per_node) is None
-
-
-def _send_floor(config: _Config, heads: Sequence[str], profile: Profile, cluster: Cluster,
-                shared: dict[tuple[Any, ...], Any]) -> Callable[[int, int], float]:
-    """``(j, size) →`` a lower bound on the seconds a stale stage ending before decision ``j`` on ``size`` devices
-    takes to send its activations on: ``cost_models.estimate``'s transfer with every crossing tensor split over
-    all the stage's devices (a layout uses at most them), between nodes where the stage fills whole nodes (the
-    next one starts on another), else over the faster link."""
-    def floor(j: int, size: int) -> float:
-        key = ("sends", id(config.graph), size)
-        if key not in shared:
-            levels = ("inter",) if size >= cluster.devices_per_node else ("intra", "inter")
-            shared[key] = [min(transfer_s(profile, level, nbytes) for level in levels)
-                           for nbytes in _crossing_bytes(config, heads, size)]
-        return shared[key][j]
-    return floor
-
-
-def _crossing_bytes(config: _Config, heads: Sequence[str], size: int) -> list[int]:
-    """Per decision ``j`` (and after the last): the bytes one of ``size`` ranks sends across a cut before ``j``
-    (``cost_models.estimate``'s boundary: each edge from a stage to a later one); none after the last."""
-    position = {layer: index for index, head in enumerate(heads) for layer in config.groups[head]}
-    change = [0] * (len(heads) + 2)
-    dtype = config.graph.graph["dtype"]
-    for source, target in config.graph.edges:
-        if source in position and target in position and position[source] < position[target]:
-            nbytes = crossing_bytes(config.graph.nodes[source], size, dtype)
-            change[position[source] + 1] += nbytes  # crossed by the cuts before decisions source+1 … target
-            change[position[target] + 1] -= nbytes
-    found, running = [], 0
-    for j in range(len(heads) + 1):
-        running += change[j]
-        found.append(running if j < len(heads) else 0)
-    return found
 
 
 def _segment_solve(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings,
@@ -516,24 +483,3 @@ def _solver_info(solutions: list[Solution]) -> SolverInfo:
                       "Optimal" if optimal else "TimeLimit", round(sum(s.seconds for s in solutions), 4),
                       sum(solution.objective_s for solution in solutions),
                       None if None in gaps else max(gaps))  # type: ignore[type-var]
-
-
-def micro_batch_graph(graph: LayerGraph, micro: int, *, smallest: bool = False) -> Any:
-    """A copy of ``graph`` whose shapes carry the samples of the largest (``smallest``: the smallest) of ``micro``
-    micro-batches (``cost_models.micro_batches``; ``estimate`` costs the largest).
-
-    Each layer's inputs keep their argument order (``graph.predecessors``), which
-    ``networkx``'s own ``copy`` would reorder by producer.
-    """
-    if micro == 1:
-        return graph
-    batch = int(graph.input_shape[0])
-    sizes = micro_batch_sizes(batch, micro)
-    samples = sizes[-1] if smallest else sizes[0]
-    scaled = type(graph)()
-    scaled.graph.update(graph.graph)
-    for name, data in micro_batch_nodes(graph, samples).items():
-        scaled.add_node(name, **data)
-    scaled.add_edges_from((source, name, dict(graph.edges[source, name]))
-                          for name in graph.nodes for source in graph.predecessors(name))
-    return scaled

@@ -193,7 +193,7 @@ def test_decisions_stay_acyclic_when_a_cycle_runs_through_a_layer_already_its_ow
 def test_efficientnet_micro_batched_graph_keeps_argument_order_and_sound_decisions() -> None:
     import torchvision
 
-    from planner.stages import micro_batch_graph
+    from cost_models.micro_batches import micro_batch_graph
 
     graph = trace(torchvision.models.efficientnet_b0(), (2, 3, 64, 64))
     scaled = micro_batch_graph(graph, 2)
@@ -210,7 +210,7 @@ def test_splits_exactly_agrees_with_the_layouts_of_the_space() -> None:
     first tier of layouts says, without enumerating every layout of the device count."""
     import json
 
-    from planner.space import _tiers, splits_exactly
+    from planner.layout_space import _tiers, splits_exactly
 
     for shape in ([64, 64, 1024, 1024], [12, 64, 48, 48], [4, 32, 64, 64, 64], [6, 10, 30, 30], [8, 1000]):
         for devices in range(1, 130):
@@ -228,7 +228,7 @@ def test_a_micro_batch_scales_what_the_batch_flows_into_not_filters_made_from_pa
     from torch import nn
 
     from cost_models.estimate import _micro_batch_nodes
-    from planner.stages import micro_batch_graph
+    from cost_models.micro_batches import micro_batch_graph
 
     class Standardised(nn.Module):
         def __init__(self) -> None:

@@ -153,10 +153,10 @@ def test_the_bound_only_skips_configurations_that_cannot_win(resnet18) -> None: 
 
 
 def test_a_stale_stage_sends_no_faster_than_its_transfer_floor(resnet18) -> None:  # noqa: ANN001
-    """The floor that rules stale configurations out (``planner.stages._send_floor``) is below the estimate's
+    """The floor that rules stale configurations out (``planner.stage_transfers.send_floor``) is below the estimate's
     transfer after every stage of every stale plan the search prices, on one node and across nodes."""
     from cost_models.estimate import estimate
-    from planner.stages import _send_floor
+    from planner.stage_transfers import send_floor
 
     profile = preset_profile("h100")
     for devices in (8, 32):
@@ -168,7 +168,7 @@ def test_a_stale_stage_sends_no_faster_than_its_transfer_floor(resnet18) -> None
             pipeline, layers = candidate.plan.pipeline, candidate.plan.layers
             config = next(c for c in _stale_configs(resnet18, profile, cluster) if c.pipeline.stages == pipeline.stages)
             heads = list(config.groups)
-            floor = _send_floor(config, heads, profile, cluster, {})
+            floor = send_floor(config.graph, config.groups, heads, profile, cluster, {})
             for stage in range(pipeline.stages - 1):
                 first = next(i for i, head in enumerate(heads) if layers[head].stage == stage + 1)
                 sent_s = candidate.estimate.stages[stage].transfer_s
