@@ -171,6 +171,8 @@ def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list
         documents = _each(runs)
     except RankFailure as err:
         _fail_fast(err)
+    except Exception as err:  # noqa: BLE001 - every error of a rank ends it the same way
+        _exit_recorded(err)
     dist.destroy_process_group()
     return documents
 
@@ -178,21 +180,31 @@ def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list
 def _fail_fast(err: RankFailure) -> None:
     """Say where this rank waited, record the error for the agent's report, and exit without tearing down.
 
-    A peer is gone: tearing down the group and the interpreter would wait on its sockets and threads
-    (seconds), while the agent only needs this process to end. When the peer died, this rank first
-    gives the agent ``_GRACE_S`` to see the dead one (it stops this rank meanwhile), so the report names
-    the rank that died rather than the one that noticed.
+    When the peer died, this rank first gives the agent ``_GRACE_S`` to see the dead one (it stops this
+    rank meanwhile), so the report names the rank that died rather than the one that noticed.
+    """
+    print(f"parplan: {err}", file=sys.stderr, flush=True)
+    _exit_recorded(err, grace_s=_GRACE_S if err.peer_died else 0.0)
+
+
+def _exit_recorded(err: Exception, *, grace_s: float = 0.0) -> None:
+    """Record ``err`` for the agent's report (``TORCHELASTIC_ERROR_FILE``) and exit 1 without tearing down.
+
+    A peer may be gone or leaving: tearing down the group and the interpreter would wait on its sockets
+    and threads (seconds), and gloo's destructors may abort the process (SIGABRT) on a connection the
+    peer closed — the report would then name a rank's death instead of the error every rank raised
+    together (a checkpoint no rank could complete). The agent only needs this process to end.
     """
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-    print(f"parplan: {err}", file=sys.stderr, flush=True)
     try:
         raise err
-    except RankFailure as raised:
-        ErrorHandler().record_exception(raised)  # TORCHELASTIC_ERROR_FILE: the agent's failure message
-    if err.peer_died:
-        time.sleep(_GRACE_S)
+    except Exception as raised:
+        ErrorHandler().record_exception(raised)
+    if grace_s:
+        time.sleep(grace_s)
     sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(1)
 
 
