@@ -197,10 +197,7 @@ def _exit_recorded(err: Exception, *, grace_s: float = 0.0) -> None:
     """
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-    try:
-        raise err
-    except Exception as raised:
-        ErrorHandler().record_exception(raised)
+    ErrorHandler().record_exception(err)  # called while ``err`` is handled: its traceback is the current one
     if grace_s:
         time.sleep(grace_s)
     sys.stdout.flush()
