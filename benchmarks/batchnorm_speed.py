@@ -19,15 +19,15 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cost_models.heap import steady_heap  # noqa: E402
+from processes.heap import steady_heap  # noqa: E402
 from runtime.norm import batch_norm  # noqa: E402
 
 

@@ -19,9 +19,9 @@ import torchvision
 
 from calibrate.presets import preset_cluster, preset_profile
 from cost_models.estimate import estimate
-from cost_models.graph import trace
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment, Pipeline, Plan
 
 SHAPE = (64, 3, 2048, 2048)
 

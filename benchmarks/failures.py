@@ -3,7 +3,7 @@
     python benchmarks/failures.py [--repeats 3] [--timeout-s 5] [--model examples/unet.py:unet]
 
 Every figure is a real ``parplan run`` on 2 local ranks (layout h2, gloo),
-with a failure injected by ``PARPLAN_FAULT`` (``runtime.faults``):
+with a failure injected by ``PARPLAN_FAULT`` (``runtime.fault_injection``):
 
 * **death**: rank 1 SIGKILLs itself at the start of step 4. From the
   wall-clock time it printed just before, until no other rank process is
@@ -126,6 +126,7 @@ def failure_to_exit_s(base: list[str], kind: str, mpi: bool, timeout_s: float,
 def restart_cost(base: list[str], repeats: int) -> dict[str, float | bool]:
     """Extra wall seconds of a run with one killed rank and one restart, and whether its losses are the same."""
     clean_s, restarted_s, same = [], [], True
+    reference: list[float] = []  # the clean run's losses (each repeat runs it first)
     for _ in range(repeats):
         for fault, sink in (("", clean_s), ("kill:1:5", restarted_s)):
             with tempfile.TemporaryDirectory() as folder:

@@ -55,8 +55,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu_overhead import overhead  # noqa: E402 - after the repository is on the path
-from benchmarks.gpu_steps import (MIN_STEP_S, Clock, Report, communicate, guarded, parsed, run_step,  # noqa: E402
-                                  shown)
+from benchmarks.gpu_steps import MIN_STEP_S, Clock, Report, communicate, guarded, parsed, run_step, shown  # noqa: E402
 
 FORMAT = "parplan.gpu_check/1"
 UNET = "examples/unet.py:unet"

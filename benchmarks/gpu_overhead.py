@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["overhead"]
 
@@ -14,7 +15,7 @@ def overhead(spec: str, shape_text: str, device: str, steps: int) -> dict[str, A
     """Median training step of the plain model and of apply_plan with every layer whole, interleaved."""
     import torch
 
-    from cost_models.graph import parse_input_shape
+    from cost_models.ir.graph import parse_input_shape
 
     shape, target = parse_input_shape(shape_text), torch.device(device)
     plain, split, graph = _twins(spec, shape, target)
@@ -37,9 +38,9 @@ def _twins(spec: str, shape: tuple[int, ...], device: Any) -> tuple[Any, Any, An
     import torch
 
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
-    from cost_models.model_spec import load_model
     from cost_models.uniform import uniform_plan
     from runtime.apply import apply_plan
 

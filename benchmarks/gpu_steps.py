@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESERVE_S = 10.0  # kept back for the last report
@@ -42,7 +43,7 @@ class Report:
         return block
 
     def write(self) -> None:
-        from cost_models.jsonio import write_json_atomic
+        from cost_models.formats.jsonio import write_json_atomic
 
         self.document["seconds"] = round(time.monotonic() - self.started, 1)
         write_json_atomic(self.settings.out, self.document)

@@ -56,19 +56,32 @@ import platform
 import sys
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 if str(REPO) not in sys.path:  # run as a script, or imported by path in the ranks (a model spec)
     sys.path.insert(0, str(REPO))
 
+from benchmarks.zoo_models import (  # noqa: E402
+    MONAI_NETWORKS,
+    MONAI_VOLUME_NETWORKS,
+    VOLUME_SUFFIX,
+    ZooModel,
+    is_volume,
+    monai_catalogue,
+    monai_model,
+    spec_of,
+    timm_catalogue,
+    timm_model,
+    torchvision_catalogue,
+    torchvision_model,
+)
+from benchmarks.zoo_models import first_line as _first_line
 from benchmarks.zoo_table import COLUMNS, ZOOS, checks_of, markdown  # noqa: E402 - after the path above
-from benchmarks.zoo_models import (MONAI_NETWORKS, MONAI_VOLUME_NETWORKS, VOLUME_SUFFIX,  # noqa: E402
-                                   ZooModel, first_line as _first_line, is_volume, monai_catalogue, monai_model,
-                                   spec_of, timm_catalogue, timm_model, torchvision_catalogue, torchvision_model)
 
 SIZES = (32, 64, 96, 128, 224)
 VOLUME_SIZES = (16, 32)
@@ -144,7 +157,7 @@ def _fixed_side(entry: ZooModel) -> tuple[int, ...]:
 
 
 def _build_for(entry: ZooModel, side: int, takes_img_size: bool) -> tuple[Any, bool]:
-    from cost_models.model_spec import load_model
+    from cost_models.ir.model_spec import load_model
 
     if entry.zoo != "timm":
         return load_model(entry.spec), False
@@ -220,7 +233,7 @@ def load_results(path: Path | None) -> dict[str, Any]:
 
 def save_results(path: Path | None, document: dict[str, Any]) -> None:
     if path is not None:
-        from cost_models.jsonio import write_json_atomic
+        from cost_models.formats.jsonio import write_json_atomic
 
         write_json_atomic(path, document)
 
@@ -258,7 +271,7 @@ def read_catalogue(path: Path) -> dict[str, Any]:
 
 def save_catalogue(results: dict[str, Any], path: Path = CATALOGUE) -> None:
     """Ship the results file's catalogue (the models the rule chose, with the library versions it chose them at)."""
-    from cost_models.jsonio import write_json_atomic
+    from cost_models.formats.jsonio import write_json_atomic
 
     zoos = {zoo: {**cached, "entries": [{**entry, "spec": _relative(entry["spec"])} for entry in cached["entries"]]}
             for zoo, cached in results["catalogue"].items()}

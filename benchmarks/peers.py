@@ -9,7 +9,7 @@ Usage::
 Two gloo ranks on this machine (``--threads`` each), one process pair for all
 of it, so both sides of a comparison run in the same processes, on the same
 batch, weights, optimizer (SGD with momentum 0.9), threads and host heap settings
-(``cost_models.heap.steady_heap``, which parplan's ranks take):
+(``processes.heap.steady_heap``, which parplan's ranks take):
 
 * ``ddp``: ``parplan run``'s pure sample plan (``n2``: ``apply_plan``) against
   ``DistributedDataParallel``, each rank its half of the ``--shape`` batch.
@@ -39,9 +39,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,11 +52,12 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cost_models.cluster import Cluster, Link  # noqa: E402
-from cost_models.graph import parse_input_shape, trace  # noqa: E402
-from cost_models.heap import steady_heap  # noqa: E402
+from cost_models.ir.graph import parse_input_shape  # noqa: E402
+from cost_models.ir.model_spec import load_model  # noqa: E402
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout  # noqa: E402
-from cost_models.model_spec import load_model  # noqa: E402
 from cost_models.uniform import staged, uniform_plan  # noqa: E402
+from processes.heap import steady_heap  # noqa: E402
 
 Step = Callable[[], None]
 MOMENTUM = 0.9
@@ -209,8 +211,8 @@ def _first_layer_of(graph: Any, module: str) -> str:
 
 
 def _parplan_pipeline(settings: Settings, order: str) -> Step:
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import gpipe, one_f_one_b
+    from runtime.pipeline.schedules import gpipe, one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     model = _fresh(settings)
     micro = settings.shape[0] // settings.micro_batches

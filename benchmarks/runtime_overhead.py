@@ -27,17 +27,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from cost_models.cluster import Cluster, Link
-from cost_models.graph import parse_input_shape, trace
-from cost_models.heap import steady_heap
+from cost_models.ir.graph import parse_input_shape
+from cost_models.ir.model_spec import load_model
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
-from cost_models.model_spec import load_model
 from cost_models.uniform import uniform_plan
+from processes.heap import steady_heap
 from runtime.apply import apply_plan
 
 REPO = Path(__file__).resolve().parent.parent

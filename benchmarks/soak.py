@@ -5,7 +5,7 @@
 Each case is a real ``parplan run`` on 2 local gloo ranks in float64 with
 ``--checkpoint-every`` and ``--max-restarts`` (torchrun's agent restarts the
 group, which resumes from the newest checkpoint), its faults a schedule
-across attempts (``PARPLAN_FAULT=kill:1:7,exit:0:13,…``, ``runtime.faults``:
+across attempts (``PARPLAN_FAULT=kill:1:7,exit:0:13,…``, ``runtime.fault_injection``:
 the ``i``-th fault hits attempt ``i``) drawn at random from ``--seed``:
 
 * ``sync``: resnet18 at 4×3×32×32 in 2 pipeline stages, 2 micro-batches (1F1B);

@@ -19,13 +19,14 @@ import sys
 import time
 
 from calibrate.presets import preset_cluster, preset_profile
-from cost_models.graph import parse_input_shape, trace
-from cost_models.model_spec import load_model
-from planner import rows_ahead
-from planner.exact import solve_exact
+from cost_models.ir.graph import parse_input_shape
+from cost_models.ir.model_spec import load_model
+from cost_models.ir.tracing import trace
+from planner import ahead
 from planner.search import plan_model
-from planner.space import build_space
 from planner.settings import SearchSettings
+from planner.solvers.exact import solve_exact
+from planner.space import build_space
 
 DEFAULT_CASES = ("torchvision:resnet50:64,3,2048,2048:64", "torchvision:resnet50:64,3,2048,2048:1024",
                  "torchvision:resnet50:64,3,2048,2048:4096", "torchvision:resnet152:64,3,2048,2048:1024")
@@ -61,10 +62,10 @@ def main() -> None:
     parser.add_argument("--profile", default="h100")
     parser.add_argument("--max-stages", type=int, default=SearchSettings().max_stages)
     parser.add_argument("--no-helper", action="store_true",
-                        help="no helper process on the second core (planner.rows_ahead): one core's figure")
+                        help="no helper process on the second core (planner.ahead): one core's figure")
     args = parser.parse_args()
     if args.no_helper:
-        rows_ahead.LEAST_WORK = sys.maxsize
+        ahead.LEAST_WORK = sys.maxsize
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}")
     for case in args.case or DEFAULT_CASES:
         run_case(case, args.profile, args.max_stages)

@@ -14,7 +14,7 @@ the same cosine learning-rate schedule over the updates, from the same
 initial weights:
 
 * ``unsplit``: one process, plain PyTorch;
-* ``sync``: ``runtime.pipeline`` on K stages (one CPU rank each, gloo), 1F1B
+* ``sync``: ``runtime.pipeline.stage`` on K stages (one CPU rank each, gloo), 1F1B
   order with 4 micro-batches per batch — mathematically the unsplit run;
 * ``stale``: the DSP schedule on the same K stages, staleness ``2(K−1−k)``.
 
@@ -123,7 +123,7 @@ def train_unsplit(data: tuple[torch.Tensor, ...], order: list[torch.Tensor], rat
 
 def pipeline_plan(stages: int, schedule: str) -> tuple[Any, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
     from cost_models.uniform import staged, uniform_plan
 
@@ -135,8 +135,8 @@ def pipeline_plan(stages: int, schedule: str) -> tuple[Any, Any]:
 
 def _rank(rank: int, stages: int, schedule: str, rates: tuple[float, int], seed: int, data: tuple[torch.Tensor, ...],
           order: list[torch.Tensor], rendezvous: str, results: Any) -> None:
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import dsp, one_f_one_b
+    from runtime.pipeline.schedules import dsp, one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=stages)
@@ -212,7 +212,7 @@ def predictions(stage_counts: list[int], profile_path: str) -> dict[tuple[str, i
     plan, graph = pipeline_plan(2, "sync")
     from dataclasses import replace
 
-    from cost_models.plan import LayerAssignment, Pipeline
+    from cost_models.formats.plan import LayerAssignment, Pipeline
 
     single = replace(plan, cluster=replace(plan.cluster, devices=1), pipeline=Pipeline(1, (1,)),
                      layers={name: LayerAssignment(a.layout, 0) for name, a in plan.layers.items()})

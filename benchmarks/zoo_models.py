@@ -8,10 +8,11 @@ spec, and it imports this file."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 __all__ = ["MAX_PARAMS", "MONAI_NETWORKS", "MONAI_VOLUME_NETWORKS", "VOLUME_SUFFIX", "ZooModel", "first_line",
            "is_volume", "meta_params", "monai_catalogue", "monai_model",

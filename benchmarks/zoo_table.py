@@ -8,7 +8,8 @@ models it hit. Pure: a results dict in, markdown out.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.zoo_supervisor import GRACE_S
 from parplan.cli.layouts import cannot_split

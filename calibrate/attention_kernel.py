@@ -7,7 +7,8 @@ weights — what training runs. Dropout is off: a timing measures the kernels, n
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

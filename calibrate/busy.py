@@ -16,12 +16,13 @@ goes on, and the notes say so.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
-from cost_models.heap import steady_heap
+from processes.heap import steady_heap
 
 __all__ = ["Busy"]
 
@@ -43,7 +44,7 @@ class Busy:
         self._running = self._context.Array("i", [_STOP - 1] * max(helpers, 1))
         self._processes: list[Any] = []
 
-    def __enter__(self) -> "Busy":
+    def __enter__(self) -> Busy:
         for index in range(self.helpers):
             process = self._context.Process(target=_help, daemon=True,
                                             args=(index, self.chunks, self.threads, self.device, self._target,

@@ -27,7 +27,7 @@ What is measured, and how:
 * the link level is ``intra`` when every rank taking part (for ``sendrecv``:
   both ranks of every pair) runs on one node, otherwise ``inter``; a node is
   what the launcher calls one (torchrun's agent, Slurm's node id:
-  ``cost_models.job.node_label``), else the host (``socket.gethostname()``),
+  ``processes.job.node_label``), else the host (``socket.gethostname()``),
   so two torchrun agents on one host measure the between-node level too;
 * order: the sizes in two ascending passes (every other size, then the rest),
   and within a size every group and collective, so a short budget still gives
@@ -45,11 +45,11 @@ What is measured, and how:
   in :attr:`CommMeasurement.skipped` with the backend's message;
 * a peer that dies or hangs (past ``timeout``, which the groups made here get;
   the default group's is its own) fails the waiting rank with a
-  :class:`cost_models.rank_failures.RankFailure` of one line that names the
+  :class:`processes.rank_failures.RankFailure` of one line that names the
   collective being timed and the measurement (``rank 0: timed out after 4 s
   (a peer hung or is far behind) in the timed allreduce of 1024 bytes with
   rank 1 (measurement 3 of 34)``): every collective here runs inside
-  :func:`cost_models.rank_failures.exchange`.
+  :func:`processes.rank_failures.exchange`.
 
 Assumptions: every rank calls :func:`measure_collectives` with the same
 arguments; on nccl each rank has already selected its GPU
@@ -63,18 +63,18 @@ from __future__ import annotations
 import socket
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from cost_models.collectives import COLLECTIVES
 from cost_models.errors import InputError
-from cost_models.job import node_label
 from cost_models.profile import CommSample
-from cost_models.rank_failures import LOST, RankFailure, at, describe, exchange, place, reason
+from processes.job import node_label
+from processes.rank_failures import LOST, RankFailure, at, describe, exchange, place, reason
 
 __all__ = ["DEFAULT_SIZES_BYTES", "CommMeasurement", "default_group_sizes", "measure_collectives"]
 

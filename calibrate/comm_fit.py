@@ -21,8 +21,8 @@ for fitting and reports its error as not measured.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from itertools import groupby
-from typing import Iterator, Sequence
 
 from calibrate.fitting import fit_relative_nnls, heldout_error
 from cost_models.collectives import comm_terms

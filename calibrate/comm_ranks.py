@@ -11,21 +11,21 @@ Two ways in:
   ``timeout_s`` for a peer (``parplan calibrate --timeout-s``; joining, which
   waits for the others to start, has :data:`_JOIN_S`), so a rank whose peer
   hung fails within it, naming the collective it waited in
-  (:class:`cost_models.rank_failures.RankFailure`), and exits 1. A rank that
+  (:class:`processes.rank_failures.RankFailure`), and exits 1. A rank that
   fails or dies stops the call at once (:class:`CommCalibrationError`): one
   line as ``parplan run`` reports its ranks
-  (:func:`cost_models.rank_failures.failure_line`: ``rank 1 died (SIGKILL)``,
+  (:func:`processes.rank_failures.failure_line`: ``rank 1 died (SIGKILL)``,
   ``rank 0 failed (exit code 1): RankFailure: rank 0: timed out after 4 s …``),
   gathered for :data:`_GRACE_S` after the first sign, then the ranks'
   tracebacks. With nccl each rank gets ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``
-  unless it is set (``runtime.failures`` tells why).
+  unless it is set (``runtime.waiting`` tells why).
 * :func:`init_from_environment` when this process is one rank of a job
   started by torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``) or by mpirun/srun (rank and size from
   ``MPI.COMM_WORLD``; rank 0 broadcasts its host name and a free port, unless
   ``MASTER_ADDR`` and ``MASTER_PORT`` are set already), or by ``srun`` without
   MPI (``SLURM_PROCID``, ``SLURM_NTASKS``; rank 0 opens the store at
-  ``cost_models.job.slurm_rendezvous``). mpi4py is imported only on the MPI
+  ``processes.job.slurm_rendezvous``). mpi4py is imported only on the MPI
   path.
 
 Assumptions: spawned ranks all run on this host, so the parent's wall clock
@@ -42,9 +42,10 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,11 +54,18 @@ import torch.multiprocessing as mp
 from calibrate.comm_bench import DEFAULT_SIZES_BYTES, CommMeasurement, default_group_sizes, measure_collectives
 from cost_models.collectives import COLLECTIVES
 from cost_models.errors import InputError
-from cost_models.job import MPI_ENVIRONMENT, integer_variable, launcher_of, place_in_job, slurm_rendezvous
-from cost_models.heap import steady_heap
 from cost_models.profile import CommSample
-from cost_models.rank_failures import (LOST, RankExit, RankFailedError, RankFailure, barrier, failure_line,
-                                       raise_nccl_errors)
+from processes.heap import steady_heap
+from processes.job import MPI_ENVIRONMENT, integer_variable, launcher_of, place_in_job, slurm_rendezvous
+from processes.rank_failures import (
+    LOST,
+    RankExit,
+    RankFailedError,
+    RankFailure,
+    barrier,
+    failure_line,
+    raise_nccl_errors,
+)
 
 __all__ = [
     "CommCalibrationError", "RankEnvironment", "check_launch", "in_existing_group", "init_from_environment",

@@ -9,7 +9,7 @@ of all held-out predictions is the profile's ``fit.compute``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from calibrate.fitting import fit_relative_nnls, heldout_error
 from cost_models.profile import POOLED_KIND, ComputeFit, ComputeSample, FitError

@@ -14,7 +14,7 @@ is saved is then refitted on all samples.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import nnls

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from math import prod
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from calibrate.fitting import fit_relative_nnls
-from cost_models.local_problem import DENSE_KINDS
+from cost_models.ir.kinds import DENSE_KINDS
 from cost_models.profile import OptimizerFit
 
 __all__ = ["OPTIMIZERS", "measure_optimizers", "parameter_shapes"]

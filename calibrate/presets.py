@@ -36,9 +36,10 @@ Assumptions:
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from cost_models.cluster import Cluster, Link
 from cost_models.collectives import COLLECTIVES

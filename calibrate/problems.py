@@ -12,8 +12,9 @@ enumeration counts them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from cost_models.layout import layouts_dividing
 from cost_models.local_problem import LocalProblem, layer_problem, phases_of
@@ -50,7 +51,7 @@ def enumerate_problems(graph: Any, device_counts: Iterable[int]) -> list[Measure
     """The deduplicated (problem, pass) pairs of ``graph`` under all candidate layouts.
 
     Args:
-        graph: A :class:`~cost_models.graph.LayerGraph`.
+        graph: A :class:`~cost_models.ir.graph.LayerGraph`.
         device_counts: Device counts the planner may use (e.g. 1, 2, 4).
     """
     layouts = sorted({layout for devices in device_counts for layout in layouts_dividing(devices)},

@@ -37,9 +37,10 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ from calibrate.problems import Call
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import LocalProblem, layer_problem, phases_of
 from cost_models.profile import ComputeSample
-from cost_models.quiet import native_stderr_silenced
+from processes.quiet import native_stderr_silenced
 
 __all__ = ["Call", "Chunk", "growth_per_thread", "layout_chunks", "peak_bytes", "time_chunks"]
 

@@ -12,7 +12,7 @@ An interrupted run still returns a valid profile of what was measured.
 Every process group of the collectives waits at most ``timeout_s`` for a peer
 (``parplan calibrate --timeout-s``): a rank that dies or hangs fails the
 calibration with one line naming the rank and the collective the others
-waited in (``calibrate.comm_ranks``, ``cost_models.rank_failures``). Started
+waited in (``calibrate.comm_ranks``, ``processes.rank_failures``). Started
 by torchrun or mpirun, the ranks wait for rank 0's kernel timings in a group
 of their own whose timeout adds the budget to it.
 """
@@ -25,19 +25,20 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from calibrate.compute_fit import fit_compute
 from calibrate.problems import enumerate_problems
 from cost_models.errors import InputError
-from cost_models.heap import steady_heap
-from cost_models.job import place_in_job
 from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError, OptimizerFit, Profile
-from cost_models.rank_failures import barrier
+from processes.heap import steady_heap
+from processes.job import place_in_job
+from processes.rank_failures import barrier
 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "no CUDA runtime" noise on CPU
 

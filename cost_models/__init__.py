@@ -10,12 +10,11 @@ other parplan packages; torch is imported only by tracing.
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import InputError, PlanError, TraceError
 from cost_models.estimate import Estimate, estimate
-from cost_models.flops import Flops, layer_flops
-from cost_models.graph import (LayerGraph, compute_fingerprint, dtype_itemsize, parse_input_shape, parse_input_shapes,
-                                trace)
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo, load_plan, save_plan
+from cost_models.ir.flops import Flops, layer_flops
+from cost_models.ir.graph import LayerGraph, compute_fingerprint, dtype_itemsize, parse_input_shape, parse_input_shapes
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem, local_problem
-from cost_models.plan import LayerAssignment, Pipeline, Plan, Prediction, SolverInfo, load_plan, save_plan
 from cost_models.profile import Profile, ProfileError, load_profile, save_profile
 
 __all__ = [
@@ -47,5 +46,4 @@ __all__ = [
     "parse_input_shapes",
     "save_plan",
     "save_profile",
-    "trace",
 ]

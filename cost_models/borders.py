@@ -29,7 +29,8 @@ Assumptions:
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cost_models.errors import InputError
 from cost_models.halo import AxisHalo, partition
@@ -58,7 +59,7 @@ def axis_pads(attrs: dict[str, Any], axis: int, extent: int | None = None) -> tu
     """``(before, after)`` padding of a convolution's axis (0: height, 1: width): explicit, PyTorch's ``'same'``
     (reach ``d·(k−1)`` split with the extra row after), ``'valid'``, or the traced pads of TensorFlow's 'SAME'."""
     padding = attrs.get("padding", 0)
-    if "pads" in attrs:  # TensorFlow's 'SAME', from the traced input's extent (cost_models.layer_kinds)
+    if "pads" in attrs:  # TensorFlow's 'SAME', from the traced input's extent (cost_models.ir.classify)
         before, after = attrs["pads"][axis]
         return int(before), int(after)
     if padding == "valid":

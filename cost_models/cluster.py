@@ -94,7 +94,7 @@ class Cluster:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Cluster":
+    def from_dict(cls, data: dict[str, Any]) -> Cluster:
         """Inverse of :meth:`to_dict`."""
         return cls(
             devices=data["devices"],

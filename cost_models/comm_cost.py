@@ -18,11 +18,11 @@ Assumptions:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
 from math import lcm
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -32,7 +32,6 @@ from cost_models.halo import HaloMessage
 from cost_models.layout import Layout, as_volume
 from cost_models.profile import Profile
 from cost_models.redistribution import rank_loads
-
 
 GRADIENT_BUCKET_BYTES = 25 * 2**20
 """Bytes of weight gradients one allreduce carries (DDP's default ``bucket_cap_mb=25``)."""

@@ -29,8 +29,9 @@ timed as the collectives they are).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from cost_models.layout import Layout
 
@@ -75,7 +76,7 @@ class Corrections:
                 "allreduce_exposed_fraction": self.allreduce_exposed_fraction, "fitted_on": dict(self.fitted_on)}
 
     @classmethod
-    def from_dict(cls, block: Mapping[str, Any]) -> "Corrections":
+    def from_dict(cls, block: Mapping[str, Any]) -> Corrections:
         """From a (schema-checked) ``corrections`` block."""
         return cls(dict(block["layer_scale"]), float(block["step_overhead_s"]), float(block["event_overhead_s"]),
                    float(block["allreduce_exposed_fraction"]), dict(block["fitted_on"]))

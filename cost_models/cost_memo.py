@@ -4,15 +4,16 @@ edge seconds, per layer signature and layout (``cost_models.estimate``'s :class:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.dense_forms import form_s
 from cost_models.edges import edge_move
-from cost_models.graph import dtype_itemsize, layer_itemsize
+from cost_models.ir.graph import dtype_itemsize, layer_itemsize
 from cost_models.layer_cost import Compute, LayerCost, compute_s, problem_cost
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem, layer_problem
@@ -43,7 +44,7 @@ class CostMemo:
         self.edges: dict[tuple[Any, ...], float] = {}
         self.signatures: dict[int, tuple[Mapping[str, Any], str]] = {}  # by id: the node data (kept alive) and its text
 
-    def renewed(self) -> "CostMemo":
+    def renewed(self) -> CostMemo:
         """A memo sharing these results but no remembered signatures: for graphs that may have changed since."""
         memo = CostMemo(self.profile, self.dtype, self.threads)
         memo.problems, memo.costs, memo.memories, memo.edges = self.problems, self.costs, self.memories, self.edges

@@ -38,8 +38,9 @@ Assumptions:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import prod
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import allreduce_s
@@ -47,8 +48,8 @@ from cost_models.layout import Layout
 from cost_models.profile import Profile
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
-    from cost_models.plan import Plan
+    from cost_models.formats.plan import Plan
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["channels_last_linear", "column_form_s", "form_s", "has_forms", "reads_in_row_form", "row_form",
            "row_form_s"]

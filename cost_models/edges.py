@@ -13,16 +13,16 @@ reads the input where it is.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-
-from typing import Any, Mapping
+from typing import Any
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.dense_forms import form_s, has_forms, row_form
+from cost_models.ir.kinds import DENSE_KINDS
+from cost_models.ir.orders import NCDHW, NCW, default_order, logical
 from cost_models.layout import Layout, whole_channels
-from cost_models.local_problem import DENSE_KINDS
-from cost_models.orders import NCDHW, NCW, default_order, logical
 from cost_models.profile import Profile
 
 __all__ = ["edge_frame", "edge_free", "edge_layouts", "edge_move", "edge_s", "projected", "reader_layout"]

@@ -58,26 +58,33 @@ same questions — compute each once; it changes no value.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from math import ceil, prod
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cost_models.cluster import Cluster, stage_cluster
 from cost_models.cost_memo import CostMemo
 from cost_models.errors import InputError, PlanError
+from cost_models.formats.plan import Plan, Prediction, check_plan_for_graph
+from cost_models.ir.graph import layer_itemsize
+from cost_models.ir.kinds import VIEW_KINDS
+from cost_models.ir.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.layer_cost import LayerCost
-from cost_models.graph import layer_itemsize
 from cost_models.layout import Layout
-from cost_models.local_problem import VIEW_KINDS
-from cost_models.memory import (WEIGHT_SPLIT_KINDS, LayerMemory, StepLayer, distinct_saved_bytes,
-                                parameter_tensors, stage_peak_bytes)
-from cost_models.micro_batches import micro_batch_nodes, micro_batch_sizes
+from cost_models.memory import (
+    WEIGHT_SPLIT_KINDS,
+    LayerMemory,
+    StepLayer,
+    distinct_saved_bytes,
+    parameter_tensors,
+    stage_peak_bytes,
+)
 from cost_models.pipeline_cost import stale_iteration_s, sync_iteration_s
-from cost_models.plan import Plan, Prediction, check_plan_for_graph
 from cost_models.profile import Profile
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["CostMemo", "Estimate", "LayerEstimate", "StageEstimate", "crossing_bytes", "estimate", "restaled",
            "transfer_s"]
@@ -222,7 +229,7 @@ def restaled(graph: LayerGraph, plan: Plan, previous: Estimate, staleness_was: S
 
 
 def _micro_batch_nodes(graph: LayerGraph, micro: int) -> Mapping[str, Mapping[str, Any]]:
-    """The layers on the largest of ``micro`` micro-batches (each is priced as it: ``cost_models.micro_batches``)."""
+    """The layers on the largest of ``micro`` micro-batches (each is priced as it: ``cost_models.ir.micro_batches``)."""
     if micro == 1:
         return graph.nodes
     return micro_batch_nodes(graph, micro_batch_sizes(int(graph.input_shape[0]), micro)[0])

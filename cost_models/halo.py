@@ -29,9 +29,9 @@ Assumptions:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Sequence
 
 from cost_models.errors import InputError
 

@@ -44,21 +44,29 @@ Assumptions (beyond those of the modules used):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Any, Mapping
+from typing import Any
 
-from cost_models.cluster import Cluster
-from cost_models.dense_forms import channels_last_linear
-from cost_models.comm_cost import (GRADIENT_BUCKET_BYTES, allgather_s, allreduce_s, halo_exchange_s, node_shape,
-                                   shaped_allreduce_s)
-from cost_models.errors import PlanError
 from cost_models.borders import axis_pads, gathered_halos, window_reads
+from cost_models.cluster import Cluster
+from cost_models.comm_cost import (
+    GRADIENT_BUCKET_BYTES,
+    allgather_s,
+    allreduce_s,
+    halo_exchange_s,
+    node_shape,
+    shaped_allreduce_s,
+)
+from cost_models.dense_forms import channels_last_linear
+from cost_models.errors import PlanError
 from cost_models.halo import AxisHalo, distinct_axis_halos, halo_messages, volume_halo_messages
+from cost_models.ir.kinds import DENSE_KINDS
 from cost_models.layout import Layout
-from cost_models.local_problem import DENSE_KINDS, LocalProblem, axis_value, layer_problem, local_problem, phases_of
+from cost_models.local_problem import LocalProblem, axis_value, layer_problem, local_problem, phases_of
 from cost_models.profile import Profile
 
 __all__ = ["Compute", "LayerCost", "compute_s", "layer_cost", "least_device_s", "problem_cost"]

@@ -22,11 +22,12 @@ bounds time and memory.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import product
 from operator import attrgetter
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from cost_models.errors import InputError
 
@@ -106,7 +107,7 @@ class Layout:
         return dict(self.items())
 
     @classmethod
-    def from_dict(cls, data: dict[str, int]) -> "Layout":
+    def from_dict(cls, data: dict[str, int]) -> Layout:
         """Inverse of :meth:`to_dict`; missing dimensions default to 1."""
         unknown = set(data) - set(DIMS)
         if unknown:
@@ -114,7 +115,7 @@ class Layout:
         return cls(**{dim: data.get(dim, 1) for dim in DIMS})
 
     @classmethod
-    def parse(cls, text: str) -> "Layout":
+    def parse(cls, text: str) -> Layout:
         """Read the short form (``n4·h2·w2``, ``n4.h2``, ``n1``) back into a Layout; ``t`` (tokens) is ``w``.
 
         Raises:

@@ -28,21 +28,21 @@ Assumptions:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cost_models.borders import axis_pads
-from cost_models.capability import layer_refusal
-from cost_models.flops import Flops, layer_flops
+from cost_models.capability.predicate import layer_refusal
+from cost_models.ir.flops import Flops, layer_flops
+from cost_models.ir.kinds import DENSE_KINDS, VIEW_KINDS
+from cost_models.ir.orders import NCDHW, NCHW, NCW, default_order
 from cost_models.layout import Layout, whole_channels
-from cost_models.orders import NCDHW, NCHW, NCW, default_order
 
-__all__ = ["DENSE_KINDS", "VIEW_KINDS", "LocalProblem", "axis_value", "layer_problem", "local_problem", "phases_of"]
+__all__ = ["LocalProblem", "axis_value", "layer_problem", "local_problem", "phases_of"]
 
-DENSE_KINDS = frozenset({"conv", "conv_transpose", "linear"})
-VIEW_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
-"""Kinds whose output aliases their input: they move no data and cost no time (``cost_models.layer_kinds``)."""
+"""Kinds whose output aliases their input: they move no data and cost no time (``cost_models.ir.classify``)."""
 _NO_PROBLEM = VIEW_KINDS | {"input"}
 _SPATIAL_WINDOW = frozenset({"conv", "maxpool", "avgpool"})
 _CHANNEL_SPLIT = frozenset({"batchnorm", "activation", "add", "mul", "elementwise", "dropout", "maxpool", "avgpool",
@@ -139,7 +139,7 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         every = [_split_shape(s, wider, order) for s, order in zip(shapes, orders)]
         inputs = [inputs[0], every[0], every[0]] if len(inputs) == 1 else [inputs[0], *every[1:]]
     if kind == "attention" and layout.c > 1:
-        attrs["heads_parts"] = layout.c  # its heads (cost_models.flops.attention_flops)
+        attrs["heads_parts"] = layout.c  # its heads (cost_models.ir.flops.attention_flops)
     weight = _local_weight(layer.get("weight_shape") or _called_filters(layer), layout, kind, attrs)
     if kind == "pad" and isinstance(attrs.get("pad"), list) and inputs and len(local_out) == 4:
         attrs["pad"], inputs[0] = _tile_padding(attrs["pad"], inputs[0], local_out, layout)
@@ -161,8 +161,8 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
 
 def layer_problem(layer: Mapping[str, Any], layout: Layout, dtype: str) -> LocalProblem | None:
     """:func:`local_problem` of a traced layer in a graph of ``dtype``: in the layer's own dtype under mixed
-    precision (``cost_models.graph.layer_dtype``)."""
-    from cost_models.graph import dtype_itemsize, layer_dtype
+    precision (``cost_models.ir.graph.layer_dtype``)."""
+    from cost_models.ir.graph import dtype_itemsize, layer_dtype
 
     own = layer_dtype(layer, dtype)  # type: ignore[arg-type]
     return local_problem(layer, layout, dtype_itemsize(own), own)
@@ -175,7 +175,7 @@ def _called_filters(layer: Mapping[str, Any]) -> list[int] | None:
 
 
 def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
-    """Whether the runtime executes the layer under ``layout`` (``cost_models.capability``'s one predicate)."""
+    """Whether the runtime executes the layer under ``layout`` (``cost_models.capability.predicate``'s one predicate)."""
     return layer_refusal(layer, layout) is None
 
 

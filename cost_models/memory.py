@@ -44,14 +44,16 @@ Assumptions:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cost_models.errors import InputError
-from cost_models.graph import dtype_itemsize
+from cost_models.ir.graph import dtype_itemsize
+from cost_models.ir.kinds import DENSE_KINDS
 from cost_models.layout import Layout
-from cost_models.local_problem import DENSE_KINDS, LocalProblem
+from cost_models.local_problem import LocalProblem
 
 __all__ = ["OPTIMIZER_STATE_COPIES", "WEIGHT_SPLIT_KINDS", "LayerMemory", "StepLayer", "distinct_saved_bytes",
            "layer_memory", "parameter_tensors", "stage_peak_bytes"]

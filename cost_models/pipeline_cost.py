@@ -35,8 +35,8 @@ of the same schedules.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import ceil
-from typing import Sequence
 
 from cost_models.errors import InputError
 

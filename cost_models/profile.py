@@ -34,15 +34,16 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from cost_models.cluster import Cluster, Link
 from cost_models.collectives import comm_terms
 from cost_models.corrections import Corrections
 from cost_models.errors import InputError
-from cost_models.jsonio import read_json, write_json_atomic
-from cost_models.schema import check_document
+from cost_models.formats.jsonio import read_json, write_json_atomic
+from cost_models.formats.schema import check_document
 
 __all__ = [
     "PROFILE_FORMAT", "CommFit", "CommSample", "ComputeFit", "ComputeSample", "DeviceSpec", "FitError",
@@ -66,7 +67,7 @@ class FitError:
     n: int
 
     @classmethod
-    def of(cls, predicted: Iterable[float], measured: Iterable[float]) -> "FitError":
+    def of(cls, predicted: Iterable[float], measured: Iterable[float]) -> FitError:
         """Median and 90th percentile of ``|predicted − measured| / measured``."""
         errors = sorted(abs(p - m) / m for p, m in zip(predicted, measured) if m > 0)
         if not errors:
@@ -327,7 +328,7 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, document: Mapping[str, Any], source: str = "profile") -> "Profile":
+    def from_dict(cls, document: Mapping[str, Any], source: str = "profile") -> Profile:
         """Validate a ``parplan.profile/1`` document and build the Profile."""
         check_document(document, PROFILE_FORMAT, "profile-1", source, ProfileError)
         compute, comm, fit = document["compute"], document["comm"], document["fit"]

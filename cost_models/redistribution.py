@@ -23,11 +23,12 @@ Assumptions:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

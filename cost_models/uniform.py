@@ -11,18 +11,19 @@ every rank).
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from cost_models.capability.predicate import layer_refusal
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.capability import layer_refusal
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, recorded_shapes
 from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
-from cost_models.plan import LayerAssignment, Pipeline, Plan, recorded_shapes
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "balanced_starts", "layout_by_rule", "staged", "uniform_plan"]
 
@@ -33,7 +34,7 @@ Rule = Callable[[str, int], Sequence[Layout]]  # (layer name, position in execut
 
 
 def layout_applies(node: Mapping[str, Any], layout: Layout) -> bool:
-    """Whether a layer can take ``layout`` at all: the runtime executes it so (``cost_models.capability``)."""
+    """Whether a layer can take ``layout`` at all: the runtime executes it so (``cost_models.capability.predicate``)."""
     if local_problem(node, layout, 4, "float32") is None:
         return node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)
     return True
@@ -41,7 +42,7 @@ def layout_applies(node: Mapping[str, Any], layout: Layout) -> bool:
 
 def fits_output(node: Mapping[str, Any], layout: Layout) -> bool:
     """Whether a layer with no compute of its own (a view) can take ``layout``: every part of its output holds
-    an element and the runtime executes it so (``cost_models.capability``)."""
+    an element and the runtime executes it so (``cost_models.capability.predicate``)."""
     return layer_refusal(node, layout) is None
 
 

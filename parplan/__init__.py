@@ -23,11 +23,11 @@ __all__ = ["Cluster", "Estimate", "LayerGraph", "Layout", "Plan", "Profile", "Se
            "apply_plan", "cluster", "estimate", "load_plan", "load_profile", "plan", "save_plan", "trace", "whatif"]
 
 _WHERE = {
-    "Cluster": "cost_models.cluster", "Estimate": "cost_models.estimate", "LayerGraph": "cost_models.graph",
-    "Layout": "cost_models.layout", "Plan": "cost_models.plan", "Profile": "cost_models.profile",
-    "SearchSettings": "planner.settings", "apply_pipeline": "runtime.pipeline", "apply_plan": "runtime.apply",
-    "cluster": "parplan.api", "estimate": "parplan.api", "load_plan": "cost_models.plan",
-    "load_profile": "parplan.api", "plan": "parplan.api", "save_plan": "cost_models.plan", "trace": "parplan.api",
+    "Cluster": "cost_models.cluster", "Estimate": "cost_models.estimate", "LayerGraph": "cost_models.ir.graph",
+    "Layout": "cost_models.layout", "Plan": "cost_models.formats.plan", "Profile": "cost_models.profile",
+    "SearchSettings": "planner.settings", "apply_pipeline": "runtime.pipeline.stage", "apply_plan": "runtime.apply",
+    "cluster": "parplan.api", "estimate": "parplan.api", "load_plan": "cost_models.formats.plan",
+    "load_profile": "parplan.api", "plan": "parplan.api", "save_plan": "cost_models.formats.plan", "trace": "parplan.api",
     "whatif": "parplan.api",
 }
 

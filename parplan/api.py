@@ -8,12 +8,13 @@ Thin on purpose: each function names its options as keywords and hands them to t
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from cost_models.cluster import Cluster
 from cost_models.estimate import Estimate
-from cost_models.graph import LayerGraph
-from cost_models.plan import Plan
+from cost_models.formats.plan import Plan
+from cost_models.ir.graph import LayerGraph
 from cost_models.profile import Profile
 
 __all__ = ["WHATIF_FORMAT", "cluster", "estimate", "load_profile", "plan", "trace", "whatif"]
@@ -28,7 +29,7 @@ def trace(model: Any, input_shape: Sequence[int] | Sequence[Sequence[int]], *, d
     ``dtype``: a ``torch.dtype`` or its name (default float32); ``leaf_modules``: modules kept opaque to torch.fx;
     ``amp``: ``bf16`` or ``fp16`` to trace (and so price) the forward under ``torch.autocast``.
     """
-    from cost_models.graph import trace as trace_graph
+    from cost_models.ir.tracing import trace as trace_graph
 
     return trace_graph(model, input_shape, dtype, leaf_modules, amp=amp)
 
@@ -65,11 +66,13 @@ def cluster(profile: str | os.PathLike[str] | Profile, devices: int, *, devices_
 
 
 def plan(graph: LayerGraph, *, profile: str | os.PathLike[str] | Profile, devices: int,
-         devices_per_node: int | None = None, settings: Any = None, model_spec: str = "") -> Any:
+         devices_per_node: int | None = None, settings: Any = None, model_spec: str = "",
+         progress: Any = None) -> Any:
     """The least predicted time plan of ``graph`` on ``devices`` devices: a ``planner.search.PlanResult``.
 
     ``settings``: a ``planner.settings.SearchSettings`` (default: ``parplan plan``'s defaults);
-    ``model_spec``: how to rebuild the model, recorded in the plan (``torchvision:resnet50``).
+    ``model_spec``: how to rebuild the model, recorded in the plan (``torchvision:resnet50``); ``progress``: called
+    with the stage search's progress (``planner.settings.Progress``).
     """
     from planner.search import plan_model
     from planner.settings import SearchSettings
@@ -77,7 +80,7 @@ def plan(graph: LayerGraph, *, profile: str | os.PathLike[str] | Profile, device
     loaded = load_profile(profile, dtype=_rates_dtype(graph))
     where = cluster(profile if not isinstance(profile, Profile) else loaded, devices,
                     devices_per_node=devices_per_node, dtype=_rates_dtype(graph))
-    return plan_model(graph, loaded, where, settings or SearchSettings(), model_spec=model_spec)
+    return plan_model(graph, loaded, where, settings or SearchSettings(), model_spec=model_spec, progress=progress)
 
 
 def estimate(graph: LayerGraph, plan: Plan, *, profile: str | os.PathLike[str] | Profile, optimizer: str = "sgd",
@@ -114,8 +117,8 @@ def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, device
     """
     from dataclasses import asdict, replace
 
-    from cost_models.graph import AMP_DTYPES, parse_input_shapes
-    from cost_models.model_spec import load_model
+    from cost_models.ir.graph import AMP_DTYPES, parse_input_shapes
+    from cost_models.ir.model_spec import load_model
     from planner.settings import SearchSettings
     from planner.whatif import scaled_profile, sweep
 

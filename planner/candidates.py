@@ -6,7 +6,7 @@
   (3%) apart from every plan already chosen — plans closer than the noise of
   a measurement cannot be ranked by measuring them. The pool: the 2K best
   one-stage plans of the exact search (the cost table solved again with every
-  earlier optimum excluded, no-good cuts in ``planner.ilp``, each differing
+  earlier optimum excluded, no-good cuts in ``planner.solvers.ilp``, each differing
   from all earlier ones in at least ``min_difference`` decisions, default a
   tenth of them), every single layout over all devices, and the baselines.
 * **Baselines**: pure sample parallelism, pure spatial parallelism (the best
@@ -19,23 +19,24 @@ measured time with exactly what ``parplan plan`` would have predicted.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.estimate import Estimate
-from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, SolverInfo
 from cost_models.profile import Profile
-from planner.ilp import solve_ilp
+from planner.pipeline.stages import search_pipelines
 from planner.search import Baseline, assigned_plan, one_stage_plan, plan_model, priced
 from planner.settings import SearchSettings
+from planner.solvers.ilp import solve_ilp
 from planner.space import Space, build_space
-from planner.stages import search_pipelines
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["Candidate", "Refusal", "validation_candidates"]
 

@@ -21,22 +21,29 @@ computes many at once:
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cost_models.cluster import Cluster
-from cost_models.comm_cost import (PATTERN_CASES, move_pattern_arrays, nested_mask, patterned_s, redistribution_row_s,
-                                  sendrecv_coefficients)
+from cost_models.comm_cost import (
+    PATTERN_CASES,
+    move_pattern_arrays,
+    nested_mask,
+    patterned_s,
+    redistribution_row_s,
+    sendrecv_coefficients,
+)
 from cost_models.dense_forms import channels_last_linear, column_form_s, form_s, row_form, row_form_s
 from cost_models.edges import edge_frame, projected, reader_layout
-from cost_models.graph import dtype_itemsize
+from cost_models.ir.graph import dtype_itemsize
+from cost_models.ir.kinds import DENSE_KINDS
 from cost_models.layout import Layout, as_volume
-from cost_models.local_problem import DENSE_KINDS
 from cost_models.profile import Profile
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["EdgeCosts", "PatternTable", "has_volumes"]
 

@@ -10,8 +10,8 @@ the next collection after the search.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 __all__ = ["collector_paused"]
 

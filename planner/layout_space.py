@@ -10,8 +10,9 @@ slabs, pencils or cubes (volumes).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cost_models.layout import Layout, layouts_dividing
 

@@ -38,19 +38,20 @@ correction never saw.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.optimize import lsq_linear
 
 from cost_models.corrections import POOLED, Corrections, layer_key, split_class
 from cost_models.estimate import estimate
-from cost_models.plan import Plan
+from cost_models.formats.plan import Plan
 from cost_models.profile import Profile
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["Observation", "fit_corrections", "held_out_predictions", "local_s", "observation"]
 

@@ -1,11 +1,11 @@
 """Planning: the optimal per-layer layouts on D devices as one stage, pipelines around it, and the baselines.
 
 ``plan_model`` builds the one-stage search space (``planner.space``) and
-solves it exactly (``planner.exact``) — once with each weight-gradient
+solves it exactly (``planner.solvers.exact``) — once with each weight-gradient
 allreduce counted in full and once with it fully hidden behind backward (the
 two bounds of the overlap the additive objective cannot express). Both optima
 are priced with the full cost model (``cost_models.estimate``). With
-``max_stages > 1`` the pipeline search (``planner.stages``) adds its plans.
+``max_stages > 1`` the pipeline search (``planner.pipeline.stages``) adds its plans.
 The fastest plan that fits in memory is returned (of equally fast ones, the one
 with the fewest stages, then the least memory: the same whatever order the
 search found them in), beside two baselines
@@ -26,26 +26,27 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
 from cost_models.estimate import CostMemo, Estimate, estimate
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, SolverInfo, recorded_shapes
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment, Pipeline, Plan, SolverInfo, recorded_shapes
 from cost_models.profile import Profile
 from cost_models.uniform import layout_by_rule
-from planner.exact import solve_exact
-from planner.explain import RunnerUp, runner_ups
+from planner.ahead import rows_ahead
 from planner.gc_pause import collector_paused
+from planner.pipeline.stages import search_pipelines
 from planner.settings import Progress, SearchSettings
-from planner.rows_ahead import rows_ahead
+from planner.solvers.exact import solve_exact
+from planner.solvers.explain import RunnerUp, runner_ups
 from planner.space import Arrivals, LayerCosts, Space, build_space
-from planner.stages import search_pipelines
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["Baseline", "Considered", "PlanResult", "assigned_plan", "one_stage_plan", "plan_model", "priced",
            "sample_cluster"]

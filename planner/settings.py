@@ -5,8 +5,8 @@ Change one with ``dataclasses.replace(settings, max_stages=8)``; every field is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from cost_models.errors import InputError
 

@@ -36,7 +36,7 @@ additive objective cannot say, so there are two tables that bracket it:
 ``table`` counts each allreduce in full, ``hidden_allreduce`` not at all.
 
 Before any edge matrix is built, options that no optimal plan of either
-table can use are pruned (``planner.prune``) with an upper bound from the
+table can use are pruned (``planner.solvers.prune``) with an upper bound from the
 best plan among a restricted set: the uniform layouts and, per decision, the
 few cheapest options, solved exactly.
 """
@@ -44,31 +44,32 @@ few cheapest options, solved exactly.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
 
-from cost_models.capability import layer_refusal
+from cost_models.capability.predicate import layer_refusal
 from cost_models.cluster import Cluster
 from cost_models.edges import edge_free, edge_layouts
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo
-from cost_models.graph import dtype_itemsize
+from cost_models.ir.graph import dtype_itemsize
 from cost_models.layout import Layout
 from cost_models.profile import Profile
 from cost_models.redistribution import holdable
 from cost_models.uniform import NO_COMPUTE_KINDS, fits_output
-from planner.cost_table import CostTable
 from planner.edge_costs import EdgeCosts, PatternTable
-from planner.exact import solve_exact
 from planner.layout_space import layout_tiers
-from planner.prune import surviving_options
+from planner.solvers.cost_table import CostTable
+from planner.solvers.exact import solve_exact
+from planner.solvers.prune import surviving_options
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["FOLLOWER_KINDS", "Arrivals", "LayerCosts", "Space", "build_space", "decision_groups"]
 
@@ -169,7 +170,7 @@ def build_space(graph: LayerGraph, profile: Profile, cluster: Cluster, devices: 
     Args:
         decisions: Only these decisions (a pipeline stage's); all by default.
         costs: A cost cache to share between stages of the same devices and batch.
-        prune: Drop the options no optimal plan can use (``planner.prune``); off only to check that rule.
+        prune: Drop the options no optimal plan can use (``planner.solvers.prune``); off only to check that rule.
         memo: Layer costs to share with the estimates of the same search (without ``costs``).
 
     Raises:
@@ -238,7 +239,7 @@ class LayerCosts:
         self.edges = EdgeCosts(graph, profile, cluster, devices, self.itemsize, patterns)
         self.signature = {name: self.memo.signature(data) for name, data in graph.nodes(data=True)}
 
-    def variant(self, saved_copies: int, recompute: bool) -> "LayerCosts":
+    def variant(self, saved_copies: int, recompute: bool) -> LayerCosts:
         """These layers' costs holding ``saved_copies`` micro-batches' activations, or recomputing them."""
         other = copy.copy(self)
         other.saved_copies, other.recompute = (1 if recompute else saved_copies), recompute
@@ -262,14 +263,14 @@ class LayerCosts:
             self.layer_seen[key] = None if raw is None else self._priced(raw)
         return self.layer_seen[key]
 
-    def _priced(self, raw: "_Raw") -> tuple[float, float, int]:
+    def _priced(self, raw: _Raw) -> tuple[float, float, int]:
         total_s, allreduce_s, forward_s, resident_bytes, saved_bytes = raw
         again_s = forward_s if self.recompute else 0.0
         return (total_s + again_s, total_s - allreduce_s + again_s, resident_bytes + (self.saved_copies - 1) * saved_bytes)
 
     def _reads(self, name: str, layout: Layout) -> bool:
         """Whether ``name`` under ``layout`` can read each input as it wants it — no rank's part empty — and, on
-        the smallest of uneven micro-batches, still splits (``cost_models.capability``)."""
+        the smallest of uneven micro-batches, still splits (``cost_models.capability.predicate``)."""
         if self.smallest is not None and layer_refusal(self.smallest.nodes[name], layout) is not None:
             return False
         target = self.graph.nodes[name]
@@ -279,7 +280,7 @@ class LayerCosts:
                 return False
         return True
 
-    def _raw(self, signature: str, node: Mapping[str, Any], layout: Layout) -> "_Raw | None":
+    def _raw(self, signature: str, node: Mapping[str, Any], layout: Layout) -> _Raw | None:
         problem = self.memo.problem(signature, node, layout)
         if problem is None and not (node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)):
             return None
@@ -290,7 +291,7 @@ class LayerCosts:
         memory = self.memo.memory(signature, node, layout, self.optimizer)
         return cost.total_s, cost.allreduce_s, cost.forward_s, memory.resident_bytes, memory.saved
 
-    def rows(self, members: tuple[str, ...]) -> list["_Row"]:
+    def rows(self, members: tuple[str, ...]) -> list[_Row]:
         """The options of the decision placing ``members``: layout, seconds, seconds with hidden allreduce, bytes."""
         if members not in self.rows_seen:
             found = None if self.arrivals is None else self.arrivals(self, members)
@@ -315,7 +316,7 @@ class LayerCosts:
 _Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the allreduce hidden, bytes
 Arrivals = Callable[[LayerCosts, tuple[str, ...]], "list[_Row] | None"]
 """``arrivals(costs, members)``: the rows of that decision under those costs computed elsewhere — :meth:`LayerCosts.rows`
-of equal costs in another process (``planner.rows_ahead``) — or ``None``: then they are made here."""
+of equal costs in another process (``planner.ahead``) — or ``None``: then they are made here."""
 _Raw = tuple[float, float, float, int, int]  # seconds, allreduce, forward seconds, resident and saved bytes
 _Uniform = tuple[float, float, dict[str, Layout]]  # seconds, seconds with the allreduce hidden, layout per decision
 

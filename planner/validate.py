@@ -14,7 +14,7 @@ The same figures over the plans a profile's calibration did not run
 
 And what the runs' machine does to every prediction: ranks that together
 use every core of their host share them, with their communication too
-(:func:`shared_cores`).
+(``processes.cores.shared_cores``).
 
 Pure functions on numbers; no torch.
 """
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from scipy.stats import kendalltau
 
-__all__ = ["Accuracy", "accuracy", "percentile", "relative_errors", "shared_cores", "unseen_accuracy"]
+__all__ = ["Accuracy", "accuracy", "percentile", "relative_errors", "unseen_accuracy"]
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,3 @@ def unseen_accuracy(seen: Sequence[bool], predicted: Sequence[float], measured: 
         return None
     first = min(range(len(others)), key=lambda k: predicted[others[k]])
     return accuracy([predicted[i] for i in others], [measured[i] for i in others], first)
-
-
-def shared_cores(ranks_per_host: int, threads_per_rank: int, cores: int) -> float | None:
-    """How many of the host's ranks can compute at once (``cores / threads``), or ``None`` when cores are left.
-
-    ``cost_models.estimate`` then bounds the iteration by the work all ranks need over that number. A host whose
-    ranks fill every core (``ranks · threads ≥ cores``) shares them: communication (gloo's copies and sums, the
-    network stack) runs on the same cores as the compute it was meant to overlap.
-    """
-    if cores < 1 or threads_per_rank < 1 or ranks_per_host < 1:
-        raise ValueError(f"ranks {ranks_per_host}, threads {threads_per_rank} and cores {cores} must be positive")
-    return cores / threads_per_rank if ranks_per_host * threads_per_rank >= cores else None

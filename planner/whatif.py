@@ -11,13 +11,13 @@ optionally scaled (:func:`scaled_profile`). Sizes run in parallel processes.
   global batch is ``D`` times it (the model is traced again per size).
 
 Under strong scaling a size may leave devices idle: its own search's pipelines
-may use half, a quarter … of them (``planner.stage_sizes.budgets``), and where
+may use half, a quarter … of them (``planner.pipeline.sizes.budgets``), and where
 a smaller size of the sweep still has a faster plan (a one-stage plan, which
 the search does not shrink), that plan is the row's, on ``devices_used`` of
 the ``D`` devices (the rest idle: ``parplan plan --devices`` that count makes
 it), so a sweep never gets slower with more devices (:func:`with_idle`).
 Splitting a small batch ever finer costs more halo, redistribution and
-allreduce than it saves in compute; copies (``cost_models.plan``) cannot
+allreduce than it saves in compute; copies (``cost_models.formats.plan``) cannot
 avoid that, idle devices can.
 
 Each :class:`WhatIfRow` holds the best plan's predicted iteration time,
@@ -42,9 +42,10 @@ shrink it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
@@ -52,7 +53,7 @@ from cost_models.profile import Profile
 from planner.settings import Progress, SearchSettings
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_idle", "with_speedups"]
 

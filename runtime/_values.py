@@ -3,8 +3,9 @@ placement cuts boxes of (a 4-D or ordered value's own; any other value flattened
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn

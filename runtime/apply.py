@@ -43,43 +43,65 @@ model returning a dict, tuple or list: summed over its floating outputs).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.fx import Node
 
-from cost_models.errors import PlanError
 from cost_models.dense_forms import reads_in_row_form
-from cost_models.graph import trace
+from cost_models.errors import PlanError
+from cost_models.formats.plan import Plan
+from cost_models.ir.tracing import symbolic_trace, trace
 from cost_models.layout import Layout
-from cost_models.plan import Plan
-from cost_models.tracing import symbolic_trace
-from runtime._data import DataHelpers
+from runtime._values import (
+    Held,
+    Value,
+    call_node,
+    from4d,
+    geometry,
+    in_geometry,
+    last_reads,
+    local_shape,
+    plain,
+    plain_args,
+    reshape_and_cut,
+    reshapes_whole,
+    resolve,
+    same_boxes,
+)
 from runtime.boxes import nd_box
 from runtime.direct import runs_directly
-from runtime._values import (Held, Value, call_node, from4d, geometry, in_geometry, last_reads, local_shape, plain,
-                             plain_args, reshape_and_cut, reshapes_whole, resolve, same_boxes)
-from runtime.failures import at, place
 from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks, this_rank, world_size
 from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
 from runtime.layers import HANDLERS, Site, functional_form, input_placement
 from runtime.outputs import is_container, output_loss
+from runtime.pipeline.nodes import nodes_of_stage, parameters_of
 from runtime.placement import Placement, box_extent, broadcast_part
+from runtime.preflight import check_plan, held_plan, refuse_shapes, refuse_sites
 from runtime.random_ops import DrawKey, keyed_call, random_ops, switched_off
 from runtime.redistribute import redistribute
-from runtime.shapes import (ELEMENTWISE_KINDS, constant_nodes, local_call, module_attribute, static_nodes,
-                            static_values, tensor_names, view_form)
-from runtime.preflight import check_plan, held_plan, refuse_shapes, refuse_sites
+from runtime.shapes import (
+    ELEMENTWISE_KINDS,
+    constant_nodes,
+    local_call,
+    module_attribute,
+    static_nodes,
+    static_values,
+    tensor_names,
+    view_form,
+)
 from runtime.slicing import slice_parameters
-from runtime.stage_nodes import nodes_of_stage, parameters_of
+from runtime.training_io import DataHelpers
+from runtime.waiting import at, place
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["DistributedModel", "apply_plan", "is_container", "local_shape", "output_loss"]
 
@@ -91,7 +113,7 @@ _METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous
 
 def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None, sync_batchnorm: bool = False,
                leaf_modules: Sequence[str] = (), graph: LayerGraph | None = None, timeout: timedelta | None = None, *,
-               random_seed: int = 0, output: str | None = None) -> "DistributedModel":
+               random_seed: int = 0, output: str | None = None) -> DistributedModel:
     """Prepare ``model`` to train under ``plan`` on ``ranks`` (default: every rank of the default group).
 
     Collective: every rank of the default process group must call it (it creates process groups).
@@ -121,7 +143,7 @@ def apply_plan(model: nn.Module, plan: Plan, ranks: Sequence[int] | None = None,
     world = tuple(ranks) if ranks is not None else tuple(range(world_size()))
     check_plan(plan, graph, len(world))
     if plan.pipeline.pipelined:
-        raise PlanError(f"the plan has {plan.pipeline}; run it with runtime.pipeline.apply_pipeline (parplan run "
+        raise PlanError(f"the plan has {plan.pipeline}; run it with runtime.pipeline.stage.apply_pipeline (parplan run "
                         f"does), or make one with --max-stages 1 (and no recomputation)")
     split = DistributedModel(model, plan, graph, world, sync_batchnorm, tuple(leaf_modules), timeout=timeout,
                              random_seed=random_seed)
@@ -135,7 +157,7 @@ class DistributedModel(DataHelpers, nn.Module):
     def __init__(self, model: nn.Module, plan: Plan, graph: LayerGraph, ranks: tuple[int, ...], sync_batchnorm: bool,
                  leaf_modules: tuple[str, ...], stage_nodes: Collection[str] | None = None,
                  groups: GroupCache | None = None, timeout: timedelta | None = None, *, random_seed: int = 0) -> None:
-        """Without ``stage_nodes``, the whole model; with them, one pipeline stage (``runtime.pipeline``).
+        """Without ``stage_nodes``, the whole model; with them, one pipeline stage (``runtime.pipeline.stage``).
 
         ``groups``, when given, already holds every process group this model needs (a pipeline builds
         the groups of all its stages on every rank); otherwise they are built here, collectively, each
@@ -207,7 +229,7 @@ class DistributedModel(DataHelpers, nn.Module):
         """Shape reads and the values computed from them alone, as the unsplit program has them (``runtime.shapes``)."""
         return held
 
-    def reshaped(self, graph: LayerGraph) -> "DistributedModel":
+    def reshaped(self, graph: LayerGraph) -> DistributedModel:
         """This pipeline stage on inputs of other shapes (``graph``: the model traced at them — a pipeline's
         smaller micro-batch): its own layer geometry, and the same parameters (sliced once), gradient sums,
         process groups and random ops.
@@ -449,7 +471,7 @@ class DistributedModel(DataHelpers, nn.Module):
     def _fetch(self, value: Any, placement: Placement) -> Any:
         if not isinstance(value, Value):
             return value
-        if placement.order != value.placement.order:  # a value is read in its own order (cost_models.orders)
+        if placement.order != value.placement.order:  # a value is read in its own order (cost_models.ir.orders)
             placement = Placement(placement.layout, placement.whole, value.placement.order)
         cut = geometry(value.shape, value.placement)
         if same_boxes(cut, value.placement, placement, len(self.ranks)):

@@ -16,9 +16,10 @@ a reflection next to itself — gets both).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,8 +27,8 @@ import torch.nn.functional as F
 
 from cost_models.borders import owner_of, source_row, window_reads
 from cost_models.halo import partition
-from runtime.failures import exchange, in_backward, place
 from runtime.spatial import CONV, TileGrid, by_rank, ntuple
+from runtime.waiting import exchange, in_backward, place
 
 __all__ = ["AxisGather", "axis_gather", "gather_axis", "padded_conv2d", "padded_pad2d"]
 

@@ -4,7 +4,7 @@ inputs cut."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from runtime.placement import Placement
 

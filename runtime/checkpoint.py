@@ -24,7 +24,7 @@ state by parameter name, the CPU (and CUDA) RNG state, the step, the losses
 and step times measured so far, and the plan's digest and fingerprint. A
 stale pipeline's shard also holds its batches in flight (``in_flight``:
 stashed inputs and RNG states, activations received ahead;
-``runtime.pipeline_train``), so its run continues without a drain.
+``runtime.pipeline.worker``), so its run continues without a drain.
 
 Resuming (:func:`restore`) under the same plan on the same number of ranks
 loads each rank's own shard, so training continues bit for bit; a
@@ -44,14 +44,15 @@ import hashlib
 import io
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from cost_models.errors import InputError
-from cost_models.jsonio import read_json, write_bytes_atomic, write_json_atomic
+from cost_models.formats.jsonio import read_json, write_bytes_atomic, write_json_atomic
 
 __all__ = ["FORMAT", "CheckpointWriteError", "Progress", "State", "check_compatible", "check_sizes", "complete",
            "gather", "latest", "plan_digest", "restore", "run_flags", "same_run", "save", "usable", "write_full"]
@@ -119,7 +120,7 @@ def latest(directory: str | Path) -> dict[str, Any] | None:
 def read_manifest(folder: Path) -> dict[str, Any]:
     """``folder/manifest.json``, checked against ``parplan.checkpoint/4`` (or ``/3``, ``/2``, ``/1``), with ``folder``
     added."""
-    from cost_models.schema import check_versioned
+    from cost_models.formats.schema import check_versioned
 
     path = folder / "manifest.json"
     document = read_json(path, "checkpoint manifest")
@@ -169,14 +170,14 @@ def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[
     """Write the checkpoint after ``progress.step`` updates; collective (every rank calls it). Returns its folder.
 
     ``meta``: ``plan`` (the plan document), ``seed``, ``warmup`` and ``run`` (the flags of :func:`run_flags`) —
-    recorded for :func:`check_compatible`. ``in_flight``: this rank's batches in flight (``runtime.pipeline_train``).
+    recorded for :func:`check_compatible`. ``in_flight``: this rank's batches in flight (``runtime.pipeline.worker``).
 
     Raises:
         CheckpointWriteError: Some rank could not write its shard (every rank raises it, naming that rank).
     """
     import torch.distributed as dist
 
-    from runtime.failures import exchange
+    from runtime.waiting import exchange
 
     folder = step_folder(directory, progress.step)
     rank = dist.get_rank()
@@ -197,7 +198,7 @@ def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[
 
 def _write_shard(folder: Path, name: str, shard: Mapping[str, Any], step: int, rank: int) -> dict[str, Any]:
     """Write one shard atomically; its manifest entry, or ``{"rank", "error"}`` when it could not be written."""
-    from runtime.faults import disk_full
+    from runtime.fault_injection import disk_full
 
     try:
         folder.mkdir(parents=True, exist_ok=True)

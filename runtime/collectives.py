@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.failures import exchange, in_backward, place
+from runtime.waiting import exchange, in_backward, place
 
 __all__ = ["all_reduce_sum"]
 

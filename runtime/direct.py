@@ -16,7 +16,8 @@ summed by ``runtime.gradsync`` as for any plan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from torch.fx import Node
 
@@ -25,7 +26,7 @@ from runtime.placement import Placement
 from runtime.shapes import local_reads_agree
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["runs_directly"]
 

@@ -28,9 +28,10 @@ Inside :meth:`GradientSync.no_sync` (gradient accumulation) nothing is sent;
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,8 +39,8 @@ from torch import nn
 from torch.autograd import Variable
 
 from cost_models.comm_cost import GRADIENT_BUCKET_BYTES
-from runtime.failures import exchange, in_backward
 from runtime.groups import GroupCache
+from runtime.waiting import exchange, in_backward
 
 __all__ = ["FIRST_BUCKET_BYTES", "GradientSync"]
 
@@ -60,7 +61,7 @@ class _Bucket:
     work: Any = None
 
     @classmethod
-    def of(cls, ranks: tuple[int, ...], params: list[nn.Parameter]) -> "_Bucket":
+    def of(cls, ranks: tuple[int, ...], params: list[nn.Parameter]) -> _Bucket:
         buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         views, start = [], 0
         for param in params:
@@ -129,7 +130,7 @@ class GradientSync:
         self.cache = cache
         self.enabled = True
         self.where: tuple[str, ...] = ()
-        """The place of the forward pass these gradients come from (``runtime.failures``), for messages."""
+        """The place of the forward pass these gradients come from (``runtime.waiting``), for messages."""
         self._groups = [_Group(ranks, trainable) for ranks, params in sorted(groups.items())
                         if len(ranks) > 1 and me in ranks
                         and (trainable := [p for p in params if p.requires_grad])]

@@ -24,14 +24,15 @@ of them at once from the sorted set of blocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch.distributed as dist
 
 from cost_models.layout import Layout
 from cost_models.redistribution import coordinates
-from runtime.failures import exchange
+from runtime.waiting import exchange
 
 __all__ = ["GroupCache", "block_of", "blocks", "gradient_group_ranks", "group_ranks", "this_rank",
            "world_size"]

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from cost_models.halo import partition, window_output_extent
-from runtime.failures import exchange, in_backward, place, wait_all
+from runtime.waiting import exchange, in_backward, place, wait_all
 
 __all__ = ["AxisWindow", "PendingHalo", "axis_window", "exchange_halo", "finish_halo", "start_halo", "window_of_reads"]
 

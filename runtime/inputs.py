@@ -2,7 +2,7 @@
 
 A model may take several tensors (``forward(x, cond)``): the first ``k``
 placeholders of the traced program are its inputs, in the forward's argument
-order, one per shape of ``LayerGraph.input_shapes`` (``cost_models.tracing``).
+order, one per shape of ``LayerGraph.input_shapes`` (``cost_models.ir.tracing``).
 Each is loaded in the placement its first layer reads — over the whole
 program, so that every pipeline stage agrees where an input read late is held
 (loading it there is free; the planner prices it so). An input no layer reads,
@@ -14,20 +14,21 @@ as the runtime always did.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Union
 
 import torch
 from torch.fx import Node
 
+from cost_models.ir.orders import NCDHW, NCW
 from cost_models.layout import Layout
-from cost_models.orders import NCDHW, NCW
-from runtime.layers import read_placement
 from runtime.boxes import nd_box
+from runtime.layers import read_placement
 from runtime.placement import Placement
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["Inputs", "as_inputs", "input_boxes", "input_names", "input_placements", "placeholder_inputs",
            "placeholder_placements"]
@@ -59,7 +60,7 @@ def input_placements(nodes: Sequence[Node], layouts: Mapping[str, Layout], graph
     found = {}
     for name, shape in zip(input_names(nodes, len(shapes)), shapes):
         placement = _first_reader_placement(nodes, name, layouts, graph)
-        if len(shape) == 5:  # a volume is held in its own order (cost_models.orders), as the layers make them
+        if len(shape) == 5:  # a volume is held in its own order (cost_models.ir.orders), as the layers make them
             placement = replace(placement, order=NCDHW)
         elif len(shape) == 3 and _read_as_sequence(nodes, name, layouts, graph):
             placement = replace(placement, order=NCW)
@@ -99,6 +100,6 @@ def _first_reader_placement(nodes: Sequence[Node], name: str, layouts: Mapping[s
 
 
 def _read_as_sequence(nodes: Sequence[Node], name: str, layouts: Mapping[str, Layout], graph: LayerGraph) -> bool:
-    """Whether a 3-D input's first reader computes on it as a sequence ``(N, C, L)`` (``cost_models.orders``)."""
+    """Whether a 3-D input's first reader computes on it as a sequence ``(N, C, L)`` (``cost_models.ir.orders``)."""
     reader = _first_reader(nodes, name, layouts)
     return reader is not None and NCW in (graph.nodes[reader.name].get("attrs", {}).get("input_orders") or [])

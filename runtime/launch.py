@@ -1,5 +1,5 @@
 """Starting the ranks of ``parplan run``: torchrun's machinery on this host (for one node of several, too), or
-acting as one rank of a job torchrun, ``mpirun`` or ``srun`` started (``cost_models.job`` tells which).
+acting as one rank of a job torchrun, ``mpirun`` or ``srun`` started (``processes.job`` tells which).
 
 * Started by hand: the command checks its inputs (model, plan, ranks,
   backend — bad input exits 2 before any rank starts), then starts
@@ -17,7 +17,7 @@ acting as one rank of a job torchrun, ``mpirun`` or ``srun`` started (``cost_mod
 * Started by torchrun (``torchrun … --no-python parplan run …``, any
   ``--nnodes``) or by ``srun`` without MPI: every process is one rank; it
   joins the job's store (torchrun's agent's, or one rank 0 of a Slurm step
-  opens at ``cost_models.job.slurm_rendezvous``) and runs the worker. A
+  opens at ``processes.job.slurm_rendezvous``) and runs the worker. A
   failing rank says why and exits 1: the launcher stops the others (and
   torchrun's ``--max-restarts`` starts the group again, resumed from the
   checkpoint by ``runtime.recovery`` as under our own agent).
@@ -32,10 +32,10 @@ acting as one rank of a job torchrun, ``mpirun`` or ``srun`` started (``cost_mod
 Every process group waits at most ``RunOptions.timeout_s`` for a peer
 (``init_process_group(timeout=…)``; ``runtime.groups`` passes it to each
 subgroup), so a dead or hung rank makes the others fail within it, naming
-where they waited (``runtime.failures``). With backend nccl the ranks get
+where they waited (``runtime.waiting``). With backend nccl the ranks get
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` unless it is set, so that NCCL's
 watchdog hands its timeout to the rank instead of aborting the process
-(``runtime.failures`` tells why).
+(``runtime.waiting`` tells why).
 """
 
 from __future__ import annotations
@@ -55,11 +55,17 @@ from typing import Any
 import torch.distributed as dist
 
 from cost_models.errors import InputError
-from cost_models.job import ATTEMPT_VARIABLE, launcher_of, place_in_job, slurm_rendezvous
-from cost_models.rank_failures import (RankFailedError, failure_line, failure_message, nccl_errors_raised,
-                                       raise_nccl_errors)
-from runtime.failures import RankFailure
-from runtime.train import RunOptions, worker
+from processes.job import ATTEMPT_VARIABLE, launcher_of, place_in_job, slurm_rendezvous
+from processes.rank_failures import (
+    RankFailedError,
+    failure_line,
+    failure_message,
+    nccl_errors_raised,
+    raise_nccl_errors,
+)
+from runtime.options import RunOptions
+from runtime.train import worker
+from runtime.waiting import RankFailure
 
 __all__ = ["Nodes", "RankFailedError", "abort_mpi_job", "launch", "launch_many"]
 
@@ -276,7 +282,7 @@ def _join_group(backend: str, timeout: Any) -> None:
     rank starts once per rendezvous round), so the ranks of one round agree on its number — which
     torchrun's ``TORCHELASTIC_RESTART_COUNT`` does not give across nodes (a healthy node's agent
     restarts its ranks without counting) — and it becomes the keys' prefix and the job's attempt
-    (:data:`cost_models.job.ATTEMPT_VARIABLE`, read by recovery and the fault schedule).
+    (:data:`processes.job.ATTEMPT_VARIABLE`, read by recovery and the fault schedule).
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -316,7 +322,7 @@ def abort_mpi_job(code: int) -> None:
 
 
 def _failure_line(err: Any, max_restarts: int) -> str:
-    """One line for torchrun's ``ChildFailedError``: :func:`cost_models.rank_failures.failure_line` of its ranks."""
+    """One line for torchrun's ``ChildFailedError``: :func:`processes.rank_failures.failure_line` of its ranks."""
     return failure_line(err.failures, max_restarts)
 
 

@@ -20,20 +20,21 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from cost_models.jsonio import read_json, write_json_atomic
-from cost_models.timeline import LAYER_EVENT, TRACE_FORMAT
-from runtime.failures import all_reduce
+from cost_models.formats.jsonio import read_json, write_json_atomic
+from cost_models.formats.timeline import LAYER_EVENT, TRACE_FORMAT
+from runtime.waiting import all_reduce
 
 __all__ = ["LAYER_RANGE", "layer_seconds", "profiled_layer_times", "profiled_trace"]
 
-LAYER_RANGE = LAYER_EVENT  # the predicted timeline's layer events are named alike (``cost_models.timeline``)
+LAYER_RANGE = LAYER_EVENT  # the predicted timeline's layer events are named alike (``cost_models.formats.timeline``)
 _BACKWARD = "autograd::engine::evaluate_function: "
 
 

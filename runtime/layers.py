@@ -26,7 +26,7 @@ and :data:`HANDLERS` computes the layer's output box:
 * every other supported kind runs the user's own module or function on the
   local boxes, which is exact for element-wise layers and
   for layers that do not mix the split dimensions (checked by :func:`refusal`:
-  ``cost_models.capability``'s predicate);
+  ``cost_models.capability.predicate``'s predicate);
   a handler returns ``None`` to ask for that.
 """
 
@@ -34,23 +34,24 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cost_models.borders import axis_pads
-from cost_models.capability import layer_refusal
+from cost_models.capability.predicate import layer_refusal
 from cost_models.halo import partition
 from cost_models.layout import Layout, axes_of
 from runtime import borders, norm, resample, spatial
 from runtime.attention import heads_attention
 from runtime.collectives import all_reduce_sum
-from runtime.windows import window_attention
 from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
+from runtime.windows import window_attention
 
 __all__ = ["HANDLERS", "Site", "functional_batch_norm", "functional_conv", "functional_form", "functional_group_norm",
            "input_placement", "read_placement", "refusal"]
@@ -97,7 +98,7 @@ class Site:
 
     @property
     def placement(self) -> Placement:
-        """Where the layer puts its output: its layout's grid, in the order of the value (``cost_models.orders``)."""
+        """Where the layer puts its output: its layout's grid, in the order of the value (``cost_models.ir.orders``)."""
         return value_placement(self.layout, self.layer)
 
     @property
@@ -120,7 +121,7 @@ def read_placement(kind: str, layout: Layout) -> Placement:
 def refusal(site: Site) -> str | None:
     """Why this runtime cannot run the layer under its layout (``None`` when it can).
 
-    The rules are ``cost_models.capability``'s, which the planner's candidates obey too.
+    The rules are ``cost_models.capability.predicate``'s, which the planner's candidates obey too.
     """
     return layer_refusal(site.layer, site.layout, sync_batchnorm=site.sync_batchnorm)
 
@@ -241,7 +242,7 @@ def _norm(site: Site, fetch: Fetch) -> torch.Tensor | None:
     x = fetch(0, input_placement(site))
     module = site.module
     if module is None or isinstance(module, nn.LayerNorm):
-        return None  # a LayerNorm of positions held whole (cost_models.capability); F.group_norm: apply's call
+        return None  # a LayerNorm of positions held whole (cost_models.capability.predicate); F.group_norm: apply's call
     groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(site.layer["input_shapes"][0][1])
     return _tiled_group_norm(site, x, groups, module.weight, module.bias, module.eps)
 

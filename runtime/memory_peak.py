@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import gc
 import warnings
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
-from cost_models.quiet import native_stderr_silenced
+from processes.quiet import native_stderr_silenced
 
 __all__ = ["held_tensors", "live_storage_bytes", "peak_tensor_bytes", "storage_bytes"]
 

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime.failures import exchange, in_backward, place
+from runtime.waiting import exchange, in_backward, place
 
 __all__ = ["batch_norm", "group_norm"]
 

@@ -19,7 +19,8 @@ output comes from is found by walking both together (:func:`paired`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,10 +43,10 @@ def is_container(node: Node) -> bool:
 class Everywhere:
     """Stands for any value in :func:`paired` (each item of it is itself)."""
 
-    def __getitem__(self, _key: Any) -> "Everywhere":
+    def __getitem__(self, _key: Any) -> Everywhere:
         return self
 
-    def __iter__(self) -> Iterator["Everywhere"]:
+    def __iter__(self) -> Iterator[Everywhere]:
         while True:
             yield self
 
@@ -101,7 +102,7 @@ def check_output_key(model: nn.Module, key: str | None, leaf_modules: Any = ()) 
     """Refuse (``PlanError``, the parts named) a ``key`` naming no part of what ``model`` returns; ``None`` passes."""
     if key is None:
         return
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace
 
     output = next(node for node in symbolic_trace(model, tuple(leaf_modules)).graph.nodes if node.op == "output")
     select_nodes(output.args[0], key)

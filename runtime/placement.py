@@ -15,7 +15,7 @@ in full along a split dimension:
   group (``Placement(L, "hw")``).
 
 A 4-D value whose dimensions hold the axes in another order (``order``:
-``nhwc`` for channels-last blocks, ``cost_models.orders``) is split by axis
+``nhwc`` for channels-last blocks, ``cost_models.ir.orders``) is split by axis
 wherever its order puts it. A dimension of extent 1 is held whole whatever the layout says (broadcast
 operands such as ``(N, C, 1, 1)`` scales, and pooled ``1×1`` maps).
 
@@ -30,13 +30,14 @@ a box of the output, aligning dimensions from the right as PyTorch does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
+from cost_models.ir.orders import default_order
 from cost_models.layout import DIMS, Layout
-from cost_models.orders import default_order
 from cost_models.redistribution import Box, coordinates, part_range
 
 __all__ = ["Placement", "as_placement", "box_extent", "box_view", "broadcast_part", "intersect", "value_placement"]

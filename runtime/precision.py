@@ -61,7 +61,7 @@ class Precision:
     scaler: Any = None
 
     @classmethod
-    def of(cls, amp: str, device: torch.device) -> "Precision":
+    def of(cls, amp: str, device: torch.device) -> Precision:
         return cls(amp, device, grad_scaler(amp, device))
 
     def forward(self) -> AbstractContextManager[Any]:

@@ -2,7 +2,7 @@
 
 :func:`check_plan` refuses a plan made for another model, input or device
 count; :func:`check_runnable` every layer the runtime cannot execute under
-its layout (``cost_models.capability``'s rules, the planner's too, on the
+its layout (``cost_models.capability.predicate``'s rules, the planner's too, on the
 plan as the runtime holds it: :func:`held_plan`), the shape reads a rank's
 box cannot make right (``runtime.shapes``), and pipeline stages that are not
 contiguous in the traced program or that a value cannot cross (a tuple of
@@ -12,24 +12,32 @@ every rank, for the layers of its stage.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.fx import Node
 
-from cost_models.capability import plan_refusals
+from cost_models.capability.predicate import plan_refusals
 from cost_models.errors import PlanError
+from cost_models.formats.plan import Plan, check_plan_for_graph
+from cost_models.ir.tracing import symbolic_trace
 from cost_models.layout import Layout
-from cost_models.plan import Plan, check_plan_for_graph
-from cost_models.tracing import symbolic_trace
 from runtime.layers import refusal
 from runtime.random_ops import CREATIONS, random_ops
-from runtime.shapes import constant_nodes, module_attribute, shape_made_nodes, shape_refusals, static_nodes, tensor_names
+from runtime.shapes import (
+    constant_nodes,
+    module_attribute,
+    shape_made_nodes,
+    shape_refusals,
+    static_nodes,
+    tensor_names,
+)
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["check_plan", "check_runnable", "held_plan", "refuse_shapes", "refuse_sites"]
 
@@ -57,7 +65,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: LayerGraph, leaf_modules
                    sync_batchnorm: bool = False, verify: bool = False) -> None:
     """Refuse, before any rank starts, a plan with a layer this runtime cannot execute under its layout.
 
-    The rules are ``cost_models.capability``'s, the planner's too. ``sync_batchnorm`` is the training run's
+    The rules are ``cost_models.capability.predicate``'s, the planner's too. ``sync_batchnorm`` is the training run's
     setting; ``verify`` adds the checks of ``--verify``'s run (batch-norm synchronised).
 
     Raises:
@@ -73,7 +81,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: LayerGraph, leaf_modules
                         f"; give those layers a layout it supports (e.g. split them by sample only)")
     refuse_shapes(nodes, model, held, graph, max(plan.pipeline.devices_per_stage))  # every member of any stage
     if plan.pipeline.stages > 1:  # stages must be contiguous in the traced program (named if not)
-        from runtime.stage_cut import cut_stages
+        from runtime.pipeline.cut import cut_stages
 
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, plan.pipeline.stages,
                           static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
@@ -83,7 +91,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: LayerGraph, leaf_modules
 
 def _refuse_tuple_crossings(cuts: Sequence[Any], graph: LayerGraph) -> None:
     """The pipeline sends one tensor per crossing value: a layer's tuple of tensors (``x.chunk(2, dim=1)``)
-    cannot cross a cut (``runtime.pipeline``)."""
+    cannot cross a cut (``runtime.pipeline.stage``)."""
     single = tensor_names(graph)
     crossing = [c.name for cut in cuts for c in cut.sends if c.name in graph.nodes and c.name not in single]
     if crossing:

@@ -38,15 +38,16 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["LOW_MEMORY_SHARE", "MEMORY_MARGIN", "PRELOAD", "RankPool", "RankPools", "TaskOutcome",
            "available_memory_bytes", "available_memory_share", "one_line"]
 
-PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.graph", "runtime.apply",
-           "runtime.train", "runtime.pipeline_train")
+PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.ir.graph", "runtime.apply",
+           "runtime.train", "runtime.pipeline.worker")
 """Imported once by the fork server, so that every rank starts with them loaded."""
 
 _INPUT_ERRORS = ("InputError", "TraceError", "PlanError")
@@ -112,7 +113,7 @@ class RankPool:
         self._done = 0
         self._next_id = 0
 
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -248,7 +249,7 @@ class RankPools:
                           "preload": tuple(preload)}
         self.pools: dict[int, RankPool] = {}
 
-    def __enter__(self) -> "RankPools":
+    def __enter__(self) -> RankPools:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -338,7 +339,7 @@ def _rank_main(rank: int, world: int, rendezvous: str, tasks: Any, results: Any,
     import torch
     import torch.distributed as dist
 
-    from cost_models.heap import steady_heap
+    from processes.heap import steady_heap
 
     torch.set_num_threads(threads)
     steady_heap()

@@ -5,7 +5,7 @@
 * ``--resume``: start from the newest complete checkpoint in ``D`` whose
   shards are intact (a damaged one is passed over, with one line naming it).
 * A group that torchrun's agent restarted (``--max-restarts``: the job's
-  attempt, ``cost_models.job.job_attempt``, is past 0) resumes from it too, or
+  attempt, ``processes.job.job_attempt``, is past 0) resumes from it too, or
   starts over when no checkpoint was complete yet.
 
 The step's data is drawn from the seed and the step number, and the RNG
@@ -25,11 +25,19 @@ import torch.distributed as dist
 from torch import nn
 
 from cost_models.errors import InputError
-from cost_models.job import job_attempt
-
-from runtime.checkpoint import (Progress, State, check_compatible, complete, read_manifest, restore, run_flags, save,
-                                usable)
-from runtime.failures import all_reduce
+from processes.job import job_attempt
+from runtime.checkpoint import (
+    Progress,
+    State,
+    check_compatible,
+    complete,
+    read_manifest,
+    restore,
+    run_flags,
+    save,
+    usable,
+)
+from runtime.waiting import all_reduce
 
 __all__ = ["Recovery", "training_state"]
 

@@ -17,16 +17,17 @@ it sent (and kept), so the sum over the copies is the unsplit gradient.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from cost_models.layout import Layout
 from cost_models.redistribution import Box
-from runtime.failures import exchange, in_backward, place
 from runtime.placement import Placement, as_placement, box_extent, box_view, intersect
+from runtime.waiting import exchange, in_backward, place
 
 __all__ = ["redistribute"]
 

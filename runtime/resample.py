@@ -27,8 +27,8 @@ Output row ``o`` reads, along one axis:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["seeded_model"]
+from runtime.options import RunOptions
+
+__all__ = ["fresh_model", "reference_identity", "seeded_model", "sgd"]
 
 _KEPT: dict[str, tuple[Hashable, nn.Module, torch.Tensor]] = {}
 """The kept build: its key, the model as its factory returned it, the generator state after the build."""
@@ -42,7 +44,7 @@ def seeded_model(spec: str, seed: int, dtype: torch.dtype, device: torch.device,
 
 
 def _built(spec: str, seed: int) -> Any:
-    from cost_models.model_spec import load_model
+    from cost_models.ir.model_spec import load_model
 
     torch.manual_seed(seed)
     return load_model(spec)
@@ -50,3 +52,22 @@ def _built(spec: str, seed: int) -> Any:
 
 def _moved(model: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
     return model.to(device=device, dtype=dtype).train()
+
+
+def reference_identity(options: RunOptions) -> tuple[Any, ...] | None:
+    """What identifies the unsplit reference's model and loss, when the caller lets ranks reuse it across runs
+    (``RunOptions.reuse_reference``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
+    return (options.model, options.seed, options.data, options.output, options.amp) if options.reuse_reference else None
+
+
+def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """The user's model as every rank builds it (the seed's initial weights), in ``dtype``, training; kept and
+    copied across the runs of a pool that reuses references (:func:`reference_identity`)."""
+    return seeded_model(options.model, options.seed, dtype, device, reuse=reference_identity(options))
+
+
+def sgd(parameters: Any, *, lr: float) -> torch.optim.SGD:
+    """Plain SGD over ``parameters``; a rank holding none (a pipeline stage of parameter-free layers) steps an
+    empty placeholder, so that every rank runs the same optimizer and checkpoint code."""
+    held = list(parameters)
+    return torch.optim.SGD(held or [torch.nn.Parameter(torch.zeros(0))], lr=lr)

@@ -52,20 +52,21 @@ onto their box).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
-from cost_models.capability import ANY_LAYOUT_KINDS, on_last_dims
+from cost_models.capability.predicate import ANY_LAYOUT_KINDS, on_last_dims
 from cost_models.layout import Layout
 from runtime._values import reshapes_whole
 from runtime.boxes import flat_runs, nd_box
 from runtime.placement import value_placement
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "local_call", "module_attribute", "shape_made_nodes",
            "local_reads_agree", "shape_refusals", "static_nodes", "static_values", "view_form"]
@@ -76,7 +77,7 @@ _METADATA_ATTRIBUTES = frozenset({"device", "dtype", "is_cuda", "layout"})
 """What every box of a tensor shares: reading it does not make a tensor depend on the batch's values."""
 _SPATIAL_SIZES = frozenset({"upsample", "adaptive_avgpool", "adaptive_maxpool", "pad"})
 """Kinds whose sizes computed from shapes are the unsplit program's, as their distributed forms take them (a
-padding's amounts are recorded when traced: ``cost_models.tracing``)."""
+padding's amounts are recorded when traced: ``cost_models.ir.tracing``)."""
 
 _RESHAPES = {("call_method", "reshape"), ("call_method", "view"), ("call_method", "unflatten"),
              ("call_function", torch.reshape)}

@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.failures import all_reduce, exchange
-from runtime.random_ops import DrawKey
 from runtime.inputs import Inputs
+from runtime.random_ops import DrawKey
 from runtime.verify import Reference, held_reference, keep_reference, reference_step, rounding_error
+from runtime.waiting import all_reduce, exchange
 
 __all__ = ["shared_reference", "shared_rounding"]
 

@@ -15,8 +15,8 @@ The replica group of a slice is the ranks with the same channel part
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import torch
 from torch import nn

@@ -19,15 +19,16 @@ operation runs without padding along split axes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from runtime.collectives import all_reduce_sum
 import torch.nn.functional as F
 
+from runtime.collectives import all_reduce_sum
 from runtime.halo_exchange import AxisWindow, axis_window, exchange_halo
 from runtime.overlap import bands_are_uniform, conv2d_overlapped
 
@@ -52,7 +53,7 @@ class TileGrid:
             raise ValueError(f"tile {self.tile} is outside the {grid} grid")
 
     @classmethod
-    def of_rank(cls, parts: Sequence[int], ranks: Sequence[int], rank: int) -> "TileGrid":
+    def of_rank(cls, parts: Sequence[int], ranks: Sequence[int], rank: int) -> TileGrid:
         """The grid seen by ``rank`` (one of ``ranks``, row-major)."""
         index, tile = list(ranks).index(rank), []
         for count in reversed(tuple(parts)):

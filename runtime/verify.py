@@ -26,22 +26,23 @@ says ``conclusive: false`` with a note (:data:`CONCLUSIVE_FLOOR`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.fx.node import map_aggregate
 
-from cost_models.tracing import symbolic_trace
-from runtime.outputs import output_loss
-from runtime.failures import all_reduce
+from cost_models.ir.tracing import symbolic_trace
+from runtime.boxes import nd_box
 from runtime.inputs import Inputs, as_inputs
+from runtime.outputs import output_loss
 from runtime.placement import value_placement
 from runtime.precision import autocast
 from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, inside_switched_off, random_ops
-from runtime.boxes import nd_box
+from runtime.waiting import all_reduce
 
 __all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs",
            "floating_leaves", "held_reference", "keep_reference", "keep_references_of", "random_report",
@@ -204,7 +205,7 @@ class Comparison:
 
     @classmethod
     def of(cls, reference: Reference, dtype: torch.dtype, tolerance: float, wide: Reference | None = None, *,
-           noise: tuple[float, float] | None = None) -> "Comparison":
+           noise: tuple[float, float] | None = None) -> Comparison:
         """A comparison with ``reference``'s scales; floors from ``dtype``'s epsilon and, given the float64
         reference ``wide`` (or its ``noise``: ``runtime.shared_reference.shared_rounding``), from the
         reference's own rounding error (:data:`ROUNDING_FACTOR`)."""

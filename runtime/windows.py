@@ -2,7 +2,7 @@
 rows and columns, equal to the unsplit call.
 
 A tile owns whole windows (its bounds multiples of the window along each split
-axis: ``cost_models._window_rules``). The unsplit call pads the map to whole
+axis: ``cost_models.capability.windows``). The unsplit call pads the map to whole
 windows, rolls it by ``−shift``, attends within each window — masking, in the
 windows that wrap around, pairs of rows that came from different bands of the
 map — and rolls back by ``shift``. On a tile, along each split axis:
@@ -23,7 +23,8 @@ Unsplit axes are padded, rolled and cropped locally, as the call does.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +114,7 @@ def _mask(like: torch.Tensor, window: list[int], shift: list[int], starts: list[
     labels = labels.view(size[0] // window[0], window[0], size[1] // window[1], window[1]).permute(0, 2, 1, 3)
     labels = labels.reshape(-1, window[0] * window[1])
     mask = labels.unsqueeze(1) - labels.unsqueeze(2)
-    return mask.masked_fill(mask != 0, float(-100.0)).masked_fill(mask == 0, float(0.0))
+    return mask.masked_fill(mask != 0, (-100.0)).masked_fill(mask == 0, 0.0)
 
 
 def _bands(start: int, size: int, extent: int, window: int, shift: int, like: torch.Tensor) -> torch.Tensor:

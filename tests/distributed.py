@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import queue as queue_module
 import tempfile
-from pathlib import Path
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -26,7 +27,7 @@ import torch.multiprocessing as mp
 __all__ = ["run_ranks", "survivors"]
 
 RankFunction = Callable[..., Any]
-PRELOAD = ["torch", "torchvision", "torch.distributed", "distributed", "cost_models.graph", "runtime.apply"]
+PRELOAD = ["torch", "torchvision", "torch.distributed", "distributed", "cost_models.ir.graph", "runtime.apply"]
 """Imported once by the fork server, so that every rank starts with them loaded."""
 
 

@@ -24,7 +24,8 @@ four times its own unsplit error, for gradients that are nearly zero).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from cost_models.layout import Layout
 
@@ -66,10 +67,10 @@ def compare_plans(rank: int, world_size: int, model_name: str, shape: tuple[int,
     ``skip``: ``rule/dtype`` pairs not checked (known open defects, named where they are skipped).
     """
     import torch
-
     from conftest import build_model
+
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.uniform import uniform_plan
     from runtime.apply import apply_plan
 
@@ -219,7 +220,7 @@ def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: S
     if seed is None:
         expected = reference(*xs)
     else:
-        from cost_models.tracing import symbolic_trace
+        from cost_models.ir.tracing import symbolic_trace
 
         traced = symbolic_trace(reference, (), inputs=len(xs))
         expected = KeyedInterpreter(traced, DrawKey(seed, 1), root=reference).run(*xs)
@@ -255,7 +256,7 @@ def step_cases(cases: Sequence[tuple[str, str]], world: int, model: Callable[[st
     the unsplit model's (:func:`split_step_matches`); returns each case's layout of every layer."""
     import torch
 
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     results = {}
     for name, layout in cases:

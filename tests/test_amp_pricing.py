@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from cost_models.estimate import estimate
-from cost_models.graph import LayerGraph, amp_of, compute_fingerprint, trace
+from cost_models.ir.graph import LayerGraph, amp_of, compute_fingerprint
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
 from cost_models.uniform import uniform_plan
 from parplan.api import load_profile
@@ -127,7 +128,7 @@ def test_amp_with_another_dtype_is_refused_by_plan_in_one_line(tmp_path: Path) -
 
 
 def test_a_plan_under_amp_is_single_stage_and_records_the_mixed_graph(tmp_path: Path) -> None:
-    from cost_models.plan import load_plan
+    from cost_models.formats.plan import load_plan
 
     out = tmp_path / "plan.json"
     run = subprocess.run([PARPLAN, "plan", "--model", "torchvision:resnet18", "--input-shape", "8,3,64,64",

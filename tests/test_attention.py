@@ -9,9 +9,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from calibrate.kernels import build_kernel
-from cost_models.capability import layer_refusal
-from cost_models.flops import attention_flops
-from cost_models.graph import trace
+from cost_models.capability.predicate import layer_refusal
+from cost_models.ir.flops import attention_flops
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
 from cost_models.local_problem import layer_problem
 from examples.vit import vit_tiny

@@ -25,8 +25,9 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -34,7 +35,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from cost_models.schema import load_schema
+from cost_models.formats.schema import load_schema
 from parplan.cli import main
 
 EXAMPLES = int(os.environ.get("PARPLAN_FUZZ_EXAMPLES", "40"))

@@ -30,7 +30,7 @@ def test_calibrate_two_ranks_then_show(capsys: pytest.CaptureFixture[str], tmp_p
     assert all(s.group == 2 and s.median_s > 0 for s in profile.comm_samples)
     assert profile.meta["problems_measured"] + profile.meta["left_to_fit"] == profile.meta["problems_total"]
     assert {f.optimizer for f in profile.optimizer_fits} == {"sgd", "momentum", "adam"}
-    forms = profile.corrections  # the split forms ran on the ranks (parplan.cli.forms)
+    forms = profile.corrections  # the split forms ran on the ranks (calibrate.split_forms)
     assert forms is not None and forms.fitted_on["source"] == "calibrate", profile.meta["notes"]
     assert {run.split(" ")[0] for run in forms.fitted_on["runs"]} >= {"n2", "c2", "h2"}
     assert forms.layer_scale and all("·" in key for key in forms.layer_scale) and forms.step_overhead_s == 0

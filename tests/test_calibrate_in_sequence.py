@@ -157,7 +157,7 @@ def test_a_chunks_first_guess_comes_from_the_device_s_own_speed() -> None:
 
 def test_a_one_rank_profile_plans_one_device() -> None:
     """A profile calibrated on one rank has no link fits; one device sends nothing, so it still plans it."""
-    from cost_models.graph import trace as trace_graph
+    from cost_models.ir.tracing import trace as trace_graph
     from planner.search import plan_model
     from planner.settings import SearchSettings
 

@@ -1,6 +1,6 @@
 """``parplan calibrate --timeout-s``: a rank that hangs while collectives are timed fails the calibration in one line.
 
-The hang is injected with ``PARPLAN_FAULT=hang:1:1`` (``runtime.faults``; for calibrate, STEP is the collective
+The hang is injected with ``PARPLAN_FAULT=hang:1:1`` (``runtime.fault_injection``; for calibrate, STEP is the collective
 measurement), on 2 spawned gloo ranks timing collectives for a tiny resnet18.
 """
 
@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from distributed import survivors
 
 from parplan.cli import main

@@ -10,25 +10,25 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import build_model
+from distributed import run_ranks
+from runtime_check import compare_plans
 from torch import nn
 
-from conftest import build_model
-from cost_models.capability import inherent, layer_refusal, plan_refusals
+from calibrate.presets import preset_profile
+from cost_models.capability.predicate import inherent, layer_refusal, plan_refusals
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import PlanError
-from cost_models.graph import trace
+from cost_models.formats.plan import LayerAssignment
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment
 from cost_models.uniform import uniform_plan
-from calibrate.presets import preset_profile
-from distributed import run_ranks
 from planner.search import plan_model
-from planner.space import build_space
-from runtime.preflight import check_runnable
-from runtime.layers import Site, refusal
-from runtime.groups import GroupCache
-from runtime_check import compare_plans
 from planner.settings import SearchSettings
+from planner.space import build_space
+from runtime.groups import GroupCache
+from runtime.layers import Site, refusal
+from runtime.preflight import check_runnable
 
 LINK = Link(1e-6, 1e9)
 
@@ -236,7 +236,7 @@ class _Shared(nn.Module):
 
 
 def test_no_pipeline_cut_separates_two_calls_of_one_module() -> None:
-    from cost_models.capability import shared_modules
+    from cost_models.capability.predicate import shared_modules
     from cost_models.uniform import staged
 
     model = _Shared()
@@ -248,8 +248,8 @@ def test_no_pipeline_cut_separates_two_calls_of_one_module() -> None:
         check_runnable(model, between, graph)
     after = staged(uniform_plan(graph, _cluster(1), [Layout()]), graph, ["relu"])
     assert list(plan_refusals(after, graph)) == []
-    from cost_models.plan import Plan, SolverInfo
-    from planner.stages import search_pipelines
+    from cost_models.formats.plan import Plan, SolverInfo
+    from planner.pipeline.stages import search_pipelines
 
     def make(layers: dict, pipeline: object, info: SolverInfo) -> Plan:
         return dataclasses.replace(between, layers=dict(layers), pipeline=pipeline, solver=info)
@@ -305,7 +305,7 @@ def test_a_tuple_of_logits_has_no_height_to_split_and_adaptive_pooling_splits_by
     """googlenet's and inception_v3's (logits, aux) outputs cannot take h2 at all (no runtime gap); adaptive
     average pooling to more than one row splits by height (its aux head: 2×2 to 4×4) unless a tile would read
     past its neighbours."""
-    from cost_models.capability import inherent, layer_refusal
+    from cost_models.capability.predicate import inherent, layer_refusal
 
     outputs = {"kind": "other", "output_shape": [[4, 1000], [4, 1000]], "input_shapes": [[4, 1000], [4, 1000]],
                "attrs": {}}

@@ -12,7 +12,7 @@ import pytest
 from calibrate.presets import preset_cluster, preset_profile
 from cost_models.dense_forms import column_form_s, form_s, reads_in_row_form, row_form, row_form_s
 from cost_models.edges import edge_free, edge_move, edge_s
-from cost_models.graph import trace
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
 from examples.vit import vit_tiny
 from parplan.cli.layouts import layout_plan

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
-
 from distributed import run_ranks
+from torch import nn
 
 pytestmark = pytest.mark.multirank
 
@@ -37,7 +36,7 @@ class _Net(nn.Module):
 
 def _split(extra: str, layout: str, sync: bool) -> Any:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
     from cost_models.uniform import uniform_plan
     from runtime.apply import apply_plan

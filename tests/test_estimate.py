@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,11 @@ from hypothesis import strategies as st
 from cost_models.cluster import Cluster, Link
 from cost_models.comm_cost import GRADIENT_BUCKET_BYTES
 from cost_models.errors import PlanError
-from cost_models.memory import LayerMemory, StepLayer, distinct_saved_bytes, stage_peak_bytes
 from cost_models.estimate import estimate
-from cost_models.graph import LayerGraph, compute_fingerprint
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, save_plan
+from cost_models.ir.graph import LayerGraph, compute_fingerprint
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment, Pipeline, Plan, save_plan
+from cost_models.memory import LayerMemory, StepLayer, distinct_saved_bytes, stage_peak_bytes
 from cost_models.profile import CommFit, ComputeFit, DeviceSpec, Profile
 from parplan.cli import main
 
@@ -115,9 +114,10 @@ def test_refusals() -> None:
 
 
 def test_estimate_command_on_resnet50_with_a_hand_written_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from calibrate.presets import preset_cluster
     from conftest import build_model
-    from cost_models.graph import trace
+
+    from calibrate.presets import preset_cluster
+    from cost_models.ir.tracing import trace
 
     shape = (64, 3, 2048, 2048)
     graph = trace(build_model("resnet50"), shape)
@@ -224,7 +224,8 @@ def test_stash_counts_the_stage_input() -> None:
 
 def test_estimate_command_bad_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path, repo: Path) -> None:
     from conftest import build_model
-    from cost_models.graph import trace
+
+    from cost_models.ir.tracing import trace
 
     shape = (2, 3, 32, 32)
     graph = trace(build_model("unet"), shape)

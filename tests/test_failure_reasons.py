@@ -1,4 +1,4 @@
-"""What the backends' error texts mean (``runtime.failures.reason``): gloo's and NCCL's alike, without a GPU.
+"""What the backends' error texts mean (``runtime.waiting.reason``): gloo's and NCCL's alike, without a GPU.
 
 The NCCL texts are those torch 2.x's ``ProcessGroupNCCL`` builds (``ProcessGroupNCCL.cpp``:
 ``WorkNCCL::checkTimeout`` and ``operator<<(WorkNCCL)``; ``NCCLUtils.hpp``: ``C10D_NCCL_CHECK``,
@@ -14,9 +14,8 @@ import signal
 import pytest
 import torch.distributed as dist
 
-from cost_models.rank_failures import (NCCL_ERROR_HANDLING, RankExit, failure_line, nccl_errors_raised,
-                                       raise_nccl_errors)
-from runtime.failures import LOST, RankFailure, at, describe, exchange, reason
+from processes.rank_failures import NCCL_ERROR_HANDLING, RankExit, failure_line, nccl_errors_raised, raise_nccl_errors
+from runtime.waiting import LOST, RankFailure, at, describe, exchange, reason
 
 PREFIX = "[PG ID 0 PG GUID 0(default_pg) Rank 0] "
 FRAMES = ("\nException raised from checkTimeout at /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:688 "

@@ -6,10 +6,10 @@ from collections import defaultdict
 
 import pytest
 import torch
+from conftest import ALL_MODELS, SMALL_SHAPE, build_model
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import ALL_MODELS, SMALL_SHAPE, build_model
-from cost_models.graph import trace
+from cost_models.ir.tracing import trace
 
 DENSE = ("conv", "conv_transpose", "linear")
 FORWARD_OPS = {"aten.convolution", "aten.addmm", "aten.mm"}

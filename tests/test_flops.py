@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cost_models.flops import Flops, layer_flops
+from cost_models.ir.flops import Flops, layer_flops
 
 
 def test_convolution_counts_multiply_add_as_two() -> None:

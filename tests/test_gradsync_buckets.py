@@ -10,9 +10,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from distributed import run_ranks
+from torch import nn
 
 
 def _sync_in_small_buckets(rank: int, world_size: int) -> dict[str, Any]:

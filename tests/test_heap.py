@@ -1,4 +1,4 @@
-"""``cost_models.heap.steady_heap``: blocks a step frees stay in the heap; the user's own allocator choice wins."""
+"""``processes.heap.steady_heap``: blocks a step frees stay in the heap; the user's own allocator choice wins."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _PROBE = """
 import ctypes, json, sys
 sys.path.insert(0, {root!r})
-from cost_models.heap import steady_heap
+from processes.heap import steady_heap
 applied = steady_heap() if {steady} else False
 libc = ctypes.CDLL("libc.so.6")
 class Info(ctypes.Structure):

@@ -1,7 +1,7 @@
 """Tier 1: the ILP without PuLP — ``scipy.optimize.milp`` solves the same program to the same optimum.
 
 Every table is solved by both back ends (PuLP's CBC when PuLP is installed,
-and SciPy's HiGHS, forced through ``planner.ilp.BACKEND``) and by brute force:
+and SciPy's HiGHS, forced through ``planner.solvers.ilp.BACKEND``) and by brute force:
 equal optimal objectives, a choice that fits, infeasibility reported alike.
 The tables are seeded versions of ``tests/test_solvers.py``'s random DAGs (no
 hypothesis: it may be missing where the fallback matters), the k-best table of
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-import planner.ilp as ilp
-from planner.brute_force import solve_brute_force
-from planner.cost_table import CostTable, Solution
-from planner.ilp import solve_ilp
-from planner.ilp_backends import SCIPY_SOLVER, pulp_available
+import planner.solvers.ilp as ilp
+from planner.solvers.brute_force import solve_brute_force
+from planner.solvers.cost_table import CostTable, Solution
+from planner.solvers.ilp import solve_ilp
+from planner.solvers.ilp_backends import SCIPY_SOLVER, pulp_available
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,9 +131,10 @@ def test_an_excluded_plan_of_another_table_is_refused() -> None:
 
 
 def test_the_traced_unet_with_a_binding_memory_limit() -> None:
-    from calibrate.presets import preset_cluster, preset_profile
     from conftest import build_model
-    from cost_models.graph import trace
+
+    from calibrate.presets import preset_cluster, preset_profile
+    from cost_models.ir.tracing import trace
     from planner.space import build_space
 
     graph = trace(build_model("unet"), (2, 3, 64, 64))
@@ -153,8 +154,8 @@ def test_the_traced_unet_with_a_binding_memory_limit() -> None:
 
 def test_without_pulp_the_module_imports_and_solves_with_scipy() -> None:
     code = ("import sys; sys.modules['pulp'] = None\n"
-            "import planner.ilp as ilp\n"
-            "from planner.cost_table import CostTable\n"
+            "import planner.solvers.ilp as ilp\n"
+            "from planner.solvers.cost_table import CostTable\n"
             "assert ilp.BACKEND == 'scipy' and ilp.available_solvers() == ['cbc', 'highs']\n"
             "t = CostTable(('a', 'b'), {'a': ('x', 'y'), 'b': ('x', 'y')}, {'a': (1.0, 3.0), 'b': (1.0, 0.5)},\n"
             "              {('a', 'b'): ((0.0, 5.0), (5.0, 0.0))})\n"

@@ -17,13 +17,14 @@ every gradient.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
+from distributed import run_ranks
 from torch import nn
 
-from distributed import run_ranks
 from runtime.random_ops import DrawKey, KeyedInterpreter, mix, mix_int, random_ops, uniform
 
 SHAPE = (4, 3, 12, 10)
@@ -60,7 +61,7 @@ def _model() -> RandomNet:
 
 
 def _keyed(model: nn.Module, key: DrawKey) -> Any:
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace
 
     return KeyedInterpreter(symbolic_trace(model, ()), key, root=model)
 
@@ -138,7 +139,7 @@ def test_evaluation_mode_draws_nothing() -> None:
 def _plan(model: nn.Module, size: int, layouts: Sequence[str], starts: Sequence[str] = (), schedule: str = "sync",
           micro: int = 1) -> tuple[Any, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
     from cost_models.uniform import staged, uniform_plan
 
@@ -191,8 +192,8 @@ def _single_stage(rank: int, world: int, layouts: Sequence[str]) -> dict[str, st
 
 
 def _pipeline(rank: int, world: int, schedule: str, micro: int) -> int:
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import dsp, one_f_one_b
+    from runtime.pipeline.schedules import dsp, one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     plan, graph = _plan(_model(), 1, [], ["conv2"], schedule, micro)
     stage = apply_pipeline(_model(), plan, random_seed=SEED)

@@ -1,4 +1,5 @@
-"""Tier 1: the one-way street of DESIGN.md — every arrow, no private names across modules, planner without torch."""
+"""Tier 1: the one-way street of docs/architecture.md — every arrow, no import circles, no private names across
+modules, planner without torch, no process started by a cost model."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_parplan_planner_and_vocabulary_import_without_torch() -> None:
     code = (
-        "import sys, planner, parplan, parplan.cli, parplan.cli.report, parplan.cli.main, cost_models, cost_models.plan, cost_models.layout, "
-        "cost_models.graph, cost_models.flops, cost_models.cluster\n"
+        "import sys, planner, parplan, parplan.cli, parplan.cli.report, parplan.cli.main, cost_models, cost_models.formats.plan, "
+        "cost_models.layout, cost_models.ir.graph, cost_models.ir.kinds, cost_models.ir.flops, cost_models.cluster, "
+        "cost_models.capability.predicate, planner.search, planner.pipeline.stages\n"
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
         "assert not bad, bad[:5]\n"
     )
@@ -33,12 +35,14 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-OURS = ("parplan", "calibrate", "planner", "runtime", "cost_models")
-ALLOWED = {  # DESIGN.md's picture: parplan on top, the three rooms on cost_models, cost_models on nothing of ours
-    "parplan": {"calibrate", "planner", "runtime", "cost_models"},
-    "calibrate": {"cost_models"},
+OURS = ("parplan", "calibrate", "planner", "runtime", "processes", "cost_models")
+ALLOWED = {  # docs/architecture.md's picture: parplan on top; calibrate runs the runtime's forms and fits with the
+    # planner's maths; the runtime never chooses a plan (no planner); cost models start no process (no processes)
+    "parplan": {"calibrate", "planner", "runtime", "processes", "cost_models"},
+    "calibrate": {"runtime", "planner", "processes", "cost_models"},
     "planner": {"cost_models"},
-    "runtime": {"cost_models"},
+    "runtime": {"processes", "cost_models"},
+    "processes": {"cost_models"},
     "cost_models": set(),
 }
 
@@ -90,3 +94,71 @@ def test_the_layering_test_sees_a_wrong_arrow(tmp_path: Path) -> None:
 def test_planner_never_imports_torch() -> None:
     for path in _sources("planner"):
         assert "torch" not in _imports(path), f"{path.relative_to(REPO)} imports torch"
+
+
+def test_cost_models_start_no_process() -> None:
+    for path in _sources("cost_models"):
+        started = _imports(path) & {"subprocess", "multiprocessing", "torch"} - {"torch"}
+        assert not started, f"{path.relative_to(REPO)} imports {sorted(started)}: cost models start no process"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:`` (they run for the type checker only)."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return hidden
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the modules of ours it imports, at the top or inside a function (``if TYPE_CHECKING:`` aside);
+    ``from package import module`` names the module, ``from module import name`` the module."""
+    paths = {_module_name(path): path for package in OURS for path in _sources(package)}
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text())
+        hidden = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            if isinstance(node, ast.Import):
+                graph[name].update(alias.name for alias in node.names if alias.name in paths)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in paths:
+                inner = {f"{node.module}.{alias.name}" for alias in node.names} & set(paths)
+                graph[name].update(inner or {node.module})
+                if len(inner) < len(node.names):
+                    graph[name].add(node.module)
+    return graph
+
+
+def test_no_import_circles() -> None:
+    """No module reaches itself through imports — those inside functions count, ``if TYPE_CHECKING:`` ones not."""
+    import networkx as nx
+
+    graph = nx.DiGraph([(module, target) for module, targets in _import_graph().items() for target in targets
+                        if target != module])
+    circles = [sorted(component) for component in nx.strongly_connected_components(graph) if len(component) > 1]
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_circle_test_sees_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function-level import closing a loop is a circle; one under ``if TYPE_CHECKING:`` is not."""
+    for package in ("alpha", "beta"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "alpha" / "one.py").write_text("from beta.two import f\n")
+    (tmp_path / "beta" / "two.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from alpha.one import g\n"
+        "def f():\n    from alpha import one\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "OURS", ("alpha", "beta"))
+    assert _import_graph()["beta.two"] == {"alpha.one"}
+    (tmp_path / "beta" / "two.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    from alpha.one import g\n")
+    assert _import_graph()["beta.two"] == set()

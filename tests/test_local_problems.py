@@ -7,9 +7,8 @@ import torch
 from torch import nn
 
 from calibrate.problems import enumerate_problems
-from cost_models.layout import layouts_dividing
-from cost_models.graph import trace
-from cost_models.layout import Layout
+from cost_models.ir.tracing import trace
+from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import local_problem, phases_of
 
 SHAPE = (4, 3, 16, 16)
@@ -101,7 +100,7 @@ def test_enumeration_deduplicates_and_counts(graph) -> None:  # noqa: ANN001
 def test_a_tile_reading_zero_rows_of_its_padding_has_a_local_problem() -> None:
     """alexnet's 5×5, padding-2 convolution on a 7×7 map under h2: a 4-row tile reads 8 rows, two of them the
     padding's zeros (the capability predicate admits it and the runtime runs it, so the cost model prices it)."""
-    from cost_models.capability import layer_refusal
+    from cost_models.capability.predicate import layer_refusal
     from cost_models.layout import Layout
     from cost_models.local_problem import local_problem
 

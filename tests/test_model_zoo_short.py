@@ -279,9 +279,9 @@ def idle_options() -> object:
     """The RunOptions of a verify run of the tiny network under n2 (a task that passes)."""
     import torch
 
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from parplan.cli.layouts import layout_plan
-    from runtime.train import RunOptions
+    from runtime.options import RunOptions
 
     spec = f"{HERE}:_tiny"
     graph = trace(_tiny(), (2, 3, 8, 8), torch.float32)
@@ -345,11 +345,11 @@ def test_awkward_pipeline_stages_train_and_verify(pools: RankPools, model: str) 
     import torch
 
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
-    from cost_models.model_spec import load_model
     from cost_models.uniform import staged, uniform_plan
-    from runtime.train import RunOptions
+    from runtime.options import RunOptions
 
     spec, shape = f"{HERE}:{model}", (4, 3, 8, 8)
     graph = trace(load_model(spec), shape, torch.float32)

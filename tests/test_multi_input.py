@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, SMALL_SHAPE, build_model
+
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import InputError, PlanError
-from cost_models.graph import LayerGraph, compute_fingerprint, parse_input_shapes, trace
+from cost_models.formats.plan import Plan, load_plan, save_plan
+from cost_models.ir.graph import LayerGraph, compute_fingerprint, parse_input_shapes
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
-from cost_models.plan import Plan, load_plan, save_plan
 from cost_models.uniform import uniform_plan
 from examples.conditioned_cnn import conditioned_cnn
 
@@ -182,7 +183,7 @@ def test_an_unsplit_plan_on_one_process_takes_every_input_and_is_the_model_itsel
 
 
 def test_synthetic_inputs_differ_and_every_box_is_a_box_of_the_whole() -> None:
-    from runtime.data import synthetic_input, synthetic_inputs
+    from runtime.batches import synthetic_input, synthetic_inputs
 
     whole = synthetic_inputs(SHAPES, [[slice(None)] * len(shape) for shape in SHAPES], seed=5, dtype=torch.float64)
     assert torch.equal(whole[0], synthetic_input(SHAPES[0], [slice(None)] * 4, seed=5, dtype=torch.float64))
@@ -234,7 +235,8 @@ def test_one_rank_trains_and_verifies_two_inputs(data: str, tmp_path: Path) -> N
     given a tuple of boxes; ``--verify`` runs the unsplit model on both whole inputs."""
     import torch.distributed as dist
 
-    from runtime.train import RunOptions, worker
+    from runtime.options import RunOptions
+    from runtime.train import worker
 
     graph = trace(conditioned_cnn(), SHAPES, "float64")
     one = Cluster(devices=1, devices_per_node=1, memory_bytes=2**34, intra=Link(1e-6, 1e9), inter=Link(1e-6, 1e9))

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from distributed import run_ranks
 from runtime_check import assert_split_matches
 
@@ -35,7 +34,7 @@ def _setup() -> tuple[Any, Any, tuple[Any, ...], Any]:
     """The model (float64, seeded), its graph, a batch of both inputs and per-pixel labels."""
     import torch
 
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from examples.conditioned_cnn import conditioned_cnn
 
     torch.manual_seed(0)
@@ -79,8 +78,8 @@ def _pipeline_case(rank: int, world: int, micro: int) -> dict[str, Any]:
 
     from cost_models.layout import Layout
     from cost_models.uniform import staged, uniform_plan
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import one_f_one_b
+    from runtime.pipeline.schedules import one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     model, graph, inputs, target = _setup()
     plan = staged(uniform_plan(graph, _cluster(1), [Layout()]), graph, ["lin"], "sync", micro)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from cost_models.errors import InputError
-from cost_models.job import launcher_of, node_label, place_in_job, slurm_rendezvous
+from processes.job import launcher_of, node_label, place_in_job, slurm_rendezvous
 
 pytestmark = pytest.mark.multirank
 
@@ -76,10 +76,10 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A spatial plan (``n2·h2`` on 4 ranks) and a 2-stage pipeline (``h2`` per stage), for nodes of 2 and of 4."""
     import torch
 
-    from cost_models.graph import trace
+    from cost_models.formats.plan import save_plan
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
-    from cost_models.model_spec import load_model
-    from cost_models.plan import save_plan
     from cost_models.uniform import balanced_starts, staged
     from parplan.cli.layouts import uniform_layout_plan
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-
 from conftest import SMALL_SHAPE, build_model
-from cost_models.graph import trace
 from distributed import run_ranks
+
+from cost_models.ir.tracing import trace
 
 pytestmark = pytest.mark.multirank
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from distributed import run_ranks
+from runtime_check import split_step_matches
 from torch import nn
 
 from cost_models.errors import PlanError
-from distributed import run_ranks
 from runtime.outputs import output_loss, select_nodes, select_value
-from runtime_check import split_step_matches
 
 SHAPE = (4, 3, 8, 8)
 Heads = namedtuple("Heads", ["logits", "aux"])
@@ -63,7 +63,7 @@ def test_a_key_selects_a_dict_key_a_named_field_or_an_index_and_the_parts_are_na
 
 
 def test_the_traced_output_is_selected_as_the_value_is() -> None:
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace
 
     for name in ("dict", "named"):
         output = next(n for n in symbolic_trace(_model(name), ()).graph.nodes if n.op == "output")
@@ -75,7 +75,7 @@ def test_the_traced_output_is_selected_as_the_value_is() -> None:
 
 def _cases(rank: int, world: int) -> dict[str, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
     from cost_models.uniform import uniform_plan
 

@@ -6,8 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_models.pipeline_cost import (dsp_staleness, least_staleness, stale_iteration_s, staleness_reason,
-                                      sync_iteration_s)
+from cost_models.pipeline_cost import (
+    dsp_staleness,
+    least_staleness,
+    stale_iteration_s,
+    staleness_reason,
+    sync_iteration_s,
+)
 
 times = st.floats(0.01, 5.0)
 

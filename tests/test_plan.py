@@ -10,11 +10,18 @@ import pytest
 
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import InputError, PlanError
-from cost_models.graph import LayerGraph
-from cost_models.layout import Layout
-from cost_models.plan import (
-    LayerAssignment, Pipeline, Plan, Prediction, SolverInfo, check_plan_for_graph, load_plan, save_plan,
+from cost_models.formats.plan import (
+    LayerAssignment,
+    Pipeline,
+    Plan,
+    Prediction,
+    SolverInfo,
+    check_plan_for_graph,
+    load_plan,
+    save_plan,
 )
+from cost_models.ir.graph import LayerGraph
+from cost_models.layout import Layout
 
 FINGERPRINT = "sha256:0123456789abcdef01234567"
 CLUSTER = Cluster(devices=8, devices_per_node=4, memory_bytes=16 * 2**30,

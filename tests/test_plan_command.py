@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.plan import load_plan
+from cost_models.formats.plan import load_plan
 from cost_models.profile import CommFit, ComputeFit, DeviceSpec, Profile, save_profile
 from parplan.cli import main
 

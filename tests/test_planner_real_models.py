@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from calibrate.presets import preset_cluster, preset_profile
-from cost_models.graph import trace
+from cost_models.ir.tracing import trace
 from planner.search import plan_model
-from planner.space import build_space, decision_groups
 from planner.settings import SearchSettings
+from planner.space import build_space, decision_groups
 
 
 def _cluster(devices: int):  # noqa: ANN202 - a Cluster of 2 devices per node, as `--devices-per-node 2`

@@ -10,12 +10,12 @@ problem (two resnet18 references gained spatial options); since 2026-12-03 weigh
 their share of a 25 MiB bucket's allreduce (``comm_cost.gradient_allreduce_s``), not one allreduce each; since 2026-12-03 (issue 21) memory is the step's peak layer by layer (a kept tensor counted
 once, 1F1B's in-flight micro-batches, calibrated kernel workspace); since 2026-12-04 (issue 23) a stale plan's
 staleness is the least that keeps its predicted pace (the same times, fewer stashed inputs), and stage cuts are
-exact (``planner.stage_cuts``; one resnet18 pipeline 0.6 % faster); since 2026-12-04 the configurations' bounds are
+exact (``planner.pipeline.cuts``; one resnet18 pipeline 0.6 % faster); since 2026-12-04 the configurations' bounds are
 summed lazily, so more count as skipped (a configuration whose bound passes the best plan before a layer without
 layouts is met), every micro-batch count from K up is a configuration and stages may take different device
 counts (3 stages of 4 devices: 2 + 1 + 1) — the plans and every plan considered the same; since 2026-12-05 a stale
 configuration's bound counts the forward it recomputes (DSP's ``2F + B``), so one more is skipped; since 2026-12-05
-a pipeline may use half, a quarter … of the devices (``planner.stage_sizes.budgets``), three more configurations,
+a pipeline may use half, a quarter … of the devices (``planner.pipeline.sizes.budgets``), three more configurations,
 all skipped. A change of the cost model, of the capability
 predicate or of the presets changes them on purpose: print the new ones with
 ``.venv/bin/python tests/test_planning_reference.py`` and review the difference.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import sys
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,15 +36,15 @@ import pytest
 from calibrate.presets import preset_cluster, preset_profile
 from cost_models.cluster import Cluster
 from cost_models.estimate import CostMemo, estimate
-from cost_models.graph import trace
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout, layouts_dividing
 from cost_models.uniform import staged, uniform_plan
-from planner.cost_table import CostTable
 from planner.edge_costs import EdgeCosts
-from planner.exact import solve_exact
-from planner.ilp import solve_ilp
 from planner.search import PlanResult, plan_model
 from planner.settings import SearchSettings
+from planner.solvers.cost_table import CostTable
+from planner.solvers.exact import solve_exact
+from planner.solvers.ilp import solve_ilp
 
 
 class _Case(NamedTuple):
@@ -105,7 +105,7 @@ def _dense_net() -> Any:
     return Dense()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _graph(model: str, shape: tuple[int, ...]) -> Any:
     import torch
     import torchvision

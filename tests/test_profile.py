@@ -11,7 +11,14 @@ import pytest
 from calibrate.compute_fit import fit_compute
 from cost_models.errors import InputError
 from cost_models.profile import (
-    CommFit, ComputeFit, ComputeSample, DeviceSpec, FitError, Profile, ProfileError, load_profile,
+    CommFit,
+    ComputeFit,
+    ComputeSample,
+    DeviceSpec,
+    FitError,
+    Profile,
+    ProfileError,
+    load_profile,
     save_profile,
 )
 

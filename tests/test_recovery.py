@@ -1,6 +1,6 @@
 """Failures and recovery of ``parplan run``: dead and hung ranks, checkpoints, resume and elastic restarts.
 
-Failures are injected with ``PARPLAN_FAULT=KIND:RANK:STEP`` (``runtime.faults``).
+Failures are injected with ``PARPLAN_FAULT=KIND:RANK:STEP`` (``runtime.fault_injection``).
 Every run is real: 2–4 ranks on gloo, started by torchrun's machinery or by
 ``mpirun``, training the example UNet in float64 so that a resumed run's
 losses can be compared with an uninterrupted run's exactly.
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from distributed import survivors
 
 pytestmark = pytest.mark.multirank

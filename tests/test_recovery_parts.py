@@ -14,11 +14,11 @@ from torch import nn
 from cost_models.errors import InputError
 from runtime import checkpoint
 from runtime.checkpoint import Progress, State
-from runtime.failures import RankFailure, at, describe, exchange, in_backward, place, reason
-from runtime.faults import Fault, Schedule, disk_full, planned, strike
-from runtime.schedules import dsp, dsp_after, forwarded_after
-from runtime.pipeline_train import _segments
+from runtime.fault_injection import Fault, Schedule, disk_full, planned, strike
+from runtime.pipeline.schedules import dsp, dsp_after, forwarded_after
+from runtime.pipeline.worker import _segments
 from runtime.slicing import ParameterSlice
+from runtime.waiting import RankFailure, at, describe, exchange, in_backward, place, reason
 
 GLOO_TIMEOUT = "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete"
 GLOO_CLOSED = "[../gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:9128"

@@ -1,4 +1,4 @@
-"""The helper process that computes the search's layer-cost rows ahead (``planner.ahead``, ``planner.rows_ahead``):
+"""The helper process that computes the search's layer-cost rows ahead (``planner.ahead``, ``planner.ahead``):
 what it sends is what the planner would make, a search plans the same with it or without, and nothing it does —
 failing, or still running at the end — reaches the planner."""
 
@@ -7,15 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
-
-import planner.rows_ahead as rows_ahead_module
-from calibrate.presets import preset_cluster, preset_profile
 from conftest import build_model
+
+import planner.ahead as rows_ahead_module
+from calibrate.presets import preset_cluster, preset_profile
 from cost_models.cluster import stage_cluster
 from cost_models.estimate import CostMemo
-from cost_models.graph import trace
-from planner.ahead import ahead
-from planner.rows_ahead import rows_ahead
+from cost_models.ir.tracing import trace
+from planner.ahead import ahead, rows_ahead
 from planner.search import plan_model
 from planner.settings import SearchSettings
 from planner.space import LayerCosts

@@ -148,12 +148,12 @@ def test_a_stale_pipeline_runs_with_a_straggler_and_reports_its_stages(repo: Pat
 def test_a_sync_pipeline_plan_file_runs_in_gpipe_order_and_is_predicted(repo: Path, tmp_path: Path) -> None:
     import torch
 
-    from cost_models.graph import trace
-    from cost_models.jsonio import write_json_atomic
-    from cost_models.model_spec import load_model
     from calibrate.presets import preset_cluster
-    from cost_models.uniform import staged, uniform_plan
+    from cost_models.formats.jsonio import write_json_atomic
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
+    from cost_models.uniform import staged, uniform_plan
 
     os.chdir(repo)
     graph = trace(load_model(UNET[1]), (4, 3, 40, 24), torch.float32)
@@ -180,14 +180,14 @@ def test_uneven_micro_batches_and_stages_of_one_and_more_devices_run_and_verify(
     import torch
 
     from calibrate.presets import preset_cluster, preset_profile
-    from cost_models.graph import trace
+    from cost_models.formats.plan import LayerAssignment, Pipeline, save_plan
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
-    from cost_models.model_spec import load_model
-    from cost_models.plan import LayerAssignment, Pipeline, save_plan
     from cost_models.uniform import balanced_starts, uniform_plan
+    from planner.pipeline.stages import search_pipelines
     from planner.search import assigned_plan
     from planner.settings import SearchSettings
-    from planner.stages import search_pipelines
 
     spec = ["--model", "torchvision:resnet18", "--dtype", "float64"]
     plans = {}
@@ -229,13 +229,13 @@ def test_a_recomputing_plan_and_one_on_unequal_stages_run_and_verify(repo: Path,
     import torch
 
     from calibrate.presets import preset_cluster, preset_profile
-    from cost_models.graph import trace
-    from cost_models.model_spec import load_model
-    from cost_models.plan import save_plan
+    from cost_models.formats.plan import save_plan
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from examples.unet import unet
+    from planner.pipeline.stages import search_pipelines
     from planner.search import assigned_plan, plan_model
     from planner.settings import SearchSettings
-    from planner.stages import search_pipelines
 
     model = ["--model", "examples/unet.py:unet", "--input-shape", "8,3,64,64", "--dtype", "float64"]
     graph = trace(unet(), (8, 3, 64, 64), torch.float64)

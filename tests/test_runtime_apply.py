@@ -17,7 +17,6 @@ become 29, 15, 8, 4 (odd extents split into uneven tiles), and the UNet's
 from __future__ import annotations
 
 import pytest
-
 from distributed import run_ranks
 from runtime_check import RULES, compare_plans
 

@@ -3,26 +3,27 @@ an even kernel's asymmetric ``'same'``, each split equal to the unsplit model in
 
 A periodic-boundary CNN (climate and cosmology grids) pads circularly: the first and last tiles of an axis
 exchange halos with each other, as LBANN's Distconv does. Reflect and replicate padding read only the border
-tiles' own rows or their neighbours'. The predicate (``cost_models.capability``) and the cost model
+tiles' own rows or their neighbours'. The predicate (``cost_models.capability.predicate``) and the cost model
 (``cost_models.borders``) agree with the runtime (``runtime.borders``) on which splits run.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import run_ranks
+from runtime_check import step_cases
 from torch import nn
 
 from cost_models.borders import gathered_halos, source_row, window_reads
-from cost_models.capability import inherent, layer_refusal
+from cost_models.capability.predicate import inherent, layer_refusal
 from cost_models.errors import InputError
 from cost_models.halo import AxisHalo
 from cost_models.layout import Layout
-from distributed import run_ranks
-from runtime_check import step_cases
 
 SHAPE = (4, 3, 8, 8)
 
@@ -58,7 +59,7 @@ def _model() -> nn.Module:
 
 
 def _graph() -> Any:
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     return trace(_model(), SHAPE, torch.float64)
 

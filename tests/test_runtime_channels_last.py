@@ -1,25 +1,26 @@
 """Channels-last blocks split by height and width (issue 19, item 2): ConvNeXt's ``permute`` → LayerNorm → Linear →
 GELU → Linear → layer scale → ``permute`` back, with stochastic depth active, equal to the unsplit model in float64.
 
-The tracer records each 4-D value's order (``cost_models.orders``): ``x.permute(0, 2, 3, 1)`` of a value split by
+The tracer records each 4-D value's order (``cost_models.ir.orders``): ``x.permute(0, 2, 3, 1)`` of a value split by
 rows holds its rows in dimension 1, a permuted box and no redistribution. A LayerNorm over the channels and a
 linear layer on a channels-last value compute per position: they take any split that keeps the channels whole.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
+from distributed import run_ranks
+from runtime_check import step_cases
 from torch import nn
 
-from cost_models.capability import layer_refusal
+from cost_models.capability.predicate import layer_refusal
+from cost_models.ir.orders import logical, permutation
 from cost_models.layout import Layout
-from cost_models.orders import logical, permutation
-from distributed import run_ranks
 from runtime.placement import Placement
-from runtime_check import step_cases
 
 SHAPE = (4, 3, 16, 16)
 SEED = 7
@@ -80,7 +81,7 @@ def _model(name: str) -> nn.Module:
 
 
 def _graph(name: str) -> Any:
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     return trace(_model(name), SHAPE, torch.float64)
 

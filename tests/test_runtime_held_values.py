@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-
-from cost_models.layout import Layout
 from distributed import run_ranks
 from runtime_check import split_step_matches
+
+from cost_models.layout import Layout
 
 SHAPE = (4, 3, 32, 32)
 
@@ -34,7 +34,7 @@ def small_mvitv2() -> Any:
 
 def _plan(world: int) -> tuple[Any, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.uniform import uniform_plan
 
     graph = trace(small_mvitv2(), SHAPE, torch.float64)

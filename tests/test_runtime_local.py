@@ -7,20 +7,20 @@ from itertools import product
 
 import pytest
 import torch
+from conftest import build_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import build_model
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import PlanError
-from cost_models.graph import trace
+from cost_models.formats.plan import LayerAssignment
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment
 from cost_models.uniform import uniform_plan
 from runtime.apply import apply_plan
-from runtime.preflight import check_runnable
-from runtime.data import synthetic_input, synthetic_labels
+from runtime.batches import synthetic_input, synthetic_labels
 from runtime.placement import Placement
+from runtime.preflight import check_runnable
 from runtime.redistribute import moves
 
 LINK = Link(1e-6, 1e9)

@@ -6,25 +6,26 @@
 * a ``PixelShuffle`` upsampler and a ``PixelUnshuffle`` (module and function): each ``r×r`` block of positions
   moves to ``r²`` channels inside a tile when the parts align;
 * ShuffleNetV2's channel shuffle (a 5-D view ``(N, groups, C/groups, H, W)``, a transpose and a view back): its
-  values keep their rows and columns in named dimensions (``cost_models.orders``), so the views run on the boxes;
+  values keep their rows and columns in named dimensions (``cost_models.ir.orders``), so the views run on the boxes;
 * EfficientNet's squeeze-excitation gates (``x * sigmoid(fc(pool(x)))``: a pooled vector times a tiled map),
   in a narrow EfficientNet-B0 with stochastic depth active.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from cost_models.capability import layer_refusal
-from cost_models.layout import Layout
-from cost_models.local_problem import local_problem
 from distributed import run_ranks
 from runtime_check import step_cases
+from torch import nn
+
+from cost_models.capability.predicate import layer_refusal
+from cost_models.layout import Layout
+from cost_models.local_problem import local_problem
 
 SEED = 5
 SHAPES = {"diffusion": ((4, 3, 16, 16), (4, 8)), "shuffle": ((4, 3, 8, 8),), "efficientnet": ((4, 3, 32, 32),),
@@ -164,7 +165,7 @@ class SelectiveKernels(nn.Module):
 
 
 def _efficientnet() -> nn.Module:
-    from torchvision.models.efficientnet import _efficientnet_conf, EfficientNet
+    from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
 
     settings, last = _efficientnet_conf("efficientnet_b0", width_mult=0.25, depth_mult=0.25)
     return EfficientNet(settings, 0.2, stochastic_depth_prob=0.5, num_classes=5, last_channel=last)
@@ -187,7 +188,7 @@ def _model(name: str) -> nn.Module:
 
 
 def _graph(name: str) -> Any:
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     return trace(_model(name), SHAPES[name], torch.float64)
 
@@ -287,13 +288,14 @@ def test_modern_blocks_equal_the_unsplit_model_on_four_ranks() -> None:
 def test_calibration_times_the_new_forms_on_their_local_problems() -> None:
     """Calibration builds a kernel for each new form's local problem (norms, padding modes, pixel shuffles, an
     even kernel's 'same'), whose forward makes the local output the cost model prices."""
+    from test_runtime_borders import Periodic
+
     from calibrate.kernels import TIMED_KINDS, build_kernel
     from cost_models.local_problem import local_problem
-    from test_runtime_borders import Periodic
 
     kinds = set()
     for model, shapes in ((Periodic(), (4, 3, 8, 8)), (DiffusionUNet(), SHAPES["diffusion"]), (Shuffles(), (4, 3, 8, 8))):
-        from cost_models.graph import trace
+        from cost_models.ir.tracing import trace
 
         graph = trace(model, shapes)
         for name in graph.nodes:
@@ -313,7 +315,7 @@ def test_every_layer_of_a_mixed_model_has_a_local_problem_or_a_refusal_under_eve
     model's local problems and the predicate answer for every layer (the zoo run hit internal errors here)."""
     import timm
 
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.local_problem import local_problem
 
     graph = trace(timm.create_model(name, pretrained=False), (4, 3, 32, 32))  # the zoo run's side

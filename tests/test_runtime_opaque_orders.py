@@ -1,4 +1,4 @@
-"""What an untraced call makes of a value in a non-default order (``cost_models.orders.unknown_order``).
+"""What an untraced call makes of a value in a non-default order (``cost_models.ir.orders.unknown_order``).
 
 The full model-zoo run at ec0af21 found three plans the predicate admitted and the ranks crashed on:
 
@@ -26,15 +26,15 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import fx, nn
-
-from cost_models.capability import layer_refusal
-from cost_models.cluster import Cluster, Link
-from cost_models.graph import trace
-from cost_models.layout import Layout
-from cost_models.uniform import uniform_plan
 from distributed import run_ranks
 from runtime_check import split_step_matches
+from torch import fx, nn
+
+from cost_models.capability.predicate import layer_refusal
+from cost_models.cluster import Cluster, Link
+from cost_models.ir.tracing import trace
+from cost_models.layout import Layout
+from cost_models.uniform import uniform_plan
 
 SHAPE = (4, 3, 16, 16)
 

@@ -1,7 +1,7 @@
 """Pipeline stages on CPU ranks (gloo) against the unsplit model: sync schedules, stale ones, cuts, events.
 
 Each case cuts a real model (resnet18 or the example UNet) into stages with
-``cost_models.uniform.staged`` and trains it a few steps with ``runtime.pipeline``
+``cost_models.uniform.staged`` and trains it a few steps with ``runtime.pipeline.stage``
 next to an unsplit copy on every rank. The unsplit reference of a ``sync``
 iteration with ``M`` micro-batches accumulates the gradients of the same ``M``
 micro-batches (loss / M each) and then steps: that is GPipe's definition,
@@ -13,10 +13,10 @@ through the per-micro-batch statistics. float64 throughout, so that
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
-
 from distributed import run_ranks
 from runtime_check import _prepared
 
@@ -52,7 +52,7 @@ def _plan(model: Any, shape: tuple[int, ...], size: int, layouts: Sequence[str],
     import torch
 
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
     from cost_models.uniform import staged, uniform_plan
 
@@ -72,9 +72,9 @@ def _unequal_plan(model: Any, shape: tuple[int, ...], devices: Sequence[int], la
     import torch
 
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.formats.plan import LayerAssignment
+    from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
-    from cost_models.plan import LayerAssignment
     from cost_models.uniform import staged, uniform_plan
 
     graph = trace(model, shape, torch.float64)
@@ -104,7 +104,6 @@ def _data(stage: Any, x: Any, target: Any, micro: int) -> Any:
 
 def _setup(model_name: str, shape: tuple[int, ...], seed: int = 7) -> tuple[Any, Any, Any]:
     import torch
-
     from conftest import build_model
 
     torch.set_default_dtype(torch.float64)
@@ -152,8 +151,8 @@ def _sync_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], l
 
     import torch
 
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import gpipe, one_f_one_b
+    from runtime.pipeline.schedules import gpipe, one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     base, x, target = _setup(model_name, shape)
     stages = len(starts) + 1
@@ -242,8 +241,8 @@ def _stale_case(rank: int, world: int, model_name: str, shape: tuple[int, ...], 
     ``devices``: unequal stages, ``layouts[k]`` stage ``k``'s (default: one rank a stage)."""
     import torch
 
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import dsp, one_f_one_b
+    from runtime.pipeline.schedules import dsp, one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     base, x, target = _setup(model_name, shape)
     data = [_setup(model_name, shape, seed)[1:] for seed in range(steps)]
@@ -301,7 +300,7 @@ K3_TIMELINE = {  # DSP on 3 stages, 6 batches: one forward per tick, then the ba
 
 def test_dsp_timeline_by_hand() -> None:
     """The schedule generator's K = 3 lists, and their staleness 4, 2, 0 once the pipeline is full."""
-    from runtime.schedules import dsp, staleness_of
+    from runtime.pipeline.schedules import dsp, staleness_of
 
     for stage, expected in K3_TIMELINE.items():
         events = dsp(6, 2 * (2 - stage))
@@ -313,8 +312,8 @@ def _timeline_case(rank: int, world: int, model_name: str, shape: tuple[int, ...
                    batches: int) -> dict[str, Any]:
     import torch
 
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import dsp, staleness_of
+    from runtime.pipeline.schedules import dsp, staleness_of
+    from runtime.pipeline.stage import apply_pipeline
 
     base, x, target = _setup(model_name, shape)
     plan, graph = _plan(base, shape, 1, [], starts, "stale", 1)

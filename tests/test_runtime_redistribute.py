@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from distributed import run_ranks
 
 LAYOUTS = {2: ("n2", "c2", "h2", "w2"), 4: ("n4", "h4", "w4", "n2·h2", "h2·w2", "n2·c2", "c2·w2", "c4")}

@@ -8,7 +8,6 @@ output rows are not the image of its input rows and halos cross the borders.
 from __future__ import annotations
 
 import pytest
-
 from distributed import run_ranks
 
 CASES = (  # (operation, kwargs)

@@ -9,7 +9,6 @@ so that strided windows straddle tile borders (13 rows into 2 or 4 tiles).
 from __future__ import annotations
 
 import pytest
-
 from distributed import run_ranks
 
 CASES = (  # (operation, kwargs)

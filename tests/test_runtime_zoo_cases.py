@@ -15,17 +15,18 @@ interpreter trace the model twice: fx names the constants differently each time)
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from cost_models.capability import layer_refusal
-from cost_models.layout import Layout
 from distributed import run_ranks
 from runtime_check import assert_split_matches
+from torch import nn
+
+from cost_models.capability.predicate import layer_refusal
+from cost_models.layout import Layout
 
 SHAPE = (4, 3, 8, 8)
 
@@ -144,7 +145,7 @@ def _model(name: str) -> nn.Module:
 
 def _plan(name: str, size: int, layouts: Sequence[str]) -> tuple[Any, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.uniform import uniform_plan
 
     graph = trace(_model(name), SHAPE, torch.float64, LEAVES.get(name, ()))
@@ -157,7 +158,7 @@ def _plan(name: str, size: int, layouts: Sequence[str]) -> tuple[Any, Any]:
 
 
 def test_tensors_of_parameters_alone_are_constants_run_whole_whatever_the_plan_says() -> None:
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace
     from runtime.preflight import check_runnable, held_plan
     from runtime.shapes import constant_nodes
 
@@ -186,7 +187,7 @@ def test_a_permutation_moving_the_samples_takes_no_sample_split() -> None:
 
 
 def test_the_preflight_checks_a_permutation_by_its_dimensions_not_its_extents() -> None:
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace
     from runtime.shapes import shape_refusals
 
     class Square(nn.Module):  # (4, 4, 6) → (4, 4, 6): extents equal, the samples move to dimension 1
@@ -194,7 +195,7 @@ def test_the_preflight_checks_a_permutation_by_its_dimensions_not_its_extents() 
             return (x[:, :, :6] * 2.0).permute(1, 0, 2).contiguous().sum(dim=2)
 
     model = Square()
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     graph = trace(model, (4, 4, 6))  # a 3-D input: no order names its axes
     nodes = list(symbolic_trace(model, ()).graph.nodes)
@@ -219,7 +220,7 @@ def test_an_upsampling_of_one_row_reads_it_whole_and_functional_batchnorm_splits
 
 
 def test_a_per_channel_activation_weight_takes_no_channel_split() -> None:
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     graph = trace(nn.Sequential(nn.Conv2d(3, 8, 3), nn.PReLU(8), nn.PReLU()), SHAPE)
     assert "not sliced by channel" in layer_refusal(graph.nodes["_1"], Layout(c=2))
@@ -263,8 +264,8 @@ def _split_equals_unsplit(name: str, world: int, layouts: Sequence[str]) -> dict
 def _pipeline_of_constants(rank: int, world: int) -> int:
     """The attention model in two stages: the stage cut's trace and the interpreter's name constants apart."""
     from cost_models.uniform import staged
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import one_f_one_b
+    from runtime.pipeline.schedules import one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     plan, graph = _plan("attention", 1, [])
     plan = staged(plan, graph, ["getitem_6"], "sync", 2)  # the bias table's lookup starts stage 1

@@ -25,17 +25,18 @@ each layout family equals the unsplit model — output and every gradient.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import run_ranks
+from runtime_check import split_step_matches
 from torch import nn
 
 from cost_models.errors import PlanError
 from cost_models.layout import Layout
-from distributed import run_ranks
-from runtime_check import split_step_matches
 
 SHAPE = (4, 3, 8, 8)
 
@@ -206,7 +207,7 @@ def _model(name: str) -> nn.Module:
 
 def _plan(name: str, size: int, layouts: Sequence[str]) -> tuple[Any, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.uniform import uniform_plan
 
     graph = trace(_model(name), SHAPE, torch.float64)
@@ -219,7 +220,7 @@ def _plan(name: str, size: int, layouts: Sequence[str]) -> tuple[Any, Any]:
 
 
 def test_tensors_made_from_shapes_alone_run_whole_and_every_layout_passes_the_preflight() -> None:
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace
     from runtime.preflight import check_runnable, held_plan
     from runtime.shapes import constant_nodes, shape_made_nodes, tensor_names
 
@@ -252,7 +253,7 @@ def test_a_tuple_crossing_a_pipeline_cut_is_refused_before_any_rank_starts() -> 
 def test_an_item_in_another_layout_than_its_pieces_is_refused_before_any_rank_starts() -> None:
     import dataclasses
 
-    from cost_models.plan import LayerAssignment
+    from cost_models.formats.plan import LayerAssignment
     from runtime.preflight import check_runnable
 
     plan, graph = _plan("scales", 2, ["h2"])
@@ -265,7 +266,7 @@ def test_an_item_in_another_layout_than_its_pieces_is_refused_before_any_rank_st
 def test_calls_of_one_module_under_different_channel_splits_are_refused_before_any_rank_starts() -> None:
     import dataclasses
 
-    from cost_models.plan import LayerAssignment
+    from cost_models.formats.plan import LayerAssignment
     from runtime.preflight import check_runnable
 
     plan, graph = _plan("shared", 2, ["c2"])

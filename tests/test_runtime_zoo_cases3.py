@@ -16,17 +16,18 @@ sample), each in a tiny model, each split equal to the unsplit model in float64 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from cost_models.capability import inherent, layer_refusal
-from cost_models.layout import Layout
 from distributed import run_ranks
 from runtime_check import split_step_matches
+from torch import nn
+
+from cost_models.capability.predicate import inherent, layer_refusal
+from cost_models.layout import Layout
 
 SHAPE = (4, 3, 8, 8)
 
@@ -120,7 +121,7 @@ def _model(name: str) -> nn.Module:
 
 def _plan(name: str, world: int, layouts: Sequence[str]) -> tuple[Any, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.uniform import uniform_plan
 
     graph = trace(_model(name), SHAPE, torch.float64)
@@ -130,7 +131,7 @@ def _plan(name: str, world: int, layouts: Sequence[str]) -> tuple[Any, Any]:
 
 
 def test_these_layers_take_height_and_width_splits_in_the_capability_predicate() -> None:
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     graphs = {name: trace(_model(name), SHAPE, torch.float64) for name in MODELS}
     for name, layer in (("aux", "adaptive_avg_pool2d"), ("pooled", "interpolate"), ("paddings", "pad"),

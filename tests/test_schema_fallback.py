@@ -10,17 +10,18 @@ import copy
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from test_plan import make_plan
 
-import cost_models.schema as schema
+import cost_models.formats.schema as schema
 from calibrate.presets import preset_profile
 from cost_models.errors import InputError, PlanError
-from cost_models.plan import Plan, load_plan, save_plan
+from cost_models.formats.plan import Plan, load_plan, save_plan
 from cost_models.profile import Profile, ProfileError
-from test_plan import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,7 +130,7 @@ def test_what_the_fallback_refuses_jsonschema_refuses_at_the_same_path(name: str
 def test_the_warning_is_printed_once_per_process_and_not_again_by_the_ranks_it_starts(tmp_path: Path) -> None:
     save_plan(make_plan(), tmp_path / "plan.json")
     load = ("import sys; sys.modules['jsonschema'] = None\n"
-            "from cost_models.plan import load_plan\n"
+            "from cost_models.formats.plan import load_plan\n"
             f"for _ in range(3): load_plan({str(tmp_path / 'plan.json')!r})\n")
     code = load + f"import subprocess; subprocess.run([sys.executable, '-c', {load!r}], check=True)\n"
     env = {name: value for name, value in os.environ.items() if name != "PARPLAN_SCHEMA_WARNED"}

@@ -15,18 +15,19 @@ split by samples, by rows, and cut into two pipeline stages.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import run_ranks
 from torch import nn
 
 from cost_models.errors import PlanError
 from cost_models.layout import Layout
-from distributed import run_ranks
-from runtime.placement import Placement
 from runtime.boxes import flat_runs, nd_box
+from runtime.placement import Placement
 from runtime.shapes import static_nodes, static_values, tensor_names
 
 SHAPE = (4, 3, 12, 8)
@@ -71,7 +72,7 @@ def _model(cls: type[nn.Module] = ShapeNet) -> nn.Module:
 
 def _plan(model: nn.Module, size: int, layouts: Sequence[str], starts: Sequence[str] = ()) -> tuple[Any, Any]:
     from cost_models.cluster import Cluster, Link
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
     from cost_models.uniform import staged, uniform_plan
 
     graph = trace(model, SHAPE, torch.float64)
@@ -85,8 +86,7 @@ def _plan(model: nn.Module, size: int, layouts: Sequence[str], starts: Sequence[
 
 
 def test_shape_reads_evaluate_from_the_traced_global_shapes() -> None:
-    from cost_models.graph import trace
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace, trace
 
     model = _model()
     graph = trace(model, SHAPE, torch.float64)
@@ -131,9 +131,8 @@ def test_an_op_given_a_split_extent_is_refused_before_any_rank_starts() -> None:
 
 
 def test_values_computed_from_shapes_do_not_cross_pipeline_cuts() -> None:
-    from cost_models.graph import trace
-    from cost_models.tracing import symbolic_trace
-    from runtime.stage_cut import cut_stages
+    from cost_models.ir.tracing import symbolic_trace, trace
+    from runtime.pipeline.cut import cut_stages
 
     model = _model()
     graph = trace(model, SHAPE, torch.float64)
@@ -176,8 +175,8 @@ def _single_stage(rank: int, world: int, layouts: Sequence[str]) -> str:
 
 
 def _pipeline(rank: int, world: int) -> int:
-    from runtime.pipeline import apply_pipeline
-    from runtime.schedules import one_f_one_b
+    from runtime.pipeline.schedules import one_f_one_b
+    from runtime.pipeline.stage import apply_pipeline
 
     plan, graph = _plan(_model(), 1, [], ["proj"])
     stage = apply_pipeline(_model(), plan)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from distributed import run_ranks
 from torch import nn
 
-from distributed import run_ranks
 from runtime.random_ops import DrawKey
 
 

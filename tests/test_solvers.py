@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.brute_force import solve_brute_force
-from planner.chain import solve_chain
-from planner.cost_table import CostTable
-from planner.elimination import solve_elimination
-from planner.exact import solve_exact
-from planner.ilp import available_solvers, solve_ilp
+from planner.solvers.brute_force import solve_brute_force
+from planner.solvers.chain import solve_chain
+from planner.solvers.cost_table import CostTable
+from planner.solvers.elimination import solve_elimination
+from planner.solvers.exact import solve_exact
+from planner.solvers.ilp import available_solvers, solve_ilp
 
 costs = st.floats(0.0, 10.0, allow_nan=False)
 
@@ -111,7 +111,7 @@ def test_the_solvers_are_pure_python() -> None:
     import subprocess
     import sys
 
-    code = "import sys, planner.ilp, planner.chain, planner.brute_force; assert 'torch' not in sys.modules"
+    code = "import sys, planner.solvers.ilp, planner.solvers.chain, planner.solvers.brute_force; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

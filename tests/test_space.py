@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
+from conftest import build_model
 
 from calibrate.presets import preset_cluster, preset_profile
-from conftest import build_model
-from cost_models.graph import trace
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout, layouts_dividing
-from planner.chain import solve_chain
-from planner.exact import solve_exact
-from planner.ilp import solve_ilp
+from planner.solvers.chain import solve_chain
+from planner.solvers.exact import solve_exact
+from planner.solvers.ilp import solve_ilp
 from planner.space import build_space, decision_groups
 
 
@@ -101,7 +101,7 @@ def test_an_add_that_would_close_a_circle_is_its_own_decision() -> None:
 def test_edge_matrices_equal_the_estimate_edge_costs(devices: int) -> None:
     from cost_models.cluster import Cluster
     from cost_models.edges import edge_s
-    from cost_models.graph import dtype_itemsize
+    from cost_models.ir.graph import dtype_itemsize
     from planner.edge_costs import EdgeCosts
 
     graph = trace(build_model("resnet18"), (12, 3, 32, 32))
@@ -193,7 +193,7 @@ def test_decisions_stay_acyclic_when_a_cycle_runs_through_a_layer_already_its_ow
 def test_efficientnet_micro_batched_graph_keeps_argument_order_and_sound_decisions() -> None:
     import torchvision
 
-    from cost_models.micro_batches import micro_batch_graph
+    from cost_models.ir.micro_batches import micro_batch_graph
 
     graph = trace(torchvision.models.efficientnet_b0(), (2, 3, 64, 64))
     scaled = micro_batch_graph(graph, 2)
@@ -228,7 +228,7 @@ def test_a_micro_batch_scales_what_the_batch_flows_into_not_filters_made_from_pa
     from torch import nn
 
     from cost_models.estimate import _micro_batch_nodes
-    from cost_models.micro_batches import micro_batch_graph
+    from cost_models.ir.micro_batches import micro_batch_graph
 
     class Standardised(nn.Module):
         def __init__(self) -> None:

@@ -6,16 +6,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from conftest import build_model
+
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import InputError, PlanError
-from cost_models.graph import trace
+from cost_models.ir.tracing import symbolic_trace, trace
 from cost_models.layout import Layout
-from cost_models.tracing import symbolic_trace
 from cost_models.uniform import balanced_starts, staged, uniform_plan
-from runtime.pipeline import check_pipeline
-from runtime.stage_cut import cut_stages
+from runtime.pipeline.cut import cut_stages
+from runtime.pipeline.stage import check_pipeline
 
 SHAPE = (4, 3, 40, 36)
 
@@ -100,7 +99,7 @@ class _Twice(torch.nn.Module):
 
 
 def test_a_parameter_used_on_two_stages_is_refused() -> None:
-    from runtime.stage_setup import refuse_shared_parameters
+    from runtime.pipeline.setup import refuse_shared_parameters
 
     model = _Twice()
     nodes = list(symbolic_trace(model, ()).graph.nodes)

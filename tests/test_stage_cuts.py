@@ -1,4 +1,4 @@
-"""Tier 1: the stage-cut DP (planner.stage_cuts) against brute force over every cut, with lazy true times."""
+"""Tier 1: the stage-cut DP (planner.pipeline.cuts) against brute force over every cut, with lazy true times."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.stage_cuts import exact_cuts, fits_nodes
+from planner.pipeline.cuts import exact_cuts, fits_nodes
 
 
 def _brute(count, stages, allowed, true, micro, stale, sizes=(1,), budget=None, node=None):  # noqa: ANN001, ANN202

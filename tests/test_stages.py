@@ -9,19 +9,19 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import build_model
 from torch import nn
 
 from calibrate.presets import preset_cluster, preset_profile
-from conftest import build_model
-from cost_models.graph import trace
+from cost_models.formats.plan import Plan, load_plan
+from cost_models.ir.tracing import trace
 from cost_models.pipeline_cost import least_staleness
-from cost_models.plan import Plan, load_plan
 from parplan.cli import main
-from planner.cost_table import CostTable
-from planner.explain import runner_ups
+from planner.pipeline.stages import micro_batch_counts, search_pipelines, stage_counts
 from planner.search import plan_model
-from planner.stages import micro_batch_counts, search_pipelines, stage_counts
 from planner.settings import SearchSettings
+from planner.solvers.cost_table import CostTable
+from planner.solvers.explain import runner_ups
 
 
 def test_stage_counts_and_micro_batches() -> None:
@@ -39,7 +39,8 @@ def test_stages_may_take_any_number_of_whole_nodes_their_largest_activation_fill
     """A batch of 12 at 96×96 on 64 devices (8 to a node): 24 devices (n12·h2) are 3 nodes no equal split of 64
     gives; 3 stages take 16 or 24 each (24 + 24 + 16 uses every device). ResNet-50 at 2048² fills powers of two
     only: its sizes stay those of equal stages."""
-    from planner.stage_sizes import sizes_for as _sizes_for, stage_sizes as _stage_sizes
+    from planner.pipeline.sizes import sizes_for as _sizes_for
+    from planner.pipeline.sizes import stage_sizes as _stage_sizes
 
     graph = trace(build_model("resnet18"), (12, 3, 96, 96))
     sizes = _stage_sizes(preset_cluster("h100", 64), graph)
@@ -95,7 +96,7 @@ def test_the_search_prices_sync_and_stale_pipelines(resnet18) -> None:  # noqa: 
 
 
 def test_a_pipeline_may_leave_half_or_more_of_the_devices_idle() -> None:
-    from planner.stage_sizes import budgets
+    from planner.pipeline.sizes import budgets
 
     assert budgets(64, 8) == [64, 32, 16, 8, 4, 2]  # whole nodes, then parts of one
     assert budgets(24, 8) == [24]  # 12 devices would take a node and a half
@@ -153,10 +154,10 @@ def test_the_bound_only_skips_configurations_that_cannot_win(resnet18) -> None: 
 
 
 def test_a_stale_stage_sends_no_faster_than_its_transfer_floor(resnet18) -> None:  # noqa: ANN001
-    """The floor that rules stale configurations out (``planner.stage_transfers.send_floor``) is below the estimate's
+    """The floor that rules stale configurations out (``planner.pipeline.bounds.send_floor``) is below the estimate's
     transfer after every stage of every stale plan the search prices, on one node and across nodes."""
     from cost_models.estimate import estimate
-    from planner.stage_transfers import send_floor
+    from planner.pipeline.bounds import send_floor
 
     profile = preset_profile("h100")
     for devices in (8, 32):
@@ -181,7 +182,7 @@ def test_a_stale_stage_sends_no_faster_than_its_transfer_floor(resnet18) -> None
 
 def _stale_configs(graph, profile, cluster):  # noqa: ANN001, ANN202
     from cost_models.estimate import CostMemo
-    from planner.stages import _configs
+    from planner.pipeline.stages import _configs
     return [c for c in _configs(graph, profile, cluster, SearchSettings(max_stages=4, schedule="stale"),
                                 CostMemo(profile, "float32")) if c.pipeline.schedule == "stale"]
 
@@ -237,7 +238,7 @@ def test_more_devices_than_samples_get_split_in_space_and_beat_both_baselines() 
 
 def _assert_allowed_cuts_are_the_runnable_ones(nodes: Any, groups: Any, allowed: Any) -> None:
     """For every cut between decisions: the stage search allows it exactly when the runtime's cut runs."""
-    from runtime.stage_cut import cut_stages
+    from runtime.pipeline.cut import cut_stages
 
     heads = list(groups)
     for cut in range(1, len(heads)):
@@ -253,8 +254,8 @@ def _assert_allowed_cuts_are_the_runnable_ones(nodes: Any, groups: Any, allowed:
 def test_stages_start_only_where_the_traced_program_can_be_cut() -> None:
     # A residual block's shortcut convolution is traced after its main branch, but the decisions'
     # topological order puts it first: a cut between them would not be contiguous for the runtime.
-    from cost_models.tracing import symbolic_trace
-    from planner.cut_points import allowed_cuts
+    from cost_models.ir.tracing import symbolic_trace
+    from planner.pipeline.cuts import allowed_cuts
     from planner.space import decision_groups
 
     model = build_model("resnet18")
@@ -295,8 +296,8 @@ class _SizedBlocks(nn.Module):
 
 
 def test_stages_never_start_where_a_value_no_layer_holds_would_cross() -> None:
-    from cost_models.tracing import symbolic_trace
-    from planner.cut_points import allowed_cuts
+    from cost_models.ir.tracing import symbolic_trace
+    from planner.pipeline.cuts import allowed_cuts
     from planner.space import decision_groups
 
     model, leaves = _SizedBlocks(), ("_SizedAttention",)
@@ -315,8 +316,8 @@ def test_a_recomputing_stage_keeps_its_inputs_and_runs_its_forward_twice(resnet1
     from dataclasses import replace
 
     from cost_models.estimate import estimate
-    from cost_models.uniform import staged, uniform_plan
     from cost_models.layout import Layout
+    from cost_models.uniform import staged, uniform_plan
 
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 2)
     one = uniform_plan(resnet18, replace(cluster, devices=1, devices_per_node=1), [Layout()])
@@ -362,13 +363,13 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does(batch: int) -> No
     exact layout optimum on its devices) of every allowed cut and every split of the devices among the stages'
     sizes within its budget (3 stages: 2 + 1 + 1, or fewer with devices left idle; 2 stages on a budget of 2
     devices: 1 + 1); and the lower bound that skips configurations
-    (``planner.stage_bounds.Floor``) is never above that optimum."""
+    (``planner.pipeline.bounds.Floor``) is never above that optimum."""
     import itertools
     import math
 
     from cost_models.estimate import CostMemo
-    from planner.cut_points import allowed_cuts
-    from planner.stages import _best_stage_solve, _configs, _stage_layouts, _StageSpaces
+    from planner.pipeline.cuts import allowed_cuts
+    from planner.pipeline.stages import _best_stage_solve, _configs, _stage_layouts, _StageSpaces
 
     graph = trace(build_model("resnet18"), (batch, 3, 32, 32))
     profile, cluster = preset_profile("h100"), preset_cluster("h100", 4)

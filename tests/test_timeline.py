@@ -1,4 +1,4 @@
-"""Timelines: the predicted one (``cost_models.timeline``) spans exactly the estimate's iteration under every
+"""Timelines: the predicted one (``cost_models.formats.timeline``) spans exactly the estimate's iteration under every
 schedule, and ``parplan estimate --trace`` / ``parplan run --trace`` write Chrome traces naming the plan's layers."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torchvision
 
 from calibrate.presets import preset_profile
 from cost_models.estimate import estimate
-from cost_models.graph import trace
+from cost_models.formats.plan import load_plan
+from cost_models.formats.timeline import LAYER_EVENT, predicted_trace
+from cost_models.ir.tracing import trace
 from cost_models.layout import Layout
-from cost_models.plan import load_plan
-from cost_models.timeline import LAYER_EVENT, predicted_trace
 from cost_models.uniform import balanced_starts, staged, uniform_plan
 from parplan.api import cluster
 from parplan.cli import main

@@ -7,11 +7,12 @@ import json
 import networkx as nx
 import pytest
 import torch
+from conftest import ALL_MODELS, SMALL_SHAPE, build_model
 from torch import nn
 
-from conftest import ALL_MODELS, SMALL_SHAPE, build_model
 from cost_models.errors import InputError, TraceError
-from cost_models.graph import LayerGraph, compute_fingerprint, trace
+from cost_models.ir.graph import LayerGraph, compute_fingerprint
+from cost_models.ir.tracing import trace
 
 
 @pytest.fixture(scope="module", params=ALL_MODELS)

@@ -18,14 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from cost_models.capability import layer_refusal
+from cost_models.capability.predicate import layer_refusal
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import PlanError, TraceError
-from cost_models.flops import layer_flops
-from cost_models.graph import trace
+from cost_models.formats.plan import LayerAssignment
+from cost_models.ir.flops import layer_flops
+from cost_models.ir.tracing import MAX_AUTOMATIC_LEAVES, symbolic_trace, trace
 from cost_models.layout import Layout
-from cost_models.plan import LayerAssignment
-from cost_models.tracing import MAX_AUTOMATIC_LEAVES, symbolic_trace
 from cost_models.uniform import uniform_plan
 from runtime.preflight import check_runnable
 

@@ -23,13 +23,14 @@ from cost_models.corrections import Corrections, layer_key, split_class
 from cost_models.estimate import estimate
 from cost_models.layout import Layout
 from cost_models.profile import Profile, load_profile, save_profile
-from planner.candidates import validation_candidates
 from parplan.cli import main
-from planner.settings import SearchSettings
-from planner.cost_table import CostTable
-from planner.ilp import solve_ilp
+from planner.candidates import validation_candidates
 from planner.refine import Observation, fit_corrections, held_out_predictions, local_s
-from planner.validate import accuracy, percentile, relative_errors, shared_cores, unseen_accuracy
+from planner.settings import SearchSettings
+from planner.solvers.cost_table import CostTable
+from planner.solvers.ilp import solve_ilp
+from planner.validate import accuracy, percentile, relative_errors, unseen_accuracy
+from processes.cores import shared_cores
 
 UNET = ["--model", "examples/unet.py:unet", "--input-shape", "4,3,40,24"]
 
@@ -122,8 +123,8 @@ def test_a_profile_keeps_its_corrections_through_json(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def unet_candidates() -> tuple[object, Profile, list]:
-    from cost_models.graph import trace
-    from cost_models.model_spec import load_model
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
 
     graph = trace(load_model("examples/unet.py:unet"), (4, 3, 40, 24))
     profile = preset_profile("h100")

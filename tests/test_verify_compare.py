@@ -108,7 +108,7 @@ class Unkeyable(nn.Module):
 
 
 def test_unkeyable_random_ops_are_listed_and_rrelu_runs_switched_off() -> None:
-    from cost_models.tracing import symbolic_trace
+    from cost_models.ir.tracing import symbolic_trace
 
     model = Unkeyable().train()
     traced = symbolic_trace(model, ())

@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import replace
 import sys
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import torch
-from torch import nn
-
-from cost_models.capability import layer_refusal
-from cost_models.errors import InputError
-from cost_models.graph import parse_input_shapes, trace
-from cost_models.layout import Layout
-from cost_models.local_problem import layer_problem, phases_of
 from distributed import run_ranks
 from runtime_check import split_step_matches, step_cases
+from torch import nn
+
+from cost_models.capability.predicate import layer_refusal
+from cost_models.errors import InputError
+from cost_models.ir.graph import parse_input_shapes
+from cost_models.ir.tracing import trace
+from cost_models.layout import Layout
+from cost_models.local_problem import layer_problem, phases_of
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -189,7 +191,7 @@ PLANNED = {"cosmoflow32": (1, 4, 32, 32, 32), "unet3d": (1, 2, 16, 16, 16), "sig
 
 
 def _planned_cases(rank: int, world: int, documents: dict[str, dict[str, Any]]) -> bool:
-    from cost_models.plan import Plan
+    from cost_models.formats.plan import Plan
 
     for name, document in documents.items():
         graph = trace(_model(name), PLANNED[name], torch.float64)

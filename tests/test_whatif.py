@@ -13,8 +13,8 @@ from calibrate.presets import preset_profile
 from cost_models.errors import InputError
 from parplan.cli import main
 from parplan.cli.whatif import parse_devices
-from planner.whatif import scaled_profile
 from planner.settings import SearchSettings
+from planner.whatif import scaled_profile
 
 MODEL = ["--model", "torchvision:resnet18", "--input-shape", "8,3,64,64", "--profile", "h100"]
 
@@ -44,8 +44,8 @@ def test_scaled_links_and_memory() -> None:
 @pytest.fixture(scope="module")
 def strong() -> dict:
     os.environ.setdefault("COLUMNS", "200")
-    from parplan.cli.whatif import run_sweep
     from parplan.cli import build_parser
+    from parplan.cli.whatif import run_sweep
 
     args = build_parser().parse_args(["whatif", *MODEL, "--devices", "1..32", "--max-stages", "2", "--jobs", "1"])
     return run_sweep(args, parse_devices(args.devices))
@@ -143,8 +143,8 @@ def test_the_perfect_split_bound_only_skips_sizes_the_planner_cannot_fit() -> No
     import torch
 
     from calibrate.presets import preset_cluster
-    from cost_models.graph import trace
-    from cost_models.model_spec import load_model
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from planner.search import plan_model
     from planner.whatif import _row, one_device
 

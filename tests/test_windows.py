@@ -7,8 +7,8 @@ import pytest
 import torchvision
 
 from calibrate.presets import preset_cluster, preset_profile
-from cost_models.capability import layer_refusal
-from cost_models.graph import trace
+from cost_models.capability.predicate import layer_refusal
+from cost_models.ir.tracing import trace
 from cost_models.layer_cost import layer_cost
 from cost_models.layout import Layout
 from tests.small_models import swin_tiny

@@ -19,7 +19,7 @@ from cost_models.errors import InputError
 
 __all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
            "add_trace_argument", "amp_argument", "check_out_dir",
-           "check_plot_path", "cluster_for", "compute_dtype", "host_shared_cores", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
+           "check_plot_path", "cluster_for", "compute_dtype", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
            "positive_int", "print_json", "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
 
 
@@ -157,22 +157,22 @@ def add_trace_argument(parser: argparse.ArgumentParser, what: str) -> None:
 
 def write_predicted_trace(path: str, plan: Any, result: Any) -> None:
     """The predicted timeline of ``plan`` (``result``: its Estimate) at ``path``, atomically."""
-    from cost_models.jsonio import write_json_atomic
-    from cost_models.timeline import predicted_trace
+    from cost_models.formats.jsonio import write_json_atomic
+    from cost_models.formats.timeline import predicted_trace
 
     write_json_atomic(path, predicted_trace(plan, result))
 
 
 def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
     """Parse the shapes first (cheap), then load and trace the model; also returns the seconds each took."""
-    from cost_models.graph import parse_input_shapes
+    from cost_models.ir.graph import parse_input_shapes
 
     shape = parse_input_shapes(args.input_shape)
     started = time.perf_counter()
     import torch
 
-    from cost_models.graph import trace
-    from cost_models.model_spec import load_model
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
 
     model = load_model(args.model)
     loaded = time.perf_counter()
@@ -194,27 +194,10 @@ def amp_argument(args: argparse.Namespace) -> str:
 
 def compute_dtype(args: argparse.Namespace) -> str:
     """The dtype the model's kernels compute in: ``--amp``'s, else ``--dtype`` (a preset's rates follow it)."""
-    from cost_models.graph import AMP_DTYPES
+    from cost_models.ir.graph import AMP_DTYPES
 
     amp = getattr(args, "amp", None)
     return AMP_DTYPES[amp] if amp else args.dtype
-
-
-def host_shared_cores(ranks: int, threads: int | None) -> float | None:
-    """How many of ``ranks`` local ranks (``threads`` each, default cores / ranks) can compute at once here.
-
-    ``None`` when all can, under MPI, whose ranks may span hosts (``planner.validate.shared_cores``), and when
-    each rank has a GPU of its own.
-    """
-    import torch
-
-    from cost_models.job import launcher_of
-    from planner.validate import shared_cores
-
-    if launcher_of() == "mpi" or (torch.cuda.is_available() and torch.cuda.device_count() >= ranks):
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return shared_cores(ranks, threads or max(1, (os.cpu_count() or 1) // ranks), cores)
 
 
 def slowdowns(items: list[str]) -> dict[int, float]:

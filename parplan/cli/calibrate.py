@@ -3,7 +3,7 @@
 ``--timeout-s`` is ``parplan run``'s: every group of the ranks that time
 collectives (and of the split forms' runs) waits at most that long for a
 peer, and a rank that fails is reported in one line (exit 1). For tests,
-``PARPLAN_FAULT=KIND:RANK:STEP`` (``runtime.faults``) strikes rank ``RANK`` at
+``PARPLAN_FAULT=KIND:RANK:STEP`` (``runtime.fault_injection``) strikes rank ``RANK`` at
 the start of collective measurement ``STEP`` (1-based); the split forms,
 being ``parplan run``'s training, count their steps.
 """
@@ -16,8 +16,16 @@ import time
 from typing import Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import (add_model_arguments, add_timeout_argument, check_out_dir, load_profile_argument,
-                              positive_float, positive_int, print_json, trace_model)
+from parplan.cli.args import (
+    add_model_arguments,
+    add_timeout_argument,
+    check_out_dir,
+    load_profile_argument,
+    positive_float,
+    positive_int,
+    print_json,
+    trace_model,
+)
 
 __all__ = ["add_calibrate", "add_profile"]
 
@@ -72,13 +80,13 @@ def _device_counts(text: str | None, ranks: int) -> tuple[int, ...]:
 
 def _strike_fault(rank: int, measurement: int) -> None:
     """``PARPLAN_FAULT`` at the start of measurement ``measurement`` (in the ranks: module-level, pickled)."""
-    from runtime.faults import planned, strike
+    from runtime.fault_injection import planned, strike
 
     strike(planned(), rank, measurement)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from runtime.faults import planned
+    from runtime.fault_injection import planned
 
     counts = _device_counts(args.devices, args.ranks)
     check_out_dir(args.out)
@@ -86,8 +94,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     graph, _ = trace_model(args)
     from calibrate.comm_ranks import in_existing_group
     from calibrate.session import CalibrationRequest, run_calibration
+    from calibrate.split_forms import FORMS_SHARE
     from cost_models.profile import save_profile
-    from parplan.cli.forms import FORMS_SHARE
     from parplan.cli.report import calibration_progress
 
     started = time.monotonic()
@@ -116,11 +124,11 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _with_forms(args: argparse.Namespace, graph: Any, backend: str, result: Any, started: float) -> Any:
-    """The calibration result with the forms' corrections (``parplan.cli.forms``)."""
+    """The calibration result with the forms' corrections (``calibrate.split_forms``)."""
     from dataclasses import replace
 
-    from cost_models.model_spec import load_model
-    from parplan.cli.forms import FormsRequest, run_forms
+    from calibrate.split_forms import FormsRequest, run_forms
+    from cost_models.ir.model_spec import load_model
 
     if not args.json:
         print("running the split forms (nR, cR, hR, wR) on the ranks", file=sys.stderr, flush=True)

@@ -1,18 +1,18 @@
 """``parplan check``: what parplan can plan and run for a model — trace, plan, verify under the common layouts.
 
-The checks, in order (DESIGN.md, the command line):
+The checks, in order (docs/commands.md):
 
-* ``trace`` — the model traced at the input shape (``cost_models.graph.trace``);
+* ``trace`` — the model traced at the input shape (``cost_models.ir.tracing.trace``);
 * ``plan D`` — for each device count of ``--devices`` (one node), the default
-  search of ``parplan plan`` (pipelines on; ``parplan.cli.plan.search_plan`` with
-  that parser's defaults);
+  search of ``parplan plan`` (pipelines on; ``parplan.api.plan`` with
+  ``parplan plan``'s defaults);
 * ``verify plan D`` — ``--verify`` of that plan on ``D`` ranks;
 * ``verify L`` — for each layout of ``--layouts``, ``--verify`` of the plan
   ``parplan run --layout L`` runs (each layer its first of ``L, n1`` that it can
   take) on as many ranks as ``L`` has.
 
 A verify check first runs the pre-flight of ``parplan run`` in this process
-(``runtime.preflight.check_plan``, ``check_runnable``, ``runtime.pipeline.check_pipeline``);
+(``runtime.preflight.check_plan``, ``check_runnable``, ``runtime.pipeline.stage.check_pipeline``);
 then one ``--verify`` run (``steps=0``, ``warmup=0``) on a persistent pool of
 ranks (``runtime.rank_pool``: started once per rank count, afresh after a
 failure), with the traced graph passed to the ranks. Each check ends as
@@ -27,7 +27,7 @@ failure), with the traced graph passed to the ranks. Each check ends as
   whether that passes (float32 rounding) or fails too (the split differs).
 
 A layout check that passes also says how many layers took the layout, and why
-the others kept a copy of their output (``cost_models.capability``'s reason):
+the others kept a copy of their output (``cost_models.capability.predicate``'s reason):
 ``detail.whole[]``, each marked ``cannot_split`` when no split of that layer
 exists at all (its output too small for the layout, no height and width, a
 tile narrower than its window, softmax or concatenation along the split
@@ -46,16 +46,17 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError, TraceError
 from cost_models.layout import Layout
 from parplan.cli.layouts import cannot_split, layout_plan, split_reason, split_summary
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["DEFAULT_DEVICES", "DEFAULT_LAYOUTS", "Check", "CheckReport", "CheckRequest", "CheckTimeout",
            "add_check", "cannot_split", "check_command", "check_model", "layout_plan", "split_summary"]
@@ -157,7 +158,7 @@ def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = No
     Raises:
         InputError: The model does not build (its spec, its factory).
     """
-    from cost_models.model_spec import load_model
+    from cost_models.ir.model_spec import load_model
     from runtime.outputs import check_output_key
 
     started = time.perf_counter()
@@ -210,7 +211,7 @@ def _spent(request: CheckRequest, ends: float, name: str, kind: str, layout: str
 
 
 def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
-    from cost_models.graph import trace
+    from cost_models.ir.tracing import trace
 
     started = time.perf_counter()
     try:
@@ -229,16 +230,15 @@ def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
 
 
 def _plan_check(request: CheckRequest, graph: LayerGraph, devices: int) -> tuple[Any, Check]:
-    from parplan.cli.main import build_parser
-    from parplan.cli.plan import search_plan
+    from parplan.api import plan
+    from parplan.cli.report import progress_bar
 
     name, started = f"plan {devices}", time.perf_counter()
-    shapes = [word for shape in request.shapes for word in ("--input-shape", ",".join(map(str, shape)))]
-    args = build_parser().parse_args(["plan", "--model", request.model, *shapes, "--dtype", request.dtype,
-                                      "--profile", request.profile, "--devices", str(devices), "--out", os.devnull])
     try:
         with deadline(request.timeout_s):
-            result = search_plan(args, graph)
+            with progress_bar("stage search", enabled=True) as progress:  # parplan plan's defaults
+                result = plan(graph, profile=request.profile, devices=devices, model_spec=request.model,
+                              progress=progress)
     except InputError as err:
         return None, Check(name, "plan", None, devices, "refused", _first_line(err), time.perf_counter() - started)
     except Exception as err:
@@ -327,8 +327,8 @@ def preflight(model: Any, plan: Any, graph: LayerGraph, ranks: int, leaf_modules
     Raises:
         PlanError: What ``parplan run`` would refuse, in its words.
     """
+    from runtime.pipeline.stage import check_pipeline
     from runtime.preflight import check_plan, check_runnable
-    from runtime.pipeline import check_pipeline
 
     check_plan(plan, graph, ranks, "the plan")
     check_runnable(model, plan, graph, leaf_modules, sync_batchnorm=False, verify=True)
@@ -337,7 +337,7 @@ def preflight(model: Any, plan: Any, graph: LayerGraph, ranks: int, leaf_modules
 
 
 def _run_options(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int, timeout_s: float) -> Any:
-    from runtime.train import RunOptions
+    from runtime.options import RunOptions
 
     return RunOptions(model=request.model, input_shape=request.input_shape, input_shapes=request.shapes,
                       dtype=request.verify_as,
@@ -431,7 +431,7 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace) -> CheckRequest:
-    from cost_models.graph import parse_input_shapes
+    from cost_models.ir.graph import parse_input_shapes
     from parplan.cli.args import load_profile_argument
     from parplan.cli.whatif import parse_devices
 

@@ -7,8 +7,16 @@ import time
 from typing import Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import (add_model_arguments, add_trace_argument, compute_dtype, load_profile_argument, print_json, slowdowns,
-                              trace_model, write_predicted_trace)
+from parplan.cli.args import (
+    add_model_arguments,
+    add_trace_argument,
+    compute_dtype,
+    load_profile_argument,
+    print_json,
+    slowdowns,
+    trace_model,
+    write_predicted_trace,
+)
 
 __all__ = ["add_estimate", "estimate_document"]
 
@@ -30,8 +38,8 @@ def add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from cost_models.jsonio import check_writable
-    from cost_models.plan import load_plan
+    from cost_models.formats.jsonio import check_writable
+    from cost_models.formats.plan import load_plan
 
     check_writable(args.trace, "--trace")
     plan = load_plan(args.plan)  # a malformed plan is refused before the model is built

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cost_models.layout import Layout
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["PARAMETERS_ONLY", "cannot_split", "layout_plan", "split_reason", "split_summary", "uniform_layout_plan"]
 
-_NO_LOCAL_PROBLEM = "cost_models.capability accepts it, but cost_models.local_problem gives it no local problem"
+_NO_LOCAL_PROBLEM = "cost_models.capability.predicate accepts it, but cost_models.local_problem gives it no local problem"
 PARAMETERS_ONLY = ("it computes from parameters and constants alone (no sample, row or column to split): "
                    "whole on every rank")
 """Why a layer kept its output whole when the capability predicate names no reason (the two disagree)."""
@@ -36,7 +37,7 @@ def layout_plan(graph: LayerGraph, layout: Layout, model_spec: str = "") -> Any:
 
 def split_summary(graph: LayerGraph, plan: Any, layout: Layout) -> dict[str, Any]:
     """How many compute layers of ``plan`` took ``layout``, and why each other one kept its output whole."""
-    from cost_models.capability import layer_refusal
+    from cost_models.capability.predicate import layer_refusal
 
     names = graph.compute_layers()
     batch = graph.batch_layers()
@@ -52,7 +53,7 @@ def split_summary(graph: LayerGraph, plan: Any, layout: Layout) -> dict[str, Any
 
 def cannot_split(reason: str) -> bool:
     """Whether a capability reason says no split of the layer exists (not merely one this runtime lacks)."""
-    from cost_models.capability import inherent
+    from cost_models.capability.predicate import inherent
 
     return inherent(reason)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from cost_models.errors import InputError
 from parplan.cli.args import OneLineParser
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_input_shapes(args: argparse.Namespace) -> None:
     """Refuse malformed ``--input-shape`` values, or inputs of different batches, before a command does any work."""
     if getattr(args, "input_shape", None) is not None:
-        from cost_models.graph import parse_input_shapes
+        from cost_models.ir.graph import parse_input_shapes
 
         parse_input_shapes(args.input_shape)
 
@@ -71,8 +71,8 @@ def _check_input_shapes(args: argparse.Namespace) -> None:
 def _failure(err: Exception) -> str:
     """One line for a failure that is not bad input: a rank that died or hung, or a bug (asks for --debug)."""
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if "cost_models.rank_failures" in sys.modules:  # only commands that start ranks have failed ones (imported by then)
-        from cost_models.rank_failures import RankFailedError, RankFailure
+    if "processes.rank_failures" in sys.modules:  # only commands that start ranks have failed ones (imported by then)
+        from processes.rank_failures import RankFailedError, RankFailure
 
         if isinstance(err, (RankFailure, RankFailedError)):
             return f"error: {detail}"

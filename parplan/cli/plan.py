@@ -5,12 +5,24 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from parplan.cli.args import (add_model_arguments, add_search_arguments, add_trace_argument, check_out_dir,
-                              check_plot_path, cluster_for, compute_dtype, load_profile_argument, positive_int, print_json,
-                              search_settings, trace_model, write_predicted_trace)
+from parplan.cli.args import (
+    add_model_arguments,
+    add_search_arguments,
+    add_trace_argument,
+    check_out_dir,
+    check_plot_path,
+    cluster_for,
+    compute_dtype,
+    load_profile_argument,
+    positive_int,
+    print_json,
+    search_settings,
+    trace_model,
+    write_predicted_trace,
+)
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["add_plan", "search_plan"]
 
@@ -44,7 +56,7 @@ def _plan(args: argparse.Namespace) -> int:
     profile = load_profile_argument(args.profile, compute_dtype(args))
     cluster_for(args.profile, profile, args.devices, args.devices_per_node)  # a bad device count before tracing
     graph, _ = trace_model(args)
-    from cost_models.plan import save_plan
+    from cost_models.formats.plan import save_plan
 
     result = search_plan(args, graph, profile)
     save_plan(result.plan, args.out)

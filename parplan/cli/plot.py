@@ -20,9 +20,10 @@ pipeline stages shaded behind.
 from __future__ import annotations
 
 import io
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from cost_models.jsonio import write_bytes_atomic
+from cost_models.formats.jsonio import write_bytes_atomic
 from planner.whatif import OneDevice, WhatIfRow
 
 __all__ = ["FAMILIES", "device_label", "plot_plan", "plot_sweep"]

@@ -1,5 +1,5 @@
 """Who starts a command's ranks, and how many: this host's agent (``--nproc``), one host of several (``--nnodes``),
-or a launcher that started this process as one rank (torchrun, ``srun``, ``mpirun``: ``cost_models.job``).
+or a launcher that started this process as one rank (torchrun, ``srun``, ``mpirun``: ``processes.job``).
 
 Refused before any rank starts (one line, exit 2): ``--nproc`` that disagrees
 with the launcher's world size, ``--nnodes`` under a launcher (it has its own),
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cost_models.errors import InputError
-from cost_models.job import launcher_of, place_in_job
 from parplan.cli.args import non_negative_int, positive_int
+from processes.job import launcher_of, place_in_job
 
 __all__ = ["JobRanks", "add_node_arguments", "check_placement", "job_ranks", "mpi_size"]
 

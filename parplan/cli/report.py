@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -72,7 +73,14 @@ def _shape(shape: Any) -> str:
 def progress_bar(description: str, enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
     """A transient progress bar with ETA on stderr, only on a terminal and when ``enabled`` (not under ``--json``);
     yields the ``(done, total)`` callback the search or sweep calls."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(stderr=True)
     if not (enabled and console.is_terminal):
@@ -88,7 +96,14 @@ def progress_bar(description: str, enabled: bool = True) -> Iterator[Callable[[i
 @contextmanager
 def calibration_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
     """A progress bar with ETA on stderr; yields the ``(phase, done, total)`` callback calibration calls."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(stderr=True)
     if not console.is_terminal:  # logs and pipes get one line per phase instead of a bar

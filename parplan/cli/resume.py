@@ -13,7 +13,8 @@ the newest complete one whose shards have the sizes its manifest records
 from __future__ import annotations
 
 import argparse
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cost_models.errors import InputError
 

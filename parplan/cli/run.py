@@ -18,14 +18,25 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
-from parplan.cli.args import (add_model_arguments, add_timeout_argument, add_trace_argument, amp_argument,
-                              compute_dtype, host_shared_cores, load_profile_argument, non_negative_int, positive_float, positive_int, slowdowns)
+from parplan.cli.args import (
+    add_model_arguments,
+    add_timeout_argument,
+    add_trace_argument,
+    amp_argument,
+    compute_dtype,
+    load_profile_argument,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    slowdowns,
+)
 from parplan.cli.ranks import JobRanks, add_node_arguments, check_placement, job_ranks
 from parplan.cli.resume import defaults, resumed
 from parplan.cli.run_checks import check_pipeline_flags, check_plan_fits, check_precision, check_recovery, layout_plan
+from processes.cores import host_shared_cores
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["add_run", "backend_for"]
 
@@ -117,14 +128,15 @@ def _run(args: argparse.Namespace) -> int:
     """The handler: check, launch, report."""
     import torch
 
-    from cost_models.graph import parse_input_shapes, trace
-    from cost_models.jsonio import check_writable
-    from cost_models.model_spec import load_model
-    from cost_models.plan import Plan
-    from runtime.faults import planned
+    from cost_models.formats.jsonio import check_writable
+    from cost_models.formats.plan import Plan
+    from cost_models.ir.graph import parse_input_shapes
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
+    from runtime.fault_injection import planned
     from runtime.launch import launch
+    from runtime.options import RunOptions
     from runtime.outputs import check_output_key
-    from runtime.train import RunOptions
 
     args.slow_stages = slowdowns(args.slow_stage)
     check_writable(args.out, "--out")
@@ -172,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _read_plan(path: str) -> Any:
-    from cost_models.plan import load_plan
+    from cost_models.formats.plan import load_plan
 
     return load_plan(path)
 
@@ -210,13 +222,13 @@ def backend_for(requested: str | None, ranks: JobRanks) -> str:
 
 
 def _report(args: argparse.Namespace, document: dict[str, Any]) -> None:
-    from cost_models.schema import check_document
+    from cost_models.formats.schema import check_document
 
     try:
         check_document(document, "parplan.measurement/1", "measurement-1", "the measurement", InputError)
     except InputError as err:  # our own output: a bug, not bad input
         raise RuntimeError(f"the measurement does not match its schema: {err}") from err
-    from cost_models.jsonio import emit_document
+    from cost_models.formats.jsonio import emit_document
     from parplan.cli.report import print_measurement
 
     emit_document(document, args.out, args.json, print_measurement)

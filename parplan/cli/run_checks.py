@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cost_models.errors import InputError
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["check_pipeline_flags", "check_plan_fits", "check_recovery", "layout_plan"]
 
@@ -44,7 +44,7 @@ def _uniform(graph: LayerGraph, text: str, devices: int) -> Any:
 
 
 def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, ranks: int) -> None:
-    from cost_models.model_spec import load_model
+    from cost_models.ir.model_spec import load_model
     from runtime.preflight import check_plan, check_runnable
 
     check_plan(plan, graph, ranks, f"plan {args.plan}" if args.plan else "the --layout plan")
@@ -66,7 +66,7 @@ def check_precision(args: argparse.Namespace, plan: Any) -> None:
 
 def check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
     """Refuse pipeline flags the plan cannot take, and pipelines the runtime cannot run (``check_pipeline``)."""
-    from runtime.pipeline import check_pipeline
+    from runtime.pipeline.stage import check_pipeline
 
     stages = plan.pipeline.stages
     if args.plan and (args.stages != 1 or args.schedule != "sync" or args.micro_batches):

@@ -24,14 +24,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
 
 if TYPE_CHECKING:
-    from cost_models.graph import LayerGraph
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["FORMAT", "add_validate"]
 
@@ -40,8 +41,14 @@ FORMAT = "parplan.validation/1"
 
 def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan validate`` on the subcommand parsers."""
-    from parplan.cli.args import (add_model_arguments, add_search_arguments, add_timeout_argument, non_negative_int,
-                                  positive_float, positive_int)
+    from parplan.cli.args import (
+        add_model_arguments,
+        add_search_arguments,
+        add_timeout_argument,
+        non_negative_int,
+        positive_float,
+        positive_int,
+    )
 
     parser = commands.add_parser("validate", parents=[common], help="run the top plans and compare with predictions",
                                  description=__doc__.split("\n\n")[0])
@@ -80,11 +87,11 @@ def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from parplan.cli.args import compute_dtype, host_shared_cores, load_profile_argument
+    from cost_models.formats.jsonio import check_writable
+    from parplan.cli.args import compute_dtype, load_profile_argument
     from parplan.cli.ranks import job_ranks
     from parplan.cli.report import print_validation
-
-    from cost_models.jsonio import check_writable
+    from processes.cores import host_shared_cores
 
     check_writable(args.out, "--out")
     check_writable(args.refine, "--refine")
@@ -108,7 +115,7 @@ def _validate(args: argparse.Namespace) -> int:
     documents = _measure(args, candidates, graph)
     if documents is None:  # an MPI rank other than 0
         return 0
-    from cost_models.jsonio import emit_document
+    from cost_models.formats.jsonio import emit_document
 
     emit_document(_report(args, graph, profile, candidates, documents, left_out), args.out, args.json,
                   print_validation)
@@ -128,8 +135,9 @@ def _threads(args: argparse.Namespace) -> int:
 
 
 def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
-    from cost_models.graph import parse_input_shapes, trace
-    from cost_models.model_spec import load_model
+    from cost_models.ir.graph import parse_input_shapes
+    from cost_models.ir.model_spec import load_model
+    from cost_models.ir.tracing import trace
     from parplan.cli.args import amp_argument
 
     shape = parse_input_shapes(args.input_shape)
@@ -138,10 +146,10 @@ def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
-    from planner.candidates import validation_candidates
     from parplan.cli.args import cluster_for, search_settings
+    from planner.candidates import validation_candidates
+    from runtime.pipeline.stage import check_pipeline
     from runtime.preflight import check_plan, check_runnable
-    from runtime.pipeline import check_pipeline
 
     def refusal(plan: Any) -> str | None:
         try:
@@ -188,7 +196,7 @@ def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph)
     """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
     from parplan.cli.run import backend_for
     from runtime.launch import launch_many
-    from runtime.train import RunOptions
+    from runtime.options import RunOptions
 
     threads = _threads(args)
     per_layer = bool(args.per_layer or args.refine)

@@ -17,8 +17,13 @@ from cost_models.errors import InputError
 __all__ = ["add_whatif", "parse_devices", "run_sweep"]
 def add_whatif(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register ``parplan whatif``."""
-    from parplan.cli.args import (add_model_arguments, add_search_arguments, non_negative_int, positive_float,
-                                  positive_int)
+    from parplan.cli.args import (
+        add_model_arguments,
+        add_search_arguments,
+        non_negative_int,
+        positive_float,
+        positive_int,
+    )
 
     parser = commands.add_parser(
         "whatif", parents=[common], help="predict training speed over a range of cluster sizes",
@@ -78,8 +83,8 @@ def whatif_command(args: argparse.Namespace) -> int:
     if args.csv:
         _write_csv(args.csv, document["rows"])
     if args.plot:
-        from planner.whatif import OneDevice, WhatIfRow
         from parplan.cli.plot import plot_sweep
+        from planner.whatif import OneDevice, WhatIfRow
 
         rows = [WhatIfRow(**row) for row in document["rows"]]
         plot_sweep(rows, args.plot, _title(document), OneDevice(**document["one_device"]), weak=args.weak_scaling)
@@ -118,7 +123,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
-    from cost_models.jsonio import write_bytes_atomic
+    from cost_models.formats.jsonio import write_bytes_atomic
 
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]))
