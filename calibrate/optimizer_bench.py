@@ -51,14 +51,14 @@ def parameter_shapes(graph: Any, split: int) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = []
     for name in graph.compute_layers():
         layer = graph.nodes[name]
-        params = int(layer.get("params") or 0)
+        params = int(layer.params or 0)
         if params == 0:
             continue
-        parts = split if layer["kind"] in DENSE_KINDS | {"batchnorm"} else 1
-        weight = tuple(layer.get("weight_shape") or (params,))
+        parts = split if layer.kind in DENSE_KINDS | {"batchnorm"} else 1
+        weight = tuple(layer.weight_shape or (params,))
         weight = (max(1, -(-weight[0] // parts)), *weight[1:])
         shapes.append(weight)
-        rest = params - prod(layer.get("weight_shape") or (params,))
+        rest = params - prod(layer.weight_shape or (params,))
         if rest > 0:
             shapes.append((max(1, -(-rest // parts)),))
     return shapes

@@ -14,6 +14,7 @@ from cost_models.comm_cost import redistribution_s
 from cost_models.dense_forms import form_s
 from cost_models.edges import edge_move
 from cost_models.ir.graph import dtype_itemsize, layer_itemsize
+from cost_models.ir.layer import Layer
 from cost_models.layer_cost import Compute, LayerCost, compute_s, problem_cost
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem, layer_problem
@@ -60,7 +61,7 @@ class CostMemo:
         return (dtype == self.dtype and threads == self.threads
                 and (profile is self.profile or profile == self.profile))
 
-    def signature(self, layer: Mapping[str, Any]) -> str:
+    def signature(self, layer: Layer) -> str:
         """The text that identifies a layer's costs: its node's data but the module."""
         known = self.signatures.get(id(layer))
         if known is not None and known[0] is layer:
@@ -76,14 +77,14 @@ class CostMemo:
                              f"{self.threads} threads cannot price {dtype} with profile {profile.device.name!r} on "
                              f"{threads} threads; make one per profile, dtype and thread count")
 
-    def problem(self, signature: str, layer: Mapping[str, Any], layout: Layout) -> LocalProblem | None:
+    def problem(self, signature: str, layer: Layer, layout: Layout) -> LocalProblem | None:
         """``local_problem`` of the layer under ``layout``."""
         key = (signature, layout)
         if key not in self.problems:
             self.problems[key] = layer_problem(layer, layout, self.dtype)  # mixed precision: the layer's dtype
         return self.problems[key]
 
-    def cost(self, name: str, signature: str, layer: Mapping[str, Any], layout: Layout, devices: int,
+    def cost(self, name: str, signature: str, layer: Layer, layout: Layout, devices: int,
              cluster: Cluster, overlap: bool = True) -> LayerCost:
         """``layer_cost`` of the layer under ``layout`` on ``devices`` ranks of ``cluster``."""
         cluster = _one_node_normalised(cluster)
@@ -102,7 +103,7 @@ class CostMemo:
             self.computes[problem] = compute_s(problem, self.profile)
         return self.computes[problem]
 
-    def memory(self, signature: str, layer: Mapping[str, Any], layout: Layout, optimizer: str) -> LayerMemory:
+    def memory(self, signature: str, layer: Layer, layout: Layout, optimizer: str) -> LayerMemory:
         """``layer_memory`` of the layer under ``layout`` with ``optimizer``'s state."""
         key = (signature, layout, optimizer)
         if key not in self.memories:
@@ -112,7 +113,7 @@ class CostMemo:
             self.memories[key] = layer_memory(layer, layout, problem, optimizer, self.itemsize, peaks)
         return self.memories[key]
 
-    def edge_s(self, source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
+    def edge_s(self, source: Layer, target: Layer, have: Layout, layout: Layout, devices: int,
                cluster: Cluster) -> float:
         """:func:`cost_models.edges.edge_s` on ``devices`` ranks of ``cluster``."""
         cluster, itemsize = _one_node_normalised(cluster), layer_itemsize(source, self.dtype)

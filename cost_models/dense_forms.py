@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import allreduce_s
+from cost_models.ir.layer import Layer, as_layer
 from cost_models.layout import Layout
 from cost_models.profile import Profile
 
@@ -55,23 +56,23 @@ __all__ = ["channels_last_linear", "column_form_s", "form_s", "has_forms", "read
            "row_form_s"]
 
 
-def channels_last_linear(layer: Mapping[str, Any]) -> bool:
+def channels_last_linear(layer: Layer) -> bool:
     """An ``nn.Linear`` module reading tokens or a channels-last map (its channels last): it has both forms."""
-    attrs, inputs = layer.get("attrs", {}), layer.get("input_shapes") or []
-    if layer.get("kind") != "linear" or len(inputs) != 1 or attrs.get("function_form"):
+    attrs, inputs = layer.attrs, layer.input_shapes or []
+    if layer.kind != "linear" or len(inputs) != 1 or attrs.get("function_form"):
         return False
     orders = attrs.get("input_orders") or [""]
     return len(inputs[0]) in (3, 4) and len(orders[0]) == len(inputs[0]) and orders[0].endswith("c")
 
 
-def has_forms(source: Mapping[str, Any], target: Mapping[str, Any], layout: Layout) -> bool:
+def has_forms(source: Layer, target: Layer, layout: Layout) -> bool:
     """Whether ``target`` under ``layout``, reading ``source``, runs one of the two forms (its edge prices it)."""
-    return layout.c > 1 and channels_last_linear(target) and source.get("kind") != "input"
+    return layout.c > 1 and channels_last_linear(target) and source.kind != "input"
 
 
-def row_form(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout) -> bool:
+def row_form(source: Layer, target: Layer, have: Layout, layout: Layout) -> bool:
     """Whether ``target`` under ``layout`` runs its row form, reading ``source``'s output held in ``have``."""
-    return have == layout and has_forms(source, target, layout) and target["input_shapes"][0][-1] >= layout.c
+    return have == layout and has_forms(source, target, layout) and target.input_shapes[0][-1] >= layout.c
 
 
 def reads_in_row_form(name: str, plan: Plan, graph: LayerGraph) -> bool:
@@ -85,9 +86,10 @@ def reads_in_row_form(name: str, plan: Plan, graph: LayerGraph) -> bool:
                                                        assigned.layout)
 
 
-def form_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, profile: Profile,
+def form_s(source: Layer | Mapping[str, Any], target: Layer | Mapping[str, Any], have: Layout, layout: Layout, profile: Profile,
            cluster: Cluster, itemsize: int) -> float:
     """Seconds of ``target``'s filter split that depend on its form (0 when it has no forms or ``c`` is 1)."""
+    source, target = as_layer(source), as_layer(target)
     if not has_forms(source, target, layout):
         return 0.0
     if row_form(source, target, have, layout):
@@ -95,19 +97,20 @@ def form_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, l
     return column_form_s(target, layout, profile, cluster, itemsize)
 
 
-def column_form_s(target: Mapping[str, Any], layout: Layout, profile: Profile, cluster: Cluster,
+def column_form_s(target: Layer, layout: Layout, profile: Profile, cluster: Cluster,
                   itemsize: int) -> float:
     """The column form's input-gradient allreduce over the ``c`` group (its local input, whole in channels)."""
-    order = target["attrs"]["input_orders"][0]
-    elements = _local_elements(target["input_shapes"][0], order, layout)
+    order = target.attrs["input_orders"][0]
+    elements = _local_elements(target.input_shapes[0], order, layout)
     return allreduce_s(profile, cluster, _channel_group(layout), itemsize * elements)
 
 
-def row_form_s(target: Mapping[str, Any], layout: Layout, profile: Profile, cluster: Cluster, itemsize: int) -> float:
+def row_form_s(target: Layer | Mapping[str, Any], layout: Layout, profile: Profile, cluster: Cluster, itemsize: int) -> float:
     """The row form's allreduces (forward the partial sums, backward the zero-padded gradients) of its local
     output, whole in channels."""
-    order = target["attrs"]["input_orders"][0]
-    elements = _local_elements(target["output_shape"], order, layout)
+    target = as_layer(target)
+    order = target.attrs["input_orders"][0]
+    elements = _local_elements(target.output_shape, order, layout)
     return 2 * allreduce_s(profile, cluster, _channel_group(layout), itemsize * elements)
 
 

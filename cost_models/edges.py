@@ -13,14 +13,13 @@ reads the input where it is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
 from cost_models.dense_forms import form_s, has_forms, row_form
 from cost_models.ir.kinds import DENSE_KINDS
+from cost_models.ir.layer import Layer
 from cost_models.ir.orders import NCDHW, NCW, default_order, logical
 from cost_models.layout import Layout, whole_channels
 from cost_models.profile import Profile
@@ -28,7 +27,7 @@ from cost_models.profile import Profile
 __all__ = ["edge_frame", "edge_free", "edge_layouts", "edge_move", "edge_s", "projected", "reader_layout"]
 
 
-def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout, devices: int,
+def edge_s(source: Layer, target: Layer, have: Layout, layout: Layout, devices: int,
            profile: Profile, cluster: Cluster, itemsize: int) -> float:
     """Seconds to move ``source``'s output from layout ``have`` to what ``target`` under ``layout`` reads, and back.
 
@@ -45,12 +44,12 @@ def edge_s(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, l
                      + redistribution_s(profile, cluster, shape4, itemsize, want, held, devices))
 
 
-def edge_free(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout, layout: Layout) -> bool:
+def edge_free(source: Layer, target: Layer, have: Layout, layout: Layout) -> bool:
     """Whether the edge costs nothing: no move, and no form of the reader priced on it."""
     return not has_forms(source, target, layout) and edge_move(source, target, have, layout) is None
 
 
-def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
+def edge_layouts(source: Layer, target: Layer, have: Layout,
                  layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
     """The 4-D shape (5-D of a volume), held and wanted layouts of the edge's tensor; ``None`` for edges free by rule
     (the input).
@@ -62,17 +61,17 @@ def edge_layouts(source: Mapping[str, Any], target: Mapping[str, Any], have: Lay
     if frame is None:
         return None
     shape, flat = frame
-    return shape, projected(have, flat), projected(reader_layout(target["kind"], layout), flat)
+    return shape, projected(have, flat), projected(reader_layout(target.kind, layout), flat)
 
 
-def edge_frame(source: Mapping[str, Any]) -> tuple[tuple[int, ...], bool] | None:
+def edge_frame(source: Layer) -> tuple[tuple[int, ...], bool] | None:
     """The shape ``source``'s output moves as (4-D, 5-D of a volume, 3-D of a sequence, else ``(n, features, 1,
     1)``) and whether it is held flattened (its layouts keep only ``n`` and ``c``); ``None`` for the input (loaded
     in place) and tuples of tensors (kept whole)."""
-    shape = source["output_shape"]
-    if source["kind"] == "input" or not shape or isinstance(shape[0], list):
+    shape = source.output_shape
+    if source.kind == "input" or not shape or isinstance(shape[0], list):
         return None
-    order = source.get("attrs", {}).get("order") or default_order(len(shape))
+    order = source.attrs.get("order") or default_order(len(shape))
     if len(shape) == 4:  # a channels-last value moves its axes wherever its order holds them: priced as nchw
         return tuple(logical(shape, order)), False
     if (len(shape) == 5 and order == NCDHW) or (len(shape) == 3 and order == NCW):  # a volume, a sequence
@@ -98,10 +97,10 @@ def reader_layout(kind: str, layout: Layout) -> Layout:
     return replace(layout, c=1, w=1) if kind == "attention" else layout  # (heads: its input whole in channels)
 
 
-def edge_move(source: Mapping[str, Any], target: Mapping[str, Any], have: Layout,
+def edge_move(source: Layer, target: Layer, have: Layout,
               layout: Layout) -> tuple[tuple[int, ...], Layout, Layout] | None:
     """The tensor shape and the two layouts :func:`edge_s` redistributes between, or ``None`` when it costs nothing."""
-    if have == layout and (reader_layout(target["kind"], layout) == layout or row_form(source, target, have, layout)):
+    if have == layout and (reader_layout(target.kind, layout) == layout or row_form(source, target, have, layout)):
         return None  # both project alike (:func:`edge_layouts`), or a row-form reader reads it where it is
     move = edge_layouts(source, target, have, layout)
     return None if move is None or move[1] == move[2] else move

@@ -69,6 +69,7 @@ from cost_models.errors import InputError, PlanError
 from cost_models.formats.plan import Plan, Prediction, check_plan_for_graph
 from cost_models.ir.graph import layer_itemsize
 from cost_models.ir.kinds import VIEW_KINDS
+from cost_models.ir.layer import Layer
 from cost_models.ir.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.layer_cost import LayerCost
 from cost_models.layout import Layout
@@ -162,7 +163,7 @@ class Estimate:
 @dataclass(frozen=True)
 class _Context:
     graph: LayerGraph
-    nodes: Mapping[str, Mapping[str, Any]]
+    nodes: Mapping[str, Layer]
     plan: Plan
     profile: Profile
     dtype: str
@@ -228,7 +229,7 @@ def restaled(graph: LayerGraph, plan: Plan, previous: Estimate, staleness_was: S
     return _combine(previous.layers, stages, plan, 1, step_s, None)
 
 
-def _micro_batch_nodes(graph: LayerGraph, micro: int) -> Mapping[str, Mapping[str, Any]]:
+def _micro_batch_nodes(graph: LayerGraph, micro: int) -> Mapping[str, Layer]:
     """The layers on the largest of ``micro`` micro-batches (each is priced as it: ``cost_models.ir.micro_batches``)."""
     if micro == 1:
         return graph.nodes
@@ -257,7 +258,7 @@ def _layer_estimate(context: _Context, name: str, cluster: Cluster) -> LayerEsti
     cost = context.memo.cost(name, signature, node, assignment.layout, devices, cluster, context.overlap)
     moved = sum(_edge_s(context, source, name, devices, cluster) for source in context.graph.predecessors(name))
     memory = context.memo.memory(signature, node, assignment.layout, context.optimizer)
-    return LayerEstimate(name, node["kind"], assignment.stage, assignment.layout, cost, moved, memory,
+    return LayerEstimate(name, node.kind, assignment.stage, assignment.layout, cost, moved, memory,
                          _saved_input_of(context, name, signature))
 
 
@@ -266,7 +267,7 @@ def _saved_input_of(context: _Context, name: str, signature: str) -> str:
     redistribution), or ``name`` itself when its input is a tensor of its own."""
     nodes, layers = context.nodes, context.plan.layers
     source = next(iter(context.graph.predecessors(name)), None)
-    while source is not None and nodes[source]["kind"] in VIEW_KINDS:
+    while source is not None and nodes[source].kind in VIEW_KINDS:
         source = next(iter(context.graph.predecessors(source)), None)
     if source is None or source not in layers or layers[source].layout != layers[name].layout \
             or layers[source].stage != layers[name].stage:
@@ -372,9 +373,9 @@ def _boundary_bytes(context: _Context, stage: int, into: bool) -> int:
     return total
 
 
-def crossing_bytes(node: Mapping[str, Any], ranks: int, dtype: str) -> int:
+def crossing_bytes(node: Layer, ranks: int, dtype: str) -> int:
     """Bytes one rank sends of the output of ``node`` (split over ``ranks``) to the next pipeline stage."""
-    return ceil(_elements(node["output_shape"]) / ranks) * layer_itemsize(node, dtype)
+    return ceil(_elements(node.output_shape) / ranks) * layer_itemsize(node, dtype)
 
 
 def transfer_s(profile: Profile, level: str, nbytes: int) -> float:

@@ -44,12 +44,10 @@ Assumptions (beyond those of the modules used):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Any
 
 from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.cluster import Cluster
@@ -65,6 +63,7 @@ from cost_models.dense_forms import channels_last_linear
 from cost_models.errors import PlanError
 from cost_models.halo import AxisHalo, distinct_axis_halos, halo_messages, volume_halo_messages
 from cost_models.ir.kinds import DENSE_KINDS
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem, axis_value, layer_problem, local_problem, phases_of
 from cost_models.profile import Profile
@@ -97,31 +96,31 @@ class LayerCost:
                 + self.channel_reduce_s)
 
 
-def layer_cost(name: str, layer: Mapping[str, Any], layout: Layout, devices: int, profile: Profile,
+def layer_cost(name: str, layer: Layer, layout: Layout, devices: int, profile: Profile,
                cluster: Cluster, itemsize: int, dtype: str, overlap: bool = True) -> LayerCost:
     """All terms of one layer (see the module docstring)."""
     return problem_cost(name, layer, layout, local_problem(layer, layout, itemsize, dtype), devices, profile, cluster,
                         itemsize, overlap)
 
 
-def problem_cost(name: str, layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None, devices: int,
+def problem_cost(name: str, layer: Layer, layout: Layout, problem: LocalProblem | None, devices: int,
                  profile: Profile, cluster: Cluster, itemsize: int, overlap: bool = True, *,
                  compute: Compute | None = None) -> LayerCost:
     """:func:`layer_cost` given the layer's ``local_problem`` under ``layout`` (computed once by the caller) and,
     optionally, its :func:`compute_s` (the same for every layer and layout of that local problem)."""
     if problem is None:
-        if layer["kind"] in ("input", "flatten", "view", "getitem", "identity") or layout.ranks == 1:
+        if layer.kind in ("input", "flatten", "view", "getitem", "identity") or layout.ranks == 1:
             return LayerCost(0.0, 0.0, 0.0, 0.0, _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
                              0.0, 0.0, "none")
-        raise PlanError(f"layout {layout} cannot split layer '{name}' ({layer['kind']}, output "
-                        f"{tuple(layer['output_shape'])}); choose a layout its kind and shape allow")
+        raise PlanError(f"layout {layout} cannot split layer '{name}' ({layer.kind}, output "
+                        f"{tuple(layer.output_shape)}); choose a layout its kind and shape allow")
     forward_s, backward_s, weight_s, source = compute or compute_s(problem, profile)
     halos = spatial_halos(layer, layout)
     halo_s = _halo_s(layer, layout, problem, profile, cluster, halos) + _window_shift_s(layer, layout, problem,
                                                                                          profile, cluster)
     interior = _interior_share(problem, halos) if overlap else 0.0
     exposed = max(0.0, halo_s / 2 - interior * forward_s) + max(0.0, halo_s / 2 - interior * backward_s)
-    scale = 1.0 if profile.corrections is None else profile.corrections.scale(layer["kind"], layout)
+    scale = 1.0 if profile.corrections is None else profile.corrections.scale(layer.kind, layout)
     return LayerCost(
         scale * forward_s, scale * backward_s, scale * halo_s, scale * exposed,
         _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
@@ -152,7 +151,7 @@ def compute_s(problem: LocalProblem, profile: Profile) -> Compute:
     return forward_s, backward_s, weight_s, sources.pop() if len(sources) == 1 else "mixed"
 
 
-def least_device_s(layer: Mapping[str, Any], profile: Profile, dtype: str, *, recompute: bool = False) -> float:
+def least_device_s(layer: Layer, profile: Profile, dtype: str, *, recompute: bool = False) -> float:
     """A lower bound on the device-seconds of ``layer``'s forward and backward under any layout on any number of
     ranks (its forward twice with ``recompute``): every layout's ranks compute at least the whole layer's flops
     and move at least its bytes between them (ceilings, halos and copies only add), and no term of
@@ -168,17 +167,17 @@ def least_device_s(layer: Mapping[str, Any], profile: Profile, dtype: str, *, re
     return total
 
 
-def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[tuple[AxisHalo, ...], ...] | None:
+def spatial_halos(layer: Layer, layout: Layout) -> tuple[tuple[AxisHalo, ...], ...] | None:
     """The distinct per-tile halos of each spatial axis (``(rows, columns)`` of an image; slices first of a
     volume) of a convolution or pooling split by space, in tile order; ``None`` if it has none.
 
     Raises:
         InputError: A tile would read beyond its adjacent tile.
     """
-    if layer["kind"] not in _HALO_KINDS or layout.spatial == 1:
+    if layer.kind not in _HALO_KINDS or layout.spatial == 1:
         return None
-    attrs, shape = layer["attrs"], layer["input_shapes"][0]
-    if "pads" in attrs or (layer["kind"] == "conv" and (isinstance(attrs.get("padding"), str)
+    attrs, shape = layer.attrs, layer.input_shapes[0]
+    if "pads" in attrs or (layer.kind == "conv" and (isinstance(attrs.get("padding"), str)
                                                          or attrs.get("padding_mode", "zeros") != "zeros")):
         return _gathered(layer, layout)
     halos = []
@@ -190,10 +189,10 @@ def spatial_halos(layer: Mapping[str, Any], layout: Layout) -> tuple[tuple[AxisH
     return tuple(halos)
 
 
-def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[tuple[AxisHalo, ...], ...]:
+def _gathered(layer: Layer, layout: Layout) -> tuple[tuple[AxisHalo, ...], ...]:
     """The halos of a convolution padded in a mode or asymmetrically (``cost_models.borders``): circular padding
     gives the border tiles a halo from the opposite end, as an interior tile has."""
-    attrs, shape = layer["attrs"], layer["input_shapes"][0]
+    attrs, shape = layer.attrs, layer.input_shapes[0]
     halos = []
     for axis, parts in enumerate(layout.parts_of(len(shape))[2:]):
         window = tuple(axis_value(attrs.get(key, 1), axis) for key in ("kernel_size", "stride", "dilation"))
@@ -202,11 +201,11 @@ def _gathered(layer: Mapping[str, Any], layout: Layout) -> tuple[tuple[AxisHalo,
     return tuple(halos)
 
 
-def _halo_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster,
+def _halo_s(layer: Layer, layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster,
             halos: tuple[tuple[AxisHalo, ...], ...] | None) -> float:
     if halos is None:
         return 0.0
-    shape = layer["input_shapes"][0]
+    shape = layer.input_shapes[0]
     tile_shape = layout.local_shape(tuple(shape))[2:]
     plane_bytes = problem.input_shapes[0][0] * problem.input_shapes[0][1] * problem.itemsize
     level = _tile_level(layout, cluster)
@@ -224,17 +223,17 @@ def _tile_level(layout: Layout, cluster: Cluster) -> str:
     return "inter" if cluster.spans_nodes(range(min(layout.spatial, cluster.devices))) else "intra"
 
 
-def _window_shift_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,
+def _window_shift_s(layer: Layer, layout: Layout, problem: LocalProblem, profile: Profile,
                     cluster: Cluster) -> float:
     """Swin's shifted windows split by rows or columns: along each split axis a tile receives the next tile's
     first ``shift`` rows before attending and the previous tile's last ``shift`` after (``runtime.windows``),
     and returns their gradients backward: four messages of ``shift`` rows, one after the other."""
-    attrs = layer["attrs"]
-    if layer["kind"] != "window_attention" or layout.spatial == 1 or not any(attrs.get("shift_size") or [0]):
+    attrs = layer.attrs
+    if layer.kind != "window_attention" or layout.spatial == 1 or not any(attrs.get("shift_size") or [0]):
         return 0.0
     n, h, w, c = problem.output_shape
     level = _tile_level(layout, cluster)
-    extents = layer["input_shapes"][0][1:3]
+    extents = layer.input_shapes[0][1:3]
     seconds = 0.0
     for parts, extent, window, shift, across in zip((layout.h, layout.w), extents, attrs["window_size"],
                                                     attrs["shift_size"], (w, h)):
@@ -254,41 +253,41 @@ def _interior_share(problem: LocalProblem, halos: tuple[tuple[AxisHalo, ...], ..
     return inner_h * inner_w / (out_h * out_w)
 
 
-def _weight_allreduce_s(layer: Mapping[str, Any], layout: Layout, devices: int, profile: Profile, cluster: Cluster,
+def _weight_allreduce_s(layer: Layer, layout: Layout, devices: int, profile: Profile, cluster: Cluster,
                         itemsize: int) -> float:
-    if not layer.get("params"):
+    if not layer.params:
         return 0.0
-    split = layout.c if layer["kind"] in DENSE_KINDS | {"batchnorm"} else 1
-    channels = 1 if layer["kind"] == "attention" else layout.c  # its weights whole on every rank (runtime.attention)
+    split = layout.c if layer.kind in DENSE_KINDS | {"batchnorm"} else 1
+    channels = 1 if layer.kind == "attention" else layout.c  # its weights whole on every rank (runtime.attention)
     group, nodes, local = _replica_shape(channels, layout.spatial, devices, cluster)
-    nbytes = layer["params"] * itemsize / split  # as comm_cost.gradient_allreduce_s prices it: t(B)·nbytes/B
+    nbytes = layer.params * itemsize / split  # as comm_cost.gradient_allreduce_s prices it: t(B)·nbytes/B
     return shaped_allreduce_s(profile, group, nodes, local, GRADIENT_BUCKET_BYTES) * nbytes / GRADIENT_BUCKET_BYTES
 
 
-def _norm_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
-    attrs = layer.get("attrs", {})
-    ranks = layout.spatial * (layout.c if layer["kind"] == "norm" else 1)  # group-norm: every channel part too
-    if layer["kind"] not in ("batchnorm", "norm") or ranks == 1 or attrs.get("norm") == "LayerNorm":
+def _norm_s(layer: Layer, layout: Layout, problem: LocalProblem, profile: Profile, cluster: Cluster) -> float:
+    attrs = layer.attrs
+    ranks = layout.spatial * (layout.c if layer.kind == "norm" else 1)  # group-norm: every channel part too
+    if layer.kind not in ("batchnorm", "norm") or ranks == 1 or attrs.get("norm") == "LayerNorm":
         return 0.0  # a LayerNorm over whole last dimensions reduces within each box
     shape = problem.output_shape
-    sums = shape[1] if layer["kind"] == "batchnorm" else shape[0] * attrs.get("num_groups", shape[1])
+    sums = shape[1] if layer.kind == "batchnorm" else shape[0] * attrs.get("num_groups", shape[1])
     group = list(range(ranks))  # a sample's ranks are consecutive
     stats_bytes = 2 * sums * 8  # Σx and Σx² (backward: Σg, Σg·x̂) per channel, or per sample and group, in float64
-    if layer["kind"] == "batchnorm":  # forward: each tile's count, mean and variance gathered (runtime.norm)
+    if layer.kind == "batchnorm":  # forward: each tile's count, mean and variance gathered (runtime.norm)
         return allgather_s(profile, cluster, group, 3 * sums * 8 * ranks) + allreduce_s(profile, cluster, group,
                                                                                           stats_bytes)
     return 2 * allreduce_s(profile, cluster, group, stats_bytes)
 
 
-def _channel_reduce_s(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem, profile: Profile,
+def _channel_reduce_s(layer: Layer, layout: Layout, problem: LocalProblem, profile: Profile,
                       cluster: Cluster) -> float:
-    if layer["kind"] not in DENSE_KINDS | {"attention"} or layout.c == 1 or channels_last_linear(layer):
+    if layer.kind not in DENSE_KINDS | {"attention"} or layout.c == 1 or channels_last_linear(layer):
         return 0.0  # (a channels-last linear layer's form is priced on its input edge: cost_models.dense_forms)
     stride = layout.spatial
     group = [index * stride for index in range(layout.c)]
     reduced = allreduce_s(profile, cluster, group, problem.itemsize * prod(problem.input_shapes[0])) \
         if problem.needs_input_grad else 0.0  # (a layer of parameters alone reads no input)
-    if layer["kind"] != "attention":
+    if layer.kind != "attention":
         return reduced
     heads_bytes = problem.itemsize * prod(problem.output_shape) * layout.c  # every head's output, gathered
     return reduced + 2 * allgather_s(profile, cluster, group, heads_bytes)  # and its gradient scattered back

@@ -37,6 +37,7 @@ from cost_models.borders import axis_pads
 from cost_models.capability.predicate import layer_refusal
 from cost_models.ir.flops import Flops, layer_flops
 from cost_models.ir.kinds import DENSE_KINDS, VIEW_KINDS
+from cost_models.ir.layer import Layer, as_layer
 from cost_models.ir.orders import NCDHW, NCHW, NCW, default_order
 from cost_models.layout import Layout, whole_channels
 
@@ -106,7 +107,8 @@ def phases_of(problem: LocalProblem) -> tuple[str, ...]:
     return ("fwd", "bwd") if problem.needs_input_grad or problem.has_weight else ("fwd",)
 
 
-def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype: str) -> LocalProblem | None:
+def local_problem(layer: Layer | Mapping[str, Any], layout: Layout, itemsize: int,
+                  dtype: str) -> LocalProblem | None:
     """The local problem of ``layer`` (a LayerGraph node's data) under ``layout``.
 
     Returns:
@@ -114,24 +116,25 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         the layout cannot apply to it (a split the kind does not support, more
         parts than elements, a tile narrower than its halo).
     """
-    kind = layer["kind"]
+    layer = as_layer(layer)
+    kind = layer.kind
     if kind in _NO_PROBLEM or not _splittable(layer, layout):
         return None
-    output = list(layer["output_shape"])
+    output = list(layer.output_shape)
     if output and isinstance(output[0], list):  # several output tensors, kept whole: costed by the first (as traced)
         output = list(output[0])
-    attrs = dict(layer.get("attrs", {}))
+    attrs = dict(layer.attrs)
     own_order = attrs.get("order") or default_order(len(output))
     local_out = _split_shape(output, layout, own_order) if len(output) in (4, 5) or len(own_order) == len(output) \
         else _split_flat(output, layout)  # (a 3-D value with an order: a sequence ncw, tokens nwc)
-    orders = attrs.get("input_orders") or [NCHW] * len(layer["input_shapes"])
+    orders = attrs.get("input_orders") or [NCHW] * len(layer.input_shapes)
     # a filter split reads its channels whole
     read = whole_channels(layout) if kind in DENSE_KINDS | {"attention"} and layout.c > 1 else layout
     # F.conv2d's filters, window attention's position bias: whole
-    shapes = layer["input_shapes"][:1] if kind in ("conv", "window_attention") else layer["input_shapes"]
+    shapes = layer.input_shapes[:1] if kind in ("conv", "window_attention") else layer.input_shapes
     inputs = [_split_shape(s, read, order) if _reordered(s, order) else
               _local_input(kind, list(s), output, local_out, layout, attrs, order)
-              for s, order in zip(shapes, orders)] + [list(s) for s in layer["input_shapes"][len(shapes):]]
+              for s, order in zip(shapes, orders)] + [list(s) for s in layer.input_shapes[len(shapes):]]
     if any(s is None for s in inputs):
         return None
     if kind == "attention" and layout.w > 1:  # queries of its tokens; keys and values: every one
@@ -140,7 +143,7 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         inputs = [inputs[0], every[0], every[0]] if len(inputs) == 1 else [inputs[0], *every[1:]]
     if kind == "attention" and layout.c > 1:
         attrs["heads_parts"] = layout.c  # its heads (cost_models.ir.flops.attention_flops)
-    weight = _local_weight(layer.get("weight_shape") or _called_filters(layer), layout, kind, attrs)
+    weight = _local_weight(layer.weight_shape or _called_filters(layer), layout, kind, attrs)
     if kind == "pad" and isinstance(attrs.get("pad"), list) and inputs and len(local_out) == 4:
         attrs["pad"], inputs[0] = _tile_padding(attrs["pad"], inputs[0], local_out, layout)
     if kind in ("conv", "conv_transpose", "maxpool", "avgpool"):
@@ -155,26 +158,26 @@ def local_problem(layer: Mapping[str, Any], layout: Layout, itemsize: int, dtype
         kind=kind, input_shapes=tuple(tuple(s) for s in inputs), output_shape=tuple(local_out),  # type: ignore[arg-type]
         weight_shape=tuple(weight) if weight else None, attrs=tuple(sorted((k, _freeze(v)) for k, v in attrs.items())),
         dtype=dtype, itemsize=itemsize, needs_input_grad=bool(layer.get("needs_input_grad", True)),
-        has_weight=bool(layer.get("has_weight", layer.get("weight_shape") is not None)),
+        has_weight=bool(layer.get("has_weight", layer.weight_shape is not None)),
     )
 
 
-def layer_problem(layer: Mapping[str, Any], layout: Layout, dtype: str) -> LocalProblem | None:
+def layer_problem(layer: Layer, layout: Layout, dtype: str) -> LocalProblem | None:
     """:func:`local_problem` of a traced layer in a graph of ``dtype``: in the layer's own dtype under mixed
     precision (``cost_models.ir.graph.layer_dtype``)."""
     from cost_models.ir.graph import dtype_itemsize, layer_dtype
 
-    own = layer_dtype(layer, dtype)  # type: ignore[arg-type]
+    own = layer_dtype(layer, dtype)
     return local_problem(layer, layout, dtype_itemsize(own), own)
 
 
-def _called_filters(layer: Mapping[str, Any]) -> list[int] | None:
+def _called_filters(layer: Layer) -> list[int] | None:
     """The filters a convolution call computes from parameters (``F.conv2d(x, standardise(w))``) and reads whole."""
-    shapes = layer["input_shapes"]
-    return list(shapes[1]) if layer["kind"] == "conv" and len(shapes) > 1 and len(shapes[1]) == 4 else None
+    shapes = layer.input_shapes
+    return list(shapes[1]) if layer.kind == "conv" and len(shapes) > 1 and len(shapes[1]) == 4 else None
 
 
-def _splittable(layer: Mapping[str, Any], layout: Layout) -> bool:
+def _splittable(layer: Layer, layout: Layout) -> bool:
     """Whether the runtime executes the layer under ``layout`` (``cost_models.capability.predicate``'s one predicate)."""
     return layer_refusal(layer, layout) is None
 

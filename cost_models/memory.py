@@ -47,11 +47,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any
 
 from cost_models.errors import InputError
 from cost_models.ir.graph import dtype_itemsize
 from cost_models.ir.kinds import DENSE_KINDS
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 from cost_models.local_problem import LocalProblem
 
@@ -90,26 +90,26 @@ class LayerMemory:
         return self.weights + self.gradients + self.optimizer + self.saved
 
 
-def parameter_tensors(layer: Mapping[str, Any]) -> int:
+def parameter_tensors(layer: Layer) -> int:
     """How many parameter tensors ``layer`` holds: its weight, and one more when ``params`` count more (a bias,
     a norm's shift); none without parameters."""
-    params = int(layer.get("params") or 0)
+    params = int(layer.params or 0)
     if params == 0:
         return 0
-    weight = prod(layer["weight_shape"]) if layer.get("weight_shape") else params
+    weight = prod(layer.weight_shape) if layer.weight_shape else params
     return 1 + (params > weight)
 
 
-def layer_memory(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None, optimizer: str,
+def layer_memory(layer: Layer, layout: Layout, problem: LocalProblem | None, optimizer: str,
                  itemsize: int, kernel_peaks: Mapping[str, int | None] | None = None) -> LayerMemory:
     """The memory terms of one layer on one rank; ``kernel_peaks``: the measured peak bytes of the local
     problem's passes (``fwd``, ``bwd`` or ``bwd_data``/``bwd_weight``) where calibration has them."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise InputError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATE_COPIES)}")
-    split = layout.c if layer["kind"] in WEIGHT_SPLIT_KINDS else 1
-    elements = -(-layer.get("params", 0) // split)
+    split = layout.c if layer.kind in WEIGHT_SPLIT_KINDS else 1
+    elements = -(-layer.params // split)
     weights = elements * itemsize
-    output = _output_bytes(layer, layout, dtype_itemsize(layer["dtype"]) if layer.get("dtype") else itemsize) \
+    output = _output_bytes(layer, layout, dtype_itemsize(layer.dtype) if layer.dtype else itemsize) \
         if problem is None else prod(problem.output_shape) * problem.itemsize
     saved_input, saved_own = _saved_bytes(layer, layout, problem)
     if problem is not None and problem.itemsize != itemsize and problem.kind in _AUTOCAST_WEIGHTS:
@@ -197,9 +197,9 @@ def _transient_bytes(problem: LocalProblem | None, output: int, weights: int,
     return max(forward, output + sum(made_by[phase] for phase in backward_phases) + workspace)
 
 
-def _saved_bytes(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem | None) -> tuple[int, int]:
+def _saved_bytes(layer: Layer, layout: Layout, problem: LocalProblem | None) -> tuple[int, int]:
     """Bytes kept of the layer's input, and of what it makes (its output, indices, a mask)."""
-    if problem is None or not (layer.get("requires_grad") or layer.get("needs_input_grad")):
+    if problem is None or not (layer.requires_grad or layer.needs_input_grad):
         return 0, 0
     size = problem.itemsize
     inputs = sum(prod(shape) for shape in problem.input_shapes) * size
@@ -219,18 +219,18 @@ def _saved_bytes(layer: Mapping[str, Any], layout: Layout, problem: LocalProblem
     return 0, 0
 
 
-def _tile_bytes(layer: Mapping[str, Any], layout: Layout, itemsize: int) -> int | None:
+def _tile_bytes(layer: Layer, layout: Layout, itemsize: int) -> int | None:
     """Bytes of the tile of the layer's first input a spatially split layer receives, before any halo."""
-    shapes = layer.get("input_shapes") or []
+    shapes = layer.input_shapes or []
     if layout.spatial == 1 or not shapes or len(shapes[0]) not in (3, 4, 5) or not layout.fits(tuple(shapes[0])):
         return None
     return prod(layout.local_shape(tuple(shapes[0]))) * itemsize
 
 
-def _output_bytes(layer: Mapping[str, Any], layout: Layout, itemsize: int) -> int:
-    shape = layer["output_shape"]
+def _output_bytes(layer: Layer, layout: Layout, itemsize: int) -> int:
+    shape = layer.output_shape
     if not shape or isinstance(shape[0], list):
         return 0
-    if (len(shape) in (4, 5) or layer.get("attrs", {}).get("order") == "ncw") and layout.fits(tuple(shape)):
+    if (len(shape) in (4, 5) or layer.attrs.get("order") == "ncw") and layout.fits(tuple(shape)):
         return prod(layout.local_shape(tuple(shape))) * itemsize
     return prod(shape) * itemsize // max(1, layout.n)

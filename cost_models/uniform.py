@@ -11,14 +11,15 @@ every rank).
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.capability.predicate import layer_refusal
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, recorded_shapes
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
 
@@ -33,14 +34,14 @@ NO_COMPUTE_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
 Rule = Callable[[str, int], Sequence[Layout]]  # (layer name, position in execution order) -> preferences
 
 
-def layout_applies(node: Mapping[str, Any], layout: Layout) -> bool:
+def layout_applies(node: Layer, layout: Layout) -> bool:
     """Whether a layer can take ``layout`` at all: the runtime executes it so (``cost_models.capability.predicate``)."""
     if local_problem(node, layout, 4, "float32") is None:
-        return node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)
+        return node.kind in NO_COMPUTE_KINDS and fits_output(node, layout)
     return True
 
 
-def fits_output(node: Mapping[str, Any], layout: Layout) -> bool:
+def fits_output(node: Layer, layout: Layout) -> bool:
     """Whether a layer with no compute of its own (a view) can take ``layout``: every part of its output holds
     an element and the runtime executes it so (``cost_models.capability.predicate``)."""
     return layer_refusal(node, layout) is None
@@ -60,8 +61,8 @@ def layout_by_rule(graph: LayerGraph, rule: Rule) -> dict[str, Layout]:
         preferences = list(rule(name, position))
         fitting = [layout for layout in preferences if layout_applies(graph.nodes[name], layout)]
         if not fitting:
-            raise InputError(f"layer '{name}' ({graph.nodes[name]['kind']}, output "
-                             f"{tuple(graph.nodes[name]['output_shape'])}) can take none of "
+            raise InputError(f"layer '{name}' ({graph.nodes[name].kind}, output "
+                             f"{tuple(graph.nodes[name].output_shape)}) can take none of "
                              f"{[str(layout) for layout in preferences]}; add n1 as the last preference")
         chosen[name] = fitting[0]
     return chosen
@@ -69,10 +70,10 @@ def layout_by_rule(graph: LayerGraph, rule: Rule) -> dict[str, Layout]:
 
 def _cut_from(graph: LayerGraph, name: str) -> str | None:
     """The layer with several outputs that ``name`` (a getitem) reads an item of; ``None`` for other layers."""
-    if graph.nodes[name]["kind"] != "getitem":
+    if graph.nodes[name].kind != "getitem":
         return None
     sources = list(graph.predecessors(name))
-    produced = graph.nodes[sources[0]]["output_shape"] if len(sources) == 1 else None
+    produced = graph.nodes[sources[0]].output_shape if len(sources) == 1 else None
     return sources[0] if produced and isinstance(produced[0], list) else None
 
 
@@ -130,7 +131,7 @@ def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:
     order = graph.compute_layers()
     if not 1 <= stages <= len(order):
         raise InputError(f"cannot cut {len(order)} layers into {stages} stages; use 1 to {len(order)} stages")
-    work = [float(graph.nodes[name].get("flops_fwd", 0)) + float(graph.nodes[name].get("flops_bwd", 0))
+    work = [float(graph.nodes[name].flops_fwd) + float(graph.nodes[name].flops_bwd)
             for name in order]
     total, done, starts = sum(work) or 1.0, 0.0, []
     for position, flops in enumerate(work):

@@ -21,7 +21,6 @@ computes many at once:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +38,7 @@ from cost_models.dense_forms import channels_last_linear, column_form_s, form_s,
 from cost_models.edges import edge_frame, projected, reader_layout
 from cost_models.ir.graph import dtype_itemsize
 from cost_models.ir.kinds import DENSE_KINDS
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout, as_volume
 from cost_models.profile import Profile
 
@@ -52,7 +52,7 @@ __all__ = ["EdgeCosts", "PatternTable", "has_volumes"]
 def has_volumes(graph: LayerGraph) -> bool:
     """Whether a layer of ``graph`` makes a volume (5-D), whose layouts split depth too."""
     return any(shape and not isinstance(shape[0], list) and len(shape) == 5
-               for shape in (data["output_shape"] for _, data in graph.nodes(data=True)))
+               for shape in (data.output_shape for _, data in graph.nodes(data=True)))
 
 
 class PatternTable:
@@ -132,20 +132,20 @@ class EdgeCosts:
                              f"cannot price moves of this graph on {devices}")
         self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
         self.moves: dict[tuple[Any, ...], np.ndarray] = {}  # per tensor shape, itemsize: seconds between layouts
-        self.sizes = {name: dtype_itemsize(data["dtype"]) if data.get("dtype") else itemsize  # mixed precision
+        self.sizes = {name: dtype_itemsize(data.dtype) if data.dtype else itemsize  # mixed precision
                       for name, data in graph.nodes(data=True)}
-        self.shape_key = {name: json.dumps([data["output_shape"], data.get("attrs", {}).get("order"),
+        self.shape_key = {name: json.dumps([data.output_shape, data.attrs.get("order"),
                                             self.sizes[name]]) for name, data in graph.nodes(data=True)}
 
     def matrix(self, source: str, target: str, haves: tuple[Layout, ...], layouts: tuple[Layout, ...]) -> np.ndarray:
         """Seconds for each pair of ``haves`` (rows, the producer's layouts) and ``layouts`` (the reader's)."""
         src, dst = self.graph.nodes[source], self.graph.nodes[target]
-        reads = "attention" if dst["kind"] == "attention" else dst["kind"] in DENSE_KINDS  # (edges.reader_layout)
+        reads = "attention" if dst.kind == "attention" else dst.kind in DENSE_KINDS  # (edges.reader_layout)
         formed = self.shape_key[target] if channels_last_linear(dst) else None  # (its forms' seconds)
-        key = (src["kind"] == "input", self.shape_key[source], reads, formed, haves, layouts)
+        key = (src.kind == "input", self.shape_key[source], reads, formed, haves, layouts)
         if key not in self.matrices:
             moved = self._matrix(src, dst, haves, layouts, self.sizes[source])
-            if formed is not None and src["kind"] != "input":
+            if formed is not None and src.kind != "input":
                 rows, added = self._forms(src, dst, haves, layouts, self.sizes[source])
                 moved = np.where(rows, 0.0, moved) + added
             self.matrices[key] = moved
@@ -167,13 +167,13 @@ class EdgeCosts:
         backward = self._moves_s(shape, itemsize, ends, starts, needed.T)
         moved = np.where(held == wanted, 0.0, forward[rows, columns] + backward[columns, rows])
         src, dst = self.graph.nodes[source], self.graph.nodes[target]
-        if not channels_last_linear(dst) or src["kind"] == "input":
+        if not channels_last_linear(dst) or src.kind == "input":
             return moved
         return np.array([(0.0 if row_form(src, dst, have, layout) else seconds)
                          + form_s(src, dst, have, layout, self.profile, self.cluster, itemsize)
                          for seconds, have, layout in zip(moved, haves, layouts)])
 
-    def _forms(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
+    def _forms(self, src: Layer, dst: Layer, haves: tuple[Layout, ...],
                layouts: tuple[Layout, ...], itemsize: int) -> tuple[np.ndarray, np.ndarray]:
         """For a channels-last linear reader (``cost_models.dense_forms``): which pairs of ``haves`` (rows) and
         ``layouts`` it reads in its row form (no move), and the seconds of its form for each pair."""
@@ -184,7 +184,7 @@ class EdgeCosts:
                            for j, layout in enumerate(layouts)] for i in range(len(haves))])
         return rows, added.reshape(len(haves), len(layouts))
 
-    def _slots(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
+    def _slots(self, src: Layer, dst: Layer, haves: tuple[Layout, ...],
                layouts: tuple[Layout, ...]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray] | None:
         """The moved tensor's shape and the table slots of what each of ``haves`` holds and each of ``layouts``
         wants (each projects alone: the held part does not depend on the reader's layout, nor the wanted one on
@@ -193,12 +193,12 @@ class EdgeCosts:
         if frame is None:
             return None
         shape, flat = frame
-        slot, kind = self.table.slot, dst["kind"]
+        slot, kind = self.table.slot, dst.kind
         held = np.array([slot(projected(have, flat)) for have in haves])
         wanted = np.array([slot(projected(reader_layout(kind, layout), flat)) for layout in layouts])
         return shape, held, wanted
 
-    def _matrix(self, src: Mapping[str, Any], dst: Mapping[str, Any], haves: tuple[Layout, ...],
+    def _matrix(self, src: Layer, dst: Layer, haves: tuple[Layout, ...],
                 layouts: tuple[Layout, ...], itemsize: int) -> np.ndarray:
         slots = self._slots(src, dst, haves, layouts)
         if slots is None:  # the model input is loaded in place

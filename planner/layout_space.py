@@ -10,10 +10,11 @@ slabs, pencils or cubes (volumes).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout, layouts_dividing
 
 __all__ = ["layout_tiers", "space_size", "splits_exactly"]
@@ -33,9 +34,9 @@ def splits_exactly(shape: Sequence[int], devices: int, per_node: int) -> bool:
     return False
 
 
-def layout_tiers(node: Mapping[str, Any], devices: int, per_node: int) -> list[list[Layout]]:
+def layout_tiers(node: Layer, devices: int, per_node: int) -> list[list[Layout]]:
     """Layouts of the space (module docstring) that divide the output: on all devices first, then fewer ranks."""
-    return [list(tier) for tier in _tiers(json.dumps(node["output_shape"]), devices, per_node)]
+    return [list(tier) for tier in _tiers(json.dumps(node.output_shape), devices, per_node)]
 
 
 @lru_cache(maxsize=1024)

@@ -47,7 +47,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
@@ -58,6 +58,7 @@ from cost_models.edges import edge_free, edge_layouts
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo
 from cost_models.ir.graph import dtype_itemsize
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 from cost_models.profile import Profile
 from cost_models.redistribution import holdable
@@ -138,16 +139,16 @@ def decision_groups(graph: LayerGraph) -> dict[str, tuple[str, ...]]:
 
 def _joined_head(graph: LayerGraph, name: str, inputs: list[str], head_of: Mapping[str, str], contracted: nx.DiGraph) -> str:
     """The decision ``name`` joins: its leading input's, or its own (module docstring, :func:`decision_groups`)."""
-    kind, arguments = graph.nodes[name]["kind"], list(graph.predecessors(name))
+    kind, arguments = graph.nodes[name].kind, list(graph.predecessors(name))
     lead = _leading_input(graph, name, arguments)
     if lead not in inputs:  # a placeholder (or no input at all)
         return name
     first = head_of[lead]
     if kind in FOLLOWER_KINDS and len(arguments) == 1:
         return first
-    if kind == "getitem" and len(arguments) == 1 and isinstance((graph.nodes[lead]["output_shape"] or [0])[0], list):
+    if kind == "getitem" and len(arguments) == 1 and isinstance((graph.nodes[lead].output_shape or [0])[0], list):
         return first  # an item of a layer's several outputs: in that layer's layout (piece_layout_refusal)
-    if kind == "getitem" and len(arguments) == 1 and graph.nodes[lead]["kind"] == "attention":
+    if kind == "getitem" and len(arguments) == 1 and graph.nodes[lead].kind == "attention":
         return first  # out of attention's (out, None): where the attention left it (runtime.apply)
     if kind not in MERGED_KINDS:
         return name
@@ -157,8 +158,8 @@ def _joined_head(graph: LayerGraph, name: str, inputs: list[str], head_of: Mappi
 
 def _leading_input(graph: LayerGraph, name: str, arguments: list[str]) -> str | None:
     """The input a merged layer follows: the first of its own output's shape (not broadcast), else the first."""
-    output = graph.nodes[name]["output_shape"]
-    return next((source for source in arguments if graph.nodes[source]["output_shape"] == output),
+    output = graph.nodes[name].output_shape
+    return next((source for source in arguments if graph.nodes[source].output_shape == output),
                 arguments[0] if arguments else None)
 
 
@@ -280,9 +281,9 @@ class LayerCosts:
                 return False
         return True
 
-    def _raw(self, signature: str, node: Mapping[str, Any], layout: Layout) -> _Raw | None:
+    def _raw(self, signature: str, node: Layer, layout: Layout) -> _Raw | None:
         problem = self.memo.problem(signature, node, layout)
-        if problem is None and not (node["kind"] in NO_COMPUTE_KINDS and fits_output(node, layout)):
+        if problem is None and not (node.kind in NO_COMPUTE_KINDS and fits_output(node, layout)):
             return None
         try:
             cost = self.memo.cost("", signature, node, layout, self.devices, self.cluster)
@@ -327,7 +328,7 @@ def _decision_rows(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...
         rows = [row for row in (_decision_row(graph, costs, members, layout) for layout in layouts) if row]
         if rows:
             return rows
-    raise InputError(f"layer '{head}' ({graph.nodes[head]['kind']}, output {tuple(graph.nodes[head]['output_shape'])}) "
+    raise InputError(f"layer '{head}' ({graph.nodes[head].kind}, output {tuple(graph.nodes[head].output_shape)}) "
                      f"has no layout on {devices} devices; try a device count its extents can be split by")
 
 

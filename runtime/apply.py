@@ -225,7 +225,7 @@ class DistributedModel(DataHelpers, nn.Module):
         refuse_sites(self.sites.values())
         refuse_shapes(nodes, self.model, held, graph, len(ranks))
         self._static = static_values(static_nodes(nodes, tensor_names(graph)),
-                                     lambda name: graph.nodes[name]["output_shape"])
+                                     lambda name: graph.nodes[name].output_shape)
         """Shape reads and the values computed from them alone, as the unsplit program has them (``runtime.shapes``)."""
         return held
 
@@ -310,7 +310,7 @@ class DistributedModel(DataHelpers, nn.Module):
 
     def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Any:
         """Wrap this rank's box ``tensor`` of the value ``name`` (under ``placement``) for :meth:`run_nodes`."""
-        return Value(tensor, placement, self.layer_graph.nodes[name]["output_shape"])
+        return Value(tensor, placement, self.layer_graph.nodes[name].output_shape)
 
     def _run(self, node: Node, env: dict[str, Any]) -> Any:
         if is_container(node):  # a (named) tuple of layers' values: each stays where its layer put it
@@ -335,12 +335,12 @@ class DistributedModel(DataHelpers, nn.Module):
         if form in ("reshape", "expand") and not isinstance(read, Value):
             return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
         if form == "reshape" and isinstance(read, Value) and reshapes_whole(read.placement, read.shape, site.placement,
-                                                                             site.layer["output_shape"]):
+                                                                             site.layer.output_shape):
             source = self._fetch(read, Placement(site.layout, "dhw"))  # every token (a split of them: gathered)
-            return self._wrap(site, reshape_and_cut(source, site.layer["output_shape"], site.placement, self.member))
+            return self._wrap(site, reshape_and_cut(source, site.layer.output_shape, site.placement, self.member))
         if form is not None:  # sizes written in the call: this rank's extent of the output (runtime.shapes)
             args, kwargs = resolve(node, self._operand(site, env, broadcast=False))
-            extent = local_shape(site.layer["output_shape"], site.placement, self.member)
+            extent = local_shape(site.layer.output_shape, site.placement, self.member)
             return self._wrap(site, local_call(node, form, args, kwargs, extent))
 
         def fetch(index: int, placement: Placement) -> torch.Tensor:
@@ -390,13 +390,13 @@ class DistributedModel(DataHelpers, nn.Module):
         args, kwargs = resolve(node, lambda n: self._held_input(node, env[n.name], placement))
         form = view_form(node)
         if form is not None:  # sizes written in the call (mvitv2's x.reshape(B, H, W, C), H and W from its
-            extent = local_shape(site.layer["output_shape"], placement, self.member)  # attention): this rank's
+            extent = local_shape(site.layer.output_shape, placement, self.member)  # attention): this rank's
             return self._wrap(site, self._fetch(Value(local_call(node, form, args, kwargs, extent), placement,
-                                                       site.layer["output_shape"]), site.placement))
+                                                       site.layer.output_shape), site.placement))
         out = call_node(node, self.model, args, kwargs)
         if not isinstance(out, torch.Tensor):
             return Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
-        return self._wrap(site, self._fetch(Value(out, placement, site.layer["output_shape"]), site.placement))
+        return self._wrap(site, self._fetch(Value(out, placement, site.layer.output_shape), site.placement))
 
     def _functional_call(self, node: Node, site: Site, env: dict[str, Any],
                          form: Callable[..., torch.Tensor | None]) -> torch.Tensor:
@@ -413,9 +413,9 @@ class DistributedModel(DataHelpers, nn.Module):
     def _cut_whole(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
         """A view of a whole tensor with sizes from the batch's shapes: the whole view (the sizes are the unsplit
         program's), cut to this rank's box."""
-        box = nd_box(site.layer["output_shape"], site.placement, self.member)
+        box = nd_box(site.layer.output_shape, site.placement, self.member)
         if box is None:
-            dims = len(site.layer["output_shape"])
+            dims = len(site.layer.output_shape)
             raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}): its {dims}-D output cannot be split "
                             f"by channel; split it by sample only")
         whole = call_node(node, self.model, *resolve(node, lambda n: plain(env[n.name])))
@@ -425,7 +425,7 @@ class DistributedModel(DataHelpers, nn.Module):
         """How the layer reads each input: a batch value in its input placement; a whole tensor (a parameter,
         a constant layer) whole, or — ``broadcast``: element-wise — its part broadcasting onto the output's box."""
         wanted = input_placement(site)
-        box = nd_box(site.layer["output_shape"], site.placement, self.member) if broadcast else None
+        box = nd_box(site.layer.output_shape, site.placement, self.member) if broadcast else None
 
         def value_of(node: Node) -> Any:
             value = env[node.name]
@@ -445,7 +445,7 @@ class DistributedModel(DataHelpers, nn.Module):
         args, kwargs = resolve(node, lambda n: self._fetch(env[n.name], wanted))
         if not op.keyed:
             return switched_off(op, site.module, args, kwargs)
-        shape = site.layer["output_shape"]
+        shape = site.layer.output_shape
         box = nd_box(shape, site.placement, self.member)
         if box is None:
             raise PlanError(f"random layer '{site.name}' ({op.form}) under {site.layout}: its {len(shape)}-D output "
@@ -454,7 +454,7 @@ class DistributedModel(DataHelpers, nn.Module):
                           training=self.model.training)
 
     def _wrap(self, site: Site, out: Any) -> Any:
-        shape = site.layer["output_shape"]
+        shape = site.layer.output_shape
         if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) and all(v is None for v in out[1:]) \
                 and shape and not isinstance(shape[0], list):  # (out, None) (attention): out in the layer's box
             return (self._wrap(site, out[0]), *out[1:])  # its item reads it where it is (kept as a Value)
@@ -484,7 +484,7 @@ class DistributedModel(DataHelpers, nn.Module):
         return value.moved[placement]
 
     def _pools_tiles(self, site: Site, value: Any) -> bool:
-        out = site.layer["output_shape"]
+        out = site.layer.output_shape
         axes = value.placement.order[2:] if isinstance(value, Value) else ""
         return (isinstance(value, Value) and len(out) in (3, 4, 5) and set(out[2:]) == {1}
                 and value.placement.order in ("ncw", "nchw", "ncdhw") and len(out) == len(value.placement.order)
@@ -497,7 +497,7 @@ class DistributedModel(DataHelpers, nn.Module):
         tiles = Site(site.name, site.kind, layout, site.layer, None, self.member, self.ranks, self.groups, False)
         pooled = global_avg_pool2d(value.tensor, tuple(int(extent) for extent in value.shape[2:]),
                                    self.groups.get(tiles.block("spatial")))
-        shape = site.layer["output_shape"]
+        shape = site.layer.output_shape
         whole = value.placement.whole + "".join(set(value.placement.order[2:]) - set(value.placement.whole))
         held = Value(pooled, Placement(layout, "".join(sorted(whole)), value.placement.order), shape)
         return self._wrap(site, self._fetch(held, site.placement))
@@ -514,7 +514,7 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, m
     for node in nodes:
         if node.name in plan.layers:
             module = model.get_submodule(str(node.target)) if node.op == "call_module" else None
-            sites[node.name] = Site(node.name, graph.nodes[node.name]["kind"], plan.layers[node.name].layout,
+            sites[node.name] = Site(node.name, graph.nodes[node.name].kind, plan.layers[node.name].layout,
                                     graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm,
                                     reads_in_row_form(node.name, plan, graph))
     return sites

@@ -43,6 +43,6 @@ def runs_directly(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[str
         return False
     if any(placement != Placement(samples) for placement in input_placements):
         return False
-    if sync_batchnorm and ranks > 1 and any(graph.nodes[name]["kind"] == "batchnorm" for name in layouts):
+    if sync_batchnorm and ranks > 1 and any(graph.nodes[name].kind == "batchnorm" for name in layouts):
         return False
     return local_reads_agree(nodes, graph, layouts, member)

@@ -96,10 +96,10 @@ def _first_reader_placement(nodes: Sequence[Node], name: str, layouts: Mapping[s
     reader = _first_reader(nodes, name, layouts)
     if reader is None:
         return Placement(Layout())
-    return read_placement(graph.nodes[reader.name]["kind"], layouts[reader.name])
+    return read_placement(graph.nodes[reader.name].kind, layouts[reader.name])
 
 
 def _read_as_sequence(nodes: Sequence[Node], name: str, layouts: Mapping[str, Layout], graph: LayerGraph) -> bool:
     """Whether a 3-D input's first reader computes on it as a sequence ``(N, C, L)`` (``cost_models.ir.orders``)."""
     reader = _first_reader(nodes, name, layouts)
-    return reader is not None and NCW in (graph.nodes[reader.name].get("attrs", {}).get("input_orders") or [])
+    return reader is not None and NCW in (graph.nodes[reader.name].attrs.get("input_orders") or [])

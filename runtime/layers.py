@@ -45,6 +45,7 @@ from torch import nn
 from cost_models.borders import axis_pads
 from cost_models.capability.predicate import layer_refusal
 from cost_models.halo import partition
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout, axes_of
 from runtime import borders, norm, resample, spatial
 from runtime.attention import heads_attention
@@ -66,7 +67,7 @@ class Site:
     name: str
     kind: str
     layout: Layout
-    layer: Mapping[str, Any]  # the LayerGraph node: shapes, attrs
+    layer: Layer  # the LayerGraph node: shapes, attrs
     module: nn.Module | None
     member: int
     ranks: tuple[int, ...]
@@ -88,12 +89,12 @@ class Site:
     @property
     def rank(self) -> int:
         """The number of dimensions of the layer's (first) input: 4 for an image, 5 for a volume."""
-        shapes = self.layer.get("input_shapes") or [self.layer["output_shape"]]
+        shapes = self.layer.input_shapes or [self.layer.output_shape]
         return len(shapes[0])
 
     def input_hw(self, index: int = 0) -> tuple[int, ...]:
         """Global spatial extents of tensor input ``index``: height and width (depth first, of a volume)."""
-        shape = self.layer["input_shapes"][index]
+        shape = self.layer.input_shapes[index]
         return tuple(int(extent) for extent in shape[2:])
 
     @property
@@ -138,7 +139,7 @@ def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
     if site.layout.c > 1 and groups > 1:  # the slice's filters read only their groups' input channels
         start, stop = partition(x.shape[1], site.layout.c)[_channel_index(site)]
         x, groups = x[:, start:stop], groups // site.layout.c
-    attrs, mode = site.layer["attrs"], module.padding_mode
+    attrs, mode = site.layer.attrs, module.padding_mode
     if not site.spatial_split:
         if mode != "zeros" or "pads" in attrs:  # a mode, or TensorFlow's 'SAME' (module.padding is 0)
             padded = F.pad(x, _pad_list(attrs, x.dim() - 2), mode="constant" if mode == "zeros" else mode)
@@ -229,7 +230,7 @@ def _tiled_batch_norm(site: Site, x: torch.Tensor, running_mean: torch.Tensor | 
     group = _statistics_group(site)
     if len(group) == 1:
         return None
-    shape = site.layer["input_shapes"][0]
+    shape = site.layer.input_shapes[0]
     samples = shape[0] if site.sync_batchnorm else x.shape[0]  # the group holds every sample, or this rank's
     count = samples * math.prod(shape[2:])  # and every position of them
     return norm.batch_norm(x, running_mean, running_var, weight, bias, True, momentum, eps, site.groups.get(group),
@@ -243,7 +244,7 @@ def _norm(site: Site, fetch: Fetch) -> torch.Tensor | None:
     module = site.module
     if module is None or isinstance(module, nn.LayerNorm):
         return None  # a LayerNorm of positions held whole (cost_models.capability.predicate); F.group_norm: apply's call
-    groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(site.layer["input_shapes"][0][1])
+    groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(site.layer.input_shapes[0][1])
     return _tiled_group_norm(site, x, groups, module.weight, module.bias, module.eps)
 
 
@@ -273,7 +274,7 @@ def functional_form(site: Site, target: Any) -> Callable[[Site, Any, Any], torch
 
 def functional_window_attention(site: Site, args: Any, kwargs: Any) -> torch.Tensor:
     """Swin's ``shifted_window_attention`` on this rank's tile of whole windows (``runtime.windows``)."""
-    return window_attention(site.grid(), site.layer["input_shapes"][0][1:3], args, kwargs)
+    return window_attention(site.grid(), site.layer.input_shapes[0][1:3], args, kwargs)
 
 
 _CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
@@ -287,7 +288,7 @@ def functional_conv(site: Site, args: Any, kwargs: Any) -> torch.Tensor:
     values = {**_CONV_DEFAULTS, **dict(zip(_CONV_ARGUMENTS, args)), **kwargs}
     x, weight, bias, stride, dilation = (values[k] for k in ("input", "weight", "bias", "stride", "dilation"))
     if isinstance(values["padding"], str):
-        pads = (axis_pads(dict(site.layer["attrs"]), 0), axis_pads(dict(site.layer["attrs"]), 1))
+        pads = (axis_pads(dict(site.layer.attrs), 0), axis_pads(dict(site.layer.attrs), 1))
         return borders.padded_conv2d(x, weight, bias, site.grid(), site.input_hw(), stride, pads, dilation,
                                      values["groups"], "zeros")
     return spatial.conv2d(x, weight, bias, site.grid(), site.input_hw(), stride, values["padding"], dilation,
@@ -298,7 +299,7 @@ def _tiled_group_norm(site: Site, x: torch.Tensor, groups: int, weight: torch.Te
                       bias: torch.Tensor | None, eps: float) -> torch.Tensor | None:
     if site.layout.c * site.layout.spatial == 1:
         return None  # one rank's samples whole: the call as written
-    shape = site.layer["input_shapes"][0]
+    shape = site.layer.input_shapes[0]
     count = int(shape[1]) // groups * math.prod(shape[2:])
     first, stop = partition(int(shape[1]), site.layout.c)[_channel_index(site)] if site.layout.c > 1 else \
         (0, int(shape[1]))
@@ -316,7 +317,7 @@ def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:
     if not site.spatial_split:
         return None
     options = _pool_options(site)
-    if "pads" in site.layer["attrs"]:  # TensorFlow's 'SAME': the tile's windows gathered with their pads
+    if "pads" in site.layer.attrs:  # TensorFlow's 'SAME': the tile's windows gathered with their pads
         return _tf_same_pool(site, x, options)
     if site.kind == "maxpool":
         return spatial.max_pool2d(x, site.grid(), site.input_hw(), options["kernel_size"], options["stride"],
@@ -329,7 +330,7 @@ def _tf_same_pool(site: Site, x: torch.Tensor, options: dict[str, Any]) -> torch
     """timm's ``MaxPool2dSame`` / ``AvgPool2dSame`` on a tile: its windows' rows gathered, padded by ``−∞`` before a
     max and by zeros (counted) before an average, as the module pads the whole."""
     kernel, stride, dilation = (spatial.pair(options[name]) for name in ("kernel_size", "stride", "dilation"))
-    pads = (axis_pads(dict(site.layer["attrs"]), 0), axis_pads(dict(site.layer["attrs"]), 1))
+    pads = (axis_pads(dict(site.layer.attrs), 0), axis_pads(dict(site.layer.attrs), 1))
     fill = float("-inf") if site.kind == "maxpool" else 0.0
     local = borders.padded_tiles(x, site.grid(), site.input_hw(), pads, "constant",
                                  [(kernel[axis], stride[axis], dilation[axis]) for axis in (0, 1)], fill)
@@ -343,8 +344,8 @@ def _upsample(site: Site, fetch: Fetch) -> torch.Tensor | None:
         return None
     whole = _short_axes(site)
     x = fetch(0, _reading_whole(site, whole))
-    extents, outputs = site.input_hw(), site.layer["output_shape"][2:]
-    mode = site.layer.get("attrs", {}).get("mode", "nearest")
+    extents, outputs = site.input_hw(), site.layer.output_shape[2:]
+    mode = site.layer.attrs.get("mode", "nearest")
     scales = tuple(int(out) // extent for out, extent in zip(outputs, extents))
     return resample.interpolate(x, site.grid(), extents, scales, mode, whole)
 
@@ -364,12 +365,12 @@ def _adaptive_avgpool(site: Site, fetch: Fetch) -> torch.Tensor | None:
         return None
     whole = _short_axes(site)
     x = fetch(0, _reading_whole(site, whole))
-    output = site.layer["output_shape"]
+    output = site.layer.output_shape
     return resample.adaptive_avg_pool2d(x, site.grid(), site.input_hw(), (int(output[2]), int(output[3])), whole)
 
 
 def _pad(site: Site, fetch: Fetch) -> torch.Tensor | None:
-    attrs = site.layer.get("attrs", {})
+    attrs = site.layer.attrs
     if not site.spatial_split or not any((list(attrs["pad"]) + [0, 0, 0, 0])[:4]):  # channels' only: on the box
         return None
     x = fetch(0, input_placement(site))
@@ -384,7 +385,7 @@ def _pool_options(site: Site) -> dict[str, Any]:
         return {"kernel_size": module.kernel_size, "stride": module.stride or module.kernel_size,
                 "padding": module.padding, "dilation": getattr(module, "dilation", 1),
                 "count_include_pad": getattr(module, "count_include_pad", True), "ceil_mode": module.ceil_mode}
-    attrs = site.layer.get("attrs", {})
+    attrs = site.layer.attrs
     kernel = attrs["kernel_size"]
     return {"kernel_size": kernel, "stride": attrs.get("stride") or kernel, "padding": attrs.get("padding", 0),
             "dilation": attrs.get("dilation", 1), "count_include_pad": attrs.get("count_include_pad", True),
@@ -408,13 +409,13 @@ def _attention(site: Site, fetch: Fetch) -> Any:
     if site.module is None:  # F.scaled_dot_product_attention(q, k, v): split by tokens only
         keys, values = (fetch(index, Placement(layout, "w")) for index in (1, 2))
         return F.scaled_dot_product_attention(fetch(0, Placement(layout)), keys, values,
-                                              scale=site.layer["attrs"].get("scale"))
+                                              scale=site.layer.attrs.get("scale"))
     queries = fetch(0, Placement(layout, "c"))
     every = fetch(0, Placement(layout, "cw")) if layout.w > 1 else queries
     if layout.c == 1:
         return site.module(queries, every, every, need_weights=False)
     return heads_attention(site.module, queries, every, layout, site.member, site.ranks,
-                           site.layer["output_shape"]), None
+                           site.layer.output_shape), None
 
 
 HANDLERS: dict[str, Callable[[Site, Fetch], Any]] = {

@@ -30,12 +30,12 @@ a box of the output, aligning dimensions from the right as PyTorch does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from cost_models.ir.layer import Layer
 from cost_models.ir.orders import default_order
 from cost_models.layout import DIMS, Layout
 from cost_models.redistribution import Box, coordinates, part_range
@@ -85,11 +85,11 @@ class Placement:
         return dim not in self.whole and getattr(self.layout, dim) > 1
 
 
-def value_placement(layout: Layout, layer: Mapping[str, Any]) -> Placement:
+def value_placement(layout: Layout, layer: Layer) -> Placement:
     """Where a layer under ``layout`` puts its value (``layer``: its LayerGraph node): its grid, in the value's order."""
-    shape = layer.get("output_shape") or []
+    shape = layer.output_shape or []
     rank = len(shape) if shape and not isinstance(shape[0], list) else 4
-    return Placement(layout, order=layer.get("attrs", {}).get("order") or default_order(rank) or "nchw")
+    return Placement(layout, order=layer.attrs.get("order") or default_order(rank) or "nchw")
 
 
 def as_placement(value: Layout | Placement) -> Placement:

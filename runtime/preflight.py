@@ -95,7 +95,7 @@ def _refuse_tuple_crossings(cuts: Sequence[Any], graph: LayerGraph) -> None:
     single = tensor_names(graph)
     crossing = [c.name for cut in cuts for c in cut.sends if c.name in graph.nodes and c.name not in single]
     if crossing:
-        shape = graph.nodes[crossing[0]]["output_shape"]
+        shape = graph.nodes[crossing[0]].output_shape
         raise PlanError(f"layer(s) {', '.join(crossing[:3])} with several output tensors (e.g. {shape}) cross a "
                         f"pipeline cut, and a pipeline sends one tensor per value; move the cut after the layers "
                         f"reading their items (getitem), or plan with --max-stages 1")

@@ -269,7 +269,7 @@ def shape_refusals(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[st
     names = {node.name for node in static}
     constants = constant_nodes(nodes, frozenset(graph.nodes))
     whole = constants | shape_made_nodes(nodes, frozenset(graph.nodes), tensors)
-    exact = static_values(static, lambda name: graph.nodes[name]["output_shape"])
+    exact = static_values(static, lambda name: graph.nodes[name].output_shape)
     local = [static_values(static, _local_shapes(graph, layouts, member)) for member in range(size)]
     refused = []
     for node in nodes:
@@ -284,7 +284,7 @@ def shape_refusals(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[st
             refused += _moved_refusal(node, graph, layouts[node.name], size, exact)
         if form is not None or node.name in localised or not any(n.name in names for n in node.all_input_nodes):
             continue
-        if node.name in graph and graph.nodes[node.name]["kind"] in _SPATIAL_SIZES:
+        if node.name in graph and graph.nodes[node.name].kind in _SPATIAL_SIZES:
             continue
         refused += _ambiguity(node, names, exact, local)
     return list(dict.fromkeys(refused))
@@ -293,18 +293,18 @@ def shape_refusals(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[st
 def _operand_refusal(node: Node, graph: LayerGraph, layout: Layout, constants: Collection[str],
                      whole_shape: Callable[[Node], Sequence[int] | None]) -> list[str]:
     """A layer that is not element-wise reads a whole parameter or constant: exact under a sample split only."""
-    kind = graph.nodes[node.name]["kind"]
+    kind = graph.nodes[node.name].kind
     if layout.c * layout.spatial == 1 or kind in ELEMENTWISE_KINDS or kind == "batchnorm" or (
             kind == "conv" and layout.c == 1):  # F.conv2d by space: whole filters (runtime.layers.functional_conv)
         return []  # F.batch_norm takes its per-channel tensors whole (runtime.layers.functional_batch_norm)
     if on_last_dims(graph.nodes[node.name]):
         return []  # F.layer_norm, F.linear: their weights span the last dimensions, whole in every box
-    if kind == "norm" and graph.nodes[node.name]["attrs"].get("norm") == "GroupNorm":
+    if kind == "norm" and graph.nodes[node.name].attrs.get("norm") == "GroupNorm":
         return []  # F.group_norm: its per-channel weight and bias cut to the box's channels (runtime.layers)
     if kind == "window_attention" and layout.c == 1:
         return []  # Swin's: its projections and position bias whole on every tile (runtime.windows)
     for source in node.all_input_nodes:
-        shape = graph.nodes[source.name]["output_shape"] if source.name in constants else whole_shape(source)
+        shape = graph.nodes[source.name].output_shape if source.name in constants else whole_shape(source)
         if shape is not None and _single(list(shape)) and _numel(shape) > 1:
             return [f"'{node.name}' ({_label(node)}) under {layout} reads '{source.name}' {tuple(shape)}, computed "
                     f"from parameters or constants, whole; only element-wise layers read their part of such a "
@@ -321,7 +321,7 @@ def _numel(shape: Sequence[int]) -> int:
 
 def tensor_names(graph: LayerGraph) -> frozenset[str]:
     """The traced values that are one tensor (layers and the input; not tuples of tensors)."""
-    return frozenset(name for name in graph.nodes if _single(graph.nodes[name]["output_shape"]))
+    return frozenset(name for name in graph.nodes if _single(graph.nodes[name].output_shape))
 
 
 def _single(shape: Any) -> bool:
@@ -332,14 +332,14 @@ def local_reads_agree(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping
     """Whether every shape read of the program gives on ``member``'s boxes what it gives on the unsplit tensors:
     then the program run as written on this member's boxes reads the unsplit program's values."""
     static = static_nodes(nodes, tensor_names(graph))
-    exact = static_values(static, lambda name: graph.nodes[name]["output_shape"])
+    exact = static_values(static, lambda name: graph.nodes[name].output_shape)
     local = static_values(static, _local_shapes(graph, layouts, member))
     return all(_equal(local[name], value) for name, value in exact.items())
 
 
 def _local_shapes(graph: LayerGraph, layouts: Mapping[str, Layout], member: int) -> Callable[[str], tuple[int, ...]]:
     def shape_of(name: str) -> tuple[int, ...]:
-        shape = graph.nodes[name]["output_shape"]
+        shape = graph.nodes[name].output_shape
         box = nd_box(shape, value_placement(layouts.get(name, Layout()), graph.nodes[name]), member)
         return tuple(shape) if box is None else tuple(stop - start for start, stop in box)
 
@@ -363,7 +363,7 @@ def _view_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, cons
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if source is None or source.name not in graph or source.name in constants:
         return []  # a view of a whole tensor: the runtime makes it whole and keeps its box
-    out_shape, in_shape = graph.nodes[node.name]["output_shape"], graph.nodes[source.name]["output_shape"]
+    out_shape, in_shape = graph.nodes[node.name].output_shape, graph.nodes[source.name].output_shape
     if not _single(out_shape) or not _single(list(in_shape)):
         return [f"'{node.name}' ({_label(node)}) under {layout}: the shape of its input is unknown"]
     made, read = value_placement(layout, graph.nodes[node.name]), value_placement(layout, graph.nodes[source.name])
@@ -383,7 +383,7 @@ def _moved_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, exa
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if layout.ranks == 1 or source is None or source.name not in graph or node.name not in graph:
         return []
-    in_shape, out_shape = graph.nodes[source.name]["output_shape"], graph.nodes[node.name]["output_shape"]
+    in_shape, out_shape = graph.nodes[source.name].output_shape, graph.nodes[node.name].output_shape
     if not (_single(in_shape) and _single(out_shape)):
         return []
     dims = _dimension_map(node, in_shape, exact)

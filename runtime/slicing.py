@@ -121,7 +121,7 @@ def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter | No
                             f"parts (a module called again, already sliced?); give it a layout without c")
         start, stop = partition(tensor.shape[along], site.layout.c)[index]
         piece = tensor.detach().narrow(along, start, stop - start).clone()
-        prefix = str(site.layer.get("module", site.name))
+        prefix = site.layer.module
         sliced = ParameterSlice(f"{prefix}.{key}", along, start, stop, tensor.shape[along])
         if isinstance(tensor, nn.Parameter):
             param = nn.Parameter(piece, requires_grad=tensor.requires_grad)

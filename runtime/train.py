@@ -149,7 +149,7 @@ def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.dev
 def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
                  whole: bool = False) -> Batch:
     """Step → this rank's (inputs, labels); with ``whole``, the whole batch (the unsplit model's, for --verify)."""
-    output_shape = split.layer_graph.nodes[split.output_name]["output_shape"]
+    output_shape = split.layer_graph.nodes[split.output_name].output_shape
     label_shape = (output_shape[0], *output_shape[2:])
     input_boxes, label_box = split.input_boxes(), split.target_box(label_shape)
     if whole:

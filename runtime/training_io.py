@@ -83,7 +83,7 @@ class DataHelpers:
         return self._fetch(Value(local, self.output_placement, self._output_shape()), everything)
 
     def _output_shape(self) -> tuple[int, ...]:
-        return tuple(self.layer_graph.nodes[self._output_name]["output_shape"])
+        return tuple(self.layer_graph.nodes[self._output_name].output_shape)
 
     def loss_placement(self) -> Placement:
         """Where :meth:`loss` evaluates the loss: the output's placement with every channel (class) whole."""
@@ -136,7 +136,7 @@ class DataHelpers:
 
     def _loss_share(self, name: str, local: torch.Tensor, local_target: torch.Tensor,
                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        shape = tuple(self.layer_graph.nodes[name]["output_shape"])
+        shape = tuple(self.layer_graph.nodes[name].output_shape)
         if shape != self._output_shape():
             raise PlanError(f"output '{name}' has shape {shape} but the loss's target is for the first output "
                             f"'{self._output_name}' {self._output_shape()}; every floating output enters the loss "

@@ -196,7 +196,7 @@ def test_check_against_the_graph() -> None:
         check_plan_for_graph(make_plan(layers=extra), tiny_graph())
     too_fine = {"conv1": LayerAssignment(Layout(n=8)), "fc": LayerAssignment(Layout(n=8))}
     graph = tiny_graph()
-    graph.nodes["conv1"]["output_shape"] = [4, 16, 64, 64]
+    graph.replace_layer("conv1", output_shape=[4, 16, 64, 64])  # a layer is a frozen value
     with pytest.raises(PlanError, match="empty parts"):
         check_plan_for_graph(make_plan(layers=too_fine), graph)
 

@@ -10,24 +10,22 @@ name them (``w`` in dimension 2).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 
 __all__ = ["attention_refusal"]
 
 
-def attention_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def attention_refusal(layer: Layer, layout: Layout) -> str | None:
     """Why the runtime cannot run the attention ``layer`` under ``layout`` (``None``: it can)."""
     if layout.n > 1 and (why := _samples_refusal(layer)):
         return why
     return _split_refusal(layer, layout) if layout.c * layout.spatial > 1 else None
 
 
-def _samples_refusal(layer: Mapping[str, Any]) -> str | None:
+def _samples_refusal(layer: Layer) -> str | None:
     """Attention splits by sample only where dimension 0 of its query holds the samples."""
-    attrs, query = layer.get("attrs", {}), (layer["input_shapes"] or [[]])[0]
+    attrs, query = layer.attrs, (layer.input_shapes or [[]])[0]
     if len(query) < 3:
         return f"its query {tuple(query)} is unbatched: it has no samples to split"
     if attrs.get("form") == "module" and not attrs.get("batch_first"):
@@ -36,11 +34,11 @@ def _samples_refusal(layer: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _split_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def _split_refusal(layer: Layer, layout: Layout) -> str | None:
     """Attention splits its tokens (``w``: each rank's queries attend to every token, its keys and values read
     whole) and heads (``c``: ``runtime.attention``) as an ``nn.MultiheadAttention`` module attending to itself
     without a mask or dropout, on tokens ``nwc``."""
-    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
+    attrs, inputs = layer.attrs, layer.input_shapes
     if attrs.get("form") != "module":
         return _fused_refusal(layer, layout)
     if len(inputs) != 1 or attrs.get("masked") or attrs.get("dropout"):
@@ -56,12 +54,12 @@ def _split_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
-def _fused_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def _fused_refusal(layer: Layer, layout: Layout) -> str | None:
     """``F.scaled_dot_product_attention(q, k, v)`` splits its tokens (``w``): queries, keys and values ``(N, H,
     L, D)`` holding them on one axis named ``w`` (timm's ``qkv.unbind(0)`` of tokens ``nwc``), no mask, no
     dropout; each rank's queries attend to every key and value (read whole along ``w``). Its heads are no
     named axis: not split."""
-    attrs, order = layer.get("attrs", {}), layer.get("attrs", {}).get("order") or ""
+    attrs, order = layer.attrs, layer.attrs.get("order") or ""
     if layout.c > 1 or layout.h > 1 or layout.d > 1:
         return f"scaled_dot_product_attention splits its samples and tokens (t, the w axis) only, not {layout}"
     if attrs.get("masked") or attrs.get("dropout_p"):

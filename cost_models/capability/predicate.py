@@ -121,6 +121,7 @@ from cost_models.capability.views import (
 )
 from cost_models.capability.volumes import volume_refusal, volume_refusal_applies
 from cost_models.capability.windows import merging_refusal, window_refusal
+from cost_models.ir.layer import Layer, as_layer
 from cost_models.ir.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.ir.orders import default_order, logical
 from cost_models.layout import Layout
@@ -141,36 +142,38 @@ CHANNEL_KINDS = frozenset({"conv", "conv_transpose", "linear", "batchnorm", "max
 _MODULE_ONLY = frozenset({"conv", "conv_transpose", "linear", "batchnorm"})
 
 
-def layer_refusal(layer: Mapping[str, Any], layout: Layout, *, sync_batchnorm: bool = False,
+def layer_refusal(layer: Layer | Mapping[str, Any], layout: Layout, *, sync_batchnorm: bool = False,
                   micro_batches: int = 1) -> str | None:
-    """Why the runtime cannot execute ``layer`` (a LayerGraph node's data) under ``layout``; ``None`` when it can.
+    """Why the runtime cannot execute ``layer`` (a LayerGraph node, or a mapping of its fields) under ``layout``;
+    ``None`` when it can.
 
     Args:
         sync_batchnorm: Batch-norm statistics over the whole batch (``--sync-batchnorm``, ``--verify``).
         micro_batches: The batch is cut into this many micro-batches (a pipeline's), each normalised alone.
     """
-    kind, output = layer["kind"], layer["output_shape"]
+    layer = as_layer(layer)
+    kind, output = layer.kind, layer.output_shape
     if kind == "input":
         return None
     if not output or isinstance(output[0], list):
         return None if layout.ranks == 1 else _pieces_refusal(layer, layout)
-    if layout.ranks > 1 and any(shape and isinstance(shape[0], list) for shape in layer["input_shapes"]):
+    if layout.ranks > 1 and any(shape and isinstance(shape[0], list) for shape in layer.input_shapes):
         if kind != "getitem":
             return "it reads a layer with several output tensors other than by its items, so that layer is kept whole"
-        order = layer.get("attrs", {}).get("order") or default_order(len(output))
+        order = layer.attrs.get("order") or default_order(len(output))
         return _ordered_fit_refusal(output, order, layout)  # a piece, in the layout of the layer that cut it
-    order = layer.get("attrs", {}).get("order") or default_order(len(output))
+    order = layer.attrs.get("order") or default_order(len(output))
     return (_ordered_fit_refusal(output, order, layout) or order_refusal(layer, layout) or _kind_refusal(layer, layout)
             or _batchnorm_refusal(layer, layout, sync_batchnorm, micro_batches))
 
 
-def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def _pieces_refusal(layer: Layer, layout: Layout) -> str | None:
     """A layer with several output tensors: a cut into pieces along a dimension the layout does not split
     (``x.chunk(2, dim=1)`` under ``h2``), read by its items only, gives each rank its part of every piece."""
-    attrs, inputs = layer.get("attrs", {}), layer["input_shapes"]
+    attrs, inputs = layer.attrs, layer.input_shapes
     shape = inputs[0] if inputs else []
     if "pieces_along" not in attrs or not attrs.get("items_only") or not shape or isinstance(shape[0], list):
-        unfit = next((why for piece in layer["output_shape"] if piece and not isinstance(piece[0], list)
+        unfit = next((why for piece in layer.output_shape if piece and not isinstance(piece[0], list)
                       and (why := _fit_refusal(piece, layout, flat=True))), None)
         return unfit or "a layer with several output tensors is kept whole"  # (N, classes) logits have no h, w
     order = attrs.get("piece_order") or default_order(len(shape))
@@ -180,17 +183,17 @@ def _pieces_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return "it unbinds a value whose axes are not named (its pieces' boxes are unknown): kept whole"
     if _dim_split(layout, dim, len(shape)) if len(cut) != len(shape) else getattr(layout, cut[dim], 1) > 1:
         return f"it cuts dimension {dim} into pieces, which {layout} splits"
-    return next((why for piece in layer["output_shape"] if (why := _ordered_fit_refusal(piece, order, layout))), None)
+    return next((why for piece in layer.output_shape if (why := _ordered_fit_refusal(piece, order, layout))), None)
 
 
 def piece_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str | None:
     """Why a plan's ``pieces[i]`` cannot run: it must take the layout of the layer that cut the pieces (its
     value is that layer's local piece); ``None`` when every item does."""
     for name, assignment in layers.items():
-        if name not in graph or graph.nodes[name]["kind"] != "getitem":
+        if name not in graph or graph.nodes[name].kind != "getitem":
             continue
         for source in graph.predecessors(name):
-            produced = graph.nodes[source]["output_shape"]
+            produced = graph.nodes[source].output_shape
             if source in layers and produced and isinstance(produced[0], list) and \
                     layers[source].layout != assignment.layout:
                 return (f"'{name}' (getitem, {assignment.layout}) reads a piece of '{source}' "
@@ -230,19 +233,19 @@ def _ordered_fit_refusal(shape: list[int], order: str, layout: Layout) -> str | 
     return _fit_refusal(logical(shape, order), layout)
 
 
-def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    kind, attrs = layer["kind"], layer.get("attrs", {})
+def _kind_refusal(layer: Layer, layout: Layout) -> str | None:
+    kind, attrs = layer.kind, layer.attrs
     spatial = layout.spatial > 1
     if volume_refusal_applies(layer, layout) and (why := volume_refusal(layer, layout)):
         return why
     if permutes(layer):
         return sample_view_refusal(layer, layout) if layout.n > 1 else None
-    if kind == "view" and spatial and layout.c == 1 and layer["input_shapes"]:
+    if kind == "view" and spatial and layout.c == 1 and layer.input_shapes:
         return reshape_refusal(layer, layout) or (sample_view_refusal(layer, layout) if layout.n > 1 else None)
     if on_last_dims(layer):
         return last_dim_refusal(layer, layout)
-    if kind == "activation" and layout.c > 1 and prod(layer.get("weight_shape") or [1]) > 1:
-        return f"a per-channel activation weight {tuple(layer['weight_shape'])} is not sliced by channel"
+    if kind == "activation" and layout.c > 1 and prod(layer.weight_shape or [1]) > 1:
+        return f"a per-channel activation weight {tuple(layer.weight_shape)} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS or identity_item(layer):
         return None
     if kind == "window_attention":
@@ -268,18 +271,18 @@ def _kind_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return moved
     if kind not in ("view", "flatten") and layout.n > 1 and (moved := sample_dim_refusal(layer)):
         return moved
-    if kind == "linear" and layout.c > 1 and any(len(s) != 2 for s in layer["input_shapes"]):
+    if kind == "linear" and layout.c > 1 and any(len(s) != 2 for s in layer.input_shapes):
         return "a linear layer splits its filters on 2-D (N, features) inputs only"
     if spatial:
         return spatial_refusal(layer, layout)
     return _channel_refusal(layer, layout) if layout.c > 1 else None
 
 
-def _tiled_function(layer: Mapping[str, Any]) -> bool:
+def _tiled_function(layer: Layer) -> bool:
     """``F.conv2d(x, w, …)`` with filters computed from parameters alone (a weight standardisation) convolves
     tiles as the module does (its call's own filters, whole on every rank)."""
-    attrs = layer.get("attrs", {})
-    return layer["kind"] == "conv" and "kernel_size" in attrs and attrs.get("weight_from_batch") is False
+    attrs = layer.attrs
+    return layer.kind == "conv" and "kernel_size" in attrs and attrs.get("weight_from_batch") is False
 
 
 def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
@@ -288,17 +291,17 @@ def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
     return f"it slices dimension {cut[0]}, which {layout} splits" if cut else None
 
 
-def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    kind, attrs = layer["kind"], layer.get("attrs", {})
+def _channel_refusal(layer: Layer, layout: Layout) -> str | None:
+    kind, attrs = layer.kind, layer.attrs
     if kind == "conv" and attrs.get("groups", 1) > 1:
-        groups, filters = attrs["groups"], layer["output_shape"][1]
+        groups, filters = attrs["groups"], layer.output_shape[1]
         if groups % layout.c or filters % layout.c:
             return f"{groups} groups and {filters} filters do not split evenly into {layout.c} channel parts"
     if kind == "conv_transpose" and attrs.get("groups", 1) > 1:
         return "a grouped transposed convolution cannot be split by channel"
-    if kind == "flatten" and layer["input_shapes"][0][1] % layout.c:
-        return f"{layer['input_shapes'][0][1]} channels do not split evenly into {layout.c} parts"
-    if kind == "softmax" and attrs.get("dim") in ((1, -1) if len(layer["output_shape"]) == 2 else (1, -3)):
+    if kind == "flatten" and layer.input_shapes[0][1] % layout.c:
+        return f"{layer.input_shapes[0][1]} channels do not split evenly into {layout.c} parts"
+    if kind == "softmax" and attrs.get("dim") in ((1, -1) if len(layer.output_shape) == 2 else (1, -3)):
         return "softmax over the split channel dimension"
     if kind == "view":
         return channel_view_refusal(layer, layout)
@@ -308,7 +311,7 @@ def _channel_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return shuffle_refusal(layer, layout)
     if kind == "pad" and "pad" not in attrs:
         return "a padding computed from tensor shapes may pad the split channel dimension"
-    if kind == "pad" and _pads_dimension(attrs["pad"], len(layer["output_shape"]), 1):
+    if kind == "pad" and _pads_dimension(attrs["pad"], len(layer.output_shape), 1):
         return "padding along the split channel dimension moves the split channels"
     return None
 
@@ -327,13 +330,13 @@ def _noun(kind: str) -> str:
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} layer"
 
 
-def _batchnorm_refusal(layer: Mapping[str, Any], layout: Layout, sync_batchnorm: bool, micro_batches: int) -> str | None:
-    if layer["kind"] == "other" and layer.get("attrs", {}).get("batch_norms") and sync_batchnorm and layout.n > 1:
-        return (f"an opaque module holding {layer['attrs']['batch_norms']} batch-norm layer(s) cannot synchronise "
+def _batchnorm_refusal(layer: Layer, layout: Layout, sync_batchnorm: bool, micro_batches: int) -> str | None:
+    if layer.kind == "other" and layer.attrs.get("batch_norms") and sync_batchnorm and layout.n > 1:
+        return (f"an opaque module holding {layer.attrs['batch_norms']} batch-norm layer(s) cannot synchronise "
                 f"their statistics over a sample split (--sync-batchnorm, --verify); keep it whole, or trace into it")
-    if layer["kind"] != "batchnorm" or layer.get("attrs", {}).get("training") is False:
+    if layer.kind != "batchnorm" or layer.attrs.get("training") is False:
         return None
-    shape = layer["input_shapes"][0]
+    shape = layer.input_shapes[0]
     batch = max(1, shape[0] // max(1, micro_batches))
     samples = batch if sync_batchnorm else batch // layout.n  # the smallest part of the batch
     positions = 1
@@ -381,7 +384,7 @@ def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
 def crosses_as_tuple(graph: LayerGraph, layer: str, later: Any) -> bool:
     """Whether ``layer`` makes several tensors (a tuple: ``x.chunk(2, dim=1)``) read by a layer ``later(name)``
     says is past a pipeline cut: the pipeline runtime sends one tensor per value, so no cut may fall there."""
-    output = graph.nodes[layer]["output_shape"]
+    output = graph.nodes[layer].output_shape
     return bool(output) and isinstance(output[0], list) and any(later(reader) for reader in graph.successors(layer))
 
 
@@ -395,10 +398,10 @@ def shared_modules(graph: LayerGraph) -> dict[str, list[str]]:
     calls: dict[str, list[str]] = {}
     holding: set[str] = set()
     for name, data in graph.nodes(data=True):
-        module = data.get("module") or ""
-        if module and data.get("kind") != "input" and _calls_module(name, module):
+        module = data.module or ""
+        if module and data.kind != "input" and _calls_module(name, module):
             calls.setdefault(module, []).append(name)
-            if data.get("params", 0) > 0:
+            if data.params > 0:
                 holding.add(module)
     return {module: layers for module, layers in calls.items() if module in holding and len(layers) > 1}
 
@@ -457,13 +460,13 @@ def plan_refusals(plan: Any, graph: LayerGraph, *, sync_batchnorm: bool = False)
                                                               sync_batchnorm=sync_batchnorm)):
             why = f"on a micro-batch of {least} sample(s), {why}"
         if why:
-            yield f"'{name}' ({node['kind']}, {assignment.layout}): {why}"
+            yield f"'{name}' ({node.kind}, {assignment.layout}): {why}"
 
 
-def _ordered_dim_split(layout: Layout, dim: int, layer: Mapping[str, Any]) -> bool:
+def _ordered_dim_split(layout: Layout, dim: int, layer: Layer) -> bool:
     """Whether ``layout`` splits dimension ``dim`` of ``layer``'s output, wherever its order puts the axes."""
-    rank = len(layer["output_shape"])
-    order = layer.get("attrs", {}).get("order") or default_order(rank)
+    rank = len(layer.output_shape)
+    order = layer.attrs.get("order") or default_order(rank)
     if len(order) != rank:
         return _dim_split(layout, dim, rank)
     return getattr(layout, order[dim % rank], 1) > 1

@@ -3,13 +3,13 @@ padding in every mode, resampling, group-norm, pixel shuffles."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 from cost_models.borders import axis_pads, gathered_halos, window_reads
 from cost_models.errors import InputError
 from cost_models.halo import adaptive_reads, axis_halos, partition, reads_beyond_neighbours
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 
 __all__ = ["norm_refusal", "shuffle_refusal", "spatial_refusal"]
@@ -23,8 +23,8 @@ _TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgp
 _READ_WHOLE_WHEN_SHORT = frozenset({"upsample", "adaptive_avgpool"})  # fewer input rows than tiles: read whole
 
 
-def spatial_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    kind, attrs = layer["kind"], layer.get("attrs", {})
+def spatial_refusal(layer: Layer, layout: Layout) -> str | None:
+    kind, attrs = layer.kind, layer.attrs
     if kind == "conv" and (isinstance(attrs.get("padding"), str) or attrs.get("padding_mode", "zeros") != "zeros"):
         return _input_fit_refusal(layer, layout) or _border_refusal(layer, layout)
     if kind in ("maxpool", "avgpool") and "pads" in attrs:  # TensorFlow's 'SAME' (cost_models.ir.classify)
@@ -62,9 +62,9 @@ def _tiles(layout: Layout, rank: int) -> tuple[tuple[int, str], ...]:
     return tuple(zip(layout.parts_of(rank)[2:], names)) if names else ()
 
 
-def _input_fit_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def _input_fit_refusal(layer: Layer, layout: Layout) -> str | None:
     """A layer reading tiles of its input needs a non-empty tile of it on every rank (not only of its output)."""
-    shape = layer["input_shapes"][0] if layer["input_shapes"] else None
+    shape = layer.input_shapes[0] if layer.input_shapes else None
     if not shape or len(shape) not in (3, 4, 5) or isinstance(shape[0], list):
         return None
     small = [f"{extent} {name}" for extent, (parts, name) in zip(shape[2:], _tiles(layout, len(shape)))
@@ -73,8 +73,8 @@ def _input_fit_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
             if small else None)
 
 
-def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
-    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+def _halo_refusal(layer: Layer, layout: Layout) -> str | None:
+    attrs, shape = layer.attrs, layer.input_shapes[0]
     for axis, (parts, _) in enumerate(_tiles(layout, len(shape))):
         if parts == 1:
             continue
@@ -88,21 +88,21 @@ def _halo_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
-def _upsample_refusal(layer: Mapping[str, Any]) -> str | None:
-    attrs = layer.get("attrs", {})
-    linear = {3: "linear", 4: "bilinear", 5: "trilinear"}.get(len(layer["output_shape"]))
+def _upsample_refusal(layer: Layer) -> str | None:
+    attrs = layer.attrs
+    linear = {3: "linear", 4: "bilinear", 5: "trilinear"}.get(len(layer.output_shape))
     if attrs.get("mode", "nearest") not in ("nearest", linear) or attrs.get("align_corners"):
         return "upsampling across tiles supports nearest and (bi/tri)linear (align_corners=False) only"
-    extents_in, extents_out = layer["input_shapes"][0][2:], layer["output_shape"][2:]
+    extents_in, extents_out = layer.input_shapes[0][2:], layer.output_shape[2:]
     if any(out % extent for extent, out in zip(extents_in, extents_out)):
         return (f"upsampling {'×'.join(map(str, extents_in))} to {'×'.join(map(str, extents_out))} is not an integer "
                 f"scale")
     return None
 
 
-def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def _adaptive_refusal(layer: Layer, layout: Layout) -> str | None:
     """Adaptive average pooling's output tiles read their windows' rows; no tile may read past its neighbours'."""
-    (_, _, *extents_in), (_, _, *extents_out) = layer["input_shapes"][0], layer["output_shape"]
+    (_, _, *extents_in), (_, _, *extents_out) = layer.input_shapes[0], layer.output_shape
     tiles = _tiles(layout, len(extents_in) + 2)
     for extent_in, extent_out, (parts, name) in zip(extents_in, extents_out, tiles):
         if parts == 1 or extent_in < parts:  # an input shorter than the tiles is read whole
@@ -114,26 +114,26 @@ def _adaptive_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
-def norm_refusal(layer: Mapping[str, Any]) -> str | None:
+def norm_refusal(layer: Layer) -> str | None:
     """Group-norm and instance-norm modules, and ``F.group_norm``, of ``(N, C, H, W)`` tensors split by channel,
     height and width: their statistics per sample and group are summed over the ranks holding the same samples
     (``runtime.norm``)."""
-    attrs = layer.get("attrs", {})
+    attrs = layer.attrs
     function = attrs.get("function_form") and not (attrs.get("norm") == "GroupNorm"
                                                    and isinstance(attrs.get("num_groups"), int))
     if attrs.get("norm") not in ("GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d") or function:
         return (f"{attrs.get('norm', 'this norm')} cannot be split by channel or space yet (GroupNorm and "
                 f"InstanceNorm1d/2d/3d modules and F.group_norm can)")
-    if attrs.get("track_running_stats") or len(layer["input_shapes"][0]) not in (3, 4, 5):
+    if attrs.get("track_running_stats") or len(layer.input_shapes[0]) not in (3, 4, 5):
         return ("an instance-norm tracking running statistics, or of other than (N, C, L), (N, C, H, W) or "
                 "(N, C, D, H, W), cannot be split by channel or space")
     return None
 
 
-def _pad_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def _pad_refusal(layer: Layer, layout: Layout) -> str | None:
     """Constant padding of known amounts splits by height and width: each output tile reads its rows shifted by the
     padding before it, every tile at least one row of the input and none past its neighbours'."""
-    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
+    attrs, shape = layer.attrs, layer.input_shapes[0]
     if not isinstance(attrs.get("pad"), list) or len(shape) != 4:
         return "a padding of amounts unknown when traced cannot be split across tiles"
     if attrs.get("mode", "constant") != "constant":
@@ -151,12 +151,12 @@ def _pad_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
-def _border_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def _border_refusal(layer: Layer, layout: Layout) -> str | None:
     """A convolution padded in a mode (or asymmetrically: an even kernel's ``'same'``), or ``F.pad`` in reflect,
     replicate or circular mode: each tile gathers its windows' padded rows from itself and its neighbours (ring
     neighbours when circular; ``cost_models.borders``)."""
-    attrs, shape = layer.get("attrs", {}), layer["input_shapes"][0]
-    if layer["kind"] == "pad":
+    attrs, shape = layer.attrs, layer.input_shapes[0]
+    if layer.kind == "pad":
         mode, amounts = attrs.get("mode", "constant"), [*attrs["pad"], 0, 0, 0, 0][:4]
         if any(amount < 0 for amount in amounts):
             return f"{mode} padding by negative amounts {amounts} cannot be split across tiles"
@@ -176,14 +176,14 @@ def _border_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
-def shuffle_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def shuffle_refusal(layer: Layer, layout: Layout) -> str | None:
     """Pixel (un)shuffle by ``r`` moves each ``r×r`` block of positions to ``r²`` channels and back: it runs on a
     box when every part of the coarse side, times ``r`` (``r²`` for the channels), is the part of the fine side."""
-    attrs = layer.get("attrs", {})
+    attrs = layer.attrs
     factor = attrs.get("factor")
     if not isinstance(factor, int):
         return "a pixel shuffle of a factor computed from shapes cannot be split by channel or space"
-    source, target = layer["input_shapes"][0], layer["output_shape"]
+    source, target = layer.input_shapes[0], layer.output_shape
     coarse, fine = (source, target) if not attrs.get("inverse") else (target, source)  # fine: more rows, fewer channels
     axes = ((1, layout.c, fine[1], coarse[1], factor * factor), (2, layout.h, coarse[2], fine[2], factor),
             (3, layout.w, coarse[3], fine[3], factor))

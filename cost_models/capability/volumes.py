@@ -17,9 +17,7 @@ and ``c`` splits, or unsplit).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from cost_models.ir.layer import Layer
 from cost_models.ir.orders import NCDHW
 from cost_models.layout import Layout
 
@@ -30,18 +28,18 @@ _VOLUME_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adap
                            "batchnorm", "norm", "cat"})
 
 
-def volume_refusal_applies(layer: Mapping[str, Any], layout: Layout) -> bool:
+def volume_refusal_applies(layer: Layer, layout: Layout) -> bool:
     """Whether ``layer`` reads or makes a volume and ``layout`` splits it by depth, height or width."""
-    shapes = [layer["output_shape"], *layer.get("input_shapes", [])]
+    shapes = [layer.output_shape, *layer.input_shapes]
     return layout.spatial > 1 and any(shape and not isinstance(shape[0], list) and len(shape) == 5
                                       for shape in shapes)
 
 
-def volume_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def volume_refusal(layer: Layer, layout: Layout) -> str | None:
     """Why the runtime cannot split ``layer`` of a volume by ``layout``'s depth, height or width (``None``: it can,
     or the rules of every rank decide: an element-wise layer, a view)."""
-    kind, attrs = layer["kind"], layer.get("attrs", {})
-    inputs = [shape for shape in layer.get("input_shapes", []) if shape and not isinstance(shape[0], list)]
+    kind, attrs = layer.kind, layer.attrs
+    inputs = [shape for shape in layer.input_shapes if shape and not isinstance(shape[0], list)]
     orders = attrs.get("input_orders") or [""] * len(inputs)
     if kind in _VOLUME_KINDS and any(len(shape) == 5 and order != NCDHW for shape, order in zip(inputs, orders)):
         return "its 5-D input is not a volume (N, C, D, H, W) made by volume layers; split it by sample or channel"
@@ -51,7 +49,7 @@ def volume_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return None  # element-wise layers, views: the general rules
     if kind in ("maxpool", "avgpool") and "pads" in attrs:
         return "a volume's pooling padded as TensorFlow's 'SAME' cannot be split by depth, height or width"
-    if kind == "adaptive_avgpool" and any(extent != 1 for extent in layer["output_shape"][2:]):
+    if kind == "adaptive_avgpool" and any(extent != 1 for extent in layer.output_shape[2:]):
         return "a volume's adaptive pooling splits by depth, height or width only to one position (global pooling)"
     if kind == "upsample" and attrs.get("mode", "nearest") not in ("nearest", "trilinear"):
         return "a volume's upsampling across tiles supports nearest and trilinear (align_corners=False) only"

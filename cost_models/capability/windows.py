@@ -14,10 +14,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from cost_models.halo import partition
+from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 
 __all__ = ["merging_refusal", "window_refusal"]
@@ -25,9 +23,9 @@ __all__ = ["merging_refusal", "window_refusal"]
 _AXES = ("rows", "columns")
 
 
-def window_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def window_refusal(layer: Layer, layout: Layout) -> str | None:
     """Why the runtime cannot run Swin's window attention under ``layout`` (``None``: it can)."""
-    attrs = layer.get("attrs", {})
+    attrs = layer.attrs
     if layout.c > 1:
         return f"window attention splits samples and whole windows (h, w), not its heads ({layout})"
     if layout.spatial == 1:
@@ -36,7 +34,7 @@ def window_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
         return "window attention splits rows and columns of an (N, H, W, C) map only"
     if attrs.get("attention_dropout") or attrs.get("dropout"):
         return "window attention with dropout splits by sample only (its draws would differ from the unsplit call's)"
-    shape = layer["input_shapes"][0]
+    shape = layer.input_shapes[0]
     for axis, (extent, parts, window) in enumerate(zip(shape[1:3], (layout.h, layout.w), attrs["window_size"])):
         if parts > 1 and (extent % window or any(start % window for start, _ in partition(extent, parts))):
             return (f"window attention splits {_AXES[axis]} at whole windows only: {extent} {_AXES[axis]} into "
@@ -44,15 +42,15 @@ def window_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
     return None
 
 
-def merging_refusal(layer: Mapping[str, Any], layout: Layout) -> str | None:
+def merging_refusal(layer: Layer, layout: Layout) -> str | None:
     """Why the runtime cannot run Swin's patch merging under ``layout`` (``None``: it can)."""
     if layout.c > 1:
         return "patch merging concatenates each 2×2 patch's channels: it is not split by channel"
     if layout.spatial == 1:
         return None
-    if (layer.get("attrs", {}).get("input_orders") or [""])[0] != "nhwc":
+    if (layer.attrs.get("input_orders") or [""])[0] != "nhwc":
         return "patch merging splits rows and columns of an (N, H, W, C) map only"
-    shape = layer["input_shapes"][0]
+    shape = layer.input_shapes[0]
     for axis, (extent, parts) in enumerate(zip(shape[1:3], (layout.h, layout.w))):
         halves = [(start // 2, stop // 2) for start, stop in partition(extent, parts)]
         if parts > 1 and (extent % 2 or halves != partition(extent // 2, parts)

@@ -270,8 +270,8 @@ def check_plan_for_graph(plan: Plan, graph: LayerGraph) -> None:
     if unknown:
         raise PlanError(f"plan names {len(unknown)} layers the model does not have, e.g. {unknown[:3]}; re-plan")
     for name in order:  # execution order: the first offending layer is named
-        layout, shape = plan.layers[name].layout, graph.nodes[name]["output_shape"]
-        order = graph.nodes[name].get("attrs", {}).get("order") or NCHW
+        layout, shape = plan.layers[name].layout, graph.nodes[name].output_shape
+        order = graph.nodes[name].attrs.get("order") or NCHW
         if len(shape) == 4 and not isinstance(shape[0], list) and not layout.fits(tuple(logical(shape, order))):
             raise PlanError(f"layout {layout} of layer '{name}' splits its output {tuple(shape)} into empty parts")
 

@@ -40,7 +40,7 @@ def shape_attrs(graph: LayerGraph, kind: str, attrs: dict[str, Any], inputs: lis
     from the batch (``weight_from_batch``; a parameter's never do)."""
     extra: dict[str, Any] = {}
     if attrs.get("padding") == "tf_same":
-        extra["pads"] = tf_same_pads(attrs, graph.nodes[inputs[0]]["output_shape"][2:])
+        extra["pads"] = tf_same_pads(attrs, graph.nodes[inputs[0]].output_shape[2:])
     if kind == "conv" and attrs.get("function_form"):
         extra.update(_function_conv_attrs(graph, inputs[1]) if len(inputs) > 1 else
                      {"weight_from_batch": False} if parameter_weight else {})
@@ -50,7 +50,7 @@ def shape_attrs(graph: LayerGraph, kind: str, attrs: dict[str, Any], inputs: lis
 def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph, orders: dict[str, str]) -> KindInfo:
     """``info`` with the orders of its value and inputs where they are not the default (``cost_models.ir.orders``)."""
     inputs = [src.name for src in node.all_input_nodes if src.name in graph]
-    shapes = [graph.nodes[name]["output_shape"] for name in inputs]
+    shapes = [graph.nodes[name].output_shape for name in inputs]
     input_orders = [orders.get(name, default_order(len(shape))) for name, shape in zip(inputs, shapes)]
     source = next(((order, shape) for order, shape in zip(input_orders, shapes)
                    if order and all(isinstance(extent, int) for extent in shape)), None)
@@ -78,7 +78,7 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
     held = [orders.get(name, "") for name, made in zip(inputs, shapes) if made and isinstance(made[0], list)]
     order = held[0] if info.kind == "getitem" and held and len(held[0]) == len(shape) else \
         output_order(node, info.kind, source, shape)
-    kinds = [graph.nodes[name]["kind"] for name in inputs]
+    kinds = [graph.nodes[name].kind for name in inputs]
     if sequence_layer(info.kind, info.attrs, shape, list(zip(kinds, input_orders, shapes))):  # its length is w
         order = NCW
         input_orders = [NCW if len(s) == 3 and (o == NCW or k == "input") else o
@@ -105,7 +105,7 @@ def _untraced_source(node: Node, graph: LayerGraph, orders: dict[str, str]) -> t
         if src.name not in graph:
             stack.extend(src.all_input_nodes)
             continue
-        shape = graph.nodes[src.name]["output_shape"]
+        shape = graph.nodes[src.name].output_shape
         order = orders.get(src.name, default_order(len(shape)))
         if order != default_order(len(shape)) and all(isinstance(extent, int) for extent in shape):
             return order, shape
@@ -122,19 +122,19 @@ def _stacked_or_reduced(attrs: dict[str, Any], input_orders: list[str], order: s
 def _function_conv_attrs(graph: LayerGraph, weight: str) -> dict[str, Any]:
     """``F.conv2d(x, w, …)`` whose filters ``w`` a layer computes (a weight standardisation): their kernel size, and
     whether they are computed from the batch (a dynamic convolution, split by sample only)."""
-    shape = graph.nodes[weight]["output_shape"]
+    shape = graph.nodes[weight].output_shape
     if len(shape) != 4 or isinstance(shape[0], list):
         return {}
-    from_batch = any(graph.nodes[name]["kind"] == "input" for name in nx.ancestors(graph, weight) | {weight})
+    from_batch = any(graph.nodes[name].kind == "input" for name in nx.ancestors(graph, weight) | {weight})
     return {"kernel_size": list(shape[2:]), "weight_from_batch": from_batch}
 
 
 def record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
     """``F.pad`` amounts computed from shapes (timm's ``pad_same``) as the traced call received them: the unsplit
     program's, which the runtime's distributed padding and the capability predicate read (``attrs["pad"]``)."""
-    computed = {name: amounts for name, amounts in pads.items() if name in graph and "pad" not in graph.nodes[name]["attrs"]}
+    computed = {name: amounts for name, amounts in pads.items() if name in graph and "pad" not in graph.nodes[name].attrs}
     for name, amounts in computed.items():
-        graph.nodes[name]["attrs"] = {**graph.nodes[name]["attrs"], "pad": amounts, "pad_from_shapes": True}
+        graph.replace_layer(name, attrs={**graph.nodes[name].attrs, "pad": amounts, "pad_from_shapes": True})
     if computed:
         graph.graph["fingerprint"] = compute_fingerprint(graph)
 
@@ -144,5 +144,5 @@ def record_amp(graph: LayerGraph, amp: str, dtypes: dict[str, str]) -> None:
     graph.graph["amp"] = AMP_DTYPES[amp]
     for name in graph.nodes:
         if dtypes.get(name, graph.graph["dtype"]) != graph.graph["dtype"]:
-            graph.nodes[name]["dtype"] = dtypes[name]
+            graph.replace_layer(name, dtype=dtypes[name])
     graph.graph["fingerprint"] = compute_fingerprint(graph)

@@ -29,7 +29,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 from torch.fx.node import _get_qualified_name
 
-from cost_models.ir.kinds import VIEW_KINDS
+from cost_models.ir.kinds import VIEW_KINDS, LayerKind
 
 __all__ = ["KindInfo", "classify"]
 
@@ -38,7 +38,7 @@ _POOL_FIELDS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "re
                 "count_include_pad", "divisor_override")
 _PAIR_FIELDS = ("kernel_size", "stride", "padding", "dilation")
 
-_MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], str], ...] = (
+_MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], LayerKind], ...] = (
     ((nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d), "conv_transpose"),
     ((nn.Conv1d, nn.Conv2d, nn.Conv3d), "conv"),
     (nn.Linear, "linear"),
@@ -63,7 +63,7 @@ _MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], str], 
     ),
 )
 
-_FUNCTION_KINDS: dict[Callable[..., Any], str] = {
+_FUNCTION_KINDS: dict[Callable[..., Any], LayerKind] = {
     operator.add: "add", operator.iadd: "add", torch.add: "add",
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
     operator.sub: "elementwise", operator.truediv: "elementwise", torch.sub: "elementwise",
@@ -94,13 +94,13 @@ _FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     torch.mean: "mean",
 }
 
-_QUALIFIED_KINDS: dict[str, str] = {
+_QUALIFIED_KINDS: dict[str, LayerKind] = {
     "torchvision.ops.stochastic_depth.stochastic_depth": "dropout",  # ConvNeXt, Swin, EfficientNet: per-sample masks
     "torchvision.models.swin_transformer.shifted_window_attention": "window_attention",  # Swin v1 and v2
 }
 """Functions of other packages, by qualified name (this module does not import them)."""
 
-_METHOD_KINDS: dict[str, str] = {
+_METHOD_KINDS: dict[str, LayerKind] = {
     "view": "view", "reshape": "view", "flatten": "flatten", "contiguous": "view",
     "permute": "view", "transpose": "view", "squeeze": "view", "unsqueeze": "view", "expand": "view",
     "relu": "activation", "relu_": "activation", "sigmoid": "activation",
@@ -117,7 +117,7 @@ _METHOD_KINDS: dict[str, str] = {
 class KindInfo:
     """A node's kind, a label for what it calls, its attributes and whether it aliases its input."""
 
-    kind: str
+    kind: LayerKind
     target: str
     attrs: dict[str, Any] = field(default_factory=dict)
     aliases_input: bool = False
@@ -150,7 +150,7 @@ def classify(node: Node, root: GraphModule, *, opaque: Collection[str] = ()) -> 
     return KindInfo(kind, label, _function_attrs(node, root, kind), aliases)
 
 
-TF_SAME = {"timm.layers.conv2d_same.Conv2dSame": "conv", "timm.layers.pool2d_same.MaxPool2dSame": "maxpool",
+TF_SAME: dict[str, LayerKind] = {"timm.layers.conv2d_same.Conv2dSame": "conv", "timm.layers.pool2d_same.MaxPool2dSame": "maxpool",
            "timm.layers.pool2d_same.AvgPool2dSame": "avgpool"}
 """Convolutions and pooling that pad as TensorFlow's ``'SAME'`` (``timm``'s ``tf_*``, NASNet and PNASNet models): the
 padding a function of the input's extent, ``max((⌈i/s⌉ − 1)·s + d·(k − 1) + 1 − i, 0)``, the extra row after (zeros;
@@ -196,7 +196,7 @@ def _held_norms(module: nn.Module) -> dict[str, int]:
     return {"batch_norms": count} if count else {}
 
 
-def _module_kind(module: nn.Module) -> str:
+def _module_kind(module: nn.Module) -> LayerKind:
     """The kind of the first ``torch.nn`` class ``module`` is an instance of, if it runs that class's forward."""
     for types, name in _MODULE_KINDS:
         base = next((t for t in (types if isinstance(types, tuple) else (types,)) if isinstance(module, t)), None)

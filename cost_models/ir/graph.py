@@ -2,29 +2,9 @@
 
 A :class:`LayerGraph` is a ``networkx.DiGraph`` whose nodes are the model's
 layers in execution (topological) order, keyed by their torch.fx node name
-(``layer1_0_conv1``, ``add_3``). Each node carries:
-
-==================  ==========================================================
-``kind``            ``input``, ``conv``, ``linear``, ``batchnorm``, ``maxpool``,
-                    ``add``, ``cat``, ``upsample``, ... (see ``layer_kinds``)
-``target``          what the node calls: a module class or a function name
-``module``          qualified name of the module it belongs to ("" at top level)
-``input_shapes``    shapes of its tensor inputs, in argument order
-``output_shape``    shape of its output (a list of shapes for tuple outputs)
-``weight_shape``    shape of its weight, or ``None``
-``params``          number of parameters it owns (shared ones counted once)
-``param_bytes``     their size in bytes
-``flops_fwd``       forward FLOPs; ``flops_bwd_data``, ``flops_bwd_weight``,
-                    ``flops_bwd`` for backward (see ``cost_models.ir.flops``)
-``activation_bytes``  bytes of its output tensor(s)
-``aliases_input``   the output is a view of (or written into) its input
-``requires_grad``   the output needs a gradient in backward
-``needs_input_grad``  backward must produce its input's gradient (false before the first weights)
-``has_weight``      it has trainable weights (a weight gradient is computed)
-``attrs``           hyper-parameters: kernel, stride, padding, dilation, groups, ...
-``dtype``           under mixed precision only: the dtype the layer computes in
-                    and outputs, where it is not the weights' (:func:`layer_dtype`)
-==================  ==========================================================
+(``layer1_0_conv1``, ``add_3``); ``graph.nodes[name]`` is that layer, a frozen
+:class:`~cost_models.ir.layer.Layer` (kind, module, shapes, weights, FLOPs,
+attributes, dtype).
 
 Edges ``(producer, consumer)`` carry ``bytes`` (the tensor passed) and
 ``shape``. ``graph.graph`` holds ``input_shape`` (the first input's),
@@ -48,6 +28,7 @@ from typing import Any
 import networkx as nx
 
 from cost_models.errors import InputError
+from cost_models.ir.layer import Layer
 
 __all__ = ["AMP_DTYPES", "LayerGraph", "amp_of", "compute_fingerprint", "dtype_itemsize", "layer_dtype", "layer_itemsize",
            "parse_input_shape", "parse_input_shapes"]
@@ -63,7 +44,40 @@ _FINGERPRINT_NODE_KEYS = (
 
 
 class LayerGraph(nx.DiGraph):
-    """A traced model: layers as nodes in execution order, tensors as edges."""
+    """A traced model: layers as nodes in execution order (each a :class:`Layer`), tensors as edges."""
+
+    def add_node(self, node_for_adding: str, layer: Layer | None = None, /, **fields: Any) -> None:
+        """Add (or replace) layer ``node_for_adding``: a :class:`Layer`, or its fields as keywords."""
+        made = layer if layer is not None else Layer(**fields)
+        if fields and layer is not None:
+            raise TypeError(f"layer {node_for_adding!r}: give a Layer or its fields, not both")
+        super().add_node(node_for_adding)
+        self._node[node_for_adding] = made
+
+    def replace_layer(self, name: str, **changes: Any) -> Layer:
+        """Layer ``name`` with ``changes`` (its other fields kept), stored in its place and returned."""
+        from dataclasses import replace
+
+        changed = replace(self.nodes[name], **changes)
+        self._node[name] = changed
+        return changed
+
+    def layer(self, name: str) -> Layer:
+        """Layer ``name`` (``graph.nodes[name]``, typed)."""
+        found: Layer = self.nodes[name]
+        return found
+
+    def copy(self, as_view: bool = False) -> LayerGraph:
+        """A copy sharing the (frozen) layers; edges and graph attributes copied as ``networkx`` copies them."""
+        if as_view:
+            view: LayerGraph = super().copy(as_view=True)
+            return view
+        graph = type(self)()
+        graph.graph.update(self.graph)
+        for name, layer in self.nodes(data=True):
+            graph.add_node(name, layer)
+        graph.add_edges_from((u, v, dict(data)) for u, successors in self._adj.items() for v, data in successors.items())
+        return graph
 
     def layers(self) -> list[str]:
         """Layer names in execution order (the order tracing inserted them)."""
@@ -71,7 +85,7 @@ class LayerGraph(nx.DiGraph):
 
     def compute_layers(self) -> list[str]:
         """Layers other than the input placeholders."""
-        return [name for name, data in self.nodes(data=True) if data["kind"] != "input"]
+        return [name for name, data in self.nodes(data=True) if data.kind != "input"]
 
     def batch_layers(self) -> set[str]:
         """The layers computed from the model's inputs (the others compute from parameters and constants alone:
@@ -79,7 +93,7 @@ class LayerGraph(nx.DiGraph):
         size = (self.number_of_nodes(), self.number_of_edges())
         known = self.__dict__.get("_batch_layers")
         if known is None or known[0] != size:  # computed once (a traced graph does not change)
-            inputs = [name for name, data in self.nodes(data=True) if data["kind"] == "input"]
+            inputs = [name for name, data in self.nodes(data=True) if data.kind == "input"]
             self.__dict__["_batch_layers"] = (size, frozenset(set(inputs).union(*(nx.descendants(self, name)
                                                                                for name in inputs))))
         return set(self.__dict__["_batch_layers"][1])
@@ -101,18 +115,18 @@ class LayerGraph(nx.DiGraph):
 
     def inputs(self) -> list[str]:
         """The input nodes' names, in argument order (one per input shape)."""
-        return [name for name, data in self.nodes(data=True) if data["kind"] == "input"]
+        return [name for name, data in self.nodes(data=True) if data.kind == "input"]
 
     def totals(self) -> dict[str, int]:
         """Sums over layers: parameters, FLOPs, activation bytes (aliasing outputs excluded)."""
-        data = [self.nodes[name] for name in self.nodes]
+        layers: list[Layer] = [self.nodes[name] for name in self.nodes]
         return {
-            "layers": sum(1 for d in data if d["kind"] != "input"),
-            "params": sum(d["params"] for d in data),
-            "param_bytes": sum(d["param_bytes"] for d in data),
-            "flops_fwd": sum(d["flops_fwd"] for d in data),
-            "flops_bwd": sum(d["flops_bwd"] for d in data),
-            "activation_bytes": sum(d["activation_bytes"] for d in data if not d["aliases_input"]),
+            "layers": sum(1 for layer in layers if layer.kind != "input"),
+            "params": sum(layer.params for layer in layers),
+            "param_bytes": sum(layer.param_bytes for layer in layers),
+            "flops_fwd": sum(layer.flops_fwd for layer in layers),
+            "flops_bwd": sum(layer.flops_bwd for layer in layers),
+            "activation_bytes": sum(layer.activation_bytes for layer in layers if not layer.aliases_input),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,7 +138,7 @@ class LayerGraph(nx.DiGraph):
             "opaque_modules": self.graph.get("opaque_modules", []),
             "held_together": self.graph.get("held_together", []),
             **({"amp": self.graph["amp"]} if self.graph.get("amp") else {}),
-            "layers": [{"name": name, **_jsonable(self.nodes[name])} for name in self.nodes],
+            "layers": [{"name": name, **_jsonable(self.nodes[name].to_dict())} for name in self.nodes],
             "edges": [{"src": u, "dst": v, **_jsonable(self.edges[u, v])}  # each layer's inputs in argument order
                       for v in self.nodes for u in self.predecessors(v)],
         }
@@ -140,8 +154,7 @@ class LayerGraph(nx.DiGraph):
         if data.get("amp"):
             graph.graph["amp"] = data["amp"]
         for layer in data["layers"]:
-            attributes = {key: value for key, value in layer.items() if key != "name"}
-            graph.add_node(layer["name"], **attributes)
+            graph.add_node(layer["name"], Layer.from_fields({key: value for key, value in layer.items() if key != "name"}))
         for edge in data["edges"]:
             graph.add_edge(edge["src"], edge["dst"], **{k: v for k, v in edge.items() if k not in ("src", "dst")})
         return graph
@@ -153,13 +166,12 @@ def amp_of(graph: nx.DiGraph) -> str:
     return names[graph.graph["amp"]] if graph.graph.get("amp") else ""
 
 
-def layer_dtype(layer: dict[str, Any], dtype: str) -> str:
-    """The dtype ``layer`` (a node's data) computes in and outputs: its own under mixed precision, else ``dtype``
-    (the graph's)."""
-    return layer.get("dtype") or dtype
+def layer_dtype(layer: Layer, dtype: str) -> str:
+    """The dtype ``layer`` computes in and outputs: its own under mixed precision, else ``dtype`` (the graph's)."""
+    return layer.dtype or dtype
 
 
-def layer_itemsize(layer: dict[str, Any], dtype: str) -> int:
+def layer_itemsize(layer: Layer, dtype: str) -> int:
     """Bytes per element of ``layer``'s activations (:func:`layer_dtype`)."""
     return dtype_itemsize(layer_dtype(layer, dtype))
 
@@ -185,7 +197,7 @@ def compute_fingerprint(graph: nx.DiGraph) -> str:
         **({"input_shapes": shapes} if len(shapes) > 1 else {}),
         "dtype": graph.graph["dtype"],
         **({"amp": graph.graph["amp"]} if graph.graph.get("amp") else {}),
-        "layers": [[name, [_jsonable(graph.nodes[name].get(k)) for k in _FINGERPRINT_NODE_KEYS]] for name in graph.nodes],
+        "layers": [[name, [_jsonable(getattr(graph.nodes[name], k)) for k in _FINGERPRINT_NODE_KEYS]] for name in graph.nodes],
         "edges": sorted([u, v] for u, v in graph.edges),
     }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))

@@ -17,10 +17,12 @@ filters, a positional table) keep their shapes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
+from cost_models.ir.layer import Layer
 
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
@@ -50,9 +52,9 @@ def micro_batch_starts(batch: int, count: int) -> tuple[int, ...]:
     return tuple(starts)
 
 
-def micro_batch_node(data: Mapping[str, Any], batch: int, samples: int,
-                     from_batch: tuple[bool, Sequence[bool]] | None = None) -> dict[str, Any]:
-    """A LayerGraph node's data with its shapes on a micro-batch of ``samples`` of the ``batch`` samples.
+def micro_batch_node(layer: Layer, batch: int, samples: int,
+                     from_batch: tuple[bool, Sequence[bool]] | None = None) -> Layer:
+    """``layer`` with its shapes on a micro-batch of ``samples`` of the ``batch`` samples.
 
     ``from_batch``: whether its output, and each of its inputs, is computed from the model's inputs (only those
     scale); default: all of them.
@@ -63,19 +65,18 @@ def micro_batch_node(data: Mapping[str, Any], batch: int, samples: int,
         if not scales or not shape or isinstance(shape[0], list):
             return shape
         return [-(-shape[0] * samples // batch), *shape[1:]]
-    shapes = data.get("input_shapes", [])
-    return {**data, "output_shape": scaled(data["output_shape"], output),
-            "input_shapes": [scaled(shape, True if inputs is None else inputs[index])
-                             for index, shape in enumerate(shapes)]}
+    return replace(layer, output_shape=scaled(layer.output_shape, output),
+                   input_shapes=[scaled(shape, True if inputs is None else inputs[index])
+                                 for index, shape in enumerate(layer.input_shapes)])
 
 
-def micro_batch_nodes(graph: LayerGraph, samples: int) -> dict[str, dict[str, Any]]:
+def micro_batch_nodes(graph: LayerGraph, samples: int) -> dict[str, Layer]:
     """Every layer's data (:func:`micro_batch_node`) on a micro-batch of ``samples`` of ``graph``'s batch."""
     batch, flows = int(graph.input_shape[0]), graph.batch_layers()
     found = {}
     for name, data in graph.nodes(data=True):
         sources = [source in flows for source in graph.predecessors(name)]
-        known = len(sources) == len(data.get("input_shapes", []))  # each input's producer (argument order)
+        known = len(sources) == len(data.input_shapes)  # each input's producer (argument order)
         found[name] = micro_batch_node(data, batch, samples, (name in flows, sources) if known else None)
     return found
 
@@ -95,7 +96,7 @@ def micro_batch_graph(graph: LayerGraph, micro: int, *, smallest: bool = False) 
     scaled = type(graph)()
     scaled.graph.update(graph.graph)
     for name, data in micro_batch_nodes(graph, samples).items():
-        scaled.add_node(name, **data)
+        scaled.add_node(name, data)
     scaled.add_edges_from((source, name, dict(graph.edges[source, name]))
                           for name in graph.nodes for source in graph.predecessors(name))
     return scaled

@@ -48,6 +48,7 @@ from cost_models.ir._traced_attrs import TensorMeta, record_amp, record_pads, sh
 from cost_models.ir.classify import TF_SAME, KindInfo, classify
 from cost_models.ir.flops import layer_flops
 from cost_models.ir.graph import AMP_DTYPES, LayerGraph, compute_fingerprint, parse_input_shapes
+from cost_models.ir.layer import Layer
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace", "trace"]
 
@@ -414,18 +415,18 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, m
     seen.update(id(p) for p in owned)
     weight = _weight_of(node, gm)
     has_weight = any(p.requires_grad for p in params)
-    needs_input_grad = any(graph.nodes[src]["requires_grad"] for src in inputs)
+    needs_input_grad = any(graph.nodes[src].requires_grad for src in inputs)
     attrs = {**info.attrs, **shape_attrs(graph, info.kind, info.attrs, inputs, weight is not None)}
     if weight is not None and info.kind in ("conv", "conv_transpose", "linear"):
         attrs["weight_shape"] = list(weight)
         if info.kind != "linear":
             attrs.setdefault("kernel_size", list(weight[2:]))
     output_shapes = [shape for shape, _ in meta]
-    input_shapes = [list(graph.nodes[src]["output_shape"]) for src in inputs]
+    input_shapes = [list(graph.nodes[src].output_shape) for src in inputs]
     flops = layer_flops(info.kind, input_shapes, output_shapes[0], attrs,
                         needs_input_grad=needs_input_grad, has_weight=has_weight)
-    graph.add_node(
-        node.name, kind=info.kind, target=info.target, module=_owner(node),
+    graph.add_node(node.name, Layer(
+        kind=info.kind, target=info.target, module=_owner(node),
         input_shapes=input_shapes,
         output_shape=list(output_shapes[0]) if len(meta) == 1 else [list(s) for s in output_shapes],
         weight_shape=list(weight) if weight is not None else None,
@@ -434,9 +435,9 @@ def _add_layer(graph: LayerGraph, gm: GraphModule, node: Node, info: KindInfo, m
         activation_bytes=sum(prod(shape) * size for shape, size in meta),
         aliases_input=info.aliases_input, requires_grad=has_weight or needs_input_grad,
         needs_input_grad=needs_input_grad, has_weight=has_weight, attrs=attrs,
-    )
+    ))
     for src in dict.fromkeys(inputs):
-        graph.add_edge(src, node.name, bytes=graph.nodes[src]["activation_bytes"], shape=graph.nodes[src]["output_shape"])
+        graph.add_edge(src, node.name, bytes=graph.nodes[src].activation_bytes, shape=graph.nodes[src].output_shape)
 
 
 def _parameters_of(node: Node, gm: GraphModule) -> list[nn.Parameter]:

@@ -221,8 +221,8 @@ def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
         return None, Check("trace", "trace", None, None, "fail", _failure_reason(err, request.timeout_s),
                            time.perf_counter() - started)
     layers, totals = graph.compute_layers(), graph.totals()
-    dense = sum(float(graph.nodes[name].get("flops_fwd", 0)) for name in layers
-                if graph.nodes[name]["kind"] in ("conv", "conv_transpose"))
+    dense = sum(float(graph.nodes[name].flops_fwd) for name in layers
+                if graph.nodes[name].kind in ("conv", "conv_transpose"))
     return graph, Check("trace", "trace", None, None, "pass", f"{len(layers)} layers", time.perf_counter() - started,
                         {"layers": len(layers), "fingerprint": graph.fingerprint, "params": totals.get("params"),
                          "flops_fwd": totals.get("flops_fwd"),

@@ -47,7 +47,7 @@ def split_summary(graph: LayerGraph, plan: Any, layout: Layout) -> dict[str, Any
             node = graph.nodes[name]
             reason = (layer_refusal(node, layout, sync_batchnorm=True) or _NO_LOCAL_PROBLEM) if name in batch else \
                 PARAMETERS_ONLY
-            whole.append({"layer": name, "kind": node["kind"], "reason": reason, "cannot_split": cannot_split(reason)})
+            whole.append({"layer": name, "kind": node.kind, "reason": reason, "cannot_split": cannot_split(reason)})
     return {"layers": len(names), "split": len(names) - len(whole), "whole": whole}
 
 

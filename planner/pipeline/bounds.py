@@ -118,7 +118,7 @@ def heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> 
     def written(head: str) -> int:
         total = 0
         for layer in groups[head]:
-            shape = graph.nodes[layer]["output_shape"]
+            shape = graph.nodes[layer].output_shape
             total += prod(shape) if shape and not isinstance(shape[0], list) else 0
         return total
     position = {head: index for index, head in enumerate(groups)}

@@ -105,8 +105,8 @@ def _smooth(most: int) -> list[int]:
 
 def _largest_output(graph: LayerGraph) -> list[int] | None:
     """The shape of the largest single output tensor of ``graph``'s layers (the first of the largest)."""
-    shapes = [data["output_shape"] for _, data in graph.nodes(data=True)
-              if data["output_shape"] and not isinstance(data["output_shape"][0], list)]
+    shapes = [data.output_shape for _, data in graph.nodes(data=True)
+              if data.output_shape and not isinstance(data.output_shape[0], list)]
     return max(shapes, key=prod, default=None)
 
 

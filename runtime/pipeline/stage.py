@@ -435,7 +435,7 @@ class PipelineStage:
                rank: int) -> CrossingMoves:
         """This rank's part in moving crossing ``name`` (at ``model``'s shapes) from stage ``producer`` to stage
         ``consumer``."""
-        shape = geometry(model.layer_graph.nodes[name]["output_shape"], held)
+        shape = geometry(model.layer_graph.nodes[name].output_shape, held)
         return crossing_moves(shape, held, self._stage_ranks(producer), wire_placement(held, self.sizes[consumer]),
                               self._stage_ranks(consumer), rank)
 
@@ -452,7 +452,7 @@ class PipelineStage:
         that hold it."""
         moves = self._incoming[size, name]
         graph = self._models[size].layer_graph
-        shape = local_shape(graph.nodes[name]["output_shape"], self.placements[name], self.member)
+        shape = local_shape(graph.nodes[name].output_shape, self.placements[name], self.member)
         buffer = self._gathered(moves.box, moves.receives, f"the activation of {name}", stage, tag).reshape(shape)
         return buffer.requires_grad_(buffer.is_floating_point())
 
@@ -461,7 +461,7 @@ class PipelineStage:
         ``stage`` sends back (its pieces summed)."""
         moves = self._outgoing[size, name, stage]
         graph = self._models[size].layer_graph
-        shape = local_shape(graph.nodes[name]["output_shape"], self._held[name], self.member)
+        shape = local_shape(graph.nodes[name].output_shape, self._held[name], self.member)
         return self._gathered(moves.box, moves.sends, f"the gradient of {name}", stage, tag).reshape(shape)
 
     def _gathered(self, box: Box, pieces: Sequence[tuple[int, Box]], what: str, stage: int, tag: int) -> torch.Tensor:

@@ -311,7 +311,7 @@ def _load(options: RunOptions, stage: Any, step: int, micro: int, dtype: torch.d
     if not (stage.first or stage.last):
         return None, None
     part = stage.model_for(micro)
-    output_shape = part.layer_graph.nodes[part.output_name]["output_shape"]
+    output_shape = part.layer_graph.nodes[part.output_name].output_shape
     size, first = stage.samples(micro), stage.first_sample(micro)
     x_boxes = tuple(_shifted(box, first) for box in stage.input_boxes(micro)) if stage.first else None
     t_box = _shifted(stage.target_box((size, *output_shape[2:]), micro), first) if stage.last else None
@@ -444,7 +444,7 @@ def _whole(options: RunOptions, stage: Any, micro: int, dtype: torch.dtype, devi
            ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """The whole micro-batch ``micro`` of step 0 (every input) and its labels (the unsplit model's)."""
     part = stage.model_for(micro)
-    output_shape = part.layer_graph.nodes[part.output_name]["output_shape"]
+    output_shape = part.layer_graph.nodes[part.output_name].output_shape
     first = stage.first_sample(micro)
     samples = slice(first, first + stage.samples(micro))
     x_boxes = tuple((samples, *(slice(0, e) for e in shape[1:])) for shape in options.shapes)
