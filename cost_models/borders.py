@@ -35,7 +35,8 @@ from typing import Any
 from cost_models.errors import InputError
 from cost_models.halo import AxisHalo, partition
 
-__all__ = ["MODES", "axis_pads", "gathered_halos", "owner_of", "source_row", "tile_sources", "window_extent", "window_reads"]
+__all__ = ["MODES", "axis_pads", "gathered_halos", "owner_of", "source_row", "tile_sources", "window_extent",
+           "window_reads"]
 
 MODES = ("zeros", "constant", "reflect", "replicate", "circular")
 

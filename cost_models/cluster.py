@@ -66,7 +66,7 @@ class Cluster:
                                                 self.inter, self.name)))  # keys of every cost memo
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
     @property
     def nodes(self) -> int:

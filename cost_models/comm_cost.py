@@ -36,10 +36,10 @@ from cost_models.redistribution import rank_loads
 GRADIENT_BUCKET_BYTES = 25 * 2**20
 """Bytes of weight gradients one allreduce carries (DDP's default ``bucket_cap_mb=25``)."""
 
-__all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allgather_s", "allreduce_s", "halo_exchange_s", "move_pattern_arrays", "move_patterns", "nested", "nested_mask",
-           "node_shape", "shaped_allreduce_s",
-           "gradient_allreduce_s", "pattern_s", "patterned_s",
-           "redistribution_row_s", "redistribution_s", "sendrecv_coefficients"]
+__all__ = ["GRADIENT_BUCKET_BYTES", "MovePattern", "PATTERN_CASES", "allgather_s", "allreduce_s", "halo_exchange_s",
+           "move_pattern_arrays", "move_patterns", "nested", "nested_mask", "node_shape", "shaped_allreduce_s",
+           "gradient_allreduce_s", "pattern_s", "patterned_s", "redistribution_row_s", "redistribution_s",
+           "sendrecv_coefficients"]
 
 
 def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes: float) -> float:
@@ -50,7 +50,8 @@ def allreduce_s(profile: Profile, cluster: Cluster, ranks: Sequence[int], nbytes
 
 
 def shaped_allreduce_s(profile: Profile, group: int, nodes: int, local: int, nbytes: float) -> float:
-    """:func:`allreduce_s` over ``group`` ranks on ``nodes`` nodes, at most ``local`` of them on one (``node_shape``)."""
+    """:func:`allreduce_s` over ``group`` ranks on ``nodes`` nodes, at most ``local`` of them on one
+    (``node_shape``)."""
     if group <= 1 or nbytes <= 0:
         return 0.0
     if nodes == 1:
@@ -157,7 +158,8 @@ def nested_mask(extents: np.ndarray, source_parts: np.ndarray, target_parts: np.
 def move_patterns(cluster: Cluster, source: Layout, targets: Sequence[Layout], devices: int) -> list[MovePattern]:
     """The :class:`MovePattern` from ``source`` to each of ``targets`` (all nested with it), computed together."""
     parts, present = move_pattern_arrays(cluster, source, targets, devices)
-    return [MovePattern(int(parts[index]), tuple(case for case, flags in zip(PATTERN_CASES, present[:, index]) if flags))
+    return [MovePattern(int(parts[index]),
+                        tuple(case for case, flags in zip(PATTERN_CASES, present[:, index]) if flags))
             for index in range(len(targets))]
 
 

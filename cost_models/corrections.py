@@ -63,7 +63,8 @@ class Corrections:
     fitted_on: Mapping[str, Any] = field(default_factory=dict)
 
     def scale(self, kind: str, layout: Layout) -> float:
-        """The factor for a layer of ``kind`` under ``layout``: its key's, else its split's pooled one, else ``*``'s, else 1."""
+        """The factor for a layer of ``kind`` under ``layout``: its key's, else its split's pooled one, else
+        ``*``'s, else 1."""
         for key in (layer_key(kind, layout), layer_key(POOLED, layout), POOLED):
             if key in self.layer_scale:
                 return self.layer_scale[key]

@@ -4,10 +4,9 @@ edge seconds, per layer signature and layout (``cost_models.estimate``'s :class:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Hashable
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any
 
 from cost_models.cluster import Cluster
 from cost_models.comm_cost import redistribution_s
@@ -39,11 +38,11 @@ class CostMemo:
         """``threads``: CPU threads per rank of the runs priced (kernels' workspace; ``None``: the profile's)."""
         self.profile, self.dtype, self.itemsize, self.threads = profile, dtype, dtype_itemsize(dtype), threads
         self.problems: dict[tuple[str, Layout], LocalProblem | None] = {}
-        self.costs: dict[tuple[Any, ...], LayerCost] = {}
+        self.costs: dict[tuple[Hashable, ...], LayerCost] = {}
         self.memories: dict[tuple[str, Layout, str], LayerMemory] = {}
         self.computes: dict[LocalProblem, Compute] = {}
-        self.edges: dict[tuple[Any, ...], float] = {}
-        self.signatures: dict[int, tuple[Mapping[str, Any], str]] = {}  # by id: the node data (kept alive) and its text
+        self.edges: dict[tuple[Hashable, ...], float] = {}
+        self.signatures: dict[int, tuple[Layer, str]] = {}  # by id: the node data (kept alive) and its text
 
     def renewed(self) -> CostMemo:
         """A memo sharing these results but no remembered signatures: for graphs that may have changed since."""

@@ -86,7 +86,8 @@ def reads_in_row_form(name: str, plan: Plan, graph: LayerGraph) -> bool:
                                                        assigned.layout)
 
 
-def form_s(source: Layer | Mapping[str, Any], target: Layer | Mapping[str, Any], have: Layout, layout: Layout, profile: Profile,
+def form_s(source: Layer | Mapping[str, Any], target: Layer | Mapping[str, Any], have: Layout, layout: Layout,
+           profile: Profile,
            cluster: Cluster, itemsize: int) -> float:
     """Seconds of ``target``'s filter split that depend on its form (0 when it has no forms or ``c`` is 1)."""
     source, target = as_layer(source), as_layer(target)
@@ -105,7 +106,8 @@ def column_form_s(target: Layer, layout: Layout, profile: Profile, cluster: Clus
     return allreduce_s(profile, cluster, _channel_group(layout), itemsize * elements)
 
 
-def row_form_s(target: Layer | Mapping[str, Any], layout: Layout, profile: Profile, cluster: Cluster, itemsize: int) -> float:
+def row_form_s(target: Layer | Mapping[str, Any], layout: Layout, profile: Profile, cluster: Cluster,
+               itemsize: int) -> float:
     """The row form's allreduces (forward the partial sums, backward the zero-padded gradients) of its local
     output, whole in channels."""
     target = as_layer(target)

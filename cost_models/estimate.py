@@ -223,7 +223,8 @@ def restaled(graph: LayerGraph, plan: Plan, previous: Estimate, staleness_was: S
                         f"{plan.pipeline.schedule} one of {plan.pipeline.stages}; use estimate")
     dtype = graph.graph["dtype"]
     context = _Context(graph, graph.nodes, plan, profile, dtype, "", True, memo or CostMemo(profile, dtype))
-    stages = tuple(replace(stage, memory_bytes=stage.memory_bytes + (now - was) * _boundary_bytes(context, k, into=True))
+    stages = tuple(replace(stage, memory_bytes=stage.memory_bytes
+                           + (now - was) * _boundary_bytes(context, k, into=True))
                    for k, (stage, now, was) in enumerate(zip(previous.stages, plan.pipeline.staleness, staleness_was)))
     step_s = profile.corrections.step_overhead_s if profile.corrections else 0.0
     return _combine(previous.layers, stages, plan, 1, step_s, None)
@@ -383,7 +384,7 @@ def transfer_s(profile: Profile, level: str, nbytes: int) -> float:
     return profile.comm_time_s("sendrecv", level, 2, nbytes) if nbytes else 0.0
 
 
-def _elements(shape: Any) -> int:
+def _elements(shape: Sequence[int]) -> int:
     """Elements of a tensor shape, or of all the tensors of a tuple output (``[[…], […]]``)."""
     if shape and isinstance(shape[0], list):
         return sum(_elements(part) for part in shape)

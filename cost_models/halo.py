@@ -35,8 +35,8 @@ from functools import lru_cache
 
 from cost_models.errors import InputError
 
-__all__ = ["AxisHalo", "HaloMessage", "adaptive_reads", "axis_halos", "distinct_axis_halos", "halo_messages", "partition",
-           "reads_beyond_neighbours", "volume_halo_messages", "window_output_extent"]
+__all__ = ["AxisHalo", "HaloMessage", "adaptive_reads", "axis_halos", "distinct_axis_halos", "halo_messages",
+           "partition", "reads_beyond_neighbours", "volume_halo_messages", "window_output_extent"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,6 @@ def volume_halo_messages(halos: Sequence[AxisHalo], tile_shape: Sequence[int], p
                 rows = 1
                 for extent in block[:-1]:
                     rows *= extent
-                found.append(HaloMessage(offset, rows, block[-1], rows * block[-1] * plane_bytes))  # type: ignore[arg-type]
+                found.append(HaloMessage(offset, rows, block[-1], rows * block[-1] * plane_bytes))
         extents[axis] += halo.before + halo.after
     return found

@@ -110,8 +110,8 @@ def problem_cost(name: str, layer: Layer, layout: Layout, problem: LocalProblem 
     optionally, its :func:`compute_s` (the same for every layer and layout of that local problem)."""
     if problem is None:
         if layer.kind in ("input", "flatten", "view", "getitem", "identity") or layout.ranks == 1:
-            return LayerCost(0.0, 0.0, 0.0, 0.0, _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize),
-                             0.0, 0.0, "none")
+            allreduce = _weight_allreduce_s(layer, layout, devices, profile, cluster, itemsize)
+            return LayerCost(0.0, 0.0, 0.0, 0.0, allreduce, 0.0, 0.0, "none")
         raise PlanError(f"layout {layout} cannot split layer '{name}' ({layer.kind}, output "
                         f"{tuple(layer.output_shape)}); choose a layout its kind and shape allow")
     forward_s, backward_s, weight_s, source = compute or compute_s(problem, profile)
@@ -196,7 +196,8 @@ def _gathered(layer: Layer, layout: Layout) -> tuple[tuple[AxisHalo, ...], ...]:
     halos = []
     for axis, parts in enumerate(layout.parts_of(len(shape))[2:]):
         window = tuple(axis_value(attrs.get(key, 1), axis) for key in ("kernel_size", "stride", "dilation"))
-        reads = window_reads(shape[2 + axis], parts, *window, axis_pads(dict(attrs), axis))  # type: ignore[arg-type]
+        kernel, stride, dilation = window
+        reads = window_reads(shape[2 + axis], parts, kernel, stride, dilation, axis_pads(dict(attrs), axis))
         halos.append(tuple(dict.fromkeys(gathered_halos(shape[2 + axis], reads, attrs.get("padding_mode", "zeros")))))
     return tuple(halos)
 

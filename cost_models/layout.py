@@ -9,8 +9,8 @@ back (``.`` or ``*`` may stand for ``·``, so it can be typed on any keyboard).
 Tensors of other ranks name a subset of the axes (:func:`axes_of`): an image
 ``(N, C, H, W)`` has no depth, a sequence ``(N, C, L)`` splits its length as
 ``w``, and so do a transformer's tokens ``(N, L, E)`` (order ``nwc``: their
-embedding is the channel axis; ``Layout.parse`` reads ``t2`` as ``w2``). :func:`as_volume` puts any of them in the five-axis frame (extent 1 on
-the axes it lacks), where a dimension of extent 1 is held whole whatever the
+embedding is the channel axis; ``Layout.parse`` reads ``t2`` as ``w2``). :func:`as_volume` puts any of
+them in the five-axis frame (extent 1 on the axes it lacks), where a dimension of extent 1 is held whole whatever the
 layout says.
 
 A dimension of extent ``E`` split into ``p`` parts gives balanced parts, as
@@ -27,11 +27,13 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import product
 from operator import attrgetter
-from typing import Any
+from typing import TypeVar
 
 from cost_models.errors import InputError
 
 __all__ = ["DIMS", "Layout", "as_volume", "axes_of", "from_volume", "layouts_dividing", "whole_channels"]
+
+T = TypeVar("T")
 
 DIMS: tuple[str, ...] = ("n", "c", "d", "h", "w")
 _AXES = {1: "n", 2: "nc", 3: "ncw", 4: "nchw", 5: "ncdhw"}
@@ -64,7 +66,7 @@ class Layout:
         object.__setattr__(self, "_hash", hash((self.n, self.c, self.d, self.h, self.w)))  # keys of every cost memo
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
     @property
     def ranks(self) -> int:
@@ -84,7 +86,7 @@ class Layout:
         """The split counts of the axes a ``rank``-D tensor holds (:func:`axes_of`), in its order."""
         if rank not in _PICK:
             axes_of(rank)  # raises: a rank other than 1 to 5
-        return _PICK[rank](self)  # type: ignore[no-any-return]
+        return _PICK[rank](self)
 
     def items(self) -> Iterator[tuple[str, int]]:
         """``(dimension letter, parts)`` pairs in ``n, c, d, h, w`` order."""
@@ -175,7 +177,7 @@ def as_volume(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
     return tuple(extents.get(axis, 1) for axis in DIMS)  # type: ignore[return-value]
 
 
-def from_volume(values: Sequence[Any], rank: int) -> tuple[Any, ...]:
+def from_volume(values: Sequence[T], rank: int) -> tuple[T, ...]:
     """The entries of a five-axis tuple (``n, c, d, h, w``) that a ``rank``-D tensor holds, in its order."""
     return tuple(values[DIMS.index(axis)] for axis in axes_of(rank))
 

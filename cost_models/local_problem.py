@@ -58,7 +58,7 @@ class LocalProblem:
     input_shapes: tuple[tuple[int, ...], ...]
     output_shape: tuple[int, ...]
     weight_shape: tuple[int, ...] | None
-    attrs: tuple[tuple[str, Any], ...]
+    attrs: tuple[tuple[str, object], ...]
     dtype: str
     itemsize: int
     needs_input_grad: bool
@@ -155,9 +155,9 @@ def local_problem(layer: Layer | Mapping[str, Any], layout: Layout, itemsize: in
     if kind == "conv" and layout.c > 1 and attrs.get("groups", 1) > 1:
         attrs["groups"] = attrs["groups"] // layout.c
     return LocalProblem(
-        kind=kind, input_shapes=tuple(tuple(s) for s in inputs), output_shape=tuple(local_out),  # type: ignore[arg-type]
+        kind=kind, input_shapes=tuple(tuple(s) for s in inputs), output_shape=tuple(local_out),
         weight_shape=tuple(weight) if weight else None, attrs=tuple(sorted((k, _freeze(v)) for k, v in attrs.items())),
-        dtype=dtype, itemsize=itemsize, needs_input_grad=bool(layer.get("needs_input_grad", True)),
+        dtype=dtype, itemsize=itemsize, needs_input_grad=layer.needs_input_grad,
         has_weight=bool(layer.get("has_weight", layer.weight_shape is not None)),
     )
 
@@ -178,7 +178,8 @@ def _called_filters(layer: Layer) -> list[int] | None:
 
 
 def _splittable(layer: Layer, layout: Layout) -> bool:
-    """Whether the runtime executes the layer under ``layout`` (``cost_models.capability.predicate``'s one predicate)."""
+    """Whether the runtime executes the layer under ``layout`` (the one predicate,
+    ``cost_models.capability.predicate``)."""
     return layer_refusal(layer, layout) is None
 
 
@@ -244,7 +245,8 @@ def _input_extent(kind: str, extent_in: int, extent_out: int, local_out: int, pa
     return -(-extent_in // parts)
 
 
-def _tile_padding(pad: list[Any], shape: Any, local_out: Sequence[int], layout: Layout) -> tuple[list[Any], Any]:
+def _tile_padding(pad: list[int], shape: Sequence[int], local_out: Sequence[int],
+                  layout: Layout) -> tuple[list[int], list[int]]:
     """``F.pad`` on a tile: along a split axis the tile reads its output rows (its halo or its border's padding
     gathered), so it pads nothing there."""
     amounts, local = [*pad, 0, 0, 0, 0][:max(4, len(pad))], list(shape)
@@ -306,11 +308,11 @@ def axis_value(value: Any, axis: int) -> Any:
     return value
 
 
-def _freeze(value: Any) -> Any:
+def _freeze(value: object) -> object:
     return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, tuple):
         return "(" + ",".join(_text(v) for v in value) + ")"
     return str(value)

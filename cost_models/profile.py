@@ -368,13 +368,13 @@ def _on_threads(sample: ComputeSample, extra_threads: int) -> int | None:
     return max(0, sample.peak_bytes + extra_threads * sample.peak_bytes_per_thread)
 
 
-def _without_none(fields: dict[str, Any]) -> dict[str, Any]:
+def _without_none(fields: dict[str, object]) -> dict[str, object]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-def _fields(value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in value.__dataclass_fields__:
+def _fields(value: object) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name in getattr(value, "__dataclass_fields__", ()):
         if name.startswith("_"):
             continue
         item = getattr(value, name)

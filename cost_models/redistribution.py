@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
 from math import prod
-from typing import Any
 
 import numpy as np
 
@@ -208,7 +207,7 @@ def _coordinate_arrays(layout: Layout, devices: int) -> tuple[np.ndarray, ...]:
     return tuple(coords)
 
 
-def _range_arrays(extent: int, parts: Any, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _range_arrays(extent: int, parts: int | np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     base, extra = np.divmod(extent, parts)
     start = index * base + np.minimum(index, extra)
     return start, start + base + (index < extra)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from cost_models.capability.predicate import layer_refusal
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
-from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, recorded_shapes
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, Schedule, recorded_shapes
 from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 from cost_models.local_problem import local_problem
@@ -26,7 +26,8 @@ from cost_models.local_problem import local_problem
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "balanced_starts", "layout_by_rule", "staged", "uniform_plan"]
+__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "balanced_starts", "layout_by_rule", "staged",
+           "uniform_plan"]
 
 NO_COMPUTE_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
 """Kinds with no local problem of their own: any layout their output fits is theirs."""
@@ -77,9 +78,10 @@ def _cut_from(graph: LayerGraph, name: str) -> str | None:
     return sources[0] if produced and isinstance(produced[0], list) else None
 
 
-def uniform_plan(graph: LayerGraph, cluster: Cluster, preferences: Sequence[Layout] | Rule, model_spec: str = "") -> Plan:
+def uniform_plan(graph: LayerGraph, cluster: Cluster, preferences: Sequence[Layout] | Rule,
+                 model_spec: str = "") -> Plan:
     """A one-stage plan on all of ``cluster``'s devices in which each layer takes its first applicable preference."""
-    rule: Rule = preferences if callable(preferences) else (lambda _name, _position: preferences)  # type: ignore[assignment]
+    rule: Rule = preferences if callable(preferences) else (lambda _name, _position: list(preferences))
     layouts = layout_by_rule(graph, rule)
     return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
                 {name: LayerAssignment(layout) for name, layout in layouts.items()},
@@ -88,7 +90,7 @@ def uniform_plan(graph: LayerGraph, cluster: Cluster, preferences: Sequence[Layo
                 input_shapes=recorded_shapes(graph.input_shapes))
 
 
-def staged(plan: Plan, graph: LayerGraph, starts: Sequence[str], schedule: str = "sync", micro_batches: int = 1,
+def staged(plan: Plan, graph: LayerGraph, starts: Sequence[str], schedule: Schedule = "sync", micro_batches: int = 1,
            staleness: Sequence[int] | None = None) -> Plan:
     """``plan`` (one stage of ``G`` devices) cut into pipeline stages of ``G`` devices each.
 
@@ -133,7 +135,7 @@ def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:
         raise InputError(f"cannot cut {len(order)} layers into {stages} stages; use 1 to {len(order)} stages")
     work = [float(graph.nodes[name].flops_fwd) + float(graph.nodes[name].flops_bwd)
             for name in order]
-    total, done, starts = sum(work) or 1.0, 0.0, []
+    total, done, starts = sum(work) or 1.0, 0.0, list[int]()
     for position, flops in enumerate(work):
         if len(starts) < stages - 1 and position > 0 and done >= total * (len(starts) + 1) / stages:
             starts.append(position)

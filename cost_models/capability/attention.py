@@ -1,4 +1,5 @@
-"""The capability predicate's rules for attention (kind ``attention``; ``cost_models.capability.predicate`` documents them).
+"""The capability predicate's rules for attention (kind ``attention``; ``cost_models.capability.predicate``
+documents them).
 
 ``nn.MultiheadAttention`` and ``F.scaled_dot_product_attention`` split by
 sample where the query holds the samples in dimension 0. The module attending

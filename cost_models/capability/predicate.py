@@ -100,7 +100,7 @@ Rules (each is what the runtime, ``runtime.layers``, implements):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from math import prod
 from typing import TYPE_CHECKING, Any
 
@@ -127,10 +127,11 @@ from cost_models.ir.orders import default_order, logical
 from cost_models.layout import Layout
 
 if TYPE_CHECKING:
+    from cost_models.formats.plan import LayerAssignment, Pipeline, Plan
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal", "on_last_dims",
-           "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
+__all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal",
+           "on_last_dims", "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
            "shared_module_refusal", "shared_modules"]
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
@@ -186,7 +187,7 @@ def _pieces_refusal(layer: Layer, layout: Layout) -> str | None:
     return next((why for piece in layer.output_shape if (why := _ordered_fit_refusal(piece, order, layout))), None)
 
 
-def piece_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str | None:
+def piece_layout_refusal(graph: LayerGraph, layers: Mapping[str, LayerAssignment]) -> str | None:
     """Why a plan's ``pieces[i]`` cannot run: it must take the layout of the layer that cut the pieces (its
     value is that layer's local piece); ``None`` when every item does."""
     for name, assignment in layers.items():
@@ -245,7 +246,7 @@ def _kind_refusal(layer: Layer, layout: Layout) -> str | None:
     if on_last_dims(layer):
         return last_dim_refusal(layer, layout)
     if kind == "activation" and layout.c > 1 and prod(layer.weight_shape or [1]) > 1:
-        return f"a per-channel activation weight {tuple(layer.weight_shape)} is not sliced by channel"
+        return f"a per-channel activation weight {tuple(layer.weight_shape or ())} is not sliced by channel"
     if kind in ANY_LAYOUT_KINDS or identity_item(layer):
         return None
     if kind == "window_attention":
@@ -316,7 +317,7 @@ def _channel_refusal(layer: Layer, layout: Layout) -> str | None:
     return None
 
 
-def _pads_dimension(pad: Any, rank: int, dim: int) -> bool:
+def _pads_dimension(pad: object, rank: int, dim: int) -> bool:
     """Whether ``F.pad``'s ``pad`` (last dimension first: left, right, top, bottom, …) pads dimension ``dim``."""
     if not isinstance(pad, (list, tuple)):
         return False
@@ -350,7 +351,8 @@ def _batchnorm_refusal(layer: Layer, layout: Layout, sync_batchnorm: bool, micro
 
 
 _NO_ROWS = re.compile(r"value \([\d, ]+\) \(([ncdhw.]+)\) has no ([dhw/]+) axis to split")
-_INHERENT = ("has only", "has no height and width", "has no depth, height or width", "has no depth to split", "summing over the batch", "fewer elements than", "too fine for", "reading padding only",
+_INHERENT = ("has only", "has no height and width", "has no depth, height or width", "has no depth to split",
+             "summing over the batch", "fewer elements than", "too fine for", "reading padding only",
              "cannot split an extent", "along a split dimension", "softmax across tiles",
              "softmax over the split channel", "from parameters and constants alone")
 
@@ -370,7 +372,7 @@ def inherent(reason: str) -> bool:
     return rows is not None and bool(set(rows[1]) & set("dhw")) and set(rows[2].split("/")) <= set("dhw")
 
 
-def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
+def pipeline_refusal(pipeline: Pipeline, batch: int) -> str | None:
     """Why the pipeline runtime cannot execute ``pipeline`` (a ``Plan.pipeline``) on a batch of ``batch``."""
     if pipeline.micro_batches > batch:
         return (f"{pipeline.micro_batches} micro-batches of a batch of {batch}: each needs at least one sample; "
@@ -381,7 +383,7 @@ def pipeline_refusal(pipeline: Any, batch: int) -> str | None:
     return None
 
 
-def crosses_as_tuple(graph: LayerGraph, layer: str, later: Any) -> bool:
+def crosses_as_tuple(graph: LayerGraph, layer: str, later: Callable[[str], bool]) -> bool:
     """Whether ``layer`` makes several tensors (a tuple: ``x.chunk(2, dim=1)``) read by a layer ``later(name)``
     says is past a pipeline cut: the pipeline runtime sends one tensor per value, so no cut may fall there."""
     output = graph.nodes[layer].output_shape
@@ -424,7 +426,7 @@ def shared_module_refusal(graph: LayerGraph, stage_of: Mapping[str, int]) -> str
     return None
 
 
-def shared_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str | None:
+def shared_layout_refusal(graph: LayerGraph, layers: Mapping[str, LayerAssignment]) -> str | None:
     """Why calls of one module with parameters cannot run under their layouts (``layers``: layer → assignment):
     a channel split slices the module's weights, so every call must then have the same layout."""
     for module, calls in shared_modules(graph).items():
@@ -436,7 +438,7 @@ def shared_layout_refusal(graph: LayerGraph, layers: Mapping[str, Any]) -> str |
     return None
 
 
-def plan_refusals(plan: Any, graph: LayerGraph, *, sync_batchnorm: bool = False) -> Iterator[str]:
+def plan_refusals(plan: Plan, graph: LayerGraph, *, sync_batchnorm: bool = False) -> Iterator[str]:
     """Every reason the runtime would refuse ``plan`` for ``graph``: its pipeline, then layer by layer."""
     pipeline = plan.pipeline
     if pipeline.stages > 1 and (why := pipeline_refusal(pipeline, int(plan.input_shape[0]))):

@@ -1,5 +1,5 @@
-"""The capability predicate's rules for height/width splits (``cost_models.capability.predicate`` documents them): halos,
-padding in every mode, resampling, group-norm, pixel shuffles."""
+"""The capability predicate's rules for height/width splits (``cost_models.capability.predicate`` documents
+them): halos, padding in every mode, resampling, group-norm, pixel shuffles."""
 
 from __future__ import annotations
 
@@ -144,10 +144,10 @@ def _pad_refusal(layer: Layer, layout: Layout) -> str | None:
             continue
         extent, padded = shape[2 + axis], shape[2 + axis] + before + after
         reads = [(o0 - before, o1 - before) for o0, o1 in partition(padded, parts)]
-        beyond = reads_beyond_neighbours(extent, padded, parts, lambda o0, o1: (o0 - before, o1 - before))
+        beyond = reads_beyond_neighbours(extent, padded, parts, partial(_shifted, before))
         if before < 0 or after < 0 or beyond is not None or any(min(b, extent) <= max(a, 0) for a, b in reads):
-            return (f"a {parts}-way split of {extent} {('rows', 'columns')[axis]} padded by {before} and {after} is too "
-                    f"fine for a window: a tile would read past its neighbours, or padding only")
+            return (f"a {parts}-way split of {extent} {('rows', 'columns')[axis]} padded by {before} and {after} "
+                    f"is too fine for a window: a tile would read past its neighbours, or padding only")
     return None
 
 
@@ -199,3 +199,9 @@ def _axis(value: Any, axis: int) -> Any:
     if isinstance(value, (list, tuple)):
         return value[axis] if axis < len(value) else (value[-1] if value else None)
     return value
+
+
+def _shifted(before: int, first: int, stop: int) -> tuple[int, int]:
+    """Output rows ``[first, stop)`` of a tile as the rows of the unpadded input they start at (``before`` rows of
+    padding precede it)."""
+    return first - before, stop - before

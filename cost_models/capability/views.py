@@ -3,8 +3,8 @@ them): which splits a view keeps, channels-last values (``cost_models.ir.orders`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
-from typing import Any
 
 from cost_models.ir.layer import Layer
 from cost_models.ir.orders import KEEPING_KINDS, NCDHW, NCHW, NCW, default_order, reshaped
@@ -155,7 +155,8 @@ def channel_view_refusal(layer: Layer, layout: Layout) -> str | None:
     (source, *_), target = layer.input_shapes, layer.output_shape
     same = list(source) == list(target)
     if not same and _input_order(layer) != default_order(len(source)):
-        return f"a view of a {_input_order(layer)} value from {tuple(source)} to {tuple(target)} moves the split channels"
+        return (f"a view of a {_input_order(layer)} value from {tuple(source)} to {tuple(target)} moves the split "
+                f"channels")
     flattened = len(target) == 2 and len(source) >= 2 and target[0] == source[0]
     if not (same or flattened) or layer.target not in _CHANNEL_VIEWS:
         return f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split channels"
@@ -222,5 +223,5 @@ def _part(extent: int, parts: int, index: int) -> tuple[int, int]:
     return (0, extent) if extent == 1 else part_range(extent, parts, index)
 
 
-def _numel(shape: Any) -> int:
+def _numel(shape: Sequence[int]) -> int:
     return prod(int(extent) for extent in shape)

@@ -21,7 +21,7 @@ from cost_models.errors import InputError
 __all__ = ["emit_document", "read_json", "write_bytes_atomic", "write_json_atomic"]
 
 
-def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
+def write_json_atomic(path: str | os.PathLike[str], document: object) -> Path:
     """Write ``document`` as indented JSON to ``path`` atomically.
 
     Args:

@@ -5,7 +5,8 @@ validated on load against ``schemas/plan-3.schema.json``, and written
 atomically; a ``parplan.plan/2`` file (written before stages could recompute)
 still reads, every stage keeping its activations, and so does a
 ``parplan.plan/1`` one (written before layouts split depth), its layouts with
-``d = 1``; a newer version is refused with both versions named. It records the fingerprint of the traced model it was made for;
+``d = 1``; a newer version is refused with both versions named. It records the
+fingerprint of the traced model it was made for;
 :func:`load_plan` refuses a plan whose fingerprint differs from the model it is
 applied to, naming both. A plan for a model taking several tensors also
 records every input's shape (``model.input_shapes``, in argument order); a
@@ -31,7 +32,7 @@ import datetime as _dt
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from cost_models.cluster import Cluster
 from cost_models.errors import PlanError
@@ -44,9 +45,12 @@ if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
 __all__ = [
-    "PLAN_FORMAT", "LayerAssignment", "Pipeline", "Plan", "Prediction", "SolverInfo",
+    "PLAN_FORMAT", "LayerAssignment", "Pipeline", "Plan", "Prediction", "Schedule", "SolverInfo",
     "check_plan_for_graph", "load_plan", "recorded_shapes", "save_plan",
 ]
+
+Schedule = Literal["sync", "stale"]
+"""A pipeline's schedule: synchronous micro-batches, or DSP's stale weights without a flush."""
 
 PLAN_FORMAT = "parplan.plan/3"
 READABLE_FORMATS = {PLAN_FORMAT: "plan-3", "parplan.plan/2": "plan-2", "parplan.plan/1": "plan-1"}
@@ -70,10 +74,15 @@ class Pipeline:
     """Stages, the devices each one gets, the schedule and the staleness of each stage."""
 
     stages: int = 1
+    """How many pipeline stages (1: no pipeline)."""
     devices_per_stage: tuple[int, ...] = (1,)
-    schedule: str = "sync"
+    """The devices of each stage; stages take consecutive ranks."""
+    schedule: Schedule = "sync"
+    """``sync``: micro-batches, one update per batch (GPipe, 1F1B); ``stale``: DSP, no flush (``staleness``)."""
     micro_batches: int = 1
+    """Micro-batches of a ``sync`` pipeline's batch."""
     staleness: tuple[int, ...] = (0,)
+    """Per stage, how many updates a batch's backward may lag its forward (``stale``; 0 for ``sync``)."""
     recompute: tuple[bool, ...] = ()
     """Per stage, whether it keeps only its inputs and recomputes its forward before each backward (empty: none;
     all-false flags are held as empty, so equal pipelines compare equal)."""
@@ -99,7 +108,8 @@ class Pipeline:
             if rank < first + devices:
                 return stage
             first += devices
-        raise PlanError(f"rank {rank} is past the pipeline's {first} devices ({list(self.devices_per_stage)} per stage)")
+        raise PlanError(f"rank {rank} is past the pipeline's {first} devices "
+                        f"({list(self.devices_per_stage)} per stage)")
 
     def __str__(self) -> str:
         if self.stages == 1:
@@ -178,7 +188,8 @@ class Plan:
                       "input_shape": list(self.input_shape), "dtype": self.dtype,
                       **({"input_shapes": [list(shape) for shape in self.input_shapes]} if self.input_shapes else {})},
             "cluster": self.cluster.to_dict(),
-            "layers": [{"name": name, "layout": a.layout.to_dict(), "stage": a.stage} for name, a in self.layers.items()],
+            "layers": [{"name": name, "layout": a.layout.to_dict(), "stage": a.stage}
+                       for name, a in self.layers.items()],
             "pipeline": {"schedule": self.pipeline.schedule, "stages": self.pipeline.stages,
                          "micro_batches": self.pipeline.micro_batches,
                          "devices_per_stage": list(self.pipeline.devices_per_stage),
@@ -195,7 +206,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], source: str = "plan") -> Plan:
-        """Validate a ``parplan.plan/3`` (or ``/2``, ``/1``) document (format, schema, consistency) and build the Plan."""
+        """Validate a ``parplan.plan/3`` (or ``/2``, ``/1``) document (format, schema, consistency) and build the
+        Plan."""
         check_versioned(document, READABLE_FORMATS, source, PlanError)
         names = [layer["name"] for layer in document["layers"]]
         repeated = sorted({name for name in names if names.count(name) > 1})
@@ -205,7 +217,7 @@ class Plan:
         try:
             return cls(
                 fingerprint=document["model"]["fingerprint"],
-                input_shape=tuple(document["model"]["input_shape"]),  # type: ignore[arg-type]
+                input_shape=tuple(document["model"]["input_shape"]),
                 dtype=document["model"]["dtype"],
                 cluster=Cluster.from_dict(document["cluster"]),
                 layers={layer["name"]: LayerAssignment(Layout.from_dict(layer["layout"]), layer["stage"])
@@ -271,8 +283,8 @@ def check_plan_for_graph(plan: Plan, graph: LayerGraph) -> None:
         raise PlanError(f"plan names {len(unknown)} layers the model does not have, e.g. {unknown[:3]}; re-plan")
     for name in order:  # execution order: the first offending layer is named
         layout, shape = plan.layers[name].layout, graph.nodes[name].output_shape
-        order = graph.nodes[name].attrs.get("order") or NCHW
-        if len(shape) == 4 and not isinstance(shape[0], list) and not layout.fits(tuple(logical(shape, order))):
+        axes = graph.nodes[name].attrs.get("order") or NCHW
+        if len(shape) == 4 and not isinstance(shape[0], list) and not layout.fits(tuple(logical(shape, axes))):
             raise PlanError(f"layout {layout} of layer '{name}' splits its output {tuple(shape)} into empty parts")
 
 

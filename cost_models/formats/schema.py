@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -51,7 +52,8 @@ def check_document(document: Any, expected_format: str, schema_name: str, source
         error: The :class:`InputError` subclass to raise.
     """
     if not isinstance(document, dict):
-        raise error(f"{source} holds a JSON {type(document).__name__}, not an object with \"format\": \"{expected_format}\"")
+        raise error(f"{source} holds a JSON {type(document).__name__}, not an object with "
+                    f"\"format\": \"{expected_format}\"")
     found = document.get("format")
     if found != expected_format:
         kind = expected_format.split("/")[0]
@@ -100,7 +102,7 @@ def _warn_skipped() -> None:
     _warned = True
 
 
-def _path(parts: Any) -> str:
+def _path(parts: Iterable[object]) -> str:
     text = "$"
     for part in parts:
         text += f"[{part}]" if isinstance(part, int) else f".{part}"

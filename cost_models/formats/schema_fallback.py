@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["first_problem"]
 
-Problem = tuple[tuple[Any, ...], str]
+Problem = tuple[tuple[str | int, ...], str]
 """Where (the path of keys and indices) and what."""
 
 _TYPES: Mapping[str, Any] = {
@@ -97,6 +97,6 @@ def _members(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], pat
     return None
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."

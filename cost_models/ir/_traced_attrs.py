@@ -61,7 +61,7 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
     if len(meta) == 1 and source and ("stack_dim" in info.attrs or info.attrs.get("keepdim") is not None):
         order = _stacked_or_reduced(info.attrs, input_orders, source[0], len(meta[0][0]))
         orders[node.name] = order
-        extra = {"order": order} if order else {}  # recorded even when the default: the predicate reads it
+        extra: dict[str, object] = {"order": order} if order else {}  # recorded even when the default: read
         extra.update({"input_orders": input_orders} if any(o != default_order(len(s)) for o, s in
                                                           zip(input_orders, shapes)) else {})
         return replace(info, attrs={**info.attrs, **extra}) if extra else info
@@ -87,7 +87,7 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
     if untraced is not None:  # the result of a call the trace did not shape (an LSTM's (out, (h, c))) on it
         order = unknown_order(*untraced, shape)
     orders[node.name] = order
-    extra: dict[str, Any] = {"order": order} if order != default_order(len(shape)) else {}
+    extra = {"order": order} if order != default_order(len(shape)) else {}
     if any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):
         extra["input_orders"] = input_orders
     return replace(info, attrs={**info.attrs, **extra}) if extra else info
@@ -132,7 +132,8 @@ def _function_conv_attrs(graph: LayerGraph, weight: str) -> dict[str, Any]:
 def record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
     """``F.pad`` amounts computed from shapes (timm's ``pad_same``) as the traced call received them: the unsplit
     program's, which the runtime's distributed padding and the capability predicate read (``attrs["pad"]``)."""
-    computed = {name: amounts for name, amounts in pads.items() if name in graph and "pad" not in graph.nodes[name].attrs}
+    computed = {name: amounts for name, amounts in pads.items()
+                if name in graph and "pad" not in graph.nodes[name].attrs}
     for name, amounts in computed.items():
         graph.replace_layer(name, attrs={**graph.nodes[name].attrs, "pad": amounts, "pad_from_shapes": True})
     if computed:

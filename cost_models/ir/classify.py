@@ -21,7 +21,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +150,8 @@ def classify(node: Node, root: GraphModule, *, opaque: Collection[str] = ()) -> 
     return KindInfo(kind, label, _function_attrs(node, root, kind), aliases)
 
 
-TF_SAME: dict[str, LayerKind] = {"timm.layers.conv2d_same.Conv2dSame": "conv", "timm.layers.pool2d_same.MaxPool2dSame": "maxpool",
+TF_SAME: dict[str, LayerKind] = {"timm.layers.conv2d_same.Conv2dSame": "conv",
+                                 "timm.layers.pool2d_same.MaxPool2dSame": "maxpool",
            "timm.layers.pool2d_same.AvgPool2dSame": "avgpool"}
 """Convolutions and pooling that pad as TensorFlow's ``'SAME'`` (``timm``'s ``tf_*``, NASNet and PNASNet models): the
 padding a function of the input's extent, ``max((⌈i/s⌉ − 1)·s + d·(k − 1) + 1 − i, 0)``, the extra row after (zeros;
@@ -229,7 +230,8 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
         attrs = {name: _jsonable(getattr(module, name, _POOL_DEFAULTS.get(name))) for name in _POOL_FIELDS}
         return _pool_defaults(attrs)
     if kind in ("adaptive_avgpool", "adaptive_maxpool"):
-        return {"output_size": _jsonable(module.output_size), "return_indices": bool(getattr(module, "return_indices", False))}
+        return {"output_size": _jsonable(module.output_size),
+                "return_indices": bool(getattr(module, "return_indices", False))}
     if kind == "upsample":
         return {name: _jsonable(getattr(module, name)) for name in ("scale_factor", "size", "mode", "align_corners")}
     if kind == "batchnorm":
@@ -243,7 +245,8 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
         return {"dim": module.dim}
     if kind == "attention":
         return {"form": "module", "embed_dim": module.embed_dim, "num_heads": module.num_heads, "kdim": module.kdim,
-                "vdim": module.vdim, "batch_first": bool(module.batch_first), "dropout": float(module.dropout),
+                "vdim": module.vdim, "batch_first": bool(module.batch_first),
+                "dropout": float(cast(float, module.dropout)),
                 "extra_keys": module.bias_k is not None or bool(module.add_zero_attn)}
     if kind == "pixel_shuffle":
         inverse = isinstance(module, nn.PixelUnshuffle)
@@ -252,8 +255,9 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
         return {"start_dim": module.start_dim, "end_dim": module.end_dim}
     if kind == "activation":
         return {"function": type(module).__name__}
-    if kind == "dropout" and isinstance(getattr(module, "p", None), (int, float)):
-        return {"p": float(module.p)}
+    rate = getattr(module, "p", None)
+    if kind == "dropout" and isinstance(rate, (int, float)):
+        return {"p": float(rate)}
     return {}
 
 
@@ -442,13 +446,13 @@ def _call_kwargs(node: Node, root: GraphModule) -> dict[str, Any]:
 _METHOD_ARGUMENTS = {"softmax": ("dim",), "log_softmax": ("dim",), "flatten": ("start_dim", "end_dim")}
 
 
-def _has_node(value: Any) -> bool:
+def _has_node(value: object) -> bool:
     if isinstance(value, Node):
         return True
     return isinstance(value, (tuple, list)) and any(_has_node(v) for v in value)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, (tuple, list)):
         return [_jsonable(v) for v in value]
     if isinstance(value, (bool, int, float, str)) or value is None:

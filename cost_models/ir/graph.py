@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import networkx as nx
 
 from cost_models.errors import InputError
 from cost_models.ir.layer import Layer
 
-__all__ = ["AMP_DTYPES", "LayerGraph", "amp_of", "compute_fingerprint", "dtype_itemsize", "layer_dtype", "layer_itemsize",
-           "parse_input_shape", "parse_input_shapes"]
+__all__ = ["AMP_DTYPES", "LayerGraph", "amp_of", "compute_fingerprint", "dtype_itemsize", "layer_dtype",
+           "layer_itemsize", "parse_input_shape", "parse_input_shapes"]
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 """Mixed precision's names (``--amp``) and the dtype autocast computes in."""
@@ -76,7 +76,8 @@ class LayerGraph(nx.DiGraph):
         graph.graph.update(self.graph)
         for name, layer in self.nodes(data=True):
             graph.add_node(name, layer)
-        graph.add_edges_from((u, v, dict(data)) for u, successors in self._adj.items() for v, data in successors.items())
+        graph.add_edges_from((u, v, dict(data)) for u, successors in self._adj.items()
+                             for v, data in successors.items())
         return graph
 
     def layers(self) -> list[str]:
@@ -138,8 +139,8 @@ class LayerGraph(nx.DiGraph):
             "opaque_modules": self.graph.get("opaque_modules", []),
             "held_together": self.graph.get("held_together", []),
             **({"amp": self.graph["amp"]} if self.graph.get("amp") else {}),
-            "layers": [{"name": name, **_jsonable(self.nodes[name].to_dict())} for name in self.nodes],
-            "edges": [{"src": u, "dst": v, **_jsonable(self.edges[u, v])}  # each layer's inputs in argument order
+            "layers": [{"name": name, **_jsonable_fields(self.nodes[name].to_dict())} for name in self.nodes],
+            "edges": [{"src": u, "dst": v, **_jsonable_fields(self.edges[u, v])}  # inputs in argument order
                       for v in self.nodes for u in self.predecessors(v)],
         }
 
@@ -154,7 +155,8 @@ class LayerGraph(nx.DiGraph):
         if data.get("amp"):
             graph.graph["amp"] = data["amp"]
         for layer in data["layers"]:
-            graph.add_node(layer["name"], Layer.from_fields({key: value for key, value in layer.items() if key != "name"}))
+            fields = {key: value for key, value in layer.items() if key != "name"}
+            graph.add_node(layer["name"], Layer.from_fields(fields))
         for edge in data["edges"]:
             graph.add_edge(edge["src"], edge["dst"], **{k: v for k, v in edge.items() if k not in ("src", "dst")})
         return graph
@@ -197,7 +199,8 @@ def compute_fingerprint(graph: nx.DiGraph) -> str:
         **({"input_shapes": shapes} if len(shapes) > 1 else {}),
         "dtype": graph.graph["dtype"],
         **({"amp": graph.graph["amp"]} if graph.graph.get("amp") else {}),
-        "layers": [[name, [_jsonable(getattr(graph.nodes[name], k)) for k in _FINGERPRINT_NODE_KEYS]] for name in graph.nodes],
+        "layers": [[name, [_jsonable(getattr(graph.nodes[name], k)) for k in _FINGERPRINT_NODE_KEYS]]
+                   for name in graph.nodes],
         "edges": sorted([u, v] for u, v in graph.edges),
     }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
@@ -222,7 +225,7 @@ def parse_input_shape(text: str | Sequence[int]) -> tuple[int, ...]:
     return shape
 
 
-def parse_input_shapes(texts: str | Sequence[str | Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+def parse_input_shapes(texts: str | Sequence[int] | Sequence[str | Sequence[int]]) -> tuple[tuple[int, ...], ...]:
     """Read the model's input shapes, one per ``forward`` positional argument, in order.
 
     The first is ``N,C,H,W`` (:func:`parse_input_shape`); later ones are any number (at least one) of
@@ -232,12 +235,16 @@ def parse_input_shapes(texts: str | Sequence[str | Sequence[int]]) -> tuple[tupl
         InputError: A shape that is not such a list, or a batch extent other than the first input's
             (both shapes named).
     """
-    items = [texts] if isinstance(texts, str) else list(texts)
-    if items and not isinstance(items[0], str) and not isinstance(items[0], Sequence):
-        items = [items]  # one shape given as a sequence of ints
+    items: list[str | Sequence[int]]
+    if isinstance(texts, str):
+        items = [texts]
+    elif texts and not isinstance(texts[0], (str, Sequence)):
+        items = [cast(Sequence[int], texts)]  # one shape given as a sequence of ints
+    else:
+        items = list(cast(Sequence[str | Sequence[int]], texts))
     if not items:
         raise InputError("no input shape given; give --input-shape N,C,H,W (repeat it for each further input)")
-    first = parse_input_shape(items[0])  # type: ignore[arg-type]
+    first = parse_input_shape(items[0])
     shapes: list[tuple[int, ...]] = [first, *(_later_shape(item) for item in items[1:])]
     for item, shape in zip(items[1:], shapes[1:]):
         _check_batch(items[0], first, item, shape)
@@ -252,26 +259,31 @@ def _later_shape(text: str | Sequence[int]) -> tuple[int, ...]:
     return shape
 
 
-def _check_batch(first_text: Any, first: Sequence[int], text: Any, shape: Sequence[int]) -> None:
+def _check_batch(first_text: str | Sequence[int], first: Sequence[int], text: str | Sequence[int],
+                 shape: Sequence[int]) -> None:
     if shape[0] != first[0]:
         raise InputError(f"input shape {_shape_text(text)} has batch {shape[0]} but the first input "
                          f"{_shape_text(first_text)} has batch {first[0]}; every input's first extent is the batch N "
                          f"of the first, e.g. {','.join(map(str, (first[0], *shape[1:])))}")
 
 
-def _shape_text(value: Any) -> str:
+def _shape_text(value: str | Sequence[int]) -> str:
     return value if isinstance(value, str) else ",".join(str(v) for v in value)
 
 
 def _integers(text: str | Sequence[int], hint: str) -> tuple[int, ...]:
-    parts: Iterable[Any] = text.replace("x", ",").split(",") if isinstance(text, str) else text
+    parts: Iterable[object] = text.replace("x", ",").split(",") if isinstance(text, str) else text
     try:
         return tuple(int(str(p).strip()) for p in parts)
     except ValueError as err:
         raise InputError(f"input shape {text!r} is not a list of integers; {hint}") from err
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable_fields(fields: Mapping[str, object]) -> dict[str, object]:
+    return {str(key): _jsonable(value) for key, value in fields.items()}
+
+
+def _jsonable(value: object) -> object:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -64,8 +64,8 @@ class Layer(Mapping[str, Any]):
     """Its output is a view of (or written into) its input."""
     requires_grad: bool = False
     """Its output needs a gradient in backward."""
-    needs_input_grad: bool = False
-    """Backward must produce its input's gradient (false before the first weights)."""
+    needs_input_grad: bool = True
+    """Backward must produce its input's gradient (false before the first weights; assumed where not given)."""
     has_weight: bool = False
     """It has trainable weights (a weight gradient is computed)."""
     attrs: dict[str, Any] = field(default_factory=dict)

@@ -81,7 +81,7 @@ def micro_batch_nodes(graph: LayerGraph, samples: int) -> dict[str, Layer]:
     return found
 
 
-def micro_batch_graph(graph: LayerGraph, micro: int, *, smallest: bool = False) -> Any:
+def micro_batch_graph(graph: LayerGraph, micro: int, *, smallest: bool = False) -> LayerGraph:
     """A copy of ``graph`` whose shapes carry the samples of the largest (``smallest``: the smallest) of ``micro``
     micro-batches (:func:`micro_batch_nodes`; ``estimate`` costs the largest).
 

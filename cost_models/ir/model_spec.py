@@ -19,16 +19,20 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["load_model", "resolve_factory"]
 
 _FORMS = "torchvision:NAME, package.module:factory or path/to/file.py:factory"
 
 
-def load_model(spec: str) -> Any:
+def load_model(spec: str) -> nn.Module:
     """Build the ``nn.Module`` a MODEL spec names.
 
     Raises:
@@ -46,11 +50,12 @@ def load_model(spec: str) -> Any:
     from torch import nn
 
     if not isinstance(model, nn.Module):
-        raise InputError(f"model factory {spec!r} returned an object of type {type(model).__name__}, not a torch.nn.Module")
+        raise InputError(f"model factory {spec!r} returned an object of type {type(model).__name__}, "
+                         f"not a torch.nn.Module")
     return model
 
 
-def resolve_factory(spec: str) -> Callable[[], Any]:
+def resolve_factory(spec: str) -> Callable[..., object]:
     """The zero-argument callable a MODEL spec names, without calling it."""
     source, sep, name = spec.rpartition(":")
     if not sep or not source or not name:
@@ -72,7 +77,7 @@ def resolve_factory(spec: str) -> Callable[[], Any]:
     return factory
 
 
-def _torchvision_factory(name: str) -> Callable[[], Any]:
+def _torchvision_factory(name: str) -> Callable[[], nn.Module]:
     import torchvision.models as models
 
     available = models.list_models()
@@ -83,7 +88,7 @@ def _torchvision_factory(name: str) -> Callable[[], Any]:
     return lambda: models.get_model(name, weights=None)
 
 
-def _import_file(path: Path, spec: str) -> Any:
+def _import_file(path: Path, spec: str) -> ModuleType:
     if not path.is_file():
         raise InputError(f"model {spec!r}: file {path} does not exist; give the path to a .py file")
     module_name = f"parplan_user_model_{abs(hash(path.resolve()))}"
@@ -100,7 +105,7 @@ def _import_file(path: Path, spec: str) -> Any:
     return module
 
 
-def _import_module(name: str, spec: str) -> Any:
+def _import_module(name: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:

@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.fx import Node
 
-__all__ = ["NCDHW", "NCHW", "NCW", "SEQUENCE_KINDS", "VOLUME_MAKERS", "KEEPING_KINDS", "default_order", "logical", "output_order", "permutation", "piece_order",
-           "reduced", "reshaped", "sequence_layer", "stacked", "unknown_order", "unnamed"]
+__all__ = ["NCDHW", "NCHW", "NCW", "SEQUENCE_KINDS", "VOLUME_MAKERS", "KEEPING_KINDS", "default_order", "logical",
+           "output_order", "permutation", "piece_order", "reduced", "reshaped", "sequence_layer", "stacked",
+           "unknown_order", "unnamed"]
 
 NCHW = "nchw"
 NCDHW = "ncdhw"
@@ -56,7 +57,8 @@ NCW = "ncw"
 VOLUME_MAKERS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "adaptive_maxpool",
                            "upsample", "batchnorm", "norm", "pad"})
 """Kinds whose 5-D output is a volume ``(N, C, D, H, W)`` (PyTorch's 3-D convolutions, pooling, norms, …)."""
-SEQUENCE_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm"})
+SEQUENCE_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample",
+                            "batchnorm"})
 _SEQUENCE_NORMS = frozenset({"GroupNorm", "InstanceNorm1d"})
 KEEPING_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "norm", "linear"})
 _PERMUTING = frozenset({"permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis"})
@@ -208,7 +210,7 @@ def permutation(node: Node, rank: int) -> list[int] | None:
     return perm
 
 
-def _moved(source: Any, destination: Any, rank: int) -> list[int] | None:
+def _moved(source: object, destination: object, rank: int) -> list[int] | None:
     sources = _normalised(source if isinstance(source, (list, tuple)) else [source], rank)
     targets = _normalised(destination if isinstance(destination, (list, tuple)) else [destination], rank)
     if sources is None or targets is None or len(sources) != len(targets):
@@ -218,7 +220,7 @@ def _moved(source: Any, destination: Any, rank: int) -> list[int] | None:
     return [placed[position] if position in placed else next(rest) for position in range(rank)]
 
 
-def _normalised(dims: Any, rank: int) -> list[int] | None:
+def _normalised(dims: object, rank: int) -> list[int] | None:
     if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) for d in dims):
         return None
     return [d % rank for d in dims]

@@ -381,7 +381,8 @@ def _tensor_meta(value: Any) -> TensorMeta | None:
         return [(tuple(int(d) for d in value.shape), value.element_size())]
     if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
         return [(tuple(int(d) for d in v.shape), v.element_size()) for v in value]
-    if isinstance(value, tuple) and len(value) > 1 and isinstance(value[0], torch.Tensor) and all(v is None for v in value[1:]):
+    if isinstance(value, tuple) and len(value) > 1 and isinstance(value[0], torch.Tensor) \
+            and all(v is None for v in value[1:]):
         return [(tuple(int(d) for d in value[0].shape), value[0].element_size())]  # (out, None): out
     return None
 
