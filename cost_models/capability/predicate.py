@@ -104,10 +104,11 @@ from collections.abc import Callable, Iterator, Mapping
 from math import prod
 from typing import TYPE_CHECKING, Any
 
+from cost_models.capability import channels
 from cost_models.capability.attention import attention_refusal
-from cost_models.capability.spatial import norm_refusal, shuffle_refusal, spatial_refusal
+from cost_models.capability.registry import CHANNEL_RULES
+from cost_models.capability.spatial import spatial_refusal
 from cost_models.capability.views import (
-    channel_view_refusal,
     identity_item,
     last_dim_refusal,
     on_last_dims,
@@ -133,6 +134,8 @@ if TYPE_CHECKING:
 __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal",
            "on_last_dims", "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
            "shared_module_refusal", "shared_modules"]
+
+_FAMILIES = (channels,)  # modules whose rules register on import and that nothing else here names
 
 ANY_LAYOUT_KINDS = frozenset({"activation", "dropout", "identity", "add", "mul", "elementwise", "input"})
 SPATIAL_KINDS = frozenset({"conv", "conv_transpose", "maxpool", "avgpool", "adaptive_avgpool", "upsample", "batchnorm",
@@ -276,7 +279,7 @@ def _kind_refusal(layer: Layer, layout: Layout) -> str | None:
         return "a linear layer splits its filters on 2-D (N, features) inputs only"
     if spatial:
         return spatial_refusal(layer, layout)
-    return _channel_refusal(layer, layout) if layout.c > 1 else None
+    return CHANNEL_RULES.refusal(layer, layout) if layout.c > 1 else None  # the kind's own (registry)
 
 
 def _tiled_function(layer: Layer) -> bool:
@@ -290,39 +293,6 @@ def _slice_refusal(sliced: list[int], layout: Layout) -> str | None:
     """``x[:, a:b, …]`` computes on every part what it computes on the whole when it slices no split dimension."""
     cut = sorted({dim for dim, parts in enumerate(layout.parts_of(4)) if parts > 1} & set(sliced))
     return f"it slices dimension {cut[0]}, which {layout} splits" if cut else None
-
-
-def _channel_refusal(layer: Layer, layout: Layout) -> str | None:
-    kind, attrs = layer.kind, layer.attrs
-    if kind == "conv" and attrs.get("groups", 1) > 1:
-        groups, filters = attrs["groups"], layer.output_shape[1]
-        if groups % layout.c or filters % layout.c:
-            return f"{groups} groups and {filters} filters do not split evenly into {layout.c} channel parts"
-    if kind == "conv_transpose" and attrs.get("groups", 1) > 1:
-        return "a grouped transposed convolution cannot be split by channel"
-    if kind == "flatten" and layer.input_shapes[0][1] % layout.c:
-        return f"{layer.input_shapes[0][1]} channels do not split evenly into {layout.c} parts"
-    if kind == "softmax" and attrs.get("dim") in ((1, -1) if len(layer.output_shape) == 2 else (1, -3)):
-        return "softmax over the split channel dimension"
-    if kind == "view":
-        return channel_view_refusal(layer, layout)
-    if kind == "norm":
-        return norm_refusal(layer)
-    if kind == "pixel_shuffle":
-        return shuffle_refusal(layer, layout)
-    if kind == "pad" and "pad" not in attrs:
-        return "a padding computed from tensor shapes may pad the split channel dimension"
-    if kind == "pad" and _pads_dimension(attrs["pad"], len(layer.output_shape), 1):
-        return "padding along the split channel dimension moves the split channels"
-    return None
-
-
-def _pads_dimension(pad: object, rank: int, dim: int) -> bool:
-    """Whether ``F.pad``'s ``pad`` (last dimension first: left, right, top, bottom, …) pads dimension ``dim``."""
-    if not isinstance(pad, (list, tuple)):
-        return False
-    first = 2 * (rank - 1 - dim)
-    return any(not isinstance(v, (int, float)) or v != 0 for v in pad[first:first + 2])  # unknown: it may
 
 
 def _noun(kind: str) -> str:

@@ -1,5 +1,6 @@
 """The capability predicate's rules for height/width splits (``cost_models.capability.predicate`` documents
-them): halos, padding in every mode, resampling, group-norm, pixel shuffles."""
+them): halos, padding in every mode, resampling, group-norm, pixel shuffles — each kind's registered in
+``SPATIAL_RULES`` (group-norm's and pixel shuffles' in ``CHANNEL_RULES`` too)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ from functools import partial
 from typing import Any
 
 from cost_models.borders import axis_pads, gathered_halos, window_reads
+from cost_models.capability.registry import CHANNEL_RULES, SPATIAL_RULES
 from cost_models.errors import InputError
 from cost_models.halo import adaptive_reads, axis_halos, partition, reads_beyond_neighbours
+from cost_models.ir.kinds import LayerKind
 from cost_models.ir.layer import Layer
 from cost_models.layout import Layout
 
 __all__ = ["norm_refusal", "shuffle_refusal", "spatial_refusal"]
 
-_HALO_KINDS = frozenset({"conv", "maxpool", "avgpool"})
+_HALO_KINDS: frozenset[LayerKind] = frozenset({"conv", "maxpool", "avgpool"})
 
 
 _TILED_INPUT_KINDS = _HALO_KINDS | {"conv_transpose", "upsample", "adaptive_avgpool", "pad"}  # read input tiles
@@ -39,21 +42,21 @@ def spatial_refusal(layer: Layer, layout: Layout) -> str | None:
         return "average pooling with a divisor override cannot be split across tiles"
     if kind in _TILED_INPUT_KINDS - _READ_WHOLE_WHEN_SHORT and (small := _input_fit_refusal(layer, layout)):
         return small
-    if kind == "upsample":
-        return _upsample_refusal(layer)
-    if kind == "adaptive_avgpool":
-        return _adaptive_refusal(layer, layout)
-    if kind == "pad":
-        return _pad_refusal(layer, layout)
-    if kind == "norm":
-        return norm_refusal(layer)
-    if kind == "pixel_shuffle":
-        return shuffle_refusal(layer, layout)
-    if kind == "softmax" and attrs.get("dim") not in (1, -3):
+    return SPATIAL_RULES.refusal(layer, layout)  # the kind's own rule, registered below
+
+
+@SPATIAL_RULES.register("softmax")
+def _softmax_refusal(layer: Layer, layout: Layout) -> str | None:
+    if layer.attrs.get("dim") not in (1, -3):
         return "softmax across tiles must be over the channels (dim=1)"
-    if kind == "conv_transpose" and layout.c > 1 and attrs.get("groups", 1) > 1:
+    return None
+
+
+@SPATIAL_RULES.register("conv_transpose")
+def _transposed_refusal(layer: Layer, layout: Layout) -> str | None:
+    if layout.c > 1 and layer.attrs.get("groups", 1) > 1:
         return "a grouped transposed convolution cannot be split by channel"
-    return _halo_refusal(layer, layout) if kind in _HALO_KINDS else None
+    return None
 
 
 def _tiles(layout: Layout, rank: int) -> tuple[tuple[int, str], ...]:
@@ -73,6 +76,7 @@ def _input_fit_refusal(layer: Layer, layout: Layout) -> str | None:
             if small else None)
 
 
+@SPATIAL_RULES.register(*_HALO_KINDS)
 def _halo_refusal(layer: Layer, layout: Layout) -> str | None:
     attrs, shape = layer.attrs, layer.input_shapes[0]
     for axis, (parts, _) in enumerate(_tiles(layout, len(shape))):
@@ -88,7 +92,8 @@ def _halo_refusal(layer: Layer, layout: Layout) -> str | None:
     return None
 
 
-def _upsample_refusal(layer: Layer) -> str | None:
+@SPATIAL_RULES.register("upsample")
+def _upsample_refusal(layer: Layer, layout: Layout) -> str | None:
     attrs = layer.attrs
     linear = {3: "linear", 4: "bilinear", 5: "trilinear"}.get(len(layer.output_shape))
     if attrs.get("mode", "nearest") not in ("nearest", linear) or attrs.get("align_corners"):
@@ -100,6 +105,7 @@ def _upsample_refusal(layer: Layer) -> str | None:
     return None
 
 
+@SPATIAL_RULES.register("adaptive_avgpool")
 def _adaptive_refusal(layer: Layer, layout: Layout) -> str | None:
     """Adaptive average pooling's output tiles read their windows' rows; no tile may read past its neighbours'."""
     (_, _, *extents_in), (_, _, *extents_out) = layer.input_shapes[0], layer.output_shape
@@ -114,7 +120,9 @@ def _adaptive_refusal(layer: Layer, layout: Layout) -> str | None:
     return None
 
 
-def norm_refusal(layer: Layer) -> str | None:
+@SPATIAL_RULES.register("norm")
+@CHANNEL_RULES.register("norm")
+def norm_refusal(layer: Layer, layout: Layout) -> str | None:
     """Group-norm and instance-norm modules, and ``F.group_norm``, of ``(N, C, H, W)`` tensors split by channel,
     height and width: their statistics per sample and group are summed over the ranks holding the same samples
     (``runtime.norm``)."""
@@ -130,6 +138,7 @@ def norm_refusal(layer: Layer) -> str | None:
     return None
 
 
+@SPATIAL_RULES.register("pad")
 def _pad_refusal(layer: Layer, layout: Layout) -> str | None:
     """Constant padding of known amounts splits by height and width: each output tile reads its rows shifted by the
     padding before it, every tile at least one row of the input and none past its neighbours'."""
@@ -176,6 +185,8 @@ def _border_refusal(layer: Layer, layout: Layout) -> str | None:
     return None
 
 
+@SPATIAL_RULES.register("pixel_shuffle")
+@CHANNEL_RULES.register("pixel_shuffle")
 def shuffle_refusal(layer: Layer, layout: Layout) -> str | None:
     """Pixel (un)shuffle by ``r`` moves each ``r×r`` block of positions to ``r²`` channels and back: it runs on a
     box when every part of the coarse side, times ``r`` (``r²`` for the channels), is the part of the fine side."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from math import prod
 
+from cost_models.capability.registry import CHANNEL_RULES
 from cost_models.ir.layer import Layer
 from cost_models.ir.orders import KEEPING_KINDS, NCDHW, NCHW, NCW, default_order, reshaped
 from cost_models.layout import Layout
@@ -148,6 +149,7 @@ def on_last_dims(layer: Layer) -> bool:
             and (attrs.get("input_orders") or [NCHW])[0].endswith("c"))
 
 
+@CHANNEL_RULES.register("view")
 def channel_view_refusal(layer: Layer, layout: Layout) -> str | None:
     """A view keeps a channel split only when it keeps the channels where they are, or flattens them first."""
     if not layer.input_shapes:
