@@ -18,7 +18,7 @@ DEMO_MODEL   ?= torchvision:resnet50
 DEMO_SHAPE   ?= 64,3,2048,2048
 DEMO_DEVICES ?= 1024
 
-.PHONY: setup demo test clean
+.PHONY: setup demo lint test clean
 
 setup: $(STAMP)
 
@@ -33,8 +33,13 @@ demo: setup
 	$(BIN)/parplan plan --model $(DEMO_MODEL) --input-shape $(DEMO_SHAPE) --profile h100 \
 		--devices $(DEMO_DEVICES) --devices-per-node 8 --out demo-plan.json --plot demo-plan.png
 
-test: setup
+# ruff and mypy over the library packages (pyproject.toml), before the tests.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: setup lint
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

@@ -1,6 +1,6 @@
 """Turning a MODEL argument into an ``nn.Module``.
 
-Three forms (DESIGN.md, command line):
+Three forms (``docs/commands.md``, the MODEL argument):
 
 * ``torchvision:NAME`` — a torchvision classification/segmentation model, built
   with random weights (``torchvision.models.get_model(NAME, weights=None)``);
