@@ -89,7 +89,7 @@ class Cluster:
             return False
         return self.node_of(min(ranks)) != self.node_of(max(ranks))  # nodes hold consecutive ranks
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON form."""
         return asdict(self)
 

@@ -70,7 +70,7 @@ class Corrections:
                 return self.layer_scale[key]
         return 1.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The profile's ``corrections`` block."""
         return {"layer_scale": dict(sorted(self.layer_scale.items())), "step_overhead_s": self.step_overhead_s,
                 "event_overhead_s": self.event_overhead_s,

@@ -61,7 +61,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from math import ceil, prod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster, stage_cluster
 from cost_models.cost_memo import CostMemo
@@ -135,7 +135,7 @@ class Estimate:
         """What a plan file records of this estimate: iteration, peak memory, breakdown."""
         return Prediction(self.iteration_s, self.memory_bytes_max, dict(self.breakdown_s))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``parplan estimate --json``): totals, breakdown, memory, stages and layers."""
         layers = [{"name": layer.name, "kind": layer.kind, "stage": layer.stage, "layout": str(layer.layout),
                    "compute_source": layer.cost.compute_source, "forward_s": layer.cost.forward_s,

@@ -38,7 +38,7 @@ def write_json_atomic(path: str | os.PathLike[str], document: object) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def emit_document(document: Any, out: str | None, as_json: bool, show: Callable[[Any], None]) -> None:
+def emit_document(document: object, out: str | None, as_json: bool, show: Callable[[Any], None]) -> None:
     """A command's result: written atomically to ``out`` when given, then printed as JSON or shown by ``show``."""
     if out:
         write_json_atomic(out, document)

@@ -180,7 +180,7 @@ class Plan:
         layouts = ", ".join(f"{text} ({n})" for text, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         return f"{layouts}; {self.pipeline}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The ``parplan.plan/3`` JSON document."""
         return {
             "format": PLAN_FORMAT,

@@ -41,7 +41,7 @@ def load_schema(name: str) -> dict[str, Any]:
     return json.loads(text)
 
 
-def check_document(document: Any, expected_format: str, schema_name: str, source: str, error: type[InputError]) -> None:
+def check_document(document: object, expected_format: str, schema_name: str, source: str, error: type[InputError]) -> None:
     """Refuse ``document`` unless it has ``expected_format`` and satisfies the schema.
 
     Args:
@@ -68,7 +68,7 @@ def check_document(document: Any, expected_format: str, schema_name: str, source
         raise error(f"{source} is not a valid {expected_format} document: at {_path(where_what[0])}: {where_what[1]}")
 
 
-def check_versioned(document: Any, formats: dict[str, str], source: str, error: type[InputError]) -> str:
+def check_versioned(document: object, formats: dict[str, str], source: str, error: type[InputError]) -> str:
     """:func:`check_document` against whichever of ``formats`` (format → schema name, newest first) the document
     declares; any other format — a newer version than this code knows — is refused naming the newest. Returns
     the document's format."""
@@ -79,7 +79,7 @@ def check_versioned(document: Any, formats: dict[str, str], source: str, error: 
     return chosen
 
 
-def _schema_problem(document: Any, schema: dict[str, Any]) -> tuple[Any, str] | None:
+def _schema_problem(document: object, schema: dict[str, Any]) -> tuple[Iterable[object], str] | None:
     """The first violation (its path and message) by jsonschema, or by the fallback's checks without it."""
     try:
         from jsonschema import Draft202012Validator

@@ -13,31 +13,34 @@ checked: :mod:`cost_models.formats.schema` says so in a warning, once per proces
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["first_problem"]
 
-Problem = tuple[tuple[str | int, ...], str]
-"""Where (the path of keys and indices) and what."""
+Path = tuple[str | int, ...]
+"""Where in a document: the keys and indices from its root."""
+Problem = tuple[Path, str]
+"""Where and what."""
 
-_TYPES: Mapping[str, Any] = {
+_TYPES: Mapping[str, Callable[[object], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float)
+                                                                            and v.is_integer()),
 }
 
 
-def first_problem(document: Any, schema: Mapping[str, Any]) -> Problem | None:
+def first_problem(document: object, schema: Mapping[str, Any]) -> Problem | None:
     """The first violation of ``schema``'s required/type/enum/const keywords in ``document``, or ``None``."""
     return _check(document, schema, schema, ())
 
 
-def _check(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: tuple[Any, ...]) -> Problem | None:
+def _check(value: object, schema: Mapping[str, Any], root: Mapping[str, Any], path: Path) -> Problem | None:
     schema = _resolve(schema, root)
     return (_own(value, schema, path) or _alternatives(value, schema, root, path)
             or _members(value, schema, root, path))
@@ -52,7 +55,7 @@ def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str,
     return schema
 
 
-def _own(value: Any, schema: Mapping[str, Any], path: tuple[Any, ...]) -> Problem | None:
+def _own(value: object, schema: Mapping[str, Any], path: Path) -> Problem | None:
     """``type``, ``enum``, ``const`` and ``required`` of the value itself."""
     kinds = schema.get("type")
     kinds = [kinds] if isinstance(kinds, str) else kinds
@@ -69,8 +72,8 @@ def _own(value: Any, schema: Mapping[str, Any], path: tuple[Any, ...]) -> Proble
     return None
 
 
-def _alternatives(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any],
-                  path: tuple[Any, ...]) -> Problem | None:
+def _alternatives(value: object, schema: Mapping[str, Any], root: Mapping[str, Any],
+                  path: Path) -> Problem | None:
     """``oneOf``/``anyOf``: at least one alternative passes these checks (the first one's problem otherwise)."""
     for keyword in ("oneOf", "anyOf"):
         options: Sequence[Mapping[str, Any]] = schema.get(keyword, ())
@@ -80,7 +83,7 @@ def _alternatives(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]
     return None
 
 
-def _members(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path: tuple[Any, ...]) -> Problem | None:
+def _members(value: object, schema: Mapping[str, Any], root: Mapping[str, Any], path: Path) -> Problem | None:
     """Each property, extra property (when ``additionalProperties`` is a schema) and array item, in order."""
     if isinstance(value, dict):
         properties, extra = schema.get("properties", {}), schema.get("additionalProperties")
