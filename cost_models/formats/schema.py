@@ -41,7 +41,8 @@ def load_schema(name: str) -> dict[str, Any]:
     return json.loads(text)
 
 
-def check_document(document: object, expected_format: str, schema_name: str, source: str, error: type[InputError]) -> None:
+def check_document(document: object, expected_format: str, schema_name: str, source: str,
+                   error: type[InputError]) -> None:
     """Refuse ``document`` unless it has ``expected_format`` and satisfies the schema.
 
     Args:
