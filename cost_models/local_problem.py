@@ -158,7 +158,7 @@ def local_problem(layer: Layer | Mapping[str, Any], layout: Layout, itemsize: in
         kind=kind, input_shapes=tuple(tuple(s) for s in inputs), output_shape=tuple(local_out),
         weight_shape=tuple(weight) if weight else None, attrs=tuple(sorted((k, _freeze(v)) for k, v in attrs.items())),
         dtype=dtype, itemsize=itemsize, needs_input_grad=layer.needs_input_grad,
-        has_weight=bool(layer.get("has_weight", layer.weight_shape is not None)),
+        has_weight=layer.has_weight,
     )
 
 

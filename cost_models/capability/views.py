@@ -108,7 +108,7 @@ def reshape_refusal(layer: Layer, layout: Layout) -> str | None:
             name = "rows" if axis == "h" else "columns"
             return f"its input {tuple(source)} has only {source[read.index(axis)]} {name} for {layout}"
         if axis not in read or axis not in made or source[read.index(axis)] != target[made.index(axis)]:
-            return (f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split "
+            return (f"a view from {tuple(source)} to {tuple(target)} ({layer.target}) moves the split "
                     f"{'rows' if axis == 'h' else 'columns'}")
     return None
 
@@ -161,7 +161,7 @@ def channel_view_refusal(layer: Layer, layout: Layout) -> str | None:
                 f"channels")
     flattened = len(target) == 2 and len(source) >= 2 and target[0] == source[0]
     if not (same or flattened) or layer.target not in _CHANNEL_VIEWS:
-        return f"a view from {tuple(source)} to {tuple(target)} ({layer.get('target')}) moves the split channels"
+        return f"a view from {tuple(source)} to {tuple(target)} ({layer.target}) moves the split channels"
     if source[1] % layout.c:
         return f"{source[1]} channels do not split evenly into {layout.c} parts"
     return None

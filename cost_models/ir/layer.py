@@ -94,7 +94,9 @@ class Layer(Mapping[str, Any]):
         unknown = sorted(set(values) - set(LAYER_FIELDS))
         if unknown:
             raise ValueError(f"unknown layer field(s) {unknown}; a layer has {', '.join(LAYER_FIELDS)}")
-        return cls(**values)
+        given = dict(values)
+        given.setdefault("has_weight", given.get("weight_shape") is not None)  # a weight not said untrained: trained
+        return cls(**given)
 
     def __getitem__(self, key: str) -> Any:
         if key not in LAYER_FIELDS or (key == "dtype" and self.dtype is None):
