@@ -214,7 +214,8 @@ def _halo_s(layer: Layer, layout: Layout, problem: LocalProblem, profile: Profil
     if len(distinct) != 2:  # a volume's or a sequence's tile: its axes one after the other
         messages = (volume_halo_messages(combination, tile_shape, plane_bytes) for combination in product(*distinct))
     else:
-        messages = (halo_messages(distinct[0], distinct[1], (i, j), tile_shape, plane_bytes)  # type: ignore[arg-type]
+        rows_shape = (tile_shape[0], tile_shape[1])
+        messages = (halo_messages(distinct[0], distinct[1], (i, j), rows_shape, plane_bytes)
                     for i in range(len(distinct[0])) for j in range(len(distinct[1])))
     return 2 * max(halo_exchange_s(profile, found, level) for found in messages)  # forward, backward gradients
 

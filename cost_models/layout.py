@@ -174,7 +174,8 @@ def axes_of(rank: int) -> str:
 def as_volume(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
     """``shape`` in the five-axis frame ``(N, C, D, H, W)``: extent 1 on the axes its rank lacks."""
     extents = dict(zip(axes_of(len(shape)), (int(extent) for extent in shape)))
-    return tuple(extents.get(axis, 1) for axis in DIMS)  # type: ignore[return-value]
+    n, c, d, h, w = (extents.get(axis, 1) for axis in DIMS)
+    return n, c, d, h, w
 
 
 def from_volume(values: Sequence[T], rank: int) -> tuple[T, ...]:

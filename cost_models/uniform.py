@@ -83,7 +83,7 @@ def uniform_plan(graph: LayerGraph, cluster: Cluster, preferences: Sequence[Layo
     """A one-stage plan on all of ``cluster``'s devices in which each layer takes its first applicable preference."""
     rule: Rule = preferences if callable(preferences) else (lambda _name, _position: list(preferences))
     layouts = layout_by_rule(graph, rule)
-    return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
+    return Plan(graph.fingerprint, graph.input_shape, graph.graph["dtype"], cluster,
                 {name: LayerAssignment(layout) for name, layout in layouts.items()},
                 Pipeline(1, (cluster.devices,)), model_spec=model_spec,
                 created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -144,7 +144,7 @@ class Plan:
     """Per-layer layouts and stages for one model at one input shape on one cluster."""
 
     fingerprint: str
-    input_shape: tuple[int, int, int, int]
+    input_shape: tuple[int, ...]
     dtype: str
     cluster: Cluster
     layers: Mapping[str, LayerAssignment]

@@ -19,7 +19,7 @@ sample split only.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -63,7 +63,7 @@ _MODULE_KINDS: tuple[tuple[type[nn.Module] | tuple[type[nn.Module], ...], LayerK
     ),
 )
 
-_FUNCTION_KINDS: dict[Callable[..., Any], LayerKind] = {
+_FUNCTION_KINDS: dict[object, LayerKind] = {
     operator.add: "add", operator.iadd: "add", torch.add: "add",
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
     operator.sub: "elementwise", operator.truediv: "elementwise", torch.sub: "elementwise",
@@ -143,7 +143,7 @@ def classify(node: Node, root: GraphModule, *, opaque: Collection[str] = ()) -> 
         return KindInfo(kind, f"Tensor.{node.target}", _function_attrs(node, root, kind),
                         kind in VIEW_KINDS or str(node.target).endswith("_"))
     label = _get_qualified_name(node.target) if callable(node.target) else str(node.target)
-    kind = _FUNCTION_KINDS.get(node.target) or _QUALIFIED_KINDS.get(label, "other")  # type: ignore[arg-type]
+    kind = _FUNCTION_KINDS.get(node.target) or _QUALIFIED_KINDS.get(label, "other")
     if node.target is torch.as_tensor:  # of a tensor: the tensor itself; with a dtype or device, a cast
         kind = "identity" if len(node.args) == 1 and not node.kwargs else "elementwise"
     aliases = kind in VIEW_KINDS or node.target in (operator.iadd, operator.imul) or bool(node.kwargs.get("inplace"))
@@ -261,8 +261,8 @@ def _module_attrs(module: nn.Module, kind: str) -> dict[str, Any]:
     return {}
 
 
-def _norm_attrs(module: nn.Module) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"norm": type(module).__name__, "eps": module.eps}
+def _norm_attrs(module: nn.Module) -> dict[str, object]:
+    attrs: dict[str, object] = {"norm": type(module).__name__, "eps": module.eps}
     if isinstance(module, nn.GroupNorm):
         attrs.update(num_groups=module.num_groups, affine=module.affine)
     elif isinstance(module, nn.LayerNorm):
@@ -309,7 +309,7 @@ _FUNCTION_FIELDS: dict[str, tuple[str, ...]] = {
     "window_attention": ("window_size", "shift_size", "num_heads", "attention_dropout", "dropout"),
 }
 _FUNCTION_NORMS = {"layer_norm": "LayerNorm", "group_norm": "GroupNorm", "instance_norm": "InstanceNorm"}
-_FUNCTION_DEFAULTS: dict[str, dict[str, Any]] = {
+_FUNCTION_DEFAULTS: dict[str, dict[str, object]] = {
     "conv": {"stride": 1, "padding": 0, "dilation": 1, "groups": 1},
     "upsample": {"mode": "nearest", "align_corners": None},
     "pad": {"mode": "constant", "value": 0.0},
@@ -358,7 +358,7 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
     return attrs
 
 
-def _index_attrs(node: Node) -> dict[str, Any]:
+def _index_attrs(node: Node) -> dict[str, object]:
     """``sliced_dims`` of a tensor's ``x[s0, s1, …]`` made of slices with constant bounds only (each keeps its
     dimension in place): the dimensions whose slice is not ``:``. Nothing for another index (ints, ``None``,
     ``...``, tensors, bounds computed from shapes)."""
@@ -375,7 +375,7 @@ _PIECES = frozenset({"chunk", "split", "tensor_split", "torch.chunk", "torch.spl
 """Calls that cut a tensor into pieces along one dimension (``x.chunk(2, dim=1)``, ``torch.split(x, w, 1)``)."""
 
 
-def _pieces_attrs(node: Node) -> dict[str, Any]:
+def _pieces_attrs(node: Node) -> dict[str, object]:
     """For a call that cuts a tensor into pieces along one dimension: ``pieces_along`` (that dimension, as
     written) and ``items_only`` (whether the program reads the pieces only by ``pieces[i]``)."""
     name = str(node.target) if node.op == "call_method" else (
@@ -392,14 +392,14 @@ def _pieces_attrs(node: Node) -> dict[str, Any]:
     return {"pieces_along": dim, "items_only": items_only, **({"pieces_drop": True} if drops else {})}
 
 
-def _merging_attrs(node: Node) -> dict[str, Any]:
+def _merging_attrs(node: Node) -> dict[str, object]:
     """``patch_merging``: torchvision's Swin ``_patch_merging_pad`` — each 2×2 patch of an ``(N, H, W, C)`` map
     concatenated into ``(N, H/2, W/2, 4C)`` (odd extents padded at the end first)."""
     label = _get_qualified_name(node.target) if node.op == "call_function" and callable(node.target) else ""
     return {"patch_merging": True} if label == "torchvision.models.swin_transformer._patch_merging_pad" else {}
 
 
-def _stack_attrs(node: Node) -> dict[str, Any]:
+def _stack_attrs(node: Node) -> dict[str, object]:
     """``stack_dim`` of ``torch.stack(tensors, dim)``: where the new dimension goes (0 puts it before the samples)."""
     if node.op != "call_function" or node.target is not torch.stack:
         return {}
@@ -410,7 +410,7 @@ def _stack_attrs(node: Node) -> dict[str, Any]:
 _REDUCTIONS = frozenset({"sum", "prod", "amax", "amin", "logsumexp", "std", "var"})
 
 
-def _reduce_attrs(node: Node) -> dict[str, Any]:
+def _reduce_attrs(node: Node) -> dict[str, object]:
     """``reduces``: the dimensions written in ``x.sum(0)``, ``torch.amax(x, dim=(0, 2))`` and the like."""
     name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
     if name not in _REDUCTIONS or not node.args or not isinstance(node.args[0], Node):

@@ -396,13 +396,13 @@ def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dic
     for node in gm.graph.nodes:
         if node.op == "output":
             graph.graph["outputs"] = [n.name for n in node.all_input_nodes if n.name in graph]
-        elif node.op != "get_attr" and metas.get(node.name) is not None:
+        elif node.op != "get_attr" and (meta := metas.get(node.name)) is not None:
             info = classify(node, gm, opaque=opaque)
             if counted.get(node.name):
-                per_output = counted[node.name] / prod(metas[node.name][0][0])  # type: ignore[index]
+                per_output = counted[node.name] / prod(meta[0][0])
                 info = replace(info, attrs={**info.attrs, "flops_per_output": per_output})
-            info = with_orders(node, info, metas[node.name], graph, orders)  # type: ignore[arg-type]
-            _add_layer(graph, gm, node, info, metas[node.name], seen_params)  # type: ignore[arg-type]
+            info = with_orders(node, info, meta, graph, orders)
+            _add_layer(graph, gm, node, info, meta, seen_params)
     graph.graph["held_together"] = held_together(gm, graph)
     graph.graph["fingerprint"] = compute_fingerprint(graph)
     return graph
