@@ -3,9 +3,9 @@ placement cuts boxes of (a 4-D or ordered value's own; any other value flattened
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Protocol, cast, overload
 
 import torch
 from torch import nn
@@ -15,8 +15,9 @@ from torch.fx.node import map_aggregate
 from cost_models.redistribution import Box
 from runtime.placement import Placement, box_extent
 
-__all__ = ["Held", "Value", "call_node", "copies", "from4d", "geometry", "in_geometry", "last_reads", "local_shape",
-           "plain", "plain_args", "reshape_and_cut", "reshapes_whole", "resolve", "same_boxes", "shape4", "to4d"]
+__all__ = ["Held", "Value", "call_node", "copies", "from4d", "geometry", "in_geometry", "last_reads", "leaves_of",
+           "local_shape", "map_values", "plain", "plain_args", "reshape_and_cut", "reshapes_whole", "resolve",
+           "same_boxes", "shape4", "to4d"]
 
 
 class Value:
@@ -29,15 +30,13 @@ class Value:
         self.moved: dict[Placement, torch.Tensor] = {}
 
 
-
-
 class Held:
     """What a call the trace did not shape returned (a tuple with ``None``, nested tuples): computed on the boxes
     of ``placement`` of its tensor inputs — a split by sample only, or every tensor whole."""
 
     __slots__ = ("value", "placement")
 
-    def __init__(self, value: Any, placement: Placement) -> None:
+    def __init__(self, value: object, placement: Placement) -> None:
         self.value, self.placement = value, placement
 
 
@@ -53,7 +52,8 @@ def local_shape(shape: Sequence[int], placement: Placement, member: int) -> tupl
 
 def shape4(shape: Sequence[int]) -> tuple[int, int, int, int]:
     if len(shape) == 4:
-        return tuple(int(s) for s in shape)  # type: ignore[return-value]
+        n, c, h, w = shape
+        return int(n), int(c), int(h), int(w)
     if not shape:
         return (1, 1, 1, 1)
     features = 1
@@ -119,21 +119,49 @@ def reshape_and_cut(tensor: torch.Tensor, shape: Sequence[int], placement: Place
 
 # --- reading values for the program's calls ------------------------------------------------------------------
 
-def plain(value: Any) -> Any:
+class _MapValues(Protocol):
+    @overload
+    def __call__(self, value: tuple[object, ...], fn: Callable[[object], object], /) -> tuple[object, ...]: ...
+
+    @overload
+    def __call__(self, value: Mapping[str, object], fn: Callable[[object], object], /) -> Mapping[str, object]: ...
+
+    @overload
+    def __call__(self, value: object, fn: Callable[[object], object], /) -> object: ...
+
+
+map_values = cast(_MapValues, map_aggregate)
+"""``torch.fx.node.map_aggregate`` on any values: ``fn`` of each leaf inside tuples, lists, dicts and slices, in
+the same structure (a tuple stays a tuple, a dict a dict); torch annotates it for the fx arguments of a node only."""
+
+
+def leaves_of(value: object) -> list[object]:
+    """The leaves of ``value`` (inside its tuples, lists, dicts and slices), in order."""
+    found: list[object] = []
+
+    def keep(leaf: object) -> object:
+        found.append(leaf)
+        return leaf
+
+    map_values(value, keep)
+    return found
+
+
+def plain(value: object) -> object:
     if isinstance(value, Held):
         return value.value
     if isinstance(value, (tuple, list)) and any(isinstance(item, Value) for item in value):
-        return map_aggregate(value, plain)  # a container node's value (:func:`is_container`)
+        return map_values(value, plain)  # a container node's value (:func:`is_container`)
     return value.tensor if isinstance(value, Value) else value
 
 
-def plain_args(args: Any, env: dict[str, Any]) -> Any:
-    return map_aggregate(args, lambda a: plain(env[a.name]) if isinstance(a, Node) else a)
+def plain_args(args: object, env: Mapping[str, object]) -> object:
+    return map_values(args, lambda a: plain(env[a.name]) if isinstance(a, Node) else a)
 
 
-def resolve(node: Node, value_of: Callable[[Node], Any]) -> tuple[Any, Any]:
-    args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
-    kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
+def resolve(node: Node, value_of: Callable[[Node], object]) -> tuple[tuple[object, ...], Mapping[str, object]]:
+    args = map_values(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
+    kwargs = map_values(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
     return args, kwargs
 
 
@@ -151,10 +179,12 @@ def last_reads(nodes: Sequence[Node]) -> list[tuple[str, ...]]:
     return [tuple(names) for names in after]
 
 
-def call_node(node: Node, model: nn.Module, args: Any, kwargs: Any) -> Any:
+def call_node(node: Node, model: nn.Module, args: Sequence[object], kwargs: Mapping[str, object]) -> object:
     if node.op == "call_module":
         return model.get_submodule(str(node.target))(*args, **kwargs)
     if node.op == "call_function":
-        return node.target(*args, **kwargs)  # type: ignore[operator]
+        function = node.target
+        assert callable(function), f"'{node.name}' calls {function!r}"
+        return function(*args, **kwargs)
     self_arg, *rest = args
     return getattr(self_arg, str(node.target))(*rest, **kwargs)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -79,7 +79,7 @@ from runtime.gradsync import GradientSync
 from runtime.groups import GroupCache, gradient_group_ranks, group_ranks, this_rank, world_size
 from runtime.inputs import input_names, input_placements, placeholder_inputs
 from runtime.layer_times import LAYER_RANGE
-from runtime.layers import HANDLERS, Site, functional_form, input_placement
+from runtime.layers import HANDLERS, FunctionalForm, Site, functional_form, input_placement
 from runtime.outputs import is_container, output_loss
 from runtime.pipeline.nodes import nodes_of_stage, parameters_of
 from runtime.placement import Placement, box_extent, broadcast_part
@@ -105,6 +105,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DistributedModel", "apply_plan", "is_container", "local_shape", "output_loss"]
 
+
+_T = TypeVar("_T")
 
 _METADATA_METHODS = frozenset({"is_floating_point", "is_complex", "is_contiguous", "is_signed", "element_size",
                                "get_device", "type"})
@@ -245,7 +247,7 @@ class DistributedModel(DataHelpers, nn.Module):
 
     # --- forward -------------------------------------------------------------------------------------------
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
+    def forward(self, *inputs: torch.Tensor) -> object:
         """This rank's box of the output, from its box of each input (:meth:`input_boxes`), in argument order."""
         if self._program and not self.layer_ranges:
             self._check_inputs(inputs)
@@ -282,7 +284,7 @@ class DistributedModel(DataHelpers, nn.Module):
                     env.pop(name, None)
         return env
 
-    def _run_node(self, node: Node, env: dict[str, Any], inputs: Sequence[torch.Tensor]) -> None:
+    def _run_node(self, node: Node, env: dict[str, object], inputs: Sequence[torch.Tensor]) -> None:
         if node.name in self._static:
             return
         if node.op == "placeholder":
@@ -308,11 +310,11 @@ class DistributedModel(DataHelpers, nn.Module):
             raise PlanError(f"the model takes {len(shapes)} input(s) ({names}), this rank's boxes of them {boxes}, "
                             f"but it was given {len(inputs)}; pass each input's box (input_boxes()) in argument order")
 
-    def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Any:
+    def value(self, name: str, tensor: torch.Tensor, placement: Placement) -> Value:
         """Wrap this rank's box ``tensor`` of the value ``name`` (under ``placement``) for :meth:`run_nodes`."""
         return Value(tensor, placement, self.layer_graph.nodes[name].output_shape)
 
-    def _run(self, node: Node, env: dict[str, Any]) -> Any:
+    def _run(self, node: Node, env: dict[str, object]) -> object:
         if is_container(node):  # a (named) tuple of layers' values: each stays where its layer put it
             return call_node(node, self.model, *resolve(node, lambda n: env[n.name]))
         site = self.sites.get(node.name)
@@ -323,14 +325,16 @@ class DistributedModel(DataHelpers, nn.Module):
         value = self._layer(node, site, env)
         return plain(value) if node.name in self.constants else value  # whole on every rank: a plain tensor
 
-    def _layer(self, node: Node, site: Site, env: dict[str, Any]) -> Any:
+    def _layer(self, node: Node, site: Site, env: dict[str, object]) -> object:
         op = self.random.get(node.name)
         if op is not None and (op.keyed or (op.switchable and self.switch_off_random)):
             return self._wrap(site, self._draw(node, site, env))
         inputs = [n for n in node.all_input_nodes if n.name in self.layer_graph]  # the trace's input_shapes
         inputs += [n for n in node.all_input_nodes if n not in inputs and isinstance(env[n.name], torch.Tensor)]
-        if site.kind == "adaptive_avgpool" and self._pools_tiles(site, env[inputs[0].name]):
-            return self._global_pool(site, env[inputs[0].name])
+        if site.kind == "adaptive_avgpool":
+            pooled = env[inputs[0].name]
+            if isinstance(pooled, Value) and self._pools_tiles(site, pooled):
+                return self._global_pool(site, pooled)
         form, read = view_form(node), env[node.all_input_nodes[0].name] if node.all_input_nodes else None
         if form in ("reshape", "expand") and not isinstance(read, Value):
             return self._wrap(site, self._cut_whole(node, site, env))  # a view of a parameter or constant
@@ -344,23 +348,25 @@ class DistributedModel(DataHelpers, nn.Module):
             return self._wrap(site, local_call(node, form, args, kwargs, extent))
 
         def fetch(index: int, placement: Placement) -> torch.Tensor:
-            return self._fetch(env[inputs[index].name], placement)
+            value = env[inputs[index].name]
+            assert isinstance(value, (Value, torch.Tensor)), f"'{site.name}' reads a {type(value).__name__}"
+            return self._fetch(value, placement)
 
         call = functional_form(site, node.target)
         if call is not None:
             return self._wrap(site, self._functional_call(node, site, env, call))
         handler = HANDLERS.get(site.kind)
-        out = handler(site, fetch) if handler is not None else None
+        out: object = handler(site, fetch) if handler is not None else None
         if out is None:
             out = call_node(node, self.model, *resolve(node, self._operand(site, env, site.kind in ELEMENTWISE_KINDS)))
         return self._wrap(site, out)
 
-    def _untraced(self, node: Node, env: dict[str, Any]) -> Any:
+    def _untraced(self, node: Node, env: dict[str, object]) -> object:
         """A call that makes no traced tensor. Reading tensor metadata (``x.device``) or no tensor of the batch:
         plain Python on the local values. Otherwise its tensor inputs are read in one placement: theirs when
         they split samples only (the call must then treat dimension 0 as samples, as every layer under a
         sample split does), else whole on every rank — the unsplit call, exact whatever it computes."""
-        split = [env[n.name] for n in node.all_input_nodes if isinstance(env[n.name], (Value, Held))]
+        split = [value for value in (env[n.name] for n in node.all_input_nodes) if isinstance(value, (Value, Held))]
         if not split or (node.op == "call_function" and node.target is getattr) or (
                 node.op == "call_method" and node.target in _METADATA_METHODS):
             return call_node(node, self.model, *resolve(node, lambda n: plain(env[n.name])))
@@ -373,7 +379,7 @@ class DistributedModel(DataHelpers, nn.Module):
         return Held(call_node(node, self.model, *resolve(node, lambda n: self._held_input(node, env[n.name],
                                                                                            placement))), placement)
 
-    def _held_input(self, node: Node, value: Any, placement: Placement) -> Any:
+    def _held_input(self, node: Node, value: object, placement: Placement) -> object:
         if isinstance(value, Value):
             return self._fetch(value, placement)
         if isinstance(value, Held) and value.placement != placement:
@@ -381,9 +387,10 @@ class DistributedModel(DataHelpers, nn.Module):
                             f"computed under {value.placement} and {placement}; split their inputs alike")
         return plain(value)
 
-    def _from_held(self, node: Node, site: Site, env: dict[str, Any]) -> Any:
+    def _from_held(self, node: Node, site: Site, env: dict[str, object]) -> object:
         """A layer reading what an untraced call returned: computed in that placement, then moved to its own."""
-        placement = next(env[n.name].placement for n in node.all_input_nodes if isinstance(env[n.name], Held))
+        placement = next(value.placement for value in (env[n.name] for n in node.all_input_nodes)
+                         if isinstance(value, Held))
         if site.kind in HANDLERS:
             raise PlanError(f"layer '{site.name}' ({site.kind}) reads what a call the trace did not shape returned; "
                             f"make that call return tensors only (or keep it inside a --leaf-module)")
@@ -398,8 +405,7 @@ class DistributedModel(DataHelpers, nn.Module):
             return Held(out, placement)  # a tuple of tensors out of a nested result: still in that placement
         return self._wrap(site, self._fetch(Value(out, placement, site.layer.output_shape), site.placement))
 
-    def _functional_call(self, node: Node, site: Site, env: dict[str, Any],
-                         form: Callable[..., torch.Tensor | None]) -> torch.Tensor:
+    def _functional_call(self, node: Node, site: Site, env: dict[str, object], form: FunctionalForm) -> object:
         """``F.batch_norm`` (``F.group_norm``, ``F.conv2d``: ``form``) in the program: its statistics over the
         group (``runtime.layers``), its other arguments (filters) whole."""
         split = [n.name for n in node.all_input_nodes[1:] if isinstance(env[n.name], Value)]
@@ -410,7 +416,7 @@ class DistributedModel(DataHelpers, nn.Module):
         out = form(site, args, kwargs)
         return out if out is not None else call_node(node, self.model, args, kwargs)
 
-    def _cut_whole(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
+    def _cut_whole(self, node: Node, site: Site, env: dict[str, object]) -> torch.Tensor:
         """A view of a whole tensor with sizes from the batch's shapes: the whole view (the sizes are the unsplit
         program's), cut to this rank's box."""
         box = nd_box(site.layer.output_shape, site.placement, self.member)
@@ -419,15 +425,16 @@ class DistributedModel(DataHelpers, nn.Module):
             raise PlanError(f"layer '{site.name}' ({site.kind}, {site.layout}): its {dims}-D output cannot be split "
                             f"by channel; split it by sample only")
         whole = call_node(node, self.model, *resolve(node, lambda n: plain(env[n.name])))
+        assert isinstance(whole, torch.Tensor), f"'{site.name}' ({site.kind}) made a {type(whole).__name__}"
         return whole[tuple(slice(start, stop) for start, stop in box)]
 
-    def _operand(self, site: Site, env: dict[str, Any], broadcast: bool) -> Callable[[Node], Any]:
+    def _operand(self, site: Site, env: dict[str, object], broadcast: bool) -> Callable[[Node], object]:
         """How the layer reads each input: a batch value in its input placement; a whole tensor (a parameter,
         a constant layer) whole, or — ``broadcast``: element-wise — its part broadcasting onto the output's box."""
         wanted = input_placement(site)
         box = nd_box(site.layer.output_shape, site.placement, self.member) if broadcast else None
 
-        def value_of(node: Node) -> Any:
+        def value_of(node: Node) -> object:
             value = env[node.name]
             if box is not None and isinstance(value, Value) and value.placement.layout.ranks == 1:
                 value = value.tensor  # whole on every rank (a layer made from shapes, …): as a whole operand
@@ -439,7 +446,7 @@ class DistributedModel(DataHelpers, nn.Module):
 
         return value_of
 
-    def _draw(self, node: Node, site: Site, env: dict[str, Any]) -> torch.Tensor:
+    def _draw(self, node: Node, site: Site, env: dict[str, object]) -> torch.Tensor:
         """A random op's box of its output: keyed by the global indices of this rank's box, or switched off."""
         op, wanted = self.random[node.name], input_placement(site)
         args, kwargs = resolve(node, lambda n: self._fetch(env[n.name], wanted))
@@ -453,7 +460,7 @@ class DistributedModel(DataHelpers, nn.Module):
         return keyed_call(op, site.module, args, kwargs, box=box, shape=shape, key=self._key,
                           training=self.model.training)
 
-    def _wrap(self, site: Site, out: Any) -> Any:
+    def _wrap(self, site: Site, out: object) -> object:
         shape = site.layer.output_shape
         if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) and all(v is None for v in out[1:]) \
                 and shape and not isinstance(shape[0], list):  # (out, None) (attention): out in the layer's box
@@ -468,7 +475,7 @@ class DistributedModel(DataHelpers, nn.Module):
                             f"tensors — give it a layout that splits by sample only")
         return Value(out, placement, shape)
 
-    def _fetch(self, value: Any, placement: Placement) -> Any:
+    def _fetch(self, value: Value | _T, placement: Placement) -> torch.Tensor | _T:
         if not isinstance(value, Value):
             return value
         if placement.order != value.placement.order:  # a value is read in its own order (cost_models.ir.orders)
@@ -483,14 +490,14 @@ class DistributedModel(DataHelpers, nn.Module):
             value.moved[placement] = moved if placement.holds(value.shape) else from4d(moved, value.shape, box)
         return value.moved[placement]
 
-    def _pools_tiles(self, site: Site, value: Any) -> bool:
+    def _pools_tiles(self, site: Site, value: Value) -> bool:
         out = site.layer.output_shape
-        axes = value.placement.order[2:] if isinstance(value, Value) else ""
-        return (isinstance(value, Value) and len(out) in (3, 4, 5) and set(out[2:]) == {1}
+        axes = value.placement.order[2:]
+        return (len(out) in (3, 4, 5) and set(out[2:]) == {1}
                 and value.placement.order in ("ncw", "nchw", "ncdhw") and len(out) == len(value.placement.order)
                 and any(value.placement.keeps(axis) for axis in axes))  # tiles' sums over the spatial dims
 
-    def _global_pool(self, site: Site, value: Value) -> Value:
+    def _global_pool(self, site: Site, value: Value) -> object:
         from runtime.spatial import global_avg_pool2d
 
         layout = value.placement.layout

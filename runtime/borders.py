@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -100,11 +100,17 @@ def _index(positions: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(positions, dtype=torch.long, device=device)
 
 
+class _ExchangeContext(Protocol):
+    gather: AxisGather
+    shape: tuple[int, ...]
+    where: tuple[str, ...]
+
+
 class _Exchange(torch.autograd.Function):
     """Forward: send the rows peers read, receive the rows this tile reads. Backward: the adjoint."""
 
     @staticmethod
-    def forward(ctx: Any, tile: torch.Tensor, gather: AxisGather) -> tuple[torch.Tensor, ...]:
+    def forward(ctx: _ExchangeContext, tile: torch.Tensor, gather: AxisGather) -> tuple[torch.Tensor, ...]:
         ctx.gather, ctx.shape, ctx.where = gather, tuple(tile.shape), place()
         outgoing = [tile.index_select(gather.dim, _local(rows, gather, tile.device)).contiguous()
                     for rows in gather.sends]
@@ -113,7 +119,7 @@ class _Exchange(torch.autograd.Function):
         return tuple(incoming)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, None]:
+    def backward(ctx: _ExchangeContext, *grads: torch.Tensor | None) -> tuple[torch.Tensor, None]:
         gather = ctx.gather
         like = next(g for g in grads if g is not None)
         outgoing = [(g if g is not None else _rows_like(like, gather.dim, len(rows)).zero_()).contiguous()
@@ -132,6 +138,7 @@ def _swap(peers: Sequence[int], outgoing: Sequence[torch.Tensor], incoming: Sequ
         requests = [dist.isend(rows, peer) for peer, rows in zip(peers, outgoing) if rows.numel()]
         requests += [dist.irecv(rows, peer) for peer, rows in zip(peers, incoming) if rows.numel()]
         for request in requests:
+            assert request is not None  # None only to a rank outside the default group
             request.wait()
 
 
@@ -169,7 +176,7 @@ def padded_tiles(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], p
 
 
 def padded_conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
-                  full_hw: tuple[int, int], stride: int | Sequence[int], pads: Pads, dilation: int | Sequence[int],
+                  full_hw: tuple[int, ...], stride: int | Sequence[int], pads: Pads, dilation: int | Sequence[int],
                   groups: int, mode: str) -> torch.Tensor:
     """This tile of a convolution padded by ``pads`` in ``mode`` (``nn.Conv2d``'s ``padding_mode``, or ``zeros``; a
     volume's ``nn.Conv3d``)."""
@@ -180,7 +187,7 @@ def padded_conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return by_rank(CONV, tile)(local, weight, bias, stride, 0, dilation, groups)
 
 
-def padded_pad2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], pad: Sequence[int],
+def padded_pad2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], pad: Sequence[int],
                  mode: str) -> torch.Tensor:
     """This tile of ``F.pad(x, pad, mode=mode)`` (reflect, replicate or circular) of the global input."""
     amounts = [*pad, 0, 0, 0, 0][:4]

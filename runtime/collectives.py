@@ -8,7 +8,7 @@ deprecated) for the one operation the runtime needs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -18,14 +18,19 @@ from runtime.waiting import exchange, in_backward, place
 __all__ = ["all_reduce_sum"]
 
 
-def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+class _SumContext(Protocol):
+    group: dist.ProcessGroup | None
+    where: tuple[str, ...]
+
+
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The sum of ``tensor`` over ``group`` (``None``: every rank), differentiable."""
     return _AllReduceSum.apply(tensor, group)
 
 
 class _AllReduceSum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    def forward(ctx: _SumContext, tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         ctx.group, ctx.where = group, place()
         summed = tensor.contiguous().clone()
         with exchange("an allreduce of partial sums", _ranks(group)):
@@ -33,12 +38,12 @@ class _AllReduceSum(torch.autograd.Function):
         return summed
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: _SumContext, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         summed = grad.contiguous().clone()
         with exchange("an allreduce of partial sums", _ranks(ctx.group), in_backward(ctx.where)):
             dist.all_reduce(summed, group=ctx.group)
         return summed, None
 
 
-def _ranks(group: Any) -> list[int]:
+def _ranks(group: dist.ProcessGroup | None) -> list[int]:
     return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)

@@ -31,12 +31,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
+from torch.utils.hooks import RemovableHandle
 
 from cost_models.comm_cost import GRADIENT_BUCKET_BYTES
 from runtime.groups import GroupCache
@@ -58,7 +58,7 @@ class _Bucket:
     buffer: torch.Tensor
     views: list[torch.Tensor]
     filled: set[int] = field(default_factory=set)  # indices into params copied in this pass
-    work: Any = None
+    work: dist.Work | None = None
 
     @classmethod
     def of(cls, ranks: tuple[int, ...], params: list[nn.Parameter]) -> _Bucket:
@@ -93,7 +93,7 @@ class _Group:
         self.buckets = [_Bucket.of(ranks, chunk) for chunk in _buckets(list(reversed(params)))]
         self.started = 0
 
-    def start_ready(self, process_group: Any, where: tuple[str, ...] | None) -> None:
+    def start_ready(self, process_group: dist.ProcessGroup, where: tuple[str, ...] | None) -> None:
         """Start the allreduce of every full bucket whose predecessors have started."""
         while self.started < len(self.buckets) and self.buckets[self.started].full:
             bucket = self.buckets[self.started]
@@ -101,7 +101,7 @@ class _Group:
                 bucket.work = dist.all_reduce(bucket.buffer, group=process_group, async_op=True)
             self.started += 1
 
-    def finish(self, process_group: Any, where: tuple[str, ...] | None) -> None:
+    def finish(self, process_group: dist.ProcessGroup, where: tuple[str, ...] | None) -> None:
         """Fill and start what is left, wait for every sum (each gradient is its view of its bucket)."""
         for bucket in self.buckets[self.started:]:
             for index in range(len(bucket.params)):
@@ -137,7 +137,7 @@ class GradientSync:
         self._slot = {id(param): (group, bucket, index) for group in self._groups for bucket in group.buckets
                       for index, param in enumerate(bucket.params)}
         self._queued = False
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
 
     def install(self) -> None:
         """Synchronise by itself during and at the end of every backward pass that reaches these parameters."""

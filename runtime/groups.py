@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
@@ -46,7 +45,7 @@ _KEYS = {"spatial": (True, True, True, False), "samples": (True, False, True, Fa
 def blocks(layout: Layout, size: int, kind: str) -> list[tuple[int, ...]]:
     """The partition of members ``0 … size−1`` into groups of ``kind`` (one of ``_KINDS``)."""
     replica, sample, channel, tile = _KEYS[kind]
-    found: dict[tuple[Any, ...], list[int]] = {}
+    found: dict[tuple[int, int, int, tuple[int, ...]], list[int]] = {}
     for member in range(size):
         n, c, *spatial = coordinates(layout, member)
         key = (member // layout.ranks if replica else -1, n if sample else -1, c if channel else -1,
@@ -70,8 +69,9 @@ class GroupCache:
     def __init__(self, world: Sequence[int], timeout: timedelta | None = None) -> None:
         self.world = tuple(world)
         self.timeout = timeout
-        self._groups: dict[tuple[int, ...], Any] = {}
-        self._gradient_groups: dict[tuple[int, ...], Any] = {}
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup | int] = {}
+        self._gradient_groups: dict[tuple[int, ...], dist.ProcessGroup | int] = {}
+        """Both by their ranks; an ``int`` (``GroupMember.NON_GROUP_MEMBER``) where this rank is not one of them."""
 
     def build(self, rank_tuples: Iterable[tuple[int, ...]]) -> None:
         """Create the groups of ``rank_tuples`` not made yet (collective: every rank passes the same set)."""
@@ -91,14 +91,14 @@ class GroupCache:
                 with exchange("creating the plan's gradient process groups", ranks):
                     self._gradient_groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout)
 
-    def gradient_group(self, ranks: tuple[int, ...]) -> Any:
-        """The group the gradients of ``ranks`` are summed over (:meth:`build_gradients`)."""
+    def gradient_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        """The group the gradients of ``ranks`` (this rank one of them) are summed over (:meth:`build_gradients`)."""
         if ranks not in self._gradient_groups:
             raise KeyError(f"no gradient process group for ranks {list(ranks)} was built; "
                            f"build_gradients() must list every replica group")
-        return self._gradient_groups[ranks]
+        return _member_group(self._gradient_groups[ranks], ranks)
 
-    def get(self, ranks: tuple[int, ...]) -> Any:
+    def get(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
         """The group of ``ranks`` (``None`` for a single rank; the default group for the whole world)."""
         if len(ranks) == 1:
             return None
@@ -106,7 +106,12 @@ class GroupCache:
             return dist.group.WORLD
         if ranks not in self._groups:
             raise KeyError(f"no process group for ranks {list(ranks)} was built; build() must list every group")
-        return self._groups[ranks]
+        return _member_group(self._groups[ranks], ranks)
+
+
+def _member_group(group: dist.ProcessGroup | int, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+    assert not isinstance(group, int), f"this rank is not one of the group's ranks {list(ranks)}"
+    return group
 
 
 def group_ranks(layouts: Iterable[Layout], ranks: tuple[int, ...]) -> Iterator[tuple[int, ...]]:

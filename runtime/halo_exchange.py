@@ -26,7 +26,7 @@ least one row of its own or of an adjacent tile.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -115,7 +115,7 @@ class PendingHalo:
     window: AxisWindow
     before: torch.Tensor
     after: torch.Tensor
-    requests: list[Any]
+    requests: list[dist.Work]
     keep: list[torch.Tensor]  # the outgoing rows, alive until the sends complete
 
 
@@ -139,11 +139,26 @@ def _received(w: AxisWindow) -> tuple[tuple[int, int], tuple[int, int]]:
     return before, after
 
 
+class _StartContext(Protocol):
+    dim: int
+    window: AxisWindow
+    shape: tuple[int, ...]
+    where: tuple[str, ...]
+
+
+class _FinishContext(Protocol):
+    dim: int
+    own_start: int
+    shape: tuple[int, ...]
+    kept: tuple[int, int]
+    sizes: list[int]
+
+
 class _HaloStart(torch.autograd.Function):
     """Forward: post the sends of this tile's rows and the receives of its halos. Backward: the adjoint."""
 
     @staticmethod
-    def forward(ctx: Any, tile: torch.Tensor, pending: PendingHalo) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx: _StartContext, tile: torch.Tensor, pending: PendingHalo) -> tuple[torch.Tensor, torch.Tensor]:
         w, dim = pending.window, pending.dim
         ctx.dim, ctx.window, ctx.shape, ctx.where = dim, w, tuple(tile.shape), place()
         received_before, received_after = _received(w)
@@ -157,7 +172,8 @@ class _HaloStart(torch.autograd.Function):
         return incoming[0][1], incoming[1][1]
 
     @staticmethod
-    def backward(ctx: Any, grad_before: torch.Tensor | None, grad_after: torch.Tensor | None) -> tuple[Any, None]:
+    def backward(ctx: _StartContext, grad_before: torch.Tensor | None,
+                 grad_after: torch.Tensor | None) -> tuple[torch.Tensor, None]:
         w, dim = ctx.window, ctx.dim
         result = torch.zeros(ctx.shape, dtype=_dtype(grad_before, grad_after), device=_device(grad_before, grad_after))
         received_before, received_after = _received(w)
@@ -177,8 +193,8 @@ class _HaloFinish(torch.autograd.Function):
     """Forward: wait, then join global padding, the halos and the rows of its own the tile's windows read."""
 
     @staticmethod
-    def forward(ctx: Any, tile: torch.Tensor, before: torch.Tensor, after: torch.Tensor, pending: PendingHalo,
-                fill: float) -> torch.Tensor:
+    def forward(ctx: _FinishContext, tile: torch.Tensor, before: torch.Tensor, after: torch.Tensor,
+                pending: PendingHalo, fill: float) -> torch.Tensor:
         w, dim = pending.window, pending.dim
         wait_all(pending.requests, _what(dim), _peers(w))
         first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
@@ -190,7 +206,8 @@ class _HaloFinish(torch.autograd.Function):
                           _filled(tile, dim, pads[1], fill)], dim=dim)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _FinishContext,
+                 grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
         _, grad_before, grad_kept, grad_after, _ = torch.split(grad, ctx.sizes, dim=ctx.dim)
         grad_tile = grad.new_zeros(ctx.shape)
         if ctx.sizes[2]:
@@ -243,8 +260,11 @@ def _filled(like: torch.Tensor, dim: int, rows: int, fill: float) -> torch.Tenso
     return like.new_full(shape, fill)
 
 
-def _post(outgoing: list[tuple[int | None, torch.Tensor]], incoming: list[tuple[int | None, torch.Tensor]]) -> list[Any]:
+def _post(outgoing: list[tuple[int | None, torch.Tensor]],
+          incoming: list[tuple[int | None, torch.Tensor]]) -> list[dist.Work]:
     """Post every non-empty send and receive (non-blocking); the caller waits for the returned requests."""
     requests = [dist.isend(rows, peer) for peer, rows in outgoing if peer is not None and rows.numel()]
     requests += [dist.irecv(rows, peer) for peer, rows in incoming if peer is not None and rows.numel()]
-    return requests
+    posted = [request for request in requests if request is not None]
+    assert len(posted) == len(requests), "a peer outside the default group"  # isend/irecv return None there only
+    return posted

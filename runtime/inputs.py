@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import torch
 from torch.fx import Node
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["Inputs", "as_inputs", "input_boxes", "input_names", "input_placements", "placeholder_inputs",
            "placeholder_placements"]
 
-Inputs = Union[torch.Tensor, tuple[torch.Tensor, ...]]
+Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 """A batch's input as code passes it around: one tensor, or one per model input (in argument order)."""
 
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -54,10 +54,16 @@ from runtime.groups import GroupCache, block_of
 from runtime.placement import Placement, value_placement
 from runtime.windows import window_attention
 
-__all__ = ["HANDLERS", "Site", "functional_batch_norm", "functional_conv", "functional_form", "functional_group_norm",
-           "input_placement", "read_placement", "refusal"]
+__all__ = ["HANDLERS", "FunctionalForm", "Site", "functional_batch_norm", "functional_conv", "functional_form",
+           "functional_group_norm", "input_placement", "read_placement", "refusal"]
 
 DENSE = frozenset({"conv", "conv_transpose", "linear"})
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_CONV_TRANSPOSES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+_NORMS = (nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
+"""The module classes of the kinds with a distributed form (``cost_models.ir.classify`` kinds modules by them)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,10 @@ def refusal(site: Site) -> str | None:
 
 
 Fetch = Callable[[int, Placement], torch.Tensor]  # tensor input number -> its local box in a placement
+Output = torch.Tensor | tuple[torch.Tensor, torch.Tensor | None] | None
+"""What a handler returns: the layer's box of its output (an attention module's ``(out, None)``), or ``None``."""
+FunctionalForm = Callable[["Site", Sequence[object], Mapping[str, object]], torch.Tensor | None]
+"""The distributed form of a function call, given the call's own arguments (:func:`functional_form`)."""
 
 
 def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
@@ -135,6 +145,7 @@ def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
     x = fetch(0, input_placement(site))
     if module is None or (site.layout.c == 1 and not site.spatial_split):
         return None
+    assert isinstance(module, _CONVS), f"layer '{site.name}' (conv) calls a {type(module).__name__}"
     groups = module.groups
     if site.layout.c > 1 and groups > 1:  # the slice's filters read only their groups' input channels
         start, stop = partition(x.shape[1], site.layout.c)[_channel_index(site)]
@@ -155,7 +166,7 @@ def _conv(site: Site, fetch: Fetch) -> torch.Tensor | None:
                           attrs["padding"], module.dilation, groups)
 
 
-def _pad_list(attrs: Mapping[str, Any], axes: int = 2) -> list[int]:
+def _pad_list(attrs: Mapping[str, object], axes: int = 2) -> list[int]:
     """``F.pad``'s amounts of a convolution's padding over ``axes`` spatial axes, the last axis first (left,
     right, top, bottom; then front, back of a volume)."""
     return [amount for axis in reversed(range(axes)) for amount in axis_pads(dict(attrs), axis)]
@@ -166,29 +177,35 @@ def _conv_transpose(site: Site, fetch: Fetch) -> torch.Tensor | None:
     x = fetch(0, input_placement(site))
     if module is None or (site.layout.c == 1 and not site.spatial_split):
         return None
+    assert isinstance(module, _CONV_TRANSPOSES), f"layer '{site.name}' (conv_transpose) calls a {type(module).__name__}"
     if not site.spatial_split:
         return spatial.by_rank(resample.CONV_TRANSPOSE, x)(x, module.weight, module.bias, module.stride, module.padding,
                                                            module.output_padding, module.groups, module.dilation)
+    padding = module.padding
+    assert not isinstance(padding, str), f"layer '{site.name}': a transposed convolution pads by amounts"
     return resample.conv_transpose2d(x, module.weight, module.bias, site.grid(), site.input_hw(), module.stride,
-                                     module.padding, module.output_padding, module.dilation, module.groups)
+                                     padding, module.output_padding, module.dilation, module.groups)
 
 
 def _linear(site: Site, fetch: Fetch) -> torch.Tensor | None:
     x = fetch(0, input_placement(site))
-    if site.module is None or site.layout.c == 1:
+    module = site.module
+    if module is None or site.layout.c == 1:
         return None
     if site.row_form:
         return _row_linear(site, x)
-    return F.linear(x, site.module.weight, site.module.bias)
+    assert isinstance(module, nn.Linear), f"layer '{site.name}' (linear) calls a {type(module).__name__}"
+    return F.linear(x, module.weight, module.bias)
 
 
 def _row_linear(site: Site, x: torch.Tensor) -> torch.Tensor:
     """Megatron-LM's row form (``cost_models.dense_forms``): this rank's input channels times its columns of the
     weight, summed over the ``c`` group; its part of the output channels, plus its part of the bias."""
-    assert site.module is not None
-    summed = all_reduce_sum(F.linear(x, site.module.weight), site.groups.get(site.block("channels")))
+    module = site.module
+    assert isinstance(module, nn.Linear), f"layer '{site.name}' (linear) calls a {type(module).__name__}"
+    summed = all_reduce_sum(F.linear(x, module.weight), site.groups.get(site.block("channels")))
     start, stop = partition(summed.shape[-1], site.layout.c)[_channel_index(site)]
-    out, bias = summed.narrow(-1, start, stop - start), site.module.bias
+    out, bias = summed.narrow(-1, start, stop - start), module.bias
     return out if bias is None else out + bias
 
 
@@ -197,6 +214,7 @@ def _batchnorm(site: Site, fetch: Fetch) -> torch.Tensor | None:
     x = fetch(0, input_placement(site))
     if module is None:  # a function call: functional_batch_norm, with the call's own arguments
         return None
+    assert isinstance(module, _BATCH_NORMS), f"layer '{site.name}' (batchnorm) calls a {type(module).__name__}"
     if not (module.training or module.running_mean is None) or len(_statistics_group(site)) == 1:
         return None  # the module itself, as written
     momentum = module.momentum
@@ -208,7 +226,7 @@ def _batchnorm(site: Site, fetch: Fetch) -> torch.Tensor | None:
                              momentum or 0.0, module.eps)
 
 
-def functional_batch_norm(site: Site, args: Any, kwargs: Any) -> torch.Tensor | None:
+def functional_batch_norm(site: Site, args: Sequence[object], kwargs: Mapping[str, object]) -> torch.Tensor | None:
     """``F.batch_norm`` called by the program, on this rank's tile, with the call's own (whole) arguments.
 
     Its statistics are summed over the same group as the module form's; ``None`` when it needs no group
@@ -243,12 +261,14 @@ def _norm(site: Site, fetch: Fetch) -> torch.Tensor | None:
     x = fetch(0, input_placement(site))
     module = site.module
     if module is None or isinstance(module, nn.LayerNorm):
-        return None  # a LayerNorm of positions held whole (cost_models.capability.predicate); F.group_norm: apply's call
+        # a LayerNorm of positions held whole (cost_models.capability.predicate); F.group_norm: apply's call
+        return None
+    assert isinstance(module, _NORMS), f"layer '{site.name}' (norm) calls a {type(module).__name__}"
     groups = module.num_groups if isinstance(module, nn.GroupNorm) else int(site.layer.input_shapes[0][1])
     return _tiled_group_norm(site, x, groups, module.weight, module.bias, module.eps)
 
 
-def functional_group_norm(site: Site, args: Any, kwargs: Any) -> torch.Tensor | None:
+def functional_group_norm(site: Site, args: Sequence[object], kwargs: Mapping[str, object]) -> torch.Tensor | None:
     """``F.group_norm`` called by the program (timm's ``GroupNorm1``) on this rank's box, its weight and bias given
     whole: :func:`_norm`'s form, with the call's own arguments."""
     call = inspect.signature(F.group_norm).bind(*args, **kwargs)
@@ -258,7 +278,7 @@ def functional_group_norm(site: Site, args: Any, kwargs: Any) -> torch.Tensor | 
                              values["eps"])
 
 
-def functional_form(site: Site, target: Any) -> Callable[[Site, Any, Any], torch.Tensor | None] | None:
+def functional_form(site: Site, target: object) -> FunctionalForm | None:
     """The distributed form of a function call the program makes (``F.batch_norm``, ``F.group_norm``, a spatially
     split ``F.conv2d``), or ``None`` when the call runs as written on the local boxes."""
     if site.module is not None:
@@ -272,7 +292,7 @@ def functional_form(site: Site, target: Any) -> Callable[[Site, Any, Any], torch
     return functional_conv if site.kind == "conv" and site.spatial_split else None
 
 
-def functional_window_attention(site: Site, args: Any, kwargs: Any) -> torch.Tensor:
+def functional_window_attention(site: Site, args: Sequence[object], kwargs: Mapping[str, object]) -> torch.Tensor:
     """Swin's ``shifted_window_attention`` on this rank's tile of whole windows (``runtime.windows``)."""
     return window_attention(site.grid(), site.layer.input_shapes[0][1:3], args, kwargs)
 
@@ -281,7 +301,7 @@ _CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "
 _CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 
 
-def functional_conv(site: Site, args: Any, kwargs: Any) -> torch.Tensor:
+def functional_conv(site: Site, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor:
     """``F.conv2d`` called by the program with filters computed from parameters (timm's ``StdConv2d``,
     ``ScaledStdConv2d``) on this rank's tile (:func:`functional_form`: a spatial split): :func:`_conv`'s form with
     the call's own (whole) filters."""
@@ -326,10 +346,11 @@ def _pool(site: Site, fetch: Fetch) -> torch.Tensor | None:
                               options["padding"], options["count_include_pad"], options["ceil_mode"])
 
 
-def _tf_same_pool(site: Site, x: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+def _tf_same_pool(site: Site, x: torch.Tensor, options: _PoolOptions) -> torch.Tensor:
     """timm's ``MaxPool2dSame`` / ``AvgPool2dSame`` on a tile: its windows' rows gathered, padded by ``−∞`` before a
     max and by zeros (counted) before an average, as the module pads the whole."""
-    kernel, stride, dilation = (spatial.pair(options[name]) for name in ("kernel_size", "stride", "dilation"))
+    kernel, stride, dilation = (spatial.pair(options["kernel_size"]), spatial.pair(options["stride"]),
+                                spatial.pair(options["dilation"]))
     pads = (axis_pads(dict(site.layer.attrs), 0), axis_pads(dict(site.layer.attrs), 1))
     fill = float("-inf") if site.kind == "maxpool" else 0.0
     local = borders.padded_tiles(x, site.grid(), site.input_hw(), pads, "constant",
@@ -379,9 +400,19 @@ def _pad(site: Site, fetch: Fetch) -> torch.Tensor | None:
     return resample.pad2d(x, site.grid(), site.input_hw(), attrs["pad"], float(attrs.get("value") or 0.0))
 
 
-def _pool_options(site: Site) -> dict[str, Any]:
+class _PoolOptions(TypedDict):
+    kernel_size: int | Sequence[int]
+    stride: int | Sequence[int]
+    padding: int | Sequence[int]
+    dilation: int | Sequence[int]
+    count_include_pad: bool
+    ceil_mode: bool
+
+
+def _pool_options(site: Site) -> _PoolOptions:
     if site.module is not None:
         module = site.module
+        assert isinstance(module, _POOLS), f"layer '{site.name}' ({site.kind}) calls a {type(module).__name__}"
         return {"kernel_size": module.kernel_size, "stride": module.stride or module.kernel_size,
                 "padding": module.padding, "dilation": getattr(module, "dilation", 1),
                 "count_include_pad": getattr(module, "count_include_pad", True), "ceil_mode": module.ceil_mode}
@@ -398,7 +429,7 @@ def _channel_index(site: Site) -> int:
     return coordinates(site.layout, site.member)[1]
 
 
-def _attention(site: Site, fetch: Fetch) -> Any:
+def _attention(site: Site, fetch: Fetch) -> Output:
     """Self-attention split by tokens and heads: this rank's queries attend to every token — the keys and values
     read whole along ``w`` (an all-gather; its adjoint sums their gradients back onto each rank's tokens) — and,
     split by ``c``, with its heads only (``runtime.attention``). Returns the module's ``(out, None)``, or
@@ -410,15 +441,17 @@ def _attention(site: Site, fetch: Fetch) -> Any:
         keys, values = (fetch(index, Placement(layout, "w")) for index in (1, 2))
         return F.scaled_dot_product_attention(fetch(0, Placement(layout)), keys, values,
                                               scale=site.layer.attrs.get("scale"))
+    module = site.module
+    assert isinstance(module, nn.MultiheadAttention), f"layer '{site.name}' (attention) calls a {type(module).__name__}"
     queries = fetch(0, Placement(layout, "c"))
     every = fetch(0, Placement(layout, "cw")) if layout.w > 1 else queries
     if layout.c == 1:
-        return site.module(queries, every, every, need_weights=False)
-    return heads_attention(site.module, queries, every, layout, site.member, site.ranks,
+        return module(queries, every, every, need_weights=False)
+    return heads_attention(module, queries, every, layout, site.member, site.ranks,
                            site.layer.output_shape), None
 
 
-HANDLERS: dict[str, Callable[[Site, Fetch], Any]] = {
+HANDLERS: dict[str, Callable[[Site, Fetch], Output]] = {
     "conv": _conv, "conv_transpose": _conv_transpose, "linear": _linear, "batchnorm": _batchnorm, "norm": _norm,
     "maxpool": _pool, "avgpool": _pool, "adaptive_avgpool": _adaptive_avgpool, "upsample": _upsample, "pad": _pad,
     "attention": _attention,

@@ -28,7 +28,7 @@ Running statistics follow ``torch.nn.BatchNorm2d`` (unbiased variance).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -39,9 +39,29 @@ from runtime.waiting import exchange, in_backward, place
 __all__ = ["batch_norm", "group_norm"]
 
 
+class _NormContext(Protocol):
+    """What the forward of a norm keeps for its backward."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    group: dist.ProcessGroup | None
+    count: int
+    where: tuple[str, ...]
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+
+class _BatchNormContext(_NormContext, Protocol):
+    eps: float
+    statistics: tuple[torch.Tensor, torch.Tensor]
+
+
+class _GroupNormContext(_NormContext, Protocol):
+    num_groups: int
+
+
 def batch_norm(tile: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                weight: torch.Tensor | None, bias: torch.Tensor | None, training: bool, momentum: float, eps: float,
-               group: Any = None, count: int | None = None) -> torch.Tensor:
+               group: dist.ProcessGroup | None = None, count: int | None = None) -> torch.Tensor:
     """This tile of ``F.batch_norm`` of the tensor the tiles of ``group`` make up together.
 
     In evaluation (``training=False``) the running statistics are used and no
@@ -60,9 +80,9 @@ def batch_norm(tile: torch.Tensor, running_mean: torch.Tensor | None, running_va
 
 class _BatchNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+    def forward(ctx: _BatchNormContext, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float, eps: float,
-                group: Any, count: int) -> torch.Tensor:
+                group: dist.ProcessGroup | None, count: int) -> torch.Tensor:
         mean, var = _group_statistics(tile, group)
         if running_mean is not None and running_var is not None:
             unbiased = var * count / max(count - 1, 1)
@@ -74,7 +94,7 @@ class _BatchNorm(torch.autograd.Function):
         return _normalised(tile, mean, var, narrow_mean, weight, bias, eps)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _BatchNormContext, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         tile, weight, mean, _ = ctx.saved_tensors
         wide_mean, wide_var = ctx.statistics
         inv_std = torch.rsqrt(wide_var + ctx.eps)
@@ -101,7 +121,7 @@ def _normalised(tile: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, narro
     return centred.mul_(_channel(scale.to(tile.dtype), tile)).add_(_channel(shift.to(tile.dtype), tile))
 
 
-def _group_statistics(tile: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_statistics(tile: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and (biased) variance over the tiles of ``group``, in the accumulator's dtype: each tile's
     from the fused kernel, combined with Chan's parallel formula (no ``E[x²] − E[x]²`` cancellation)."""
     wide = _accumulator(tile)
@@ -114,7 +134,8 @@ def _group_statistics(tile: torch.Tensor, group: Any) -> tuple[torch.Tensor, tor
 
 
 def group_norm(tile: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float, group: Any, count: int, first_channel: int = 0, channels: int | None = None) -> torch.Tensor:
+               eps: float, group: dist.ProcessGroup | None, count: int, first_channel: int = 0,
+               channels: int | None = None) -> torch.Tensor:
     """This tile of ``F.group_norm(x, num_groups, weight, bias, eps)`` of the tensor the tiles of ``group`` (the
     ranks holding the other tiles and channels of the same samples) make up; ``count``: values per (sample,
     group) in it. The tile holds channels ``first_channel …`` of ``channels`` (default: all of them); ``weight``
@@ -139,8 +160,8 @@ _GROUP_NORM = "the group-norm statistics allreduce"
 
 class _GroupNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int,
-                groups_of: torch.Tensor, eps: float, group: Any, count: int) -> torch.Tensor:
+    def forward(ctx: _GroupNormContext, tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_groups: int,
+                groups_of: torch.Tensor, eps: float, group: dist.ProcessGroup | None, count: int) -> torch.Tensor:
         wide = _accumulator(tile)
         x = tile.to(wide).reshape(tile.shape[0], tile.shape[1], -1)
         sums = _summed(_into_groups(torch.stack([x.sum(dim=2), (x * x).sum(dim=2)]), groups_of, num_groups), group,
@@ -154,7 +175,7 @@ class _GroupNorm(torch.autograd.Function):
         return normalised * _channel(weight, tile) + _channel(bias, tile)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _GroupNormContext, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         normalised, weight, inv_std, groups_of = ctx.saved_tensors
         wide, dims = _accumulator(grad), _reduced(grad)
         grad_bias, grad_weight = grad.sum(dim=dims, dtype=wide), (grad * normalised).sum(dim=dims, dtype=wide)
@@ -189,7 +210,7 @@ def _channel(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(1, -1, *([1] * (like.dim() - 2)))
 
 
-def _gathered(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+def _gathered(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """``tensor`` of every rank of ``group``, stacked along a new first dimension."""
     if not (dist.is_available() and dist.is_initialized()):
         return tensor[None]
@@ -199,7 +220,7 @@ def _gathered(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     return torch.stack(parts)
 
 
-def _summed(tensor: torch.Tensor, group: Any, where: tuple[str, ...] | None = None,
+def _summed(tensor: torch.Tensor, group: dist.ProcessGroup | None, where: tuple[str, ...] | None = None,
             what: str = "the batch-norm statistics allreduce") -> torch.Tensor:
     if not (dist.is_available() and dist.is_initialized()):
         return tensor  # one process: the tile is the whole tensor

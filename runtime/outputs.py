@@ -19,15 +19,16 @@ output comes from is found by walking both together (:func:`paired`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.fx import Node
-from torch.fx.node import map_aggregate
+from torch.fx.node import Argument
 
 from cost_models.errors import PlanError
+from runtime._values import leaves_of
 
 __all__ = ["Everywhere", "check_output_key", "is_container", "output_loss", "paired", "select_nodes",
            "select_value"]
@@ -43,7 +44,7 @@ def is_container(node: Node) -> bool:
 class Everywhere:
     """Stands for any value in :func:`paired` (each item of it is itself)."""
 
-    def __getitem__(self, _key: Any) -> Everywhere:
+    def __getitem__(self, _key: object) -> Everywhere:
         return self
 
     def __iter__(self) -> Iterator[Everywhere]:
@@ -51,9 +52,10 @@ class Everywhere:
             yield self
 
 
-def paired(nodes: Any, values: Any) -> Iterator[tuple[str, Any]]:
-    """``(node name, value)`` for each node leaf of ``nodes`` and the value at the same place in ``values``;
-    a container node (:func:`is_container`) is looked through."""
+def paired(nodes: object, values: Any) -> Iterator[tuple[str, object]]:
+    """``(node name, value)`` for each node leaf of ``nodes`` and the value at the same place in ``values`` (a
+    model's output, anything it returns, or :class:`Everywhere`); a container node (:func:`is_container`) is looked
+    through."""
     if isinstance(nodes, Node) and is_container(nodes):
         yield from paired(list(_packed(nodes)[0]), values)
     elif isinstance(nodes, Node):
@@ -66,7 +68,7 @@ def paired(nodes: Any, values: Any) -> Iterator[tuple[str, Any]]:
             yield from paired(node, values[key])
 
 
-def select_value(value: Any, key: str | None) -> Any:
+def select_value(value: object, key: str | None) -> object:
     """The part of a model's output ``value`` that ``key`` names (``None``: all of it).
 
     Raises:
@@ -79,26 +81,29 @@ def select_value(value: Any, key: str | None) -> Any:
     fields = getattr(value, "_fields", ()) if isinstance(value, tuple) else ()
     if key in fields:
         return getattr(value, key)
-    if isinstance(value, (tuple, list)) and _index(key, len(value)) is not None:
-        return value[_index(key, len(value))]  # type: ignore[index]
+    if isinstance(value, (tuple, list)):
+        index = _index(key, len(value))
+        if index is not None:
+            return value[index]
     raise PlanError(f"--output {key}: the model's output has no such part; it has {_parts(value)}")
 
 
-def select_nodes(nodes: Any, key: str | None) -> Any:
+def select_nodes(nodes: object, key: str | None) -> object:
     """:func:`select_value` on the traced program's output structure (layer nodes, container nodes)."""
     if key is None or not (isinstance(nodes, Node) and is_container(nodes)):
         return select_value(nodes, key)
     items, fields = _packed(nodes)
     if key in fields:
         return items[fields.index(key)]
-    if _index(key, len(items)) is None:
+    index = _index(key, len(items))
+    if index is None:
         raise PlanError(f"--output {key}: the model's output has no such part; it has fields {', '.join(fields)} "
                         f"or indices 0…{len(items) - 1}" if fields else
                         f"--output {key}: the model's output has no such part; it has indices 0…{len(items) - 1}")
-    return items[_index(key, len(items))]  # type: ignore[index]
+    return items[index]
 
 
-def check_output_key(model: nn.Module, key: str | None, leaf_modules: Any = ()) -> None:
+def check_output_key(model: nn.Module, key: str | None, leaf_modules: Iterable[str] = ()) -> None:
     """Refuse (``PlanError``, the parts named) a ``key`` naming no part of what ``model`` returns; ``None`` passes."""
     if key is None:
         return
@@ -108,25 +113,26 @@ def check_output_key(model: nn.Module, key: str | None, leaf_modules: Any = ()) 
     select_nodes(output.args[0], key)
 
 
-def output_loss(output: Any, target: torch.Tensor,
+def output_loss(output: object, target: torch.Tensor,
                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, *,
                 key: str | None = None) -> torch.Tensor:
     """The unsplit model's loss as :meth:`runtime.apply.DistributedModel.loss` defines it: ``loss_fn`` summed
     over the floating tensors of ``output`` (of its part ``key``), each against ``target``."""
     loss_fn = loss_fn or nn.functional.cross_entropy
-    leaves: list[Any] = []
-    map_aggregate(select_value(output, key), lambda value: leaves.append(value) or value)
-    floating = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
+    floating = [leaf for leaf in leaves_of(select_value(output, key))
+                if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
     if not floating:
         raise PlanError(f"the model's output ({type(output).__name__}) holds no floating tensor to take a loss of")
     return sum((loss_fn(leaf, target) for leaf in floating[1:]), loss_fn(floating[0], target))
 
 
-def _packed(node: Node) -> tuple[list[Any], tuple[str, ...]]:
+def _packed(node: Node) -> tuple[list[Argument], tuple[str, ...]]:
     """A container node's items, and its named tuple's fields (empty for a plain tuple or list)."""
     if node.target in (tuple, list):
-        return list(node.args[0]), ()
-    fields = tuple(node.target._fields)  # type: ignore[union-attr]
+        items = node.args[0]
+        assert isinstance(items, (tuple, list)), f"'{node.name}' packs {type(items).__name__}"
+        return list(items), ()
+    fields = tuple(getattr(node.target, "_fields", ()))  # a named tuple's class (is_container)
     return [*node.args, *(node.kwargs[f] for f in fields[len(node.args):] if f in node.kwargs)], fields
 
 
@@ -138,7 +144,7 @@ def _index(key: str, length: int) -> int | None:
     return index if -length <= index < length else None
 
 
-def _parts(value: Any) -> str:
+def _parts(value: object) -> str:
     if isinstance(value, dict):
         return "keys " + ", ".join(map(str, value))
     if isinstance(value, (tuple, list)):

@@ -43,17 +43,20 @@ def conv2d_overlapped(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     the tile is convolved after the exchange, without overlap.
     """
     split = [axis for axis in (0, 1) if windows[axis] is not None]
-    reach = tuple(dilation[a] * (weight.shape[2 + a] - 1) for a in (0, 1))
+    reach = (dilation[0] * (weight.shape[2] - 1), dilation[1] * (weight.shape[3] - 1))
     sizes = tuple(_output_extent(tile.shape[2 + a], windows[a], stride[a], reach[a], padding[a]) for a in (0, 1))
     interior = [_interior(windows[a], stride[a], reach[a], sizes[a]) for a in (0, 1)]
     first = windows[split[0]]
-    pending = start_halo(tile, 2 + split[0], first)  # type: ignore[arg-type]
+    assert first is not None  # a split axis has its window
+    pending = start_halo(tile, 2 + split[0], first)
     inner = None
     if uniform:
         inner = _band(tile, weight, bias, interior, windows, stride, reach, padding, dilation, groups, from_tile=True)
     extended = finish_halo(tile, pending)
     for axis in split[1:]:
-        extended = exchange_halo(extended, 2 + axis, windows[axis])  # type: ignore[arg-type]
+        window = windows[axis]
+        assert window is not None
+        extended = exchange_halo(extended, 2 + axis, window)
     if inner is None:
         return F.conv2d(extended, weight, bias, stride, _local_padding(windows, padding), dilation, groups)
     return _assemble(extended, inner, weight, bias, interior, sizes, split, windows, stride, reach, padding, dilation,
@@ -132,4 +135,4 @@ def _interior(window: AxisWindow | None, stride: int, reach: int, size: int) -> 
 
 
 def _local_padding(windows: Sequence[AxisWindow | None], padding: tuple[int, int]) -> tuple[int, int]:
-    return tuple(0 if window is not None else padding[axis] for axis, window in enumerate(windows))  # type: ignore[return-value]
+    return (0 if windows[0] is not None else padding[0], 0 if windows[1] is not None else padding[1])

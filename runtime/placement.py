@@ -86,7 +86,8 @@ class Placement:
 
 
 def value_placement(layout: Layout, layer: Layer) -> Placement:
-    """Where a layer under ``layout`` puts its value (``layer``: its LayerGraph node): its grid, in the value's order."""
+    """Where a layer under ``layout`` puts its value (``layer``: its LayerGraph node): its grid, in the value's
+    order."""
     shape = layer.output_shape or []
     rank = len(shape) if shape and not isinstance(shape[0], list) else 4
     return Placement(layout, order=layer.attrs.get("order") or default_order(rank) or "nchw")

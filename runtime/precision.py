@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 __all__ = ["AMP_DTYPES", "Precision", "autocast", "check_amp", "grad_scaler"]
 
@@ -36,14 +39,14 @@ def check_amp(amp: str, dtype: str) -> str | None:
     return None
 
 
-def autocast(amp: str, device: torch.device) -> AbstractContextManager[Any]:
+def autocast(amp: str, device: torch.device) -> AbstractContextManager[None]:
     """The forward's context: autocast in ``amp``'s precision, or nothing."""
     if not amp:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp])
 
 
-def grad_scaler(amp: str, device: torch.device) -> Any:
+def grad_scaler(amp: str, device: torch.device) -> ShardedGradScaler | None:
     """A loss scaler shared by every rank for ``fp16``; ``None`` otherwise (bfloat16 needs none)."""
     if amp != "fp16":
         return None
@@ -58,13 +61,13 @@ class Precision:
 
     amp: str
     device: torch.device
-    scaler: Any = None
+    scaler: ShardedGradScaler | None = None
 
     @classmethod
     def of(cls, amp: str, device: torch.device) -> Precision:
         return cls(amp, device, grad_scaler(amp, device))
 
-    def forward(self) -> AbstractContextManager[Any]:
+    def forward(self) -> AbstractContextManager[None]:
         """The context the forward and the loss run in."""
         return autocast(self.amp, self.device)
 

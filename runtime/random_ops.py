@@ -92,7 +92,7 @@ _MODULE_FORMS: tuple[tuple[type[nn.Module], str], ...] = (
     (nn.Dropout, "dropout"), (nn.Dropout1d, "dropout1d"), (nn.Dropout2d, "dropout2d"), (nn.Dropout3d, "dropout3d"),
     (nn.AlphaDropout, "alpha_dropout"), (nn.FeatureAlphaDropout, "feature_alpha_dropout"), (nn.RReLU, "rrelu"),
 )
-_FUNCTION_FORMS: dict[Any, str] = {
+_FUNCTION_FORMS: dict[Callable[..., object], str] = {
     F.dropout: "dropout", F.dropout1d: "dropout1d", F.dropout2d: "dropout2d", F.dropout3d: "dropout3d",
     F.alpha_dropout: "alpha_dropout", F.feature_alpha_dropout: "feature_alpha_dropout", F.rrelu: "rrelu",
     torch.bernoulli: "bernoulli", torch.rand: "rand", torch.randn: "randn", torch.rand_like: "rand_like",
@@ -170,12 +170,12 @@ def _form(node: Node, root: nn.Module) -> str | None:
         return next((form for kind, form in _MODULE_FORMS if type(module) is kind), None)
     if node.op == "call_method":
         return _METHOD_FORMS.get(str(node.target))
-    if node.op != "call_function":
+    target = node.target
+    if node.op != "call_function" or not callable(target):
         return None
-    if node.target in _FUNCTION_FORMS:
-        return _FUNCTION_FORMS[node.target]
-    name = _get_qualified_name(node.target) if callable(node.target) else ""
-    return _QUALIFIED_FORMS.get(name)
+    if target in _FUNCTION_FORMS:
+        return _FUNCTION_FORMS[target]
+    return _QUALIFIED_FORMS.get(_get_qualified_name(target))
 
 
 # --- the keyed draws ---------------------------------------------------------------------------------------
@@ -280,47 +280,54 @@ def whole_box(shape: Sequence[int]) -> Box:
 # --- the ops -----------------------------------------------------------------------------------------------
 
 _ALPHA = 1.7580993408473766
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+"""The keyed module forms (:data:`_MODULE_FORMS`)."""
 _DEFAULTS = {"dropout": True, "dropout1d": True, "dropout2d": True, "dropout3d": True, "alpha_dropout": False,
              "feature_alpha_dropout": False, "stochastic_depth": True, "rrelu": False}
 
 
 @dataclass(frozen=True)
 class _Call:
-    """What a keyed op needs besides its tensor: the op, this rank's box, the global shape, the key."""
+    """What a keyed op needs besides its tensor: the op, this rank's box, the global shape, the key, and the call's
+    own arguments (the program's: local tensors, probabilities, bounds, sizes, whatever it passes)."""
 
     op: RandomOp
     box: Box
     shape: tuple[int, ...]
     key: DrawKey
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
 
 
-def keyed_call(op: RandomOp, module: nn.Module | None, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+def keyed_call(op: RandomOp, module: nn.Module | None, args: Sequence[object], kwargs: Mapping[str, object], *,
                box: Box | None, shape: Sequence[int], key: DrawKey, training: bool) -> torch.Tensor:
     """The output of the keyed random ``op`` on ``box`` (``None``: the whole tensor) of a tensor of ``shape``.
 
     ``args``/``kwargs`` are the call's (local tensors), ``module`` the called module (module forms);
     ``training`` is the model's mode, for function forms whose ``training`` argument the trace fixed.
     """
-    call = _Call(op, box if box is not None else whole_box(shape), tuple(int(s) for s in shape), key)
+    call = _Call(op, box if box is not None else whole_box(shape), tuple(int(s) for s in shape), key, args, kwargs)
     if op.form in _DEFAULTS:
-        x, p, extra, active = _dropout_arguments(op.form, module, args, kwargs, training)
+        x, p, extra, active = _dropout_arguments(op.form, module, call, training)
         return _DROPOUTS[op.form](call, x, p, extra) if active and p > 0.0 else x
-    return _DRAWS[op.form](call, args, kwargs)
+    return _DRAWS[op.form](call)
 
 
-def _dropout_arguments(form: str, module: nn.Module | None, args: Sequence[Any], kwargs: Mapping[str, Any],
-                       training: bool) -> tuple[torch.Tensor, float, Any, bool]:
+def _dropout_arguments(form: str, module: nn.Module | None, call: _Call,
+                       training: bool) -> tuple[torch.Tensor, float, str | None, bool]:
+    args, kwargs = call.args, call.kwargs
     if module is not None:
+        assert isinstance(module, _DROPOUT_MODULES), f"'{call.op.name}' ({form}) calls a {type(module).__name__}"
         return args[0], float(module.p), None, module.training
     function = _function_of(form)
     bound = inspect.signature(function).bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = bound.arguments
-    x = arguments.get("input", args[0] if args else None)
+    x = arguments["input"]  # every dropout function's first parameter (bound above)
     return x, float(arguments["p"]), arguments.get("mode"), bool(arguments["training"]) and training
 
 
-def _function_of(form: str) -> Callable[..., Any]:
+def _function_of(form: str) -> Callable[..., object]:
     if form == "stochastic_depth":
         from torchvision.ops import stochastic_depth
 
@@ -354,7 +361,7 @@ def _alpha(call: _Call, x: torch.Tensor, p: float, per: str) -> torch.Tensor:
     return x * (noise * a) + b
 
 
-def _stochastic_depth(call: _Call, x: torch.Tensor, p: float, mode: str) -> torch.Tensor:
+def _stochastic_depth(call: _Call, x: torch.Tensor, p: float, mode: str | None) -> torch.Tensor:
     survival = 1.0 - p
     if mode == "row":
         noise = _keep(call, p, "sample", x.device).to(x.dtype)
@@ -365,7 +372,7 @@ def _stochastic_depth(call: _Call, x: torch.Tensor, p: float, mode: str) -> torc
     return x * (noise / survival if survival > 0.0 else noise)
 
 
-_DROPOUTS: dict[str, Callable[[_Call, torch.Tensor, float, Any], torch.Tensor]] = {
+_DROPOUTS: dict[str, Callable[[_Call, torch.Tensor, float, str | None], torch.Tensor]] = {
     "dropout": lambda call, x, p, _: _scaled(call, x, p, "element"),
     "dropout1d": lambda call, x, p, _: _scaled(call, x, p, _channel_per("dropout1d", x.dim())),
     "dropout2d": lambda call, x, p, _: _scaled(call, x, p, _channel_per("dropout2d", x.dim())),
@@ -376,25 +383,28 @@ _DROPOUTS: dict[str, Callable[[_Call, torch.Tensor, float, Any], torch.Tensor]] 
 }
 
 
-def _bernoulli_(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor:
+def _bernoulli_(call: _Call) -> torch.Tensor:
+    args, kwargs = call.args, call.kwargs
     target, p = args[0], kwargs.get("p", args[1] if len(args) > 1 else 0.5)
     draws = uniform(call.key, call.op.name, call.box, call.shape, "element", target.device) < _probability(p)
     with torch.no_grad():
         return target.copy_(draws)
 
 
-def _bernoulli(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor:
+def _bernoulli(call: _Call) -> torch.Tensor:
+    args, kwargs = call.args, call.kwargs
     source, p = args[0], kwargs.get("p", args[1] if len(args) > 1 else None)
     probability = source if p is None else _probability(p)
     draws = uniform(call.key, call.op.name, call.box, call.shape, "element", source.device) < probability
     return draws.to(source.dtype)
 
 
-def _probability(p: Any) -> Any:
+def _probability(p: torch.Tensor | float) -> torch.Tensor | float:
     return p.detach().double() if isinstance(p, torch.Tensor) else float(p)
 
 
-def _uniform_(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor:
+def _uniform_(call: _Call) -> torch.Tensor:
+    args, kwargs = call.args, call.kwargs
     target = args[0]
     low = kwargs.get("from", args[1] if len(args) > 1 else 0.0)
     high = kwargs.get("to", args[2] if len(args) > 2 else 1.0)
@@ -403,7 +413,8 @@ def _uniform_(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> to
         return target.copy_(draws)
 
 
-def _normal_(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor:
+def _normal_(call: _Call) -> torch.Tensor:
+    args, kwargs = call.args, call.kwargs
     target = args[0]
     mean = kwargs.get("mean", args[1] if len(args) > 1 else 0.0)
     std = kwargs.get("std", args[2] if len(args) > 2 else 1.0)
@@ -411,7 +422,8 @@ def _normal_(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tor
         return target.copy_(normal(call.key, call.op.name, call.box, call.shape, target.device) * std + mean)
 
 
-def _created(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any], like: bool, gaussian: bool) -> torch.Tensor:
+def _created(call: _Call, like: bool, gaussian: bool) -> torch.Tensor:
+    args, kwargs = call.args, call.kwargs
     source = args[0] if like else None
     dtype = kwargs.get("dtype") or (source.dtype if source is not None else torch.get_default_dtype())
     device = kwargs.get("device") or (source.device if source is not None else torch.device("cpu"))
@@ -420,16 +432,17 @@ def _created(call: _Call, args: Sequence[Any], kwargs: Mapping[str, Any], like: 
     return draws.to(dtype).requires_grad_(bool(kwargs.get("requires_grad", False)))
 
 
-_DRAWS: dict[str, Callable[[_Call, Sequence[Any], Mapping[str, Any]], torch.Tensor]] = {
+_DRAWS: dict[str, Callable[[_Call], torch.Tensor]] = {
     "bernoulli_": _bernoulli_, "bernoulli": _bernoulli, "uniform_": _uniform_, "normal_": _normal_,
-    "rand": lambda call, args, kwargs: _created(call, args, kwargs, False, False),
-    "randn": lambda call, args, kwargs: _created(call, args, kwargs, False, True),
-    "rand_like": lambda call, args, kwargs: _created(call, args, kwargs, True, False),
-    "randn_like": lambda call, args, kwargs: _created(call, args, kwargs, True, True),
+    "rand": lambda call: _created(call, False, False),
+    "randn": lambda call: _created(call, False, True),
+    "rand_like": lambda call: _created(call, True, False),
+    "randn_like": lambda call: _created(call, True, True),
 }
 
 
-def switched_off(op: RandomOp, module: nn.Module | None, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+def switched_off(op: RandomOp, module: nn.Module | None, args: Sequence[object],
+                 kwargs: Mapping[str, object]) -> torch.Tensor:
     """The evaluation form of a switchable unkeyed op (``nn.RReLU``/``F.rrelu``: the mean slope)."""
     if module is not None:
         training = module.training
@@ -462,7 +475,7 @@ class KeyedInterpreter(Interpreter):
         self.key, self.switch_off, self.root = key, switch_off, root if root is not None else module
         self.ops = random_ops(list(module.graph.nodes), module)
 
-    def run_node(self, n: Node) -> Any:
+    def run_node(self, n: Node) -> object:
         op = self.ops.get(n.name)
         if op is None or not (op.keyed or (op.switchable and self.switch_off)):
             return super().run_node(n)
@@ -470,5 +483,10 @@ class KeyedInterpreter(Interpreter):
         module = self.module.get_submodule(str(n.target)) if n.op == "call_module" else None
         if not op.keyed:
             return switched_off(op, module, args, kwargs)
-        shape = created_shape(args, kwargs) if op.form in CREATIONS else tuple(args[0].shape)
+        if op.form in CREATIONS:
+            shape = created_shape(args, kwargs)
+        else:
+            drawn = args[0]
+            assert isinstance(drawn, torch.Tensor), f"random op '{n.name}' ({op.form}) draws for a tensor"
+            shape = tuple(drawn.shape)
         return keyed_call(op, module, args, kwargs, box=None, shape=shape, key=self.key, training=self.root.training)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -50,9 +50,18 @@ def redistribute(local: torch.Tensor, shape: Sequence[int], source: Layout | Pla
     return _Redistribute.apply(local, tuple(shape), as_placement(source), as_placement(target), tuple(ranks))
 
 
+class _MoveContext(Protocol):
+    moves: Moves
+    source: Placement
+    target: Placement
+    held: Box
+    wanted: Box
+    where: tuple[str, ...]
+
+
 class _Redistribute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, shape: tuple[int, ...], source: Placement, target: Placement,
+    def forward(ctx: _MoveContext, local: torch.Tensor, shape: tuple[int, ...], source: Placement, target: Placement,
                 ranks: tuple[int, ...]) -> torch.Tensor:
         me = _member(ranks)
         for placement in (source, target):
@@ -68,7 +77,7 @@ class _Redistribute(torch.autograd.Function):
         return _exchange(local, held, ctx.wanted, ctx.moves, _what(source, target), ctx.where)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+    def backward(ctx: _MoveContext, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         sends, receives = ctx.moves  # the adjoint: what came in goes back, what went out comes back
         result = _exchange(grad.contiguous(), ctx.wanted, ctx.held, (receives, sends),
                            _what(ctx.target, ctx.source), in_backward(ctx.where))
@@ -116,6 +125,7 @@ def _exchange(data: torch.Tensor, have: Box, want: Box, pieces: Moves, what: str
         requests = [dist.isend(box_view(data, have, box).contiguous(), peer) for peer, box in sends]
         requests += [dist.irecv(buffer, peer) for (peer, _), (_, buffer) in zip(receives, buffers)]
         for request in requests:
+            assert request is not None  # None only to a rank outside the default group
             request.wait()
     for box, buffer in buffers:
         box_view(result, want, box).add_(buffer)  # the result starts at zero: adding is copying, or summing

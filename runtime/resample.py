@@ -74,7 +74,7 @@ def interpolate(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], sc
 
 
 def conv_transpose2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
-                     full_hw: tuple[int, int], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                     full_hw: tuple[int, ...], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
                      output_padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
                      groups: int = 1) -> torch.Tensor:
     """This tile of ``F.conv_transpose2d`` of the global input (spatial extents ``full_hw``; a volume's
@@ -101,8 +101,8 @@ def conv_transpose2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return result if bias is None else result + bias.view(1, -1, *([1] * rank))
 
 
-def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], output_hw: tuple[int, int],
-                        whole: tuple[bool, bool] = (False, False)) -> torch.Tensor:
+def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], output_hw: tuple[int, int],
+                        whole: tuple[bool, ...] = (False, False)) -> torch.Tensor:
     """This tile of ``F.adaptive_avg_pool2d(x, output_hw)`` of the global input (spatial extent ``full_hw``;
     ``whole`` as :func:`interpolate`'s).
 
@@ -119,7 +119,7 @@ def adaptive_avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, 
     return torch.einsum("oh,nchw,pw->ncop", rows, local, cols)
 
 
-def pad2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], pad: Sequence[int],
+def pad2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], pad: Sequence[int],
           value: float = 0.0) -> torch.Tensor:
     """This tile of ``F.pad(x, pad, value=value)`` (constant mode) of the global input: output row ``o`` is input
     row ``o − top``, or ``value`` where that row lies outside the input. ``pad`` is ``F.pad``'s: left, right, top,
@@ -155,7 +155,8 @@ def _averaging(extent_in: int, extent_out: int, outputs: tuple[int, int], start:
 
 
 def _gather_reads(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], outputs: tuple[int, ...],
-                  reads: tuple[Reads, ...], whole: tuple[bool, ...] | None = None) -> tuple[torch.Tensor, tuple[int, ...]]:
+                  reads: tuple[Reads, ...],
+                  whole: tuple[bool, ...] | None = None) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The tile extended by the rows its outputs read (clipped to the tensor), and the first row held per axis;
     along an axis ``whole`` holds entirely, the rows read are cut from it."""
     local, starts = tile, [0] * len(grid.parts)

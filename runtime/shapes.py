@@ -53,15 +53,14 @@ onto their box).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.fx import Node
-from torch.fx.node import map_aggregate
 
 from cost_models.capability.predicate import ANY_LAYOUT_KINDS, on_last_dims
 from cost_models.layout import Layout
-from runtime._values import reshapes_whole
+from runtime._values import leaves_of, map_values, reshapes_whole
 from runtime.boxes import flat_runs, nd_box
 from runtime.placement import value_placement
 
@@ -99,7 +98,7 @@ ELEMENTWISE_KINDS = ANY_LAYOUT_KINDS - {"input"}
 _UNKNOWN = object()  # a value that could not be evaluated from some rank's box shapes
 
 
-def _key(node: Node) -> tuple[str, Any]:
+def _key(node: Node) -> tuple[str, object]:
     return node.op, node.target
 
 
@@ -186,60 +185,57 @@ def _reads_metadata(node: Node) -> bool:
             and node.args[1] in _METADATA_ATTRIBUTES)
 
 
-def static_values(static: Sequence[Node], shape_of: Callable[[str], Sequence[int]]) -> dict[str, Any]:
+def static_values(static: Sequence[Node], shape_of: Callable[[str], Sequence[int]]) -> dict[str, object]:
     """Each static node's value when every tensor ``t`` it reads has the shape ``shape_of(t)``.
 
     Shapes are read from ``meta`` tensors (no memory); a node that fails on these shapes (an assertion on
     a tile's extent, …) gets a value no other compares equal to.
     """
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for node in static:
-        def value_of(n: Node) -> Any:
+        def value_of(n: Node) -> object:
             return values[n.name] if n.name in values else torch.empty(tuple(shape_of(n.name)), device="meta")
 
-        args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
-        kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
-        if any(v is _UNKNOWN for v in _leaves((args, kwargs))):
+        args = map_values(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
+        kwargs = map_values(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
+        if any(v is _UNKNOWN for v in leaves_of((args, kwargs))):
             values[node.name] = _UNKNOWN
             continue
         try:
             values[node.name] = _invoke(node, args, kwargs)
-        except Exception:  # noqa: BLE001 - the user's program rejects these shapes: unknown, compared unequal
+        except Exception:  # the user's program rejects these shapes: unknown, compared unequal
             values[node.name] = _UNKNOWN
     return values
 
 
-def _invoke(node: Node, args: Any, kwargs: Any) -> Any:
+def _invoke(node: Node, args: Sequence[object], kwargs: Mapping[str, object]) -> object:
     if node.op == "call_function":
-        return node.target(*args, **kwargs)  # type: ignore[operator]
+        function = node.target
+        assert callable(function), f"'{node.name}' calls {function!r}"
+        return function(*args, **kwargs)
     self_arg, *rest = args
     return getattr(self_arg, str(node.target))(*rest, **kwargs)
 
 
-def _leaves(value: Any) -> list[Any]:
-    found: list[Any] = []
-    map_aggregate(value, lambda v: found.append(v) or v)
-    return found
-
-
-def local_call(node: Node, form: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+def local_call(node: Node, form: str, args: Sequence[object], kwargs: Mapping[str, object],
                extent: Sequence[int]) -> torch.Tensor:
     """Run the op of ``node`` (a :func:`view_form`) on local values with its sizes replaced by ``extent``."""
     size = tuple(int(e) for e in extent)
-    if form == "reshape":
-        return args[0].reshape(size)
-    if form == "expand":
-        return args[0].expand(size)
+    if form in ("reshape", "expand"):
+        source = args[0]
+        assert isinstance(source, torch.Tensor), f"'{node.name}' views a {type(source).__name__}"
+        return source.reshape(size) if form == "reshape" else source.expand(size)
     fill = _fill_value(node, args, kwargs)
     kwargs = {k: v for k, v in kwargs.items() if k not in ("size", "fill_value")}
     if node.op == "call_method":
         method = getattr(args[0], str(node.target))
         return method(size, fill, **kwargs) if fill is not None else method(size, **kwargs)
-    create: Any = node.target
+    create = node.target
+    assert callable(create), f"'{node.name}' calls {create!r}"
     return create(size, fill, **kwargs) if fill is not None else create(size, **kwargs)
 
 
-def _fill_value(node: Node, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+def _fill_value(node: Node, args: Sequence[object], kwargs: Mapping[str, object]) -> object:
     if str(getattr(node.target, "__name__", node.target)) not in ("full", "new_full"):
         return None
     if "fill_value" in kwargs:
@@ -324,7 +320,7 @@ def tensor_names(graph: LayerGraph) -> frozenset[str]:
     return frozenset(name for name in graph.nodes if _single(graph.nodes[name].output_shape))
 
 
-def _single(shape: Any) -> bool:
+def _single(shape: object) -> bool:
     return isinstance(shape, (list, tuple)) and all(isinstance(extent, int) for extent in shape)
 
 
@@ -346,8 +342,8 @@ def _local_shapes(graph: LayerGraph, layouts: Mapping[str, Layout], member: int)
     return shape_of
 
 
-def _ambiguity(node: Node, names: Collection[str], exact: Mapping[str, Any], local: Sequence[Mapping[str, Any]]
-               ) -> list[str]:
+def _ambiguity(node: Node, names: Collection[str], exact: Mapping[str, object],
+               local: Sequence[Mapping[str, object]]) -> list[str]:
     for source in (n for n in node.all_input_nodes if n.name in names):
         for member, values in enumerate(local):
             if not _equal(values[source.name], exact[source.name]):
@@ -378,7 +374,7 @@ def _view_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, cons
     return []
 
 
-def _moved_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, exact: Mapping[str, Any]) -> list[str]:
+def _moved_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, exact: Mapping[str, object]) -> list[str]:
     """A view run on this rank's box (a permutation, a flatten, …) is exact when it makes this rank's output box."""
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if layout.ranks == 1 or source is None or source.name not in graph or node.name not in graph:
@@ -398,24 +394,27 @@ def _moved_refusal(node: Node, graph: LayerGraph, layout: Layout, size: int, exa
     return []
 
 
-def _dimension_map(node: Node, in_shape: Sequence[int], exact: Mapping[str, Any]) -> list[int | None] | str | None:
+def _dimension_map(node: Node, in_shape: Sequence[int], exact: Mapping[str, object]) -> list[int | None] | str | None:
     """Per output dimension, the input dimension it is (``None``: extent 1); ``"order"`` for a view that keeps
     the row-major order of the elements (a flatten, a squeeze); ``None`` when it cannot be told."""
-    def value_of(n: Node) -> Any:
-        return exact.get(n.name, _UNKNOWN) if n is not node.args[0] else torch.empty(tuple(in_shape), device="meta")
+    source = torch.empty(tuple(in_shape), device="meta")  # node.args[0]'s value
 
-    args = map_aggregate(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
-    kwargs = map_aggregate(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
-    if any(v is _UNKNOWN for v in _leaves((args, kwargs))):
+    def value_of(n: Node) -> object:
+        return exact.get(n.name, _UNKNOWN) if n is not node.args[0] else source
+
+    args = map_values(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
+    kwargs = map_values(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)
+    if any(v is _UNKNOWN for v in leaves_of((args, kwargs))):
         return None
     try:
         out = _invoke(node, args, kwargs)
-    except Exception:  # noqa: BLE001 - not evaluable on meta tensors: cannot be told
+    except Exception:  # not evaluable on meta tensors: cannot be told
         return None
+    assert isinstance(out, torch.Tensor), f"'{node.name}' moves a tensor's dimensions"
     if out.is_contiguous():
         return "order"
     strides = {(stride, extent): dim for dim, (stride, extent) in
-               enumerate(zip(args[0].stride(), args[0].shape)) if extent > 1}
+               enumerate(zip(source.stride(), source.shape)) if extent > 1}
     found = [None if extent == 1 else strides.get((stride, extent), -1) for stride, extent in
              zip(out.stride(), out.shape)]
     return None if -1 in found else found
@@ -423,7 +422,7 @@ def _dimension_map(node: Node, in_shape: Sequence[int], exact: Mapping[str, Any]
 
 def _maps(dims: list[int | None] | str, in_shape: Sequence[int], in_box: Sequence[tuple[int, int]],
           out_shape: Sequence[int], out_box: Sequence[tuple[int, int]]) -> bool:
-    if dims == "order":
+    if isinstance(dims, str):  # "order"
         return flat_runs(in_shape, in_box) == flat_runs(out_shape, out_box)
     return all(source is None or out_box[dim] == in_box[source] for dim, source in enumerate(dims))
 
@@ -436,12 +435,12 @@ def _consistent(node: Node, in_shape: Sequence[int], in_box: Sequence[tuple[int,
     return lead >= 0 and all(int(extent) == 1 or in_box[i] == out_box[lead + i] for i, extent in enumerate(in_shape))
 
 
-def _equal(first: Any, second: Any) -> bool:
+def _equal(first: object, second: object) -> bool:
     if first is _UNKNOWN or second is _UNKNOWN:
         return False
     try:
         return bool(first == second)
-    except Exception:  # noqa: BLE001 - values that cannot be compared are taken as different
+    except Exception:  # values that cannot be compared are taken as different
         return False
 
 
@@ -451,9 +450,9 @@ def _label(node: Node) -> str:
     return str(getattr(node.target, "__qualname__", getattr(node.target, "__name__", node.target)))
 
 
-def module_attribute(model: torch.nn.Module, target: str) -> Any:
+def module_attribute(model: torch.nn.Module, target: str) -> object:
     """``model``'s attribute at the dotted ``target`` (a ``get_attr`` node's)."""
-    value: Any = model
+    value: object = model
     for part in target.split("."):
         value = getattr(value, part)
     return value

@@ -109,7 +109,7 @@ def _once_per_module(sites: list[Site]) -> list[Site]:
 def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter | None]]:
     module, dim = site.module, 1 if site.row_form else _SLICED_DIM[site.kind]  # (row form: its input's columns)
     assert module is not None
-    cut = []
+    cut: list[tuple[ParameterSlice, nn.Parameter | None]] = []
     for key in ("weight", "bias", "running_mean", "running_var"):
         tensor = getattr(module, key, None)
         if not isinstance(tensor, torch.Tensor):

@@ -9,7 +9,8 @@ slices ``partition(D, d)[k]``) — exchange halos with the neighbouring tiles
 arrive with the later axes) and return this rank's tile of the output; their
 backward returns the tile's input gradient with the halo gradients added
 back. Each works on tensors of the grid's rank: the ``2d`` in a name is the
-image form, and a volume's (a sequence's) tile runs the 3-D (1-D) operation. Weight and bias gradients are this tile's share: summing them over
+image form, and a volume's (a sequence's) tile runs the 3-D (1-D) operation.
+Weight and bias gradients are this tile's share: summing them over
 the tiles (and samples) gives the unsplit gradients.
 
 Global padding is applied by the exchange on border tiles (zeros for
@@ -19,10 +20,9 @@ operation runs without padding along split axes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -90,7 +90,7 @@ class TileGrid:
         return index
 
 
-def by_rank(operations: dict[int, Callable[..., torch.Tensor]], tensor: torch.Tensor) -> Callable[..., torch.Tensor]:
+def by_rank(operations: Mapping[int, Callable[..., torch.Tensor]], tensor: torch.Tensor) -> Callable[..., torch.Tensor]:
     """The operation of ``operations`` (keyed by tensor rank: 3, 4, 5) that ``tensor``'s rank takes."""
     if tensor.dim() not in operations:
         raise ValueError(f"a {tensor.dim()}-D tile has no spatial operation here; tiles are 3-D, 4-D or 5-D")
@@ -103,7 +103,7 @@ AVG_POOL = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}
 
 
 def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
-           full_hw: tuple[int, int], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+           full_hw: tuple[int, ...], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
            dilation: int | Sequence[int] = 1, groups: int = 1, overlap: bool = True) -> torch.Tensor:
     """This tile of ``F.conv2d`` of the global input (spatial extents ``full_hw``; a volume's ``F.conv3d``).
 
@@ -120,13 +120,14 @@ def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
         rows = [[w.own_stop - w.own_start for w in tiles] if tiles is not None else [full_hw[axis]]
                 for axis, tiles in enumerate(every)]
         reach = (dilation[0] * (kernel[0] - 1), dilation[1] * (kernel[1] - 1))
-        uniform = bands_are_uniform(every, rows, stride, reach, padding)
-        return conv2d_overlapped(tile, weight, bias, windows, stride, padding, dilation, groups, uniform)
+        stride2, padding2, dilation2 = (stride[0], stride[1]), (padding[0], padding[1]), (dilation[0], dilation[1])
+        uniform = bands_are_uniform(every, rows, stride2, reach, padding2)
+        return conv2d_overlapped(tile, weight, bias, windows, stride2, padding2, dilation2, groups, uniform)
     local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride, dilation, padding, 0.0)
     return by_rank(CONV, tile)(local, weight, bias, stride, local_padding, dilation, groups)
 
 
-def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
+def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], kernel_size: int | Sequence[int],
                stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
                dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> torch.Tensor:
     """This tile of ``F.max_pool2d`` of the global input.
@@ -142,7 +143,7 @@ def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], ker
     return by_rank(MAX_POOL, tile)(local, kernel, stride_, local_padding, ntuple(dilation, rank), ceil_mode=ceil_mode)
 
 
-def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, int], kernel_size: int | Sequence[int],
+def avg_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], kernel_size: int | Sequence[int],
                stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
                count_include_pad: bool = True, ceil_mode: bool = False) -> torch.Tensor:
     """This tile of ``F.avg_pool2d`` of the global input (``ceil_mode`` as :func:`max_pool2d`'s).
@@ -179,7 +180,8 @@ def _real_positions(local: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...
     return mask
 
 
-def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, ...], group: Any = None) -> torch.Tensor:
+def global_avg_pool2d(tile: torch.Tensor, full_hw: tuple[int, ...],
+                      group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """``F.adaptive_avg_pool2d(x, 1)`` of the global input (``F.adaptive_avg_pool3d`` of a volume): tile sums added
     over the spatial ``group``.
 
@@ -220,4 +222,5 @@ def ntuple(value: int | Sequence[int], rank: int) -> tuple[int, ...]:
 
 
 def pair(value: int | Sequence[int]) -> tuple[int, int]:
-    return ntuple(value, 2)  # type: ignore[return-value]
+    first, second = ntuple(value, 2)
+    return first, second

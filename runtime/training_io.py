@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.fx import Node
 
 from cost_models.errors import PlanError
 from cost_models.layout import Layout
@@ -20,12 +21,28 @@ from runtime.outputs import Everywhere, paired, select_nodes, select_value
 from runtime.placement import Placement, value_placement
 from runtime.waiting import exchange
 
+if TYPE_CHECKING:
+    from cost_models.formats.plan import Plan
+    from cost_models.ir.graph import LayerGraph
+    from runtime.gradsync import GradientSync
+
 __all__ = ["DataHelpers"]
 
 
 class DataHelpers:
     """Input boxes, the gathered output and the loss share of a distributed model (``runtime.apply``)."""
 
+    # what the model holds (set by runtime.apply.DistributedModel)
+    plan: Plan
+    layer_graph: LayerGraph
+    ranks: tuple[int, ...]
+    member: int
+    input_placements: tuple[Placement, ...]
+    gradients: GradientSync
+    _output_node: Node
+    _output_key: str | None
+    _fetch: Callable[[Value, Placement], torch.Tensor]
+    """This rank's box of a value in another placement (``DistributedModel._fetch``)."""
 
     @property
     def input_placement(self) -> Placement:
@@ -106,7 +123,7 @@ class DataHelpers:
             return (n,) + (slice(None),) * (len(target_shape) - 1)
         return {1: (n,), 2: (n, c), 3: (n, h, w), 4: (n, c, h, w)}[len(target_shape)]
 
-    def loss(self, local_output: Any, local_target: torch.Tensor,
+    def loss(self, local_output: object, local_target: torch.Tensor,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """This rank's share of the unsplit loss; the shares summed over the ranks give the unsplit loss.
 
@@ -124,7 +141,7 @@ class DataHelpers:
             raise PlanError("the model's output holds no floating tensor to take a loss of")
         return sum(shares[1:], shares[0])
 
-    def outputs(self, local_output: Any) -> list[tuple[str, torch.Tensor]]:
+    def outputs(self, local_output: object) -> list[tuple[str, torch.Tensor]]:
         """The floating tensor outputs in ``local_output`` (what :meth:`forward` returns; of its part
         :attr:`output_key`), with their layer names."""
         local = select_value(local_output, self._output_key)
@@ -142,7 +159,8 @@ class DataHelpers:
                             f"'{self._output_name}' {self._output_shape()}; every floating output enters the loss "
                             f"against the same target, so give them one shape (or return only the first)")
         placement = self.loss_placement()
-        output = self._fetch(Value(local, value_placement(self.plan.layers[name].layout, self.layer_graph.nodes[name]), shape), placement)  # any stage's
+        source = value_placement(self.plan.layers[name].layout, self.layer_graph.nodes[name])  # any stage's
+        output = self._fetch(Value(local, source, shape), placement)
         held = copies(geometry(shape, placement), placement, len(self.ranks), self.member)
         total = 1
         for extent in shape:

@@ -23,7 +23,7 @@ Unsplit axes are padded, rolled and cropped locally, as the call does.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,10 +41,11 @@ _DEFAULTS = {"attention_dropout": 0.0, "dropout": 0.0, "qkv_bias": None, "proj_b
              "training": True}
 
 
-def window_attention(grid: TileGrid, extents: Sequence[int], args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+def window_attention(grid: TileGrid, extents: Sequence[int], args: Sequence[object],
+                     kwargs: Mapping[str, object]) -> torch.Tensor:
     """This tile's output of ``shifted_window_attention(*args, **kwargs)`` over a map of ``extents`` ``(H, W)``
     split by ``grid`` (its input: the tile, ``(N, h, w, C)``)."""
-    call = {**_DEFAULTS, **dict(zip(_ARGUMENTS, args)), **kwargs}
+    call: dict[str, Any] = {**_DEFAULTS, **dict(zip(_ARGUMENTS, args)), **kwargs}  # the program's arguments by name
     window = list(call["window_size"])
     padded = [extent + (-extent) % size for extent, size in zip(extents, window)]
     shift = [0 if size >= extent else step for size, extent, step in zip(window, padded, call["shift_size"])]
