@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from cost_models.profile import Profile
     from planner.settings import SearchSettings
 
-__all__ = ["Commands", "OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
+__all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
            "add_trace_argument", "amp_argument", "check_out_dir", "check_plot_path", "cluster_for", "compute_dtype",
            "int_at_least", "load_profile_argument", "non_negative_int", "positive_float", "positive_int", "print_json",
            "run_input_shape", "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]

@@ -1,4 +1,4 @@
-"""The ``parplan`` command line (docs/commands.md, every option and format): the parser and the exit codes.
+"""The ``parplan`` command line (its reference: docs/commands.md): the parser and the exit codes.
 
 Every command takes ``--json`` (one JSON document on stdout instead of
 tables) and ``--debug`` (tracebacks). Exit codes: 0 success; 2 bad input,
