@@ -46,7 +46,8 @@ def describe(wall_s: float, profile: dict, budget_s: float) -> dict[str, float]:
     print(f"  comm fit:    median {fit['comm']['median_rel_err']:.1%}, p90 {fit['comm']['p90_rel_err']:.1%}, "
           f"n={fit['comm']['n']}")
     for comm in profile["comm"]["fits"]:
-        print(f"    {comm['collective']:<15} α {comm['alpha_s'] * 1e6:7.1f} µs   1/β {1 / comm['beta_s_per_byte'] / 1e9:6.2f} GB/s"
+        print(f"    {comm['collective']:<15} α {comm['alpha_s'] * 1e6:7.1f} µs   "
+              f"1/β {1 / comm['beta_s_per_byte'] / 1e9:6.2f} GB/s"
               if comm["beta_s_per_byte"] else f"    {comm['collective']:<15} α {comm['alpha_s'] * 1e6:7.1f} µs")
     return {"wall_s": wall_s, "compute": fit["compute"]["median_rel_err"], "compute_p90": fit["compute"]["p90_rel_err"],
             "comm": fit["comm"]["median_rel_err"], "comm_p90": fit["comm"]["p90_rel_err"]}

@@ -53,7 +53,8 @@ def main() -> None:
             times.append(time.perf_counter() - started)
         print(f"{label:<10} estimate {statistics.median(times):.3f} s (median of {args.repeats}); predicts "
               f"{result.iteration_s * 1e3:.1f} ms/iteration, {result.memory_bytes_max / 2**30:.2f} GiB/rank, "
-              f"halo {result.breakdown_s['halo'] * 1e3:.2f} ms, allreduce {result.breakdown_s['allreduce'] * 1e3:.2f} ms")
+              f"halo {result.breakdown_s['halo'] * 1e3:.2f} ms, "
+              f"allreduce {result.breakdown_s['allreduce'] * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ def run_step(report: Report, clock: Clock, name: str, command: list[str], limit_
 
 
 def communicate(command: list[str], timeout_s: float) -> tuple[int | None, str, str]:
-    """``command`` run from the repository root (``PYTHONPATH`` it): exit code (None on timeout), stdout and stderr; the whole process group is stopped on timeout."""
+    """``command`` run from the repository root (``PYTHONPATH`` it): exit code (None on timeout), stdout and stderr;
+    the whole process group is stopped on timeout."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)

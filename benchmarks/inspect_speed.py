@@ -4,7 +4,8 @@ Runs the installed console script in a child process, as a user would, a few
 times, and prints the median wall time (torch import included) and the peak
 resident memory of the child. Usage::
 
-    .venv/bin/python benchmarks/inspect_speed.py [--model torchvision:resnet50] [--input-shape 64,3,2048,2048] [--repeats 3]
+    .venv/bin/python benchmarks/inspect_speed.py [--model torchvision:resnet50]
+        [--input-shape 64,3,2048,2048] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -51,12 +52,13 @@ def main() -> None:
     totals = document["totals"]
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"parplan inspect --model {args.model} --input-shape {args.input_shape} --json")
-    print(f"  wall time     median {statistics.median(walls):.2f} s  (min {min(walls):.2f}, max {max(walls):.2f}, n={len(walls)})")
+    print(f"  wall time     median {statistics.median(walls):.2f} s  (min {min(walls):.2f}, max {max(walls):.2f}, "
+          f"n={len(walls)})")
     print(f"  peak RSS      {children_peak_bytes() / 2**30:.2f} GiB (largest of the runs)")
     timing = document["timing_s"]
     print(f"  inside        import+build model {timing['load']:.2f} s, trace {timing['trace']:.2f} s")
-    print(f"  layers {totals['layers']}, parameters {totals['params']:,}, forward {totals['flops_fwd'] / 1e12:.1f} TFLOP, "
-          f"activations {totals['activation_bytes'] / 2**30:.1f} GiB")
+    print(f"  layers {totals['layers']}, parameters {totals['params']:,}, "
+          f"forward {totals['flops_fwd'] / 1e12:.1f} TFLOP, activations {totals['activation_bytes'] / 2**30:.1f} GiB")
 
 
 if __name__ == "__main__":

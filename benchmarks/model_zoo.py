@@ -71,6 +71,7 @@ from benchmarks.zoo_models import (  # noqa: E402
     MONAI_VOLUME_NETWORKS,
     VOLUME_SUFFIX,
     ZooModel,
+    first_line,
     is_volume,
     monai_catalogue,
     monai_model,
@@ -80,7 +81,6 @@ from benchmarks.zoo_models import (  # noqa: E402
     torchvision_catalogue,
     torchvision_model,
 )
-from benchmarks.zoo_models import first_line as _first_line
 from benchmarks.zoo_table import COLUMNS, ZOOS, checks_of, markdown  # noqa: E402 - after the path above
 
 SIZES = (32, 64, 96, 128, 224)
@@ -126,7 +126,7 @@ def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
                 warnings.simplefilter("ignore")
                 model.train()(torch.randn(input_shape(entry, side)))
         except Exception as err:
-            error = f"{side}: {type(err).__name__}: {_first_line(err)}"
+            error = f"{side}: {type(err).__name__}: {first_line(err)}"
             continue
         spec = entry.spec or spec_of(f"timm__{entry.name}__{side if takes_img_size else 0}")
         return side, spec, ""
@@ -184,7 +184,8 @@ def code_commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def run_model(entry: ZooModel, pools: Any, cap_s: float, on_check: Callable[[Any], None] | None = None) -> dict[str, Any]:
+def run_model(entry: ZooModel, pools: Any, cap_s: float,
+              on_check: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Every check of one model (``check_model``; ``on_check`` after each), as the results document's entry."""
     from cost_models.errors import InputError
     from parplan.cli.check import CheckRequest, check_model
@@ -202,9 +203,9 @@ def run_model(entry: ZooModel, pools: Any, cap_s: float, on_check: Callable[[Any
         try:
             result["report"] = check_model(request, pools, on_check).to_dict()
         except InputError as err:
-            result["report"] = _no_trace(f"the model does not build: {_first_line(err)}")
+            result["report"] = _no_trace(f"the model does not build: {first_line(err)}")
         except Exception as err:  # a bug of the harness or the tracer's caller: recorded, and the suite goes on
-            result["report"] = _no_trace(f"internal error: {type(err).__name__}: {_first_line(err)}")
+            result["report"] = _no_trace(f"internal error: {type(err).__name__}: {first_line(err)}")
     result["seconds"] = round(time.perf_counter() - started, 2)
     return result
 

@@ -232,7 +232,8 @@ def calibrated(seconds: float, scratch: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--lr", type=float, default=0.02, help="peak learning rate (default 0.02; at 0.05 the 4-stage stale run diverges)")
+    parser.add_argument("--lr", type=float, default=0.02,
+                        help="peak learning rate (default 0.02; at 0.05 the 4-stage stale run diverges)")
     parser.add_argument("--warmup-epochs", type=float, default=1.0, help="linear learning-rate warm-up (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stages", default="2,3,4", help="stage counts to try (comma-separated, from 2, 3, 4)")

@@ -59,8 +59,9 @@ def main() -> None:
           f"search: {'yes' if all(row.get('found_at') == row['devices'] for row in feasible) else 'NO'}")
     for row in rows:
         if row["feasible"]:
-            print(f"  {row['devices']:5d} devices: {row['iteration_s'] * 1e3:9.2f} ms, speedup {_times(row['speedup'])}, "
-                  f"{_times(row['speedup_vs_sample'])} over pure sample, planned in {row['search_s']:.1f} s: "
+            print(f"  {row['devices']:5d} devices: {row['iteration_s'] * 1e3:9.2f} ms, "
+                  f"speedup {_times(row['speedup'])}, {_times(row['speedup_vs_sample'])} over pure sample, "
+                  f"planned in {row['search_s']:.1f} s: "
                   f"{row['plan']}{_idle(row)}")
         else:
             print(f"  {row['devices']:5d} devices: infeasible — {row['reason']}")

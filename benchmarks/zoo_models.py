@@ -156,7 +156,7 @@ def torchvision_catalogue() -> list[ZooModel]:
     for name in names:
         spec = f"torchvision:{name}" if name in classification else spec_of(f"torchvision__{name}")
         try:
-            params = meta_params(lambda: torchvision_model(name) if name not in classification
+            params = meta_params(lambda name=name: torchvision_model(name) if name not in classification
                                  else models.get_model(name, weights=None))
         except Exception as err:
             found.append(ZooModel("torchvision", name, spec, None,
@@ -179,7 +179,7 @@ def timm_catalogue(progress: Callable[[str], None] = print) -> list[ZooModel]:
             progress(f"counting timm parameters on the meta device: {index}/{len(names)}")
         family = model_entrypoint(name).__module__.rsplit(".", 1)[-1]
         try:
-            families.setdefault(family, []).append((meta_params(lambda: timm_model(name)), name))
+            families.setdefault(family, []).append((meta_params(lambda name=name: timm_model(name)), name))
         except Exception as err:  # a model that does not build on meta: counted as not buildable
             families.setdefault(family, []).append((-1, f"{name}\0{type(err).__name__}: {err}"))
     chosen = []
@@ -202,7 +202,7 @@ def monai_catalogue() -> list[ZooModel]:
     for name, config in networks:
         text = ", ".join(f"{key}={value}" for key, value in config.items())
         try:
-            params = meta_params(lambda: monai_model(name))
+            params = meta_params(lambda name=name: monai_model(name))
         except Exception as err:
             found.append(ZooModel("monai", name, "", None, config=text,
                                   skip=f"does not build: {type(err).__name__}: {first_line(err)}"))

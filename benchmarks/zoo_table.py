@@ -168,7 +168,8 @@ def _counts(results: dict[str, Any]) -> list[str]:
                           >= CONVOLUTIONAL]
         unit = {"torchvision": "models", "timm": "families", "monai": "networks"}[zoo]
 
-        def share(test: Callable[[dict[str, dict[str, Any]]], bool]) -> str:
+        def share(test: Callable[[dict[str, dict[str, Any]]], bool],
+                  run: list[dict[str, dict[str, Any]]] = run) -> str:
             hits = sum(test(c) for c in run)
             return f"{hits} ({100 * hits / len(run):.0f}%)" if run else "—"
 
@@ -203,8 +204,9 @@ def _legend(cap_s: float) -> list[str]:
     return ["## Legend", "",
             "Each model: batch 4, float32, the smallest square side of 32, 64, 96, 128, 224 it accepts in training "
             "mode (input column); MONAI's 3-D networks (`NAME 3d`) one channel of a cube of side 16 or 32, their h2, "
-            "w2 and h2·w2 splitting the volume's rows and columns. Checks (`parplan check`): **trace**; **plan D** — `parplan plan`'s default search "
-            "(pipelines on) on D devices of one node, v100 preset; **verify plan D** — `--verify` of that plan on D "
+            "w2 and h2·w2 splitting the volume's rows and columns. Checks (`parplan check`): **trace**; "
+            "**plan D** — `parplan plan`'s default search (pipelines on) on D devices of one node, v100 preset; "
+            "**verify plan D** — `--verify` of that plan on D "
             "ranks; **n2, h2, w2, c2** (2 ranks) and **h2·w2** (4 ranks) — `--verify` of `parplan run --layout L` "
             "(each layer its first of L, n1 that it can take). `--verify`: one step of the split and the unsplit "
             "model, largest relative error of the output and of every gradient at most 1e-3.", "",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from cost_models.cluster import Cluster
 from cost_models.estimate import Estimate
@@ -17,13 +17,51 @@ from cost_models.formats.plan import Plan
 from cost_models.ir.graph import LayerGraph
 from cost_models.profile import Profile
 
-__all__ = ["WHATIF_FORMAT", "cluster", "estimate", "load_profile", "plan", "trace", "whatif"]
+if TYPE_CHECKING:
+    from typing import NotRequired  # Python 3.11's; in annotations only, which are never evaluated
+
+    import torch
+    from torch import nn
+
+    from planner.search import PlanResult
+    from planner.settings import Progress, SearchSettings
+
+__all__ = ["WHATIF_FORMAT", "WhatIfDocument", "cluster", "estimate", "load_profile", "plan", "trace", "whatif"]
 
 WHATIF_FORMAT = "parplan.whatif/1"
 
 
-def trace(model: Any, input_shape: Sequence[int] | Sequence[Sequence[int]], *, dtype: Any = None,
-          leaf_modules: Iterable[str] = (), amp: str = "") -> LayerGraph:
+class WhatIfDocument(TypedDict):
+    """The ``parplan.whatif/1`` document :func:`whatif` returns (``parplan whatif --json``)."""
+
+    format: str
+    model: str
+    input_shape: list[int]
+    input_shapes: NotRequired[list[list[int]]]  # a model taking several inputs: every one's, in argument order
+    dtype: str
+    amp: NotRequired[str]  # priced under mixed precision (``bf16``, ``fp16``)
+    profile: str
+    device: str
+    scaling: str
+    devices_per_node: int
+    scale_inter_bw: float
+    scale_intra_bw: float
+    memory_bytes: int
+    max_stages: int
+    one_device: dict[str, Any]  # ``planner.whatif.OneDevice``'s fields
+    rows: list[dict[str, Any]]  # ``planner.whatif.WhatIfRow.to_dict()`` per device count
+
+
+class _Inputs(TypedDict, total=False):
+    input_shapes: list[list[int]]
+
+
+class _Precision(TypedDict, total=False):
+    amp: str
+
+
+def trace(model: nn.Module, input_shape: Sequence[int] | Sequence[Sequence[int]], *,
+          dtype: torch.dtype | str | None = None, leaf_modules: Iterable[str] = (), amp: str = "") -> LayerGraph:
     """``model`` traced at its global ``input_shape`` (several shapes: one per forward argument) into a LayerGraph.
 
     ``dtype``: a ``torch.dtype`` or its name (default float32); ``leaf_modules``: modules kept opaque to torch.fx;
@@ -66,8 +104,8 @@ def cluster(profile: str | os.PathLike[str] | Profile, devices: int, *, devices_
 
 
 def plan(graph: LayerGraph, *, profile: str | os.PathLike[str] | Profile, devices: int,
-         devices_per_node: int | None = None, settings: Any = None, model_spec: str = "",
-         progress: Any = None) -> Any:
+         devices_per_node: int | None = None, settings: SearchSettings | None = None, model_spec: str = "",
+         progress: Progress | None = None) -> PlanResult:
     """The least predicted time plan of ``graph`` on ``devices`` devices: a ``planner.search.PlanResult``.
 
     ``settings``: a ``planner.settings.SearchSettings`` (default: ``parplan plan``'s defaults);
@@ -93,11 +131,11 @@ def estimate(graph: LayerGraph, plan: Plan, *, profile: str | os.PathLike[str] |
                  threads=threads)
 
 
-def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, devices: Sequence[int],
+def whatif(model: str, input_shape: str | Sequence[str | Sequence[int]], *, profile: str, devices: Sequence[int],
            devices_per_node: int | None = None, scale_inter_bw: float = 1.0, scale_intra_bw: float = 1.0,
-           memory_gb: float | None = None, weak_scaling: bool = False, settings: Any = None, dtype: str = "float32",
-           jobs: int | None = None, leaf_modules: Sequence[str] = (), progress: Any = None,
-           amp: str = "") -> dict[str, Any]:
+           memory_gb: float | None = None, weak_scaling: bool = False, settings: SearchSettings | None = None,
+           dtype: str = "float32", jobs: int | None = None, leaf_modules: Sequence[str] = (),
+           progress: Progress | None = None, amp: str = "") -> WhatIfDocument:
     """Plan ``model`` at each of ``devices`` and return the ``parplan.whatif/1`` document (``parplan whatif``).
 
     Args:
@@ -143,9 +181,10 @@ def whatif(model: Any, input_shape: str | Sequence[Any], *, profile: str, device
 
     rows, reference = sweep(graph_for, scaled, cluster_at, devices, shapes[0][0], settings, weak=weak_scaling,
                             jobs=jobs, model_spec=model, progress=progress)
-    return {"format": WHATIF_FORMAT, "model": model, "input_shape": list(shapes[0]),
-            **({"input_shapes": [list(each) for each in shapes]} if len(shapes) > 1 else {}),
-            "dtype": dtype, **({"amp": amp} if amp else {}), "profile": profile,
+    inputs: _Inputs = {"input_shapes": [list(each) for each in shapes]} if len(shapes) > 1 else {}
+    precision: _Precision = {"amp": amp} if amp else {}
+    return {"format": WHATIF_FORMAT, "model": model, "input_shape": list(shapes[0]), **inputs,
+            "dtype": dtype, **precision, "profile": profile,
             "device": scaled.device.name, "scaling": "weak" if weak_scaling else "strong",
             "devices_per_node": cluster_at(max(devices)).devices_per_node,
             "scale_inter_bw": scale_inter_bw, "scale_intra_bw": scale_intra_bw,

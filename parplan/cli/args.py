@@ -13,14 +13,25 @@ import json
 import os
 import sys
 import time
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from cost_models.errors import InputError
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from cost_models.cluster import Cluster
+    from cost_models.estimate import Estimate
+    from cost_models.formats.plan import Plan
+    from cost_models.ir.graph import LayerGraph
+    from cost_models.profile import Profile
+    from planner.settings import SearchSettings
+
 __all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
-           "add_trace_argument", "amp_argument", "check_out_dir",
-           "check_plot_path", "cluster_for", "compute_dtype", "int_at_least", "load_profile_argument", "non_negative_int", "positive_float",
-           "positive_int", "print_json", "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
+           "add_trace_argument", "amp_argument", "check_out_dir", "check_plot_path", "cluster_for", "compute_dtype",
+           "int_at_least", "load_profile_argument", "non_negative_int", "positive_float", "positive_int", "print_json",
+           "run_input_shape", "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,6 +39,11 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+if TYPE_CHECKING:
+    Commands: TypeAlias = argparse._SubParsersAction[OneLineParser]
+    """The ``parplan`` subcommands each module's ``add_…`` registers its command on."""
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, amp: bool = True) -> None:
@@ -66,7 +82,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
                        help="optimizer whose state the memory model counts (default sgd)")
 
 
-def search_settings(args: argparse.Namespace) -> Any:
+def search_settings(args: argparse.Namespace) -> SearchSettings:
     """The ``SearchSettings`` of :func:`add_search_arguments`' options."""
     from planner.settings import SearchSettings
 
@@ -104,27 +120,27 @@ def positive_float(text: str) -> float:
     return value
 
 
-def cluster_for(text: str, profile: Any, devices: int, per_node: int | None) -> Any:
+def cluster_for(text: str, profile: Profile, devices: int, per_node: int | None) -> Cluster:
     """The cluster a plan is made for: PROFILE ``text``'s (a preset's nodes and links, or a measured profile's)."""
     from parplan.api import cluster
 
     return cluster(text if not os.path.exists(text) else profile, devices, devices_per_node=per_node)
 
 
-def print_json(document: Any) -> None:
+def print_json(document: object) -> None:
     """``document`` on stdout, indented, UTF-8 kept."""
     json.dump(document, sys.stdout, indent=1, ensure_ascii=False)
     sys.stdout.write("\n")
 
 
-def add_timeout_argument(parser: Any) -> None:
+def add_timeout_argument(parser: argparse._ActionsContainer) -> None:
     """``--timeout-s``: how long any collective or point-to-point exchange of the ranks waits for a peer."""
     parser.add_argument("--timeout-s", type=positive_float, default=300.0, metavar="T",
                         help="a rank that waits T seconds for a peer (dead or hung) fails, naming where it waited, "
                              "and the others are stopped (default 300)")
 
 
-def load_profile_argument(text: str, dtype: str = "float32") -> Any:
+def load_profile_argument(text: str, dtype: str = "float32") -> Profile:
     """A PROFILE argument: a preset name or a profile file (``parplan.load_profile``)."""
     from parplan.api import load_profile
 
@@ -155,7 +171,7 @@ def add_trace_argument(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"write {what} as a Chrome trace (open in Perfetto or chrome://tracing)")
 
 
-def write_predicted_trace(path: str, plan: Any, result: Any) -> None:
+def write_predicted_trace(path: str, plan: Plan, result: Estimate) -> None:
     """The predicted timeline of ``plan`` (``result``: its Estimate) at ``path``, atomically."""
     from cost_models.formats.jsonio import write_json_atomic
     from cost_models.formats.timeline import predicted_trace
@@ -163,7 +179,7 @@ def write_predicted_trace(path: str, plan: Any, result: Any) -> None:
     write_json_atomic(path, predicted_trace(plan, result))
 
 
-def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
+def trace_model(args: argparse.Namespace) -> tuple[LayerGraph, dict[str, float]]:
     """Parse the shapes first (cheap), then load and trace the model; also returns the seconds each took."""
     from cost_models.ir.graph import parse_input_shapes
 
@@ -176,28 +192,37 @@ def trace_model(args: argparse.Namespace) -> tuple[Any, dict[str, float]]:
 
     model = load_model(args.model)
     loaded = time.perf_counter()
-    graph = trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module, amp=amp_argument(args))
+    graph = trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module,
+                  amp=amp_argument(getattr(args, "amp", None), args.dtype))
     timing = {"load": round(loaded - started, 3), "trace": round(time.perf_counter() - loaded, 3)}
     return graph, timing
 
 
-def amp_argument(args: argparse.Namespace) -> str:
+def amp_argument(amp: str | None, dtype: str) -> str:
     """``--amp`` (``""`` without it), refused in one line with a ``--dtype`` other than float32."""
     from runtime.precision import check_amp
 
-    amp = getattr(args, "amp", None) or ""
-    why = check_amp(amp, args.dtype)
+    amp = amp or ""
+    why = check_amp(amp, dtype)
     if why:
         raise InputError(why)
     return amp
 
 
-def compute_dtype(args: argparse.Namespace) -> str:
+def compute_dtype(amp: str | None, dtype: str) -> str:
     """The dtype the model's kernels compute in: ``--amp``'s, else ``--dtype`` (a preset's rates follow it)."""
     from cost_models.ir.graph import AMP_DTYPES
 
-    amp = getattr(args, "amp", None)
-    return AMP_DTYPES[amp] if amp else args.dtype
+    return AMP_DTYPES[amp] if amp else dtype
+
+
+def run_input_shape(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    """``shape`` (a model input's, ``N,C,L`` to ``N,C,D,H,W``) as ``RunOptions.input_shape`` is annotated.
+
+    That field is declared ``(N, C, H, W)`` but holds every rank the runtime runs; the one place that says so
+    until ``runtime/options.py`` declares it ``tuple[int, ...]`` (then this goes, and callers pass the shape).
+    """
+    return tuple(shape)  # type: ignore[return-value]
 
 
 def slowdowns(items: list[str]) -> dict[int, float]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
 from parplan.cli.args import (
+    OneLineParser,
     add_model_arguments,
     add_timeout_argument,
     check_out_dir,
@@ -27,18 +28,26 @@ from parplan.cli.args import (
     trace_model,
 )
 
+if TYPE_CHECKING:
+    from calibrate.session import CalibrationResult
+    from cost_models.ir.graph import LayerGraph
+    from parplan.cli.args import Commands
+    from parplan.cli.report import CalibrationSummary
+
 __all__ = ["add_calibrate", "add_profile"]
 
 
-def add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_calibrate(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan calibrate``."""
     parser = commands.add_parser("calibrate", parents=[common], help="measure this machine into a profile",
-                                 description="Time MODEL's local problems and the collectives, fit them, write a profile.")
+                                 description="Time MODEL's local problems and the collectives, fit them, write a "
+                                             "profile.")
     add_model_arguments(parser)
     parser.add_argument("--ranks", type=positive_int, default=1, help="ranks for timing collectives (default 1: none)")
     parser.add_argument("--devices", default=None, metavar="D1,D2,...",
                         help="device counts the planner may use (default: powers of two up to --ranks)")
-    parser.add_argument("--budget-s", type=positive_float, default=120.0, help="wall-time bound in seconds (default 120)")
+    parser.add_argument("--budget-s", type=positive_float, default=120.0,
+                        help="wall-time bound in seconds (default 120)")
     parser.add_argument("--threads", type=positive_int, default=1, help="threads per rank while timing (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] for the compute kernels (default cpu)")
     parser.add_argument("--backend", default=None, choices=("gloo", "nccl", "mpi"),
@@ -51,10 +60,8 @@ def add_calibrate(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_calibrate)
 
 
-def add_profile(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_profile(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan profile show``."""
-    from parplan.cli.args import OneLineParser
-
     parser = commands.add_parser("profile", help="inspect profiles")
     actions = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser, metavar="ACTION")
     show = actions.add_parser("show", parents=[common], help="device, fitted parameters and fit errors of a profile")
@@ -111,9 +118,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     if forms and not result.interrupted:
         result = _with_forms(args, graph, backend, result, started)
     save_profile(result.profile, args.out)
-    summary = {"profile": args.out, "fit": result.profile.to_dict()["fit"], "measured": result.measured,
-               "left_to_fit": result.left_to_fit, "interrupted": result.interrupted, "notes": result.notes,
-               "seconds": result.profile.meta["calibration_s"]}
+    summary: CalibrationSummary = {
+        "profile": args.out, "fit": result.profile.to_dict()["fit"], "measured": result.measured,
+        "left_to_fit": result.left_to_fit, "interrupted": result.interrupted, "notes": result.notes,
+        "seconds": result.profile.meta["calibration_s"]}
     if args.json:
         print_json(summary)
     else:
@@ -123,7 +131,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 130 if result.interrupted else 0
 
 
-def _with_forms(args: argparse.Namespace, graph: Any, backend: str, result: Any, started: float) -> Any:
+def _with_forms(args: argparse.Namespace, graph: LayerGraph, backend: str, result: CalibrationResult,
+                started: float) -> CalibrationResult:
     """The calibration result with the forms' corrections (``calibrate.split_forms``)."""
     from dataclasses import replace
 

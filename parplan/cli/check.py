@@ -49,14 +49,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError, TraceError
 from cost_models.layout import Layout
 from parplan.cli.layouts import cannot_split, layout_plan, split_reason, split_summary
 
 if TYPE_CHECKING:
+    from types import FrameType
+
+    from torch import nn
+
+    from cost_models.formats.plan import Plan
     from cost_models.ir.graph import LayerGraph
+    from parplan.cli.args import Commands, OneLineParser
+    from runtime.options import RunOptions
+    from runtime.rank_pool import RankPools
 
 __all__ = ["DEFAULT_DEVICES", "DEFAULT_LAYOUTS", "Check", "CheckReport", "CheckRequest", "CheckTimeout",
            "add_check", "cannot_split", "check_command", "check_model", "layout_plan", "split_summary"]
@@ -65,7 +73,6 @@ FORMAT = "parplan.check/1"
 DEFAULT_DEVICES = (2, 4)
 DEFAULT_LAYOUTS = ("n2", "h2", "w2", "c2", "h2·w2")
 RESULTS = ("pass", "refused", "fail")
-
 
 
 class CheckTimeout(Exception):
@@ -77,7 +84,7 @@ class CheckRequest:
     """What to check: the model, its input, the device counts to plan for and the layouts to verify."""
 
     model: str
-    input_shape: tuple[int, int, int, int]
+    input_shape: tuple[int, ...]
     dtype: str = "float32"
     devices: tuple[int, ...] = DEFAULT_DEVICES
     layouts: tuple[Layout, ...] = tuple(Layout.parse(text) for text in DEFAULT_LAYOUTS)
@@ -117,9 +124,9 @@ class Check:
     result: str
     reason: str
     seconds: float
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    detail: Mapping[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "check": self.check, "layout": self.layout, "devices": self.devices,
                 "result": self.result, "reason": self.reason, "seconds": round(self.seconds, 3),
                 "detail": dict(self.detail)}
@@ -139,17 +146,21 @@ class CheckReport:
     def failed(self) -> bool:
         return any(check.result == "fail" for check in self.checks)
 
-    def to_dict(self) -> dict[str, Any]:
-        counts = {result: sum(c.result == result for c in self.checks) for result in RESULTS}
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many checks passed, were refused and failed (``RESULTS``' order)."""
+        return {result: sum(c.result == result for c in self.checks) for result in RESULTS}
+
+    def to_dict(self) -> dict[str, object]:
         return {"format": FORMAT, "model": self.model, "input_shape": list(self.input_shape), "dtype": self.dtype,
-                "checks": [check.to_dict() for check in self.checks], "counts": counts,
+                "checks": [check.to_dict() for check in self.checks], "counts": self.counts,
                 "seconds": round(self.seconds, 3)}
 
 
 OnCheck = Callable[[Check], None]
 
 
-def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = None) -> CheckReport:
+def check_model(request: CheckRequest, pools: RankPools, on_check: OnCheck | None = None) -> CheckReport:
     """Trace, plan and verify ``request.model`` (see the module docstring); ``pools`` is a ``RankPools``.
 
     With ``request.budget_s`` every check's timeout is cut to what is left of it, and a check that would start
@@ -175,18 +186,20 @@ def check_model(request: CheckRequest, pools: Any, on_check: OnCheck | None = No
     check_output_key(model, request.output, request.leaf_modules)  # bad input: exit 2
     graph, traced = _trace_check(_within(request, ends), model)
     record(traced)
-    for devices in request.devices if graph is not None else ():
-        name = f"plan {devices}"
-        plan, planned = ((None, spent) if (spent := _spent(request, ends, name, "plan", None, devices))
-                         else _plan_check(_within(request, ends), graph, devices))
-        if record(planned).result == "pass":
-            name = f"verify plan {devices}"
-            record(_spent(request, ends, name, "verify", "plan", devices) or _verify_check(
-                _within(request, ends), model, graph, plan, pools, name, "plan", planned.reason))
-    for layout in request.layouts if graph is not None else ():
-        name = f"verify {layout}"
-        record(_spent(request, ends, name, "verify", str(layout), layout.ranks)
-               or _layout_check(_within(request, ends), model, graph, layout, pools))
+    if graph is not None:
+        for devices in request.devices:
+            name = f"plan {devices}"
+            plan, planned = ((None, spent) if (spent := _spent(request, ends, name, "plan", None, devices))
+                             else _plan_check(_within(request, ends), graph, devices))
+            if record(planned).result == "pass":
+                assert plan is not None, "a plan check that passed has its plan"
+                name = f"verify plan {devices}"
+                record(_spent(request, ends, name, "verify", "plan", devices) or _verify_check(
+                    _within(request, ends), model, graph, plan, pools, name, "plan", planned.reason))
+        for layout in request.layouts:
+            name = f"verify {layout}"
+            record(_spent(request, ends, name, "verify", str(layout), layout.ranks)
+                   or _layout_check(_within(request, ends), model, graph, layout, pools))
     return CheckReport(request.model, request.input_shape, request.dtype, tuple(checks),
                        time.perf_counter() - started)
 
@@ -210,7 +223,7 @@ def _spent(request: CheckRequest, ends: float, name: str, kind: str, layout: str
                  f"timed out: the model's {request.budget_s:.0f} s were used up before this check", 0.0)
 
 
-def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
+def _trace_check(request: CheckRequest, model: nn.Module) -> tuple[LayerGraph | None, Check]:
     from cost_models.ir.tracing import trace
 
     started = time.perf_counter()
@@ -229,7 +242,7 @@ def _trace_check(request: CheckRequest, model: Any) -> tuple[Any, Check]:
                          "conv_flops_share": round(dense / totals["flops_fwd"], 4) if totals.get("flops_fwd") else 0.0})
 
 
-def _plan_check(request: CheckRequest, graph: LayerGraph, devices: int) -> tuple[Any, Check]:
+def _plan_check(request: CheckRequest, graph: LayerGraph, devices: int) -> tuple[Plan | None, Check]:
     from parplan.api import plan
     from parplan.cli.report import progress_bar
 
@@ -251,7 +264,8 @@ def _plan_check(request: CheckRequest, graph: LayerGraph, devices: int) -> tuple
                                "schedule": result.plan.pipeline.schedule})
 
 
-def _layout_check(request: CheckRequest, model: Any, graph: LayerGraph, layout: Layout, pools: Any) -> Check:
+def _layout_check(request: CheckRequest, model: nn.Module, graph: LayerGraph, layout: Layout,
+                  pools: RankPools) -> Check:
     name, started = f"verify {layout}", time.perf_counter()
     try:
         with deadline(request.timeout_s):
@@ -267,12 +281,12 @@ def _layout_check(request: CheckRequest, model: Any, graph: LayerGraph, layout: 
     return replace(check, detail={**check.detail, **summary})
 
 
-def _verify_check(request: CheckRequest, model: Any, graph: LayerGraph, plan: Any, pools: Any, name: str, layout: str,
-                  passed: str) -> Check:
+def _verify_check(request: CheckRequest, model: nn.Module, graph: LayerGraph, plan: Plan, pools: RankPools,
+                  name: str, layout: str, passed: str) -> Check:
     """The pre-flight of ``parplan run`` here, then one ``--verify`` run on the pool; ``passed`` is the pass reason."""
     ranks, started = plan.used_devices, time.perf_counter()
 
-    def done(result: str, reason: str, detail: Mapping[str, Any] | None = None) -> Check:
+    def done(result: str, reason: str, detail: Mapping[str, object] | None = None) -> Check:
         return Check(name, "verify", layout, ranks, result, reason, time.perf_counter() - started, detail or {})
 
     try:
@@ -286,6 +300,7 @@ def _verify_check(request: CheckRequest, model: Any, graph: LayerGraph, plan: An
     outcome = pools.run(ranks, _run_options(request, plan, graph, ranks, left_s), timeout_s=left_s)
     if not outcome.ok:
         return done("fail", outcome.error, {"pool": outcome.status, "pool_start_s": round(outcome.start_s, 2)})
+    assert outcome.document is not None, "an ok task carries rank 0's measurement"
     verified = outcome.document["verify"]
     errors = {key: value for key, value in verified.items()
               if key.endswith("_err") or key == "worst_parameter_on_rank0"}
@@ -293,7 +308,8 @@ def _verify_check(request: CheckRequest, model: Any, graph: LayerGraph, plan: An
     if verified["passed"]:
         return done("pass", passed, errors)
     reason = (f"verify error above tolerance {verified['tolerance']:g}: output {verified['output_max_rel_err']:.2e}, "
-              f"gradient {verified['grad_max_rel_err']:.2e} ({verified.get('worst_parameter_on_rank0') or 'no parameter'})")
+              f"gradient {verified['grad_max_rel_err']:.2e} "
+              f"({verified.get('worst_parameter_on_rank0') or 'no parameter'})")
     if request.verify_as != "float64":
         left_s = request.timeout_s - (time.perf_counter() - started)
         again, errors["float64"] = _in_float64(request, plan, graph, ranks, pools, left_s)
@@ -301,8 +317,8 @@ def _verify_check(request: CheckRequest, model: Any, graph: LayerGraph, plan: An
     return done("fail", reason, errors)
 
 
-def _in_float64(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int, pools: Any,
-                left_s: float) -> tuple[str, dict[str, Any]]:
+def _in_float64(request: CheckRequest, plan: Plan, graph: LayerGraph, ranks: int, pools: RankPools,
+                left_s: float) -> tuple[str, dict[str, object]]:
     """The same verify run in float64 (tolerance 1e-9): tells float32 rounding from a wrong split."""
     from dataclasses import replace as replaced
 
@@ -312,6 +328,7 @@ def _in_float64(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int,
     outcome = pools.run(ranks, options, timeout_s=left_s)
     if not outcome.ok:
         return f"in float64: {outcome.error}", {"error": outcome.error}
+    assert outcome.document is not None, "an ok task carries rank 0's measurement"
     verified = outcome.document["verify"]
     keys = ("output_max_rel_err", "output_max_abs_err", "grad_max_rel_err", "grad_max_abs_err", "passed")
     figures = {key: verified[key] for key in keys}
@@ -321,7 +338,7 @@ def _in_float64(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int,
     return f"in float64 {relative:.1e} of a tensor's own largest, {absolute:.1e} of the model's ({verdict})", figures
 
 
-def preflight(model: Any, plan: Any, graph: LayerGraph, ranks: int, leaf_modules: Sequence[str] = ()) -> None:
+def preflight(model: nn.Module, plan: Plan, graph: LayerGraph, ranks: int, leaf_modules: Sequence[str] = ()) -> None:
     """``parplan run --verify``'s checks of a plan before any rank starts (plan, layers, pipeline).
 
     Raises:
@@ -336,11 +353,12 @@ def preflight(model: Any, plan: Any, graph: LayerGraph, ranks: int, leaf_modules
         check_pipeline(plan)
 
 
-def _run_options(request: CheckRequest, plan: Any, graph: LayerGraph, ranks: int, timeout_s: float) -> Any:
+def _run_options(request: CheckRequest, plan: Plan, graph: LayerGraph, ranks: int, timeout_s: float) -> RunOptions:
+    from parplan.cli.args import run_input_shape
     from runtime.options import RunOptions
 
-    return RunOptions(model=request.model, input_shape=request.input_shape, input_shapes=request.shapes,
-                      dtype=request.verify_as,
+    return RunOptions(model=request.model, input_shape=run_input_shape(request.input_shape),
+                      input_shapes=request.shapes, dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
                       quiet=True, timeout_s=timeout_s, graph=graph, output=request.output, reuse_reference=True)
@@ -353,7 +371,7 @@ def deadline(seconds: float) -> Iterator[None]:
         yield
         return
 
-    def expire(_signum: int, _frame: Any) -> None:
+    def expire(_signum: int, _frame: FrameType | None) -> None:
         raise CheckTimeout(f"timed out after {seconds:.0f} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -380,7 +398,7 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def add_check(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_check(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan check``."""
     from parplan.cli.args import add_model_arguments, positive_float
 
@@ -424,7 +442,7 @@ def check_command(args: argparse.Namespace) -> int:
 
         print_json(report.to_dict())
     else:
-        counts = report.to_dict()["counts"]
+        counts = report.counts
         print(f"{request.model} at {','.join(map(str, request.input_shape))}: {counts['pass']} passed, "
               f"{counts['refused']} refused, {counts['fail']} failed in {report.seconds:.1f} s")
     return 1 if report.failed else 0
@@ -439,7 +457,7 @@ def _request(args: argparse.Namespace) -> CheckRequest:
     devices = tuple(parse_devices(args.devices)) if args.devices.strip() else ()
     layouts = tuple(Layout.parse(text) for text in args.layouts.split(",") if text.strip())
     load_profile_argument(args.profile, args.dtype)  # an unknown profile is bad input, before any work
-    return CheckRequest(args.model, shapes[0], args.dtype, devices, layouts, args.profile,  # type: ignore[arg-type]
+    return CheckRequest(args.model, shapes[0], args.dtype, devices, layouts, args.profile,
                         args.timeout_s, tuple(args.leaf_module), args.tolerance, verify_dtype=args.verify_dtype,
                         input_shapes=shapes, output=args.output)
 

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_models.errors import InputError
+
+if TYPE_CHECKING:
+    from parplan.cli.args import Commands, OneLineParser
 
 __all__ = ["add_checkpoint"]
 
 
-def add_checkpoint(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_checkpoint(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan checkpoint show|gather``."""
     from parplan.cli.args import OneLineParser, positive_int
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
 from parplan.cli.args import (
+    OneLineParser,
     add_model_arguments,
     add_trace_argument,
     compute_dtype,
@@ -18,17 +19,24 @@ from parplan.cli.args import (
     write_predicted_trace,
 )
 
+if TYPE_CHECKING:
+    from cost_models.estimate import Estimate
+    from parplan.cli.args import Commands
+
 __all__ = ["add_estimate", "estimate_document"]
 
 
-def add_estimate(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_estimate(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan estimate``."""
     parser = commands.add_parser("estimate", parents=[common], help="predict a plan's time and memory",
                                  description="Price PLAN for MODEL with PROFILE: time per layer and term, memory.")
     add_model_arguments(parser)
-    parser.add_argument("--plan", required=True, metavar="PLAN.json", help="a parplan.plan/3 (or /2, /1) file (hand-written is fine)")
-    parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
-    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="optimizer state to count")
+    parser.add_argument("--plan", required=True, metavar="PLAN.json",
+                        help="a parplan.plan/3 (or /2, /1) file (hand-written is fine)")
+    parser.add_argument("--profile", required=True, metavar="PROFILE",
+                        help="a profile JSON or a preset (v100, a100, h100)")
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"),
+                        help="optimizer state to count")
     parser.add_argument("--no-overlap", action="store_true",
                         help="model no overlap of halo exchange and gradient allreduce with compute")
     parser.add_argument("--slow-stage", action="append", default=[], metavar="K:FACTOR",
@@ -45,7 +53,7 @@ def _estimate(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)  # a malformed plan is refused before the model is built
     graph, timing = trace_model(args)
     plan = load_plan(args.plan, expected_fingerprint=graph.fingerprint)
-    profile = load_profile_argument(args.profile, compute_dtype(args))
+    profile = load_profile_argument(args.profile, compute_dtype(args.amp, args.dtype))
     import torch
 
     from cost_models.estimate import estimate
@@ -69,6 +77,6 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def estimate_document(result: Any, warnings: list[str]) -> dict[str, Any]:
+def estimate_document(result: Estimate, warnings: list[str]) -> dict[str, object]:
     """The JSON document of an Estimate (``Estimate.to_dict``) and ``warnings``."""
     return {**result.to_dict(), "warnings": warnings}

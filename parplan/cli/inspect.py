@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
-from parplan.cli.args import add_model_arguments, print_json, trace_model
+from parplan.cli.args import OneLineParser, add_model_arguments, print_json, trace_model
+
+if TYPE_CHECKING:
+    from parplan.cli.args import Commands
 
 __all__ = ["add_inspect"]
 
 
-def add_inspect(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_inspect(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan inspect``."""
     parser = commands.add_parser("inspect", parents=[common], help="show the traced layer table",
                                  description="Trace MODEL at the input shape and show its layers and totals.")

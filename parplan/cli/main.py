@@ -1,4 +1,4 @@
-"""The ``parplan`` command line (DESIGN.md, "The command line"): the parser and the exit codes.
+"""The ``parplan`` command line (its reference: docs/commands.md): the parser and the exit codes.
 
 Every command takes ``--json`` (one JSON document on stdout instead of
 tables) and ``--debug`` (tracebacks). Exit codes: 0 success; 2 bad input,
@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = f"parplan {args.command}"
     try:
-        _check_input_shapes(args)
+        _check_input_shapes(getattr(args, "input_shape", None))
         return args.handler(args)
     except InputError as err:
         if args.debug:
@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = OneLineParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of tables")
     common.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser = OneLineParser(prog="parplan", description="Plan and run sample/spatial/channel/pipeline parallel training.")
+    parser = OneLineParser(prog="parplan",
+                           description="Plan and run sample/spatial/channel/pipeline parallel training.")
     parser.add_argument("--version", action="version", version=f"parplan {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")
     for register in (inspect.add_inspect, calibrate.add_calibrate, calibrate.add_profile, estimate.add_estimate,
@@ -60,12 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_input_shapes(args: argparse.Namespace) -> None:
+def _check_input_shapes(texts: list[str] | None) -> None:
     """Refuse malformed ``--input-shape`` values, or inputs of different batches, before a command does any work."""
-    if getattr(args, "input_shape", None) is not None:
+    if texts is not None:
         from cost_models.ir.graph import parse_input_shapes
 
-        parse_input_shapes(args.input_shape)
+        parse_input_shapes(texts)
 
 
 def _failure(err: Exception) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from parplan.cli.args import (
+    OneLineParser,
     add_model_arguments,
     add_search_arguments,
     add_trace_argument,
@@ -23,21 +24,26 @@ from parplan.cli.args import (
 
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
+    from cost_models.profile import Profile
+    from parplan.cli.args import Commands
+    from planner.search import PlanResult
 
 __all__ = ["add_plan", "search_plan"]
 
 
-def add_plan(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_plan(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan plan``."""
     parser = commands.add_parser("plan", parents=[common], help="search the best plan: layouts, stages, staleness",
                                  description="Find the per-layer layouts, pipeline stages and schedule with the least "
                                              "predicted time that fit in memory.")
     add_model_arguments(parser)
-    parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
+    parser.add_argument("--profile", required=True, metavar="PROFILE",
+                        help="a profile JSON or a preset (v100, a100, h100)")
     parser.add_argument("--devices", required=True, type=positive_int, help="number of devices")
     parser.add_argument("--devices-per-node", type=positive_int, default=None, help="devices per node")
     add_search_arguments(parser)
-    parser.add_argument("--table", action="store_true", help="print the layout, stage, time and memory of every layer")
+    parser.add_argument("--table", action="store_true",
+                        help="print the layout, stage, time and memory of every layer")
     parser.add_argument("--explain", action="store_true",
                         help="the per-layer table with each layer's runner-up layout and its extra cost")
     parser.add_argument("--plot", metavar="F.png", help="draw the plan along the model: each layer's layout, time and "
@@ -53,7 +59,7 @@ def _plan(args: argparse.Namespace) -> int:
         check_out_dir(args.trace, "--trace")
     if args.plot:
         check_plot_path(args.plot)
-    profile = load_profile_argument(args.profile, compute_dtype(args))
+    profile = load_profile_argument(args.profile, compute_dtype(args.amp, args.dtype))
     cluster_for(args.profile, profile, args.devices, args.devices_per_node)  # a bad device count before tracing
     graph, _ = trace_model(args)
     from cost_models.formats.plan import save_plan
@@ -76,7 +82,7 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def search_plan(args: argparse.Namespace, graph: LayerGraph, profile: Any = None) -> Any:
+def search_plan(args: argparse.Namespace, graph: LayerGraph, profile: Profile | None = None) -> PlanResult:
     """``parplan plan``'s search for ``graph`` with the options in ``args`` (its parser's namespace): a PlanResult.
 
     ``parplan check`` plans through here too, with this parser's defaults. ``profile``: already loaded.
@@ -84,13 +90,14 @@ def search_plan(args: argparse.Namespace, graph: LayerGraph, profile: Any = None
     from parplan.cli.report import progress_bar
     from planner.search import plan_model
 
-    profile = profile if profile is not None else load_profile_argument(args.profile, compute_dtype(args))
+    if profile is None:
+        profile = load_profile_argument(args.profile, compute_dtype(getattr(args, "amp", None), args.dtype))
     cluster = cluster_for(args.profile, profile, args.devices, args.devices_per_node)
     with progress_bar("stage search", enabled=not getattr(args, "json", True)) as progress:
         return plan_model(graph, profile, cluster, search_settings(args), model_spec=args.model, progress=progress)
 
 
-def _staleness_why(result: Any) -> str | None:
+def _staleness_why(result: PlanResult) -> str | None:
     """Why a stale plan's stages have their staleness (``cost_models.pipeline_cost.staleness_reason``)."""
     from cost_models.pipeline_cost import staleness_reason
 
@@ -101,7 +108,7 @@ def _staleness_why(result: Any) -> str | None:
                             [s.transfer_s for s in stages[:-1]], [s.allreduce_s for s in stages], pipeline.staleness)
 
 
-def _plan_document(graph: LayerGraph, result: Any) -> dict[str, Any]:
+def _plan_document(graph: LayerGraph, result: PlanResult) -> dict[str, object]:
     from planner.space import decision_groups
 
     by_name = {layer.name: layer for layer in result.estimate.layers}
@@ -113,7 +120,8 @@ def _plan_document(graph: LayerGraph, result: Any) -> dict[str, Any]:
                      "layout": str(found[0].layout),
                      "time_s": sum(layer.cost.total_s + layer.redistribution_s for layer in found),
                      "memory_bytes": sum(layer.memory.resident_bytes for layer in found),
-                     "runner_up": runner.option if runner else None, "runner_up_extra_s": runner.extra_s if runner else None})
+                     "runner_up": runner.option if runner else None,
+                     "runner_up_extra_s": runner.extra_s if runner else None})
     return {**result.plan.to_dict(), "summary": result.plan.summary(), "candidates": result.candidates,
             "pruned": result.pruned, "search_s": result.search_s, "chosen_from": result.chosen_from,
             "skipped_configurations": result.skipped_configurations, "decisions": rows,

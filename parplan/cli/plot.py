@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_models.formats.jsonio import write_bytes_atomic
 from planner.whatif import OneDevice, WhatIfRow
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = ["FAMILIES", "device_label", "plot_plan", "plot_sweep"]
 
@@ -56,7 +60,8 @@ def plot_sweep(rows: Sequence[WhatIfRow], path: str, title: str, reference: OneD
 
     times.set(xscale="log", yscale="log", xlabel="devices", ylabel="predicted iteration (ms)")
     efficiency.set(xscale="log", xlabel="devices", ylim=(0, 1.1),
-                   ylabel="parallel efficiency (vs 1 device" + ("" if reference.fits else ", which would not fit") + ")")
+                   ylabel="parallel efficiency (vs 1 device" + ("" if reference.fits else ", which would not fit")
+                   + ")")
     counts = sorted({row.devices for row in rows})
     labelled = counts if len(counts) <= 11 else counts[::2]
     for axis in (times, efficiency):
@@ -107,7 +112,7 @@ def plot_plan(document: Mapping[str, Any], path: str) -> None:
     _save(figure, path)
 
 
-def _shade_stages(axis: Any, stages: Sequence[int]) -> None:
+def _shade_stages(axis: Axes, stages: Sequence[int]) -> None:
     start = 0
     for place in range(1, len(stages) + 1):
         if place == len(stages) or stages[place] != stages[start]:
@@ -119,7 +124,7 @@ def _shade_stages(axis: Any, stages: Sequence[int]) -> None:
             start = place
 
 
-def _save(figure: Any, path: str) -> None:
+def _save(figure: Figure, path: str) -> None:
     import matplotlib.pyplot as plt
 
     figure.tight_layout()

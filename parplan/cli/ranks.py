@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
 from parplan.cli.args import non_negative_int, positive_int
 from processes.job import launcher_of, place_in_job
+
+if TYPE_CHECKING:
+    from cost_models.formats.plan import Plan
+    from runtime.launch import Nodes
 
 __all__ = ["JobRanks", "add_node_arguments", "check_placement", "job_ranks", "mpi_size"]
 
@@ -32,7 +36,7 @@ class JobRanks:
     here: int | None
     launcher: str | None
     """``torchrun``, ``slurm`` or ``mpi`` where one started this process; ``None``: parplan starts the ranks."""
-    nodes: Any = None
+    nodes: Nodes | None = None
     """``runtime.launch.Nodes`` where this host is one of ``--nnodes``."""
 
     def threads(self, given: int | None) -> int:
@@ -82,7 +86,7 @@ def job_ranks(args: argparse.Namespace, planned: int | None, *,
     return JobRanks(here * hosts, here, here, None, _nodes(args, hosts))
 
 
-def check_placement(plan: Any, ranks: JobRanks, what: str) -> None:
+def check_placement(plan: Plan, ranks: JobRanks, what: str) -> None:
     """Refuse a job across nodes whose ranks per node are not the plan's (``Cluster.node_of``: ranks fill nodes
     in order, as torchrun and Slurm number them). On one node any plan runs (its links are all local)."""
     if not ranks.spans_nodes:
@@ -113,7 +117,7 @@ def _launched(launcher: str) -> tuple[int, int]:
     return place.world_size, place.local_world_size
 
 
-def _nodes(args: argparse.Namespace, hosts: int) -> Any:
+def _nodes(args: argparse.Namespace, hosts: int) -> Nodes | None:
     from runtime.launch import Nodes
 
     if hosts == 1:

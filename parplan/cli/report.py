@@ -3,18 +3,39 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.progress import TaskID
+
+    from parplan.api import WhatIfDocument
+
 __all__ = [
-    "calibration_progress", "format_bytes", "progress_bar", "format_count", "print_calibration_summary", "print_estimate",
-    "print_layer_table", "print_plan_summary", "print_profile", "print_validation",
+    "CalibrationSummary", "calibration_progress", "format_bytes", "format_count", "print_calibration_summary",
+    "print_estimate", "print_layer_table", "print_plan_summary", "print_profile", "print_validation", "progress_bar",
 ]
+
+ErrorFigures = Mapping[str, float | None]
+"""A fit's or a prediction's error figures (``median_rel_err``, ``p90_rel_err``, ``n``, …; ``None``: not measured)."""
+
+
+class CalibrationSummary(TypedDict):
+    """What ``parplan calibrate`` reports: the profile written, its fit errors, what it measured, its notes."""
+
+    profile: str
+    fit: Mapping[str, ErrorFigures]  # ``compute`` and ``comm``: the profile's fit errors on held-out samples
+    measured: int
+    left_to_fit: int
+    interrupted: bool
+    notes: list[str]
+    seconds: float
 
 
 def format_count(value: float) -> str:
@@ -33,7 +54,7 @@ def format_bytes(value: float) -> str:
     return f"{value:g} B"
 
 
-def print_layer_table(document: dict[str, Any], console: Console | None = None) -> None:
+def print_layer_table(document: Mapping[str, Any], console: Console | None = None) -> None:
     """Print the ``parplan inspect`` table: one row per layer, then totals.
 
     Args:
@@ -43,9 +64,11 @@ def print_layer_table(document: dict[str, Any], console: Console | None = None) 
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     shapes = _shape(document.get("input_shapes") or document["input_shape"])  # "4×3×32×32 4×8" for two inputs
     table = Table(title=f"{document.get('model', 'model')} at {shapes} ({document['dtype']})")
-    for header, justify in (("#", "right"), ("layer", "left"), ("kind", "left"), ("module", "left"),
-                            ("output", "left"), ("params", "right"), ("FLOP fwd", "right"), ("activation", "right")):
-        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("#", "right"), ("layer", "left"), ("kind", "left"), ("module", "left"), ("output", "left"),
+        ("params", "right"), ("FLOP fwd", "right"), ("activation", "right"))
+    for header, justify in columns:
+        table.add_column(header, justify=justify)
     for index, layer in enumerate(document["layers"]):
         table.add_row(
             str(index), layer["name"], layer["kind"], layer["module"] or "-", _shape(layer["output_shape"]),
@@ -63,9 +86,10 @@ def print_layer_table(document: dict[str, Any], console: Console | None = None) 
         console.print(f"[yellow]{document['unused_params']:,} parameters are never used by forward at this input[/]")
 
 
-def _shape(shape: Any) -> str:
+def _shape(shape: Sequence[int] | Sequence[list[int]]) -> str:
+    """``4×3×32×32``; a list of shapes (several inputs) ``4×3×32×32 4×8``."""
     if shape and isinstance(shape[0], list):
-        return " ".join(_shape(s) for s in shape)
+        return " ".join(_shape(s) for s in shape if isinstance(s, list))
     return "×".join(str(d) for d in shape)
 
 
@@ -121,7 +145,7 @@ def calibration_progress(enabled: bool = True) -> Iterator[Callable[[str, int, i
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True)
-    tasks: dict[str, Any] = {}
+    tasks: dict[str, TaskID] = {}
 
     def update(phase: str, done: int, total: int) -> None:
         if phase not in tasks:
@@ -132,7 +156,7 @@ def calibration_progress(enabled: bool = True) -> Iterator[Callable[[str, int, i
         yield update
 
 
-def print_calibration_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+def print_calibration_summary(summary: CalibrationSummary, console: Console | None = None) -> None:
     """What ``parplan calibrate`` did: problems measured, left to the fit, fit errors, notes."""
     console = console or Console()
     fit = summary["fit"]
@@ -145,34 +169,37 @@ def print_calibration_summary(summary: dict[str, Any], console: Console | None =
         console.print(f"[yellow]note:[/] {note}")
 
 
-def print_profile(shown: dict[str, Any], console: Console | None = None) -> None:
+def print_profile(shown: Mapping[str, Any], console: Console | None = None) -> None:
     """``parplan profile show``: device, provenance, fitted models and their errors."""
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     device, meta = shown["device"], shown["meta"]
     console.print(f"[bold]{device['name']}[/] · {format_bytes(device['memory_bytes'])} · source: {meta['source']}"
                   + (f" ({meta.get('note')})" if meta.get("note") else ""))
-    context = ", ".join(f"{key} {meta[key]}" for key in ("host", "torch_version", "backend", "dtype", "threads_per_rank",
-                                                           "ranks", "date", "calibration_s") if key in meta)
+    context = ", ".join(f"{key} {meta[key]}" for key in ("host", "torch_version", "backend", "dtype",
+                                                           "threads_per_rank", "ranks", "date", "calibration_s")
+                        if key in meta)
     if context:
         console.print(context)
-    console.print(f"compute fit: {_error_text(shown['fit']['compute'])} · collective fit: {_error_text(shown['fit']['comm'])}")
+    console.print(f"compute fit: {_error_text(shown['fit']['compute'])} · "
+                  f"collective fit: {_error_text(shown['fit']['comm'])}")
     console.print(_compute_table(shown["compute_fits"]))
     console.print(_comm_table(shown["comm_fits"]))
     for warning in shown.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def _compute_table(fits: list[dict[str, Any]]) -> Table:
+def _compute_table(fits: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(title="compute: t = overhead + FLOPs / rate + bytes / bandwidth")
     for header in ("kind", "pass", "overhead", "FLOP rate", "bandwidth", "n", "held-out error"):
         table.add_column(header)
     for fit in fits:
-        table.add_row(fit["kind"], fit["phase"], f"{fit['overhead_s'] * 1e6:.1f} µs", _rate(fit["s_per_flop"], "FLOP/s"),
-                      _rate(fit["s_per_byte"], "B/s"), str(fit["n_train"]), _error_text(fit["error"]))
+        table.add_row(fit["kind"], fit["phase"], f"{fit['overhead_s'] * 1e6:.1f} µs",
+                      _rate(fit["s_per_flop"], "FLOP/s"), _rate(fit["s_per_byte"], "B/s"), str(fit["n_train"]),
+                      _error_text(fit["error"]))
     return table
 
 
-def _comm_table(fits: list[dict[str, Any]]) -> Table:
+def _comm_table(fits: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(title="collectives: t = count·α + volume·β")
     for header in ("collective", "link", "α", "1/β", "n", "held-out error"):
         table.add_column(header)
@@ -186,17 +213,18 @@ def _rate(seconds_per_unit: float, unit: str) -> str:
     return "∞" if seconds_per_unit == 0 else f"{format_count(1 / seconds_per_unit)}{unit}"
 
 
-def _error_text(error: dict[str, Any]) -> str:
+def _error_text(error: ErrorFigures) -> str:
     if error.get("median_rel_err") is None:
         return "not measured"
     return f"median {error['median_rel_err']:.1%} · p90 {error['p90_rel_err']:.1%} · n={error['n']}"
 
 
-def print_estimate(document: dict[str, Any], console: Console | None = None) -> None:
+def print_estimate(document: Mapping[str, Any], console: Console | None = None) -> None:
     """``parplan estimate``: one row per layer with its terms, then the totals."""
     console = console or Console(width=None if sys.stdout.isatty() else 180)
     table = Table(title="estimate per layer (ms)")
-    for header in ("layer", "kind", "layout", "fwd", "bwd", "halo", "allreduce", "norm", "chan", "redist", "memory", "src"):
+    for header in ("layer", "kind", "layout", "fwd", "bwd", "halo", "allreduce", "norm", "chan", "redist", "memory",
+                   "src"):
         table.add_column(header, justify="left" if header in ("layer", "kind", "layout", "src") else "right")
     for layer in document["layers"]:
         table.add_row(layer["name"], layer["kind"], layer["layout"],
@@ -212,7 +240,7 @@ def print_estimate(document: dict[str, Any], console: Console | None = None) -> 
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def print_plan_summary(document: dict[str, Any], path: str, console: Console | None = None,
+def print_plan_summary(document: Mapping[str, Any], path: str, console: Console | None = None,
                        explain: bool = False, table: bool = False) -> None:
     """``parplan plan``: the plan in one line, its prediction and speedups first; the search; the baselines side by
     side; the per-layer table (layout, stage, time, memory) with ``table`` or ``explain`` (runner-ups too)."""
@@ -223,7 +251,8 @@ def print_plan_summary(document: dict[str, Any], path: str, console: Console | N
     where = f"{used} devices" if used == devices else f"{used} of the {devices} devices (the rest idle)"
     console.print(f"[bold]{document['summary']}[/] on {where}: {predicted['iteration_s'] * 1e3:.2f} ms per "
                   f"iteration, {format_bytes(predicted['memory_bytes_max'])} per rank"
-                  + "".join(f"; {b['speedup']:.2f}× {_baseline_label(b, devices)}" for b in document["baselines"]))
+                  + "".join(f"; {b['speedup']:.2f}× {_baseline_label(b['name'], b['devices'], devices)}"
+                            for b in document["baselines"]))
     if document.get("staleness_why"):
         console.print(document["staleness_why"])
     if table or explain:
@@ -241,20 +270,21 @@ def print_plan_summary(document: dict[str, Any], path: str, console: Console | N
     for header in ("plan", "devices", "iteration", "memory per rank", "parplan's speedup"):
         baselines.add_column(header)
     for baseline in document["baselines"]:
-        baselines.add_row(baseline["name"], f"{baseline['devices']} of {devices}", f"{baseline['iteration_s'] * 1e3:.2f} ms",
-                          format_bytes(baseline["memory_bytes_max"]), f"{baseline['speedup']:.2f}×")
+        baselines.add_row(baseline["name"], f"{baseline['devices']} of {devices}",
+                          f"{baseline['iteration_s'] * 1e3:.2f} ms", format_bytes(baseline["memory_bytes_max"]),
+                          f"{baseline['speedup']:.2f}×")
     console.print(baselines)
     if not (table or explain):
         console.print("per-layer layouts: --table (or --explain, with each layer's runner-up)")
 
 
-def _baseline_label(baseline: dict[str, Any], devices: int) -> str:
-    name = baseline["name"].split(" (")[0]
-    used = baseline["devices"]
+def _baseline_label(baseline: str, used: int, devices: int) -> str:
+    """``over pure sample`` for the baseline named ``baseline`` on ``used`` of the ``devices`` devices."""
+    name = baseline.split(" (")[0]
     return f"over {name}" + (f" (on {used} of the {devices} devices)" if used != devices else "")
 
 
-def _decision_table(rows: list[dict[str, Any]], explain: bool) -> Table:
+def _decision_table(rows: Sequence[Mapping[str, Any]], explain: bool) -> Table:
     table = Table(title="plan per layer (followers share their layer's layout)")
     headers = ["layer", "kind", "stage", "layout", "time", "memory"] + (["runner-up", "extra"] if explain else [])
     for header in headers:
@@ -270,7 +300,7 @@ def _decision_table(rows: list[dict[str, Any]], explain: bool) -> Table:
     return table
 
 
-def print_measurement(document: dict[str, Any], console: Console | None = None) -> None:
+def print_measurement(document: Mapping[str, Any], console: Console | None = None) -> None:
     """``parplan run``'s summary: the plan, the measured step times and losses, the prediction, the check."""
     console = console or Console()
     model = document["model"]
@@ -283,7 +313,8 @@ def print_measurement(document: dict[str, Any], console: Console | None = None) 
     if document["per_step_s"]:
         console.print(table)
         predicted = document["predicted_iteration_s"]
-        tail = f", predicted {predicted:.4f} s ({predicted / document['iteration_s']:.2f}× measured)" if predicted else ""
+        tail = (f", predicted {predicted:.4f} s ({predicted / document['iteration_s']:.2f}× measured)" if predicted
+                else "")
         console.print(f"median step {document['iteration_s']:.4f} s{tail}; peak memory per rank "
                       f"{format_bytes(document['memory_bytes_max'])}")
     if document.get("memory"):
@@ -306,7 +337,7 @@ def print_measurement(document: dict[str, Any], console: Console | None = None) 
             console.print(f"[yellow]why inconclusive[/yellow]: {verified['note']}")
 
 
-def _peak_line(memory: dict[str, Any]) -> str:
+def _peak_line(memory: Mapping[str, Any]) -> str:
     """``peak tensor memory per rank 41.2 MiB (predicted 39.0 MiB, −5.3 %; held tensors + torch.profiler)``."""
     predicted = memory["predicted_bytes"]
     against = (f"predicted {format_bytes(predicted)}, {memory['rel_err'] * 100:+.1f} %; " if predicted is not None
@@ -314,18 +345,19 @@ def _peak_line(memory: dict[str, Any]) -> str:
     return f"peak tensor memory per rank {format_bytes(memory['peak_bytes'])} ({against}{memory['method']})"
 
 
-def _print_stages(pipeline: dict[str, Any], console: Console) -> None:
+def _print_stages(pipeline: Mapping[str, Any], console: Console) -> None:
     """Per stage of a pipeline run: busy and waiting time, busy fraction, staleness achieved/planned, slowdown."""
     table = Table("stage", "busy s", "waiting s", "busy", "staleness (planned)", "slowdown",
                   title=f"{pipeline['stages']} stages, {pipeline['schedule']} ({pipeline['order']}, "
                         f"M={pipeline['micro_batches']}), {pipeline['wall_s']:.3f} s in all")
     for row in pipeline["per_stage"]:
-        table.add_row(str(row["stage"]), f"{row['busy_s']:.3f}", f"{row['wait_s']:.3f}", f"{row['busy_fraction']:.0%}",
-                      f"{row['staleness_achieved']} ({row['staleness_planned']})", f"{row.get('slowdown') or 1.0:g}×")
+        table.add_row(str(row["stage"]), f"{row['busy_s']:.3f}", f"{row['wait_s']:.3f}",
+                      f"{row['busy_fraction']:.0%}", f"{row['staleness_achieved']} ({row['staleness_planned']})",
+                      f"{row.get('slowdown') or 1.0:g}×")
     console.print(table)
 
 
-def print_whatif(document: dict[str, Any], console: Console | None = None) -> None:
+def print_whatif(document: WhatIfDocument, console: Console | None = None) -> None:
     """``parplan whatif``'s table: per device count the best plan's time, throughput, speedups and memory."""
     console = console or Console()
     shape = _shape(document.get("input_shapes") or document["input_shape"])
@@ -340,7 +372,7 @@ def print_whatif(document: dict[str, Any], console: Console | None = None) -> No
         versus = f"{row['speedup_vs_sample']:.2f}×" if row["speedup_vs_sample"] else "no fit"
         table.add_row(str(row["devices"]), str(row["batch"]), f"{row['iteration_s'] * 1e3:.3g}",
                       f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}×", f"{row['efficiency']:.0%}", versus,
-                      format_bytes(row["memory_bytes"]), row["plan"] + _idle(row))
+                      format_bytes(row["memory_bytes"]), row["plan"] + _idle(row["devices"], row.get("devices_used")))
     console.print(table)
     one = document["one_device"]
     fits = "" if one["fits"] else f" (it would need {format_bytes(one['memory_bytes'])}, more than one device has)"
@@ -349,13 +381,13 @@ def print_whatif(document: dict[str, Any], console: Console | None = None) -> No
                   f"parallelism's time over the plan's at the same size")
 
 
-def _idle(row: dict[str, Any]) -> str:
+def _idle(devices: int, devices_used: int | None) -> str:
     """A row whose plan leaves devices idle (``planner.whatif.with_idle``) says on how many it runs."""
-    used = row.get("devices_used") or row["devices"]
-    return f" — on {used} of the {row['devices']} devices, the rest idle" if used < row["devices"] else ""
+    used = devices_used or devices
+    return f" — on {used} of the {devices} devices, the rest idle" if used < devices else ""
 
 
-def print_validation(document: dict[str, Any], console: Console | None = None) -> None:
+def print_validation(document: Mapping[str, Any], console: Console | None = None) -> None:
     """``parplan validate``'s tables: per plan predicted against measured, the accuracy, per layer key, refinement."""
     console = console or Console()
     shape = "×".join(str(s) for s in document["model"]["input_shape"])
@@ -397,13 +429,14 @@ def print_validation(document: dict[str, Any], console: Console | None = None) -
                       f"{corrections['step_overhead_s'] * 1e3:.2f} ms, per pipeline event "
                       f"{corrections['event_overhead_s'] * 1e3:.2f} ms, allreduce exposed "
                       f"{corrections['allreduce_exposed_fraction']:.0%} of what overlap hides, common factor "
-                      f"{corrections['fitted_on']['common_factor']:.2f}, {len(corrections['layer_scale'])} layer factors")
+                      f"{corrections['fitted_on']['common_factor']:.2f}, {len(corrections['layer_scale'])} layer "
+                      "factors")
         console.print(f"before: {_accuracy_text(refine['before'])}")
         console.print(f"after ({refine['method']}, each run predicted by a fit without it; first choice "
                       f"{refine['first_choice_after']}): {_accuracy_text(refine['after'])}")
 
 
-def _accuracy_text(figures: dict[str, Any]) -> str:
+def _accuracy_text(figures: ErrorFigures) -> str:
     tau = "n/a" if figures["kendall_tau"] is None else f"{figures['kendall_tau']:.2f}"
     return (f"median error {figures['median_rel_err']:.1%}, p90 {figures['p90_rel_err']:.1%}, Kendall τ {tau}, "
             f"regret of the first choice {figures['regret']:.1%} (n={figures['n']})")

@@ -43,7 +43,7 @@ def resumed(args: argparse.Namespace) -> tuple[dict[str, Any] | None, list[str]]
     return manifest, lines
 
 
-def kept_flags(args: argparse.Namespace, run: Mapping[str, Any], lines: list[str]) -> list[str]:
+def kept_flags(args: argparse.Namespace, run: Mapping[str, object], lines: list[str]) -> list[str]:
     """Fill each remembered flag not given (``None`` in ``args``) from ``run``, else its default; returns the
     kept ones as ``--flag value``, and adds to ``lines`` one saying which given ones differ from ``run``."""
     kept, changed = [], []

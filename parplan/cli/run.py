@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
 from parplan.cli.args import (
+    OneLineParser,
     add_model_arguments,
     add_timeout_argument,
     add_trace_argument,
@@ -28,6 +30,7 @@ from parplan.cli.args import (
     non_negative_int,
     positive_float,
     positive_int,
+    run_input_shape,
     slowdowns,
 )
 from parplan.cli.ranks import JobRanks, add_node_arguments, check_placement, job_ranks
@@ -36,12 +39,14 @@ from parplan.cli.run_checks import check_pipeline_flags, check_plan_fits, check_
 from processes.cores import host_shared_cores
 
 if TYPE_CHECKING:
+    from cost_models.formats.plan import Plan
     from cost_models.ir.graph import LayerGraph
+    from parplan.cli.args import Commands
 
 __all__ = ["add_run", "backend_for"]
 
 
-def add_run(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_run(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan run``."""
     parser = commands.add_parser(
         "run", parents=[common], help="train MODEL under a plan on R ranks and measure it",
@@ -155,41 +160,43 @@ def _run(args: argparse.Namespace) -> int:
         check_placement(plan, ranks, f"plan {args.plan}" if args.plan else "the checkpoint's plan")
     model = load_model(args.model)
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
-    graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module, amp=amp_argument(args))
+    graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module,
+                  amp=amp_argument(args.amp, args.dtype))
     plan = plan if plan is not None else layout_plan(graph, args, ranks.total)
     check_plan_fits(args, plan, graph, ranks.total)
     check_pipeline_flags(args, plan)
-    check_precision(args, plan)
+    check_precision(args.amp, args.dtype, plan)
     check_recovery(args, plan, ranks.launcher)
     backend = backend_for(args.backend, ranks)
     for note in notes:  # what the resume kept, once the input is known good
         print(note, file=sys.stderr, flush=True)
     options = RunOptions(
-        model=args.model, input_shape=shapes[0], input_shapes=shapes, dtype=args.dtype,  # type: ignore[arg-type]
+        model=args.model, input_shape=run_input_shape(shapes[0]), input_shapes=shapes, dtype=args.dtype,
         plan=_predicted(args, plan, graph, ranks).to_dict(),
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),
         sync_batchnorm=args.sync_batchnorm, leaf_modules=tuple(args.leaf_module), data=args.data or "",
         threads=ranks.threads(args.threads), quiet=args.json,
-        timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0, checkpoint_dir=args.checkpoint_dir or "",
+        timeout_s=args.timeout_s, checkpoint_every=args.checkpoint_every or 0,
+        checkpoint_dir=args.checkpoint_dir or "",
         resume=args.resume, graph=graph, output=args.output, order=args.order, staleness=args.staleness,
         per_layer=args.per_layer, slow_stages=tuple(sorted(args.slow_stages.items())),
         trace=os.path.abspath(args.trace) if args.trace else "", amp=args.amp or "")
     document = launch(options, ranks.here, backend, args.max_restarts, nodes=ranks.nodes)
     if document is None:  # a rank other than 0, or a host other than rank 0's: rank 0 reports
         return 0
-    _report(args, document)
+    _report(document, args.out, args.json)
     verified = document.get("verify")
     return 1 if verified is not None and not verified["passed"] else 0
 
 
-def _read_plan(path: str) -> Any:
+def _read_plan(path: str) -> Plan:
     from cost_models.formats.plan import load_plan
 
     return load_plan(path)
 
 
-def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph, ranks: JobRanks) -> Any:
+def _predicted(args: argparse.Namespace, plan: Plan, graph: LayerGraph, ranks: JobRanks) -> Plan:
     """The plan with its prediction replaced by ``--profile``'s (this machine's), when given."""
     if not args.profile:
         return plan
@@ -197,7 +204,8 @@ def _predicted(args: argparse.Namespace, plan: Any, graph: LayerGraph, ranks: Jo
 
     from cost_models.estimate import estimate
 
-    result = estimate(graph, plan, load_profile_argument(args.profile, compute_dtype(args)), slowdown=args.slow_stages,
+    profile = load_profile_argument(args.profile, compute_dtype(args.amp, args.dtype))
+    result = estimate(graph, plan, profile, slowdown=args.slow_stages,
                       shared_cores=host_shared_cores(ranks.per_node, args.threads),
                       threads=ranks.threads(args.threads))
     return replace(plan, predicted=result.prediction())
@@ -221,7 +229,7 @@ def backend_for(requested: str | None, ranks: JobRanks) -> str:
     return backend
 
 
-def _report(args: argparse.Namespace, document: dict[str, Any]) -> None:
+def _report(document: Mapping[str, object], out: str | None, as_json: bool) -> None:
     from cost_models.formats.schema import check_document
 
     try:
@@ -231,4 +239,4 @@ def _report(args: argparse.Namespace, document: dict[str, Any]) -> None:
     from cost_models.formats.jsonio import emit_document
     from parplan.cli.report import print_measurement
 
-    emit_document(document, args.out, args.json, print_measurement)
+    emit_document(document, out, as_json, print_measurement)

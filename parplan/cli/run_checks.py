@@ -6,17 +6,18 @@ Each check is one line and exit code 2 (``InputError``); ``layout_plan`` makes t
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
 
 if TYPE_CHECKING:
+    from cost_models.formats.plan import Plan
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["check_pipeline_flags", "check_plan_fits", "check_recovery", "layout_plan"]
+__all__ = ["check_pipeline_flags", "check_plan_fits", "check_precision", "check_recovery", "layout_plan"]
 
 
-def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Any:
+def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Plan:
     """The plan of ``--layout`` (cut into ``--stages`` of equal compute when more than one)."""
     from cost_models.uniform import balanced_starts, staged
 
@@ -31,7 +32,7 @@ def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Any:
     return staged(plan, graph, balanced_starts(graph, stages), args.schedule, micro)
 
 
-def _uniform(graph: LayerGraph, text: str, devices: int) -> Any:
+def _uniform(graph: LayerGraph, text: str, devices: int) -> Plan:
     from cost_models.layout import Layout
     from parplan.cli.layouts import uniform_layout_plan
 
@@ -43,7 +44,7 @@ def _uniform(graph: LayerGraph, text: str, devices: int) -> Any:
     return uniform_layout_plan(graph, layouts, devices)
 
 
-def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, ranks: int) -> None:
+def check_plan_fits(args: argparse.Namespace, plan: Plan, graph: LayerGraph, ranks: int) -> None:
     from cost_models.ir.model_spec import load_model
     from runtime.preflight import check_plan, check_runnable
 
@@ -52,19 +53,19 @@ def check_plan_fits(args: argparse.Namespace, plan: Any, graph: LayerGraph, rank
                    verify=args.verify)
 
 
-def check_precision(args: argparse.Namespace, plan: Any) -> None:
+def check_precision(amp: str | None, dtype: str, plan: Plan) -> None:
     """Refuse ``--amp`` with another dtype than float32, and on pipelines (not run under autocast yet)."""
     from runtime.precision import check_amp
 
-    why = check_amp(args.amp or "", args.dtype)
+    why = check_amp(amp or "", dtype)
     if why:
         raise InputError(why)
-    if args.amp and plan.pipeline.pipelined:
+    if amp and plan.pipeline.pipelined:
         raise InputError(f"--amp runs single-stage plans only; this plan has {plan.pipeline} "
                          f"(make one with --max-stages 1, or drop --amp)")
 
 
-def check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
+def check_pipeline_flags(args: argparse.Namespace, plan: Plan) -> None:
     """Refuse pipeline flags the plan cannot take, and pipelines the runtime cannot run (``check_pipeline``)."""
     from runtime.pipeline.stage import check_pipeline
 
@@ -82,7 +83,7 @@ def check_pipeline_flags(args: argparse.Namespace, plan: Any) -> None:
         check_pipeline(plan)
 
 
-def check_recovery(args: argparse.Namespace, plan: Any, launcher: str | None) -> None:
+def check_recovery(args: argparse.Namespace, plan: Plan, launcher: str | None) -> None:
     """Refuse checkpoint and restart flags that cannot work together, and a --resume with nothing to resume."""
     directory = args.checkpoint_dir
     if (args.checkpoint_every or args.resume) and not directory:
@@ -100,7 +101,7 @@ def check_recovery(args: argparse.Namespace, plan: Any, launcher: str | None) ->
     if directory:
         _check_folder(directory, args.resume)
     if args.resume:
-        _check_resumable(directory, plan, args)
+        _check_resumable(directory, plan, args.seed, args.warmup, args.steps)
 
 
 def _check_folder(directory: str, resume: bool) -> None:
@@ -118,7 +119,7 @@ def _check_folder(directory: str, resume: bool) -> None:
                          "add --resume to continue it, or give an empty folder")
 
 
-def _check_resumable(directory: str, plan: Any, args: argparse.Namespace) -> None:
+def _check_resumable(directory: str, plan: Plan, seed: int, warmup: int, steps: int) -> None:
     """A complete, intact checkpoint of this model, input, dtype, seed and warm-up must be in ``directory``."""
     from parplan.cli.resume import newest_whole
     from runtime.checkpoint import check_compatible
@@ -127,6 +128,5 @@ def _check_resumable(directory: str, plan: Any, args: argparse.Namespace) -> Non
     if manifest is None:
         raise InputError(f"--resume: {directory} holds no complete checkpoint (no step-*/manifest.json); "
                          "run without --resume")
-    check_compatible(manifest, {"plan": plan.to_dict(), "seed": args.seed, "warmup": args.warmup,
-                                "steps": args.steps})
+    check_compatible(manifest, {"plan": plan.to_dict(), "seed": seed, "warmup": warmup, "steps": steps})
 

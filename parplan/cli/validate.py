@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -32,14 +32,24 @@ from typing import TYPE_CHECKING, Any
 from cost_models.errors import InputError
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from cost_models.cluster import Cluster
+    from cost_models.formats.plan import Plan
     from cost_models.ir.graph import LayerGraph
+    from cost_models.profile import Profile
+    from parplan.cli.args import Commands, OneLineParser
+    from parplan.cli.ranks import JobRanks
+    from planner.candidates import Candidate, Refusal
+    from planner.refine import Observation
+    from runtime.options import RunOptions
 
 __all__ = ["FORMAT", "add_validate"]
 
 FORMAT = "parplan.validation/1"
 
 
-def add_validate(commands: Any, common: argparse.ArgumentParser) -> None:
+def add_validate(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan validate`` on the subcommand parsers."""
     from parplan.cli.args import (
         add_model_arguments,
@@ -97,11 +107,11 @@ def _validate(args: argparse.Namespace) -> int:
     check_writable(args.refine, "--refine")
     if args.trace_dir and not os.path.isdir(args.trace_dir):
         raise InputError(f"--trace-dir {args.trace_dir} is not a folder; create it first")
-    profile = load_profile_argument(args.profile, compute_dtype(args))
+    profile = load_profile_argument(args.profile, compute_dtype(args.amp, args.dtype))
     graph, model = _traced(args)
     args.ranks = job_ranks(args, None, missing="give --nproc R (the ranks to run every plan on)")
     args.nproc = args.ranks.total
-    args.shared_cores = host_shared_cores(args.ranks.per_node, _threads(args))
+    args.shared_cores = host_shared_cores(args.ranks.per_node, _threads(args.ranks, args.threads))
     candidates, left_out = _candidates(args, graph, model, profile)
     if not args.json:
         print(f"running {len(candidates)} plans on {args.nproc} ranks: {args.steps} timed steps each in "
@@ -111,7 +121,8 @@ def _validate(args: argparse.Namespace) -> int:
         from parplan.cli.args import write_predicted_trace
 
         for candidate in candidates:
-            write_predicted_trace(_trace_path(args, candidate, "predicted"), candidate.plan, candidate.estimate)
+            write_predicted_trace(_trace_path(args.trace_dir, candidate, "predicted"), candidate.plan,
+                                  candidate.estimate)
     documents = _measure(args, candidates, graph)
     if documents is None:  # an MPI rank other than 0
         return 0
@@ -122,19 +133,20 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_path(args: argparse.Namespace, candidate: Any, kind: str) -> str:
+def _trace_path(folder: str, candidate: Candidate, kind: str) -> str:
     """``D/NAME.KIND.json`` of ``--trace-dir D`` for a candidate (its name in letters, digits and dashes)."""
     import re
 
-    return os.path.join(os.path.abspath(args.trace_dir), f"{re.sub(r'[^A-Za-z0-9]+', '-', candidate.name).strip('-')}"
-                                                         f".{kind}.json")
+    return os.path.join(os.path.abspath(folder), f"{re.sub(r'[^A-Za-z0-9]+', '-', candidate.name).strip('-')}"
+                                                 f".{kind}.json")
 
 
-def _threads(args: argparse.Namespace) -> int:
-    return int(args.ranks.threads(args.threads))
+def _threads(ranks: JobRanks, threads: int | None) -> int:
+    """CPU threads per rank: ``--threads``, else this host's cores over its ranks."""
+    return ranks.threads(threads)
 
 
-def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
+def _traced(args: argparse.Namespace) -> tuple[LayerGraph, nn.Module]:
     from cost_models.ir.graph import parse_input_shapes
     from cost_models.ir.model_spec import load_model
     from cost_models.ir.tracing import trace
@@ -142,16 +154,17 @@ def _traced(args: argparse.Namespace) -> tuple[Any, Any]:
 
     shape = parse_input_shapes(args.input_shape)
     model = load_model(args.model)
-    return trace(model, shape, args.dtype, leaf_modules=args.leaf_module, amp=amp_argument(args)), model
+    return trace(model, shape, args.dtype, leaf_modules=args.leaf_module, amp=amp_argument(args.amp, args.dtype)), model
 
 
-def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile: Any) -> tuple[list[Any], list[str]]:
+def _candidates(args: argparse.Namespace, graph: LayerGraph, model: nn.Module,
+                profile: Profile) -> tuple[list[Candidate], list[str]]:
     from parplan.cli.args import cluster_for, search_settings
     from planner.candidates import validation_candidates
     from runtime.pipeline.stage import check_pipeline
     from runtime.preflight import check_plan, check_runnable
 
-    def refusal(plan: Any) -> str | None:
+    def refusal(plan: Plan) -> str | None:
         try:
             check_plan(plan, graph, args.nproc)
             check_runnable(model, plan, graph, args.leaf_module)
@@ -168,8 +181,8 @@ def _candidates(args: argparse.Namespace, graph: LayerGraph, model: Any, profile
     return found + _layout_candidates(args, graph, profile, cluster, refusal, left_out), left_out
 
 
-def _layout_candidates(args: argparse.Namespace, graph: LayerGraph, profile: Any, cluster: Any,
-                       refusal: Any, left_out: list[str]) -> list[Any]:
+def _layout_candidates(args: argparse.Namespace, graph: LayerGraph, profile: Profile, cluster: Cluster,
+                       refusal: Refusal, left_out: list[str]) -> list[Candidate]:
     """The plans of ``--layouts`` (``parplan run --layout``'s), priced; a refused one is named in ``left_out``."""
     from cost_models.layout import Layout
     from cost_models.uniform import uniform_plan
@@ -192,23 +205,26 @@ def _layout_candidates(args: argparse.Namespace, graph: LayerGraph, profile: Any
     return found
 
 
-def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph) -> list[dict[str, Any]] | None:
+def _measure(args: argparse.Namespace, candidates: list[Candidate], graph: LayerGraph) -> list[dict[str, Any]] | None:
     """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
+    from parplan.cli.args import run_input_shape
     from parplan.cli.run import backend_for
     from runtime.launch import launch_many
     from runtime.options import RunOptions
 
-    threads = _threads(args)
+    threads = _threads(args.ranks, args.threads)
     per_layer = bool(args.per_layer or args.refine)
     rounds = min(args.rounds, args.steps)
     order = [(r, i) for r in range(rounds)
              for i in (range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates))))]
-    runs = [RunOptions(model=args.model, input_shape=tuple(graph.input_shape),  # type: ignore[arg-type]
+    runs = [RunOptions(model=args.model, input_shape=run_input_shape(graph.input_shape),
                        input_shapes=graph.input_shapes,
                        dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
                        warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,
                        quiet=True, timeout_s=args.timeout_s, graph=graph, per_layer=per_layer and r == rounds - 1,
-                       amp=args.amp or "", trace=_trace_path(args, candidates[i], "measured") if args.trace_dir and r == rounds - 1 else "")
+                       amp=args.amp or "",
+                       trace=_trace_path(args.trace_dir, candidates[i], "measured")
+                       if args.trace_dir and r == rounds - 1 else "")
             for r, i in order]
     backend = backend_for(args.backend, args.ranks)
     with _progress(runs, enabled=not args.json and args.ranks.launcher is None) as told:
@@ -219,7 +235,7 @@ def _measure(args: argparse.Namespace, candidates: list[Any], graph: LayerGraph)
 
 
 @contextmanager
-def _progress(runs: list[Any], enabled: bool) -> Iterator[str]:
+def _progress(runs: list[RunOptions], enabled: bool) -> Iterator[str]:
     """A progress bar over ``runs`` fed by the file rank 0 appends a line to after each (yields its path)."""
     import tempfile
     import threading
@@ -272,15 +288,15 @@ def _merged(documents: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def _report(args: argparse.Namespace, graph: LayerGraph, profile: Any, candidates: list[Any],
-            documents: list[dict[str, Any]], left_out: list[str]) -> dict[str, Any]:
+def _report(args: argparse.Namespace, graph: LayerGraph, profile: Profile, candidates: list[Candidate],
+            documents: list[dict[str, Any]], left_out: list[str]) -> dict[str, object]:
     from planner.refine import observation
     from planner.validate import accuracy
 
     runs = [observation(c.name, c.plan, d, args.shared_cores) for c, d in zip(candidates, documents)]
     predicted = [c.estimate.iteration_s for c in candidates]
     measured = [run.measured_s for run in runs]
-    report: dict[str, Any] = {
+    report: dict[str, object] = {
         "format": FORMAT, "model": {"spec": args.model, "input_shape": list(graph.input_shape), "dtype": args.dtype,
                                      **({"amp": args.amp} if args.amp else {})},
         "profile": args.profile, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
@@ -295,11 +311,12 @@ def _report(args: argparse.Namespace, graph: LayerGraph, profile: Any, candidate
     if args.per_layer or args.refine:
         report["per_layer"] = _per_key(graph, profile, runs, args.optimizer)
     if args.refine:
-        report["refine"] = _refine(args, graph, profile, runs, predicted)
+        report["refine"] = _refine(graph, profile, runs, predicted, args.optimizer, args.refine)
     return report
 
 
-def _held_out(profile: Any, candidates: list[Any], predicted: list[float], measured: list[float]) -> dict[str, Any]:
+def _held_out(profile: Profile, candidates: list[Candidate], predicted: list[float],
+              measured: list[float]) -> dict[str, object]:
     """Which plans ``parplan calibrate`` ran to fit the profile's corrections, and the accuracy on the others."""
     from planner.validate import unseen_accuracy
 
@@ -308,12 +325,12 @@ def _held_out(profile: Any, candidates: list[Any], predicted: list[float], measu
         return {}
     ran = set(corrections.fitted_on.get("runs", ()))
     seen = [c.plan.summary() in ran for c in candidates]
-    figures: dict[str, Any] = {"calibration_runs": [c.name for c, s in zip(candidates, seen) if s]}
+    figures: dict[str, object] = {"calibration_runs": [c.name for c, s in zip(candidates, seen) if s]}
     unseen = unseen_accuracy(seen, predicted, measured)
     return figures if unseen is None else {**figures, "unseen": unseen.to_dict()}
 
 
-def _memory(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
+def _memory(candidate: Candidate, document: Mapping[str, Any]) -> dict[str, object]:
     """The measured peak of live tensors per rank (``runtime.memory_peak``) beside the plan's predicted peak."""
     measured = document.get("memory")
     if not measured:
@@ -323,7 +340,7 @@ def _memory(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
             "memory_signed_err": (predicted - measured["peak_bytes"]) / measured["peak_bytes"]}
 
 
-def _plan_row(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
+def _plan_row(candidate: Candidate, document: Mapping[str, Any]) -> dict[str, object]:
     predicted, measured = candidate.estimate.iteration_s, document["iteration_s"]
     steps = sorted(document["per_step_s"])
     return {"name": candidate.name, "role": candidate.role, "summary": candidate.plan.summary(),
@@ -335,7 +352,7 @@ def _plan_row(candidate: Any, document: dict[str, Any]) -> dict[str, Any]:
             **({"layers": document["layers"]} if "layers" in document else {})}
 
 
-def _per_key(graph: LayerGraph, profile: Any, runs: list[Any], optimizer: str) -> list[dict[str, Any]]:
+def _per_key(graph: LayerGraph, profile: Profile, runs: list[Observation], optimizer: str) -> list[dict[str, object]]:
     """Per layer key (kind and split) over all runs: predicted and measured seconds per batch, their ratio."""
     from cost_models.corrections import layer_key
     from planner.refine import local_s
@@ -355,16 +372,18 @@ def _per_key(graph: LayerGraph, profile: Any, runs: list[Any], optimizer: str) -
             for key, (n, p, m) in sorted(sums.items(), key=lambda item: -item[1][2])]
 
 
-def _refine(args: argparse.Namespace, graph: LayerGraph, profile: Any, runs: list[Any], predicted: list[float]) -> dict[str, Any]:
+def _refine(graph: LayerGraph, profile: Profile, runs: list[Observation], predicted: list[float], optimizer: str,
+            path: str) -> dict[str, object]:
     from cost_models.profile import save_profile
     from planner.refine import fit_corrections, held_out_predictions
     from planner.validate import accuracy
 
     measured = [run.measured_s for run in runs]
-    corrections = fit_corrections(graph, profile, runs, args.optimizer)
-    save_profile(replace(profile, corrections=corrections), args.refine)
-    after = held_out_predictions(graph, profile, runs, args.optimizer)
+    corrections = fit_corrections(graph, profile, runs, optimizer)
+    save_profile(replace(profile, corrections=corrections), path)
+    after = held_out_predictions(graph, profile, runs, optimizer)
     first_after = min(range(len(after)), key=lambda i: after[i])  # the plan the refined model ranks first
-    return {"profile": args.refine, "corrections": corrections.to_dict(), "method": "leave-one-out",
-            "before": accuracy(predicted, measured).to_dict(), "after": accuracy(after, measured, first_after).to_dict(),
+    return {"profile": path, "corrections": corrections.to_dict(), "method": "leave-one-out",
+            "before": accuracy(predicted, measured).to_dict(),
+            "after": accuracy(after, measured, first_after).to_dict(),
             "held_out_predicted_s": after, "first_choice_after": runs[first_after].name}

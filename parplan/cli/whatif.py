@@ -10,12 +10,19 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
 
+if TYPE_CHECKING:
+    from parplan.api import WhatIfDocument
+    from parplan.cli.args import Commands, OneLineParser
+
 __all__ = ["add_whatif", "parse_devices", "run_sweep"]
-def add_whatif(commands: Any, common: argparse.ArgumentParser) -> None:
+
+
+def add_whatif(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan whatif``."""
     from parplan.cli.args import (
         add_model_arguments,
@@ -30,7 +37,8 @@ def add_whatif(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Plan MODEL at each device count (strong scaling: the input shape's batch is global; "
                     "--weak-scaling: per device) and report time, throughput, speedup, efficiency and the plan.")
     add_model_arguments(parser)
-    parser.add_argument("--profile", required=True, metavar="PROFILE", help="a profile JSON or a preset (v100, a100, h100)")
+    parser.add_argument("--profile", required=True, metavar="PROFILE",
+                        help="a profile JSON or a preset (v100, a100, h100)")
     parser.add_argument("--devices", required=True, metavar="D,D,…|A..B",
                         help="device counts, e.g. 1,8,64 or 1..4096 (the powers of two from 1 to 4096)")
     parser.add_argument("--devices-per-node", type=positive_int, help="devices per node (default: the preset's)")
@@ -38,7 +46,8 @@ def add_whatif(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="multiply the inter-node bandwidth by X (default 1)")
     parser.add_argument("--scale-intra-bw", type=positive_float, default=1.0, metavar="X",
                         help="multiply the intra-node bandwidth by X (default 1)")
-    parser.add_argument("--memory-gb", type=positive_float, metavar="X", help="device memory in GiB (default: the profile's)")
+    parser.add_argument("--memory-gb", type=positive_float, metavar="X",
+                        help="device memory in GiB (default: the profile's)")
     parser.add_argument("--weak-scaling", action="store_true", help="the input shape's batch is per device")
     parser.add_argument("--jobs", type=non_negative_int, default=0,
                         help="processes planning sizes in parallel (default 0: one per core)")
@@ -77,8 +86,8 @@ def whatif_command(args: argparse.Namespace) -> int:
     from parplan.cli.args import amp_argument
 
     devices = parse_devices(args.devices)
-    _check_outputs(args)
-    amp_argument(args)  # --amp with another --dtype: refused before any work
+    _check_outputs(args.csv, args.plot)
+    amp_argument(args.amp, args.dtype)  # --amp with another --dtype: refused before any work
     document = run_sweep(args, devices)
     if args.csv:
         _write_csv(args.csv, document["rows"])
@@ -99,7 +108,7 @@ def whatif_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_sweep(args: argparse.Namespace, devices: list[int]) -> dict[str, Any]:
+def run_sweep(args: argparse.Namespace, devices: list[int]) -> WhatIfDocument:
     """The command's sweep from its arguments (``parplan.whatif``)."""
     from parplan.api import whatif
     from parplan.cli.args import amp_argument, search_settings
@@ -110,19 +119,20 @@ def run_sweep(args: argparse.Namespace, devices: list[int]) -> dict[str, Any]:
                       devices_per_node=args.devices_per_node, scale_inter_bw=args.scale_inter_bw,
                       scale_intra_bw=args.scale_intra_bw, memory_gb=args.memory_gb, weak_scaling=args.weak_scaling,
                       settings=search_settings(args), dtype=args.dtype, jobs=args.jobs or None,
-                      leaf_modules=tuple(args.leaf_module), progress=progress, amp=amp_argument(args))
+                      leaf_modules=tuple(args.leaf_module), progress=progress,
+                      amp=amp_argument(args.amp, args.dtype))
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
+def _check_outputs(csv_path: str | None, plot_path: str | None) -> None:
     from parplan.cli.args import check_out_dir, check_plot_path
 
-    if args.csv:
-        check_out_dir(args.csv, "--csv")
-    if args.plot:
-        check_plot_path(args.plot)
+    if csv_path:
+        check_out_dir(csv_path, "--csv")
+    if plot_path:
+        check_plot_path(plot_path)
 
 
-def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
+def _write_csv(path: str, rows: Sequence[Mapping[str, object]]) -> None:
     from cost_models.formats.jsonio import write_bytes_atomic
 
     text = io.StringIO()
@@ -132,7 +142,7 @@ def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
     write_bytes_atomic(path, text.getvalue().encode("utf-8"))
 
 
-def _title(document: dict[str, Any]) -> str:
+def _title(document: WhatIfDocument) -> str:
     shape = "×".join(str(s) for s in document["input_shape"])
     return (f"{document['model']} at {shape} ({document['scaling']} scaling) on {document['device']}, "
             f"{document['devices_per_node']} per node")
