@@ -31,11 +31,15 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from cost_models.errors import InputError
 
-__all__ = ["ATTEMPT_VARIABLE", "JobPlace", "MPI_ENVIRONMENT", "integer_variable", "job_attempt", "launcher_of",
-           "node_label", "place_in_job", "slurm_rendezvous"]
+__all__ = ["ATTEMPT_VARIABLE", "JobPlace", "Launcher", "MPI_ENVIRONMENT", "integer_variable", "job_attempt",
+           "launcher_of", "node_label", "place_in_job", "slurm_rendezvous"]
+
+Launcher = Literal["torchrun", "mpi", "slurm"]
+"""Which launcher started this process as one rank of its job (:func:`launcher_of`)."""
 
 ATTEMPT_VARIABLE = "PARPLAN_ATTEMPT"
 """Which start of the job this rank belongs to (0 first), the same on every rank: set by ``runtime.launch`` from
@@ -54,7 +58,7 @@ _SLURM_PORTS = (20000, 12000)
 class JobPlace:
     """This process's place in a job torchrun or Slurm started (MPI's comes from mpi4py: ``launcher`` only)."""
 
-    launcher: str
+    launcher: Launcher
     """``torchrun``, ``slurm`` or ``mpi``."""
     rank: int
     world_size: int
@@ -64,10 +68,11 @@ class JobPlace:
     """The node as the launcher numbers it (torchrun's ``GROUP_RANK``, Slurm's ``SLURM_NODEID``)."""
 
     def __str__(self) -> str:
-        return f"rank {self.rank} of {self.world_size} ({self.launcher}, node {self.node}, local rank {self.local_rank})"
+        return (f"rank {self.rank} of {self.world_size} ({self.launcher}, node {self.node}, "
+                f"local rank {self.local_rank})")
 
 
-def launcher_of(environ: Mapping[str, str] | None = None) -> str | None:
+def launcher_of(environ: Mapping[str, str] | None = None) -> Launcher | None:
     """``torchrun``, ``mpi`` or ``slurm`` when one of them started this process as a rank (module docstring)."""
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -93,8 +98,9 @@ def place_in_job(environ: Mapping[str, str] | None = None) -> JobPlace | None:
                          integer_variable(env, "LOCAL_WORLD_SIZE", world), integer_variable(env, "GROUP_RANK", 0))
     elif launcher == "slurm":
         world = integer_variable(env, "SLURM_NTASKS")
-        place = JobPlace("slurm", integer_variable(env, "SLURM_PROCID"), world, integer_variable(env, "SLURM_LOCALID", 0),
-                         _slurm_local_tasks(env, world), integer_variable(env, "SLURM_NODEID", 0))
+        place = JobPlace("slurm", integer_variable(env, "SLURM_PROCID"), world,
+                         integer_variable(env, "SLURM_LOCALID", 0), _slurm_local_tasks(env, world),
+                         integer_variable(env, "SLURM_NODEID", 0))
     else:
         return None
     if not (0 <= place.rank < place.world_size and 0 <= place.local_rank < place.local_world_size <= place.world_size):
@@ -166,6 +172,8 @@ def integer_variable(env: Mapping[str, str], name: str, default: int | None = No
     if value is None and default is not None:
         return default
     try:
-        return int(value)  # type: ignore[arg-type]
+        if value is None:
+            raise TypeError(f"{name} is not set")
+        return int(value)
     except (TypeError, ValueError):
         raise InputError(f"environment variable {name} must be an integer, got {value!r}") from None

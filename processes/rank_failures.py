@@ -25,10 +25,14 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequenc
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["LOST", "NCCL_ERROR_HANDLING", "NCCL_RAISES", "RankExit", "RankFailedError", "RankFailure", "all_reduce",
-           "at", "barrier", "describe", "exchange", "failure_line", "failure_message", "in_backward",
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup, ReduceOp, Work
+
+__all__ = ["LOST", "NCCL_ERROR_HANDLING", "NCCL_RAISES", "Failure", "RankExit", "RankFailedError", "RankFailure",
+           "all_reduce", "at", "barrier", "describe", "exchange", "failure_line", "failure_message", "in_backward",
            "nccl_errors_raised", "place", "raise_nccl_errors", "reason", "wait_all"]
 
 _PLACE: ContextVar[tuple[str, ...]] = ContextVar("parplan_place", default=())
@@ -103,7 +107,7 @@ def exchange(what: str, peers: Iterable[int] | None = None, where: Sequence[str]
         raise RankFailure(describe(what, peers, place() if where is None else where, err)) from err
 
 
-def wait_all(requests: Iterable[Any], what: str, peers: Iterable[int] | None = None,
+def wait_all(requests: Iterable[Work], what: str, peers: Iterable[int] | None = None,
              where: Sequence[str] | None = None) -> None:
     """Wait for every request of a point-to-point exchange, under :func:`exchange`."""
     with exchange(what, peers, where):
@@ -151,7 +155,8 @@ def reason(err: BaseException) -> str:
     return _LOG_PREFIX.sub("", first)[:200]
 
 
-def all_reduce(tensor: Any, what: str, op: Any = None, group: Any = None) -> None:
+def all_reduce(tensor: torch.Tensor, what: str, op: ReduceOp | ReduceOp.RedOpType | None = None,
+               group: ProcessGroup | None = None) -> None:
     """``dist.all_reduce`` (sum unless ``op``) in place, under :func:`exchange` named ``what``."""
     import torch.distributed as dist
 
@@ -159,7 +164,7 @@ def all_reduce(tensor: Any, what: str, op: Any = None, group: Any = None) -> Non
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
 
 
-def barrier(what: str, group: Any = None) -> None:
+def barrier(what: str, group: ProcessGroup | None = None) -> None:
     """``dist.barrier`` of every rank (of ``group``), under :func:`exchange` named ``what``."""
     import torch.distributed as dist
 
@@ -202,6 +207,19 @@ def nccl_errors_raised(backend: str) -> Iterator[None]:
 
 # --- the starter's report ---------------------------------------------------------------------------------------
 
+class Failure(Protocol):
+    """How one rank ended: a :class:`RankExit`, or torchrun's ``ProcessFailure`` (the same attributes)."""
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    @property
+    def timestamp(self) -> float: ...
+
+    @property
+    def message(self) -> str | Mapping[str, object]: ...
+
+
 @dataclass(frozen=True)
 class RankExit:
     """How one rank ended, as torchrun's agent reports it (``ProcessFailure``): exit code (negative: the signal that
@@ -209,10 +227,10 @@ class RankExit:
 
     exitcode: int | None
     timestamp: float
-    message: Any = ""
+    message: str | Mapping[str, object] = ""
 
 
-def failure_line(failures: Mapping[int, Any], max_restarts: int = 0) -> str:
+def failure_line(failures: Mapping[int, Failure], max_restarts: int = 0) -> str:
     """One line: the rank that failed first, how, and its error; then what the other failed ranks reported.
 
     ``failures``: rank → a :class:`RankExit` or anything with its attributes (torchrun's ``ProcessFailure``).
@@ -232,13 +250,13 @@ def failure_line(failures: Mapping[int, Any], max_restarts: int = 0) -> str:
     return "; ".join(parts) + tried
 
 
-def failure_message(failure: Any) -> str:
+def failure_message(failure: Failure) -> str:
     """A failed rank's error text: torchrun's error file gives ``{"message": …}``, a :class:`RankExit` a string."""
     message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
     return str(message).strip()
 
 
-def _one_failure(rank: int, failure: Any) -> str:
+def _one_failure(rank: int, failure: Failure) -> str:
     if failure.exitcode is not None and failure.exitcode < 0:
         try:
             name = signal.Signals(-failure.exitcode).name

@@ -25,6 +25,7 @@ forward's argument order, and the factory returns ``(inputs, target)`` with
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -83,7 +84,7 @@ def factory_batches(spec: str, input_boxes: tuple[tuple[slice, ...], ...], label
     inputs are cast to the run's ``dtype``."""
     from cost_models.ir.model_spec import resolve_factory
 
-    factory = resolve_factory(spec)
+    factory: Callable[..., Any] = resolve_factory(spec)  # the user's ``function(input_box, target_box, step)``
     several = len(input_boxes) > 1
 
     def load(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:

@@ -47,19 +47,25 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import torch
 
 from cost_models.errors import InputError
 from cost_models.formats.jsonio import read_json, write_bytes_atomic, write_json_atomic
 
-__all__ = ["FORMAT", "CheckpointWriteError", "Progress", "State", "check_compatible", "check_sizes", "complete",
-           "gather", "latest", "plan_digest", "restore", "run_flags", "same_run", "save", "usable", "write_full"]
+if TYPE_CHECKING:
+    from runtime.options import PipelineOrder
+    from runtime.pipeline.stash import InFlight
+    from runtime.slicing import ParameterSlice
+
+__all__ = ["FORMAT", "CheckpointWriteError", "Progress", "RunFlags", "RunMeta", "Shard", "State", "check_compatible",
+           "check_sizes", "complete", "gather", "latest", "plan_digest", "restore", "run_flags", "same_run", "save",
+           "usable", "write_full"]
 
 FORMAT = "parplan.checkpoint/4"
-READABLE_FORMATS = {FORMAT: "checkpoint-4", "parplan.checkpoint/3": "checkpoint-3", "parplan.checkpoint/2": "checkpoint-2",
-                    "parplan.checkpoint/1": "checkpoint-1"}
+READABLE_FORMATS = {FORMAT: "checkpoint-4", "parplan.checkpoint/3": "checkpoint-3",
+                    "parplan.checkpoint/2": "checkpoint-2", "parplan.checkpoint/1": "checkpoint-1"}
 """Manifest formats this code reads, newest first (``/3`` has no run flags, torch version nor batches in flight,
 ``/2`` embeds a ``parplan.plan/2`` document, ``/1`` a ``parplan.plan/1`` one)."""
 SHARD_FORMAT = "parplan.checkpoint-shard/1"
@@ -83,8 +89,81 @@ class State:
 
     parameters: Mapping[str, torch.Tensor]
     buffers: Mapping[str, torch.Tensor]
-    slices: Mapping[str, Any]  # name -> runtime.slicing.ParameterSlice
+    slices: Mapping[str, ParameterSlice]
     optimizer: torch.optim.Optimizer
+
+
+class RunFlags(TypedDict):
+    """The flags of a run that shape its trajectory or its recovery besides its plan (:func:`run_flags`)."""
+
+    checkpoint_every: int
+    order: PipelineOrder
+    staleness: int | None
+    lr: float
+
+
+class _RunMetaFields(TypedDict):
+    plan: Mapping[str, Any]
+    """The plan document (``parplan.plan/3``)."""
+    seed: int
+    warmup: int
+
+
+class RunMeta(_RunMetaFields, total=False):
+    """What a checkpoint records of a run, and a resume must match (:func:`check_compatible`; ``steps`` there)."""
+
+    run: RunFlags
+    steps: int
+
+
+class _ShardReportFields(TypedDict):
+    rank: int
+
+
+class _ShardReport(_ShardReportFields, total=False):
+    """A shard's manifest entry (``file``, ``bytes``, ``sha256``), or ``error`` where it could not be written."""
+
+    file: str
+    bytes: int
+    sha256: str
+    error: str
+
+
+class _NamedOptimizerState(TypedDict):
+    """An optimizer's state dict with parameter names for indices."""
+
+    state: dict[str, dict[str, object]]
+    param_groups: list[dict[str, object]]
+
+
+class _Trained(TypedDict):
+    """What a shard and the gathered form both hold: the training state by name, the RNG, the progress."""
+
+    format: str
+    step: int
+    plan_digest: str
+    fingerprint: str
+    parameters: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    optimizer: _NamedOptimizerState
+    rng: dict[str, torch.Tensor]
+    losses: list[float]
+    per_step_s: list[float]
+
+
+class _ShardFields(_Trained):
+    rank: int
+    slices: dict[str, list[int]]
+    """Per sliced tensor: ``[dim, start, stop, extent]``."""
+
+
+class Shard(_ShardFields, total=False):
+    """One rank's shard (``rank-RANK.pt``); a stale pipeline's holds its batches in flight."""
+
+    in_flight: InFlight
+
+
+_Value = TypeVar("_Value")
 
 
 def plan_digest(plan: Mapping[str, Any]) -> str:
@@ -128,7 +207,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return {**document, "folder": str(folder)}
 
 
-def check_compatible(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+def check_compatible(manifest: Mapping[str, Any], meta: RunMeta) -> None:
     """Refuse to resume a run described by ``meta`` from the checkpoint of ``manifest``, naming both values.
 
     ``meta``: ``plan`` (the plan document: model fingerprint and dtype), ``seed``, ``warmup`` and ``steps``.
@@ -165,8 +244,8 @@ class CheckpointWriteError(RuntimeError):
     """A rank could not write its shard (a full disk, a folder it may not write): no rank wrote the checkpoint."""
 
 
-def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[str, Any],
-         in_flight: Mapping[str, Any] | None = None) -> Path:
+def save(directory: str | Path, progress: Progress, state: State, meta: RunMeta,
+         in_flight: InFlight | None = None) -> Path:
     """Write the checkpoint after ``progress.step`` updates; collective (every rank calls it). Returns its folder.
 
     ``meta``: ``plan`` (the plan document), ``seed``, ``warmup`` and ``run`` (the flags of :func:`run_flags`) —
@@ -183,7 +262,7 @@ def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[
     rank = dist.get_rank()
     name = f"rank-{rank:05d}.pt"
     entry = _write_shard(folder, name, _shard(progress, state, meta, rank, in_flight), progress.step, rank)
-    entries: list[Any] = [None] * dist.get_world_size()
+    entries = [entry] * dist.get_world_size()  # every rank's, once gathered
     with exchange("the checkpoint's exchange of shard digests"):
         dist.all_gather_object(entries, entry)
     failed = [e for e in entries if "error" in e]
@@ -196,7 +275,7 @@ def save(directory: str | Path, progress: Progress, state: State, meta: Mapping[
     return folder
 
 
-def _write_shard(folder: Path, name: str, shard: Mapping[str, Any], step: int, rank: int) -> dict[str, Any]:
+def _write_shard(folder: Path, name: str, shard: Shard, step: int, rank: int) -> _ShardReport:
     """Write one shard atomically; its manifest entry, or ``{"rank", "error"}`` when it could not be written."""
     from runtime.fault_injection import disk_full
 
@@ -217,7 +296,7 @@ def _abandon(folder: Path, name: str, rank: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _write_failure(directory: str | Path, folder: Path, failed: Sequence[Mapping[str, Any]]) -> str:
+def _write_failure(directory: str | Path, folder: Path, failed: Sequence[_ShardReport]) -> str:
     before = complete(directory)
     kept = f"the checkpoint in {before[-1]} is intact" if before else "no earlier checkpoint exists"
     first = failed[0]
@@ -225,22 +304,24 @@ def _write_failure(directory: str | Path, folder: Path, failed: Sequence[Mapping
             f"{directory} or give another --checkpoint-dir, and resume")
 
 
-def _shard(progress: Progress, state: State, meta: Mapping[str, Any], rank: int,
-           in_flight: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _shard(progress: Progress, state: State, meta: RunMeta, rank: int, in_flight: InFlight | None = None) -> Shard:
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()
-    return {"format": SHARD_FORMAT, "rank": rank, "step": progress.step, "plan_digest": plan_digest(meta["plan"]),
-            "fingerprint": meta["plan"]["model"]["fingerprint"],
-            "parameters": {n: t.detach().cpu().clone() for n, t in state.parameters.items()},
-            "buffers": {n: t.detach().cpu().clone() for n, t in state.buffers.items()},
-            "slices": {s.name: [s.dim, s.start, s.stop, s.extent] for s in state.slices.values()},
-            "optimizer": _optimizer_by_name(state), "rng": rng,
-            "losses": list(progress.losses), "per_step_s": list(progress.per_step_s),
-            **({"in_flight": dict(in_flight)} if in_flight is not None else {})}
+    shard: Shard = {
+        "format": SHARD_FORMAT, "rank": rank, "step": progress.step, "plan_digest": plan_digest(meta["plan"]),
+        "fingerprint": meta["plan"]["model"]["fingerprint"],
+        "parameters": {n: t.detach().cpu().clone() for n, t in state.parameters.items()},
+        "buffers": {n: t.detach().cpu().clone() for n, t in state.buffers.items()},
+        "slices": {s.name: [s.dim, s.start, s.stop, s.extent] for s in state.slices.values()},
+        "optimizer": _optimizer_by_name(state), "rng": rng,
+        "losses": list(progress.losses), "per_step_s": list(progress.per_step_s)}
+    if in_flight is not None:
+        shard["in_flight"] = in_flight.copy()
+    return shard
 
 
-def _optimizer_by_name(state: State) -> dict[str, Any]:
+def _optimizer_by_name(state: State) -> _NamedOptimizerState:
     """The optimizer's state dict with parameter names for indices (plan-independent keys)."""
     names = {id(t): n for n, t in state.parameters.items()}
     order = [names[id(p)] for group in state.optimizer.param_groups for p in group["params"]]
@@ -251,14 +332,14 @@ def _optimizer_by_name(state: State) -> dict[str, Any]:
                              for group in saved["param_groups"]]}
 
 
-def run_flags(*, checkpoint_every: int, order: str, staleness: int | None, lr: float) -> dict[str, Any]:
+def run_flags(*, checkpoint_every: int, order: PipelineOrder, staleness: int | None, lr: float) -> RunFlags:
     """The flags of a run that shape its trajectory or its recovery besides its plan (``run`` in the manifest): a
     resume that does not give them again keeps them (``parplan.cli.resume``)."""
     return {"checkpoint_every": checkpoint_every, "order": order, "staleness": staleness, "lr": lr}
 
 
-def _manifest(progress: Progress, meta: Mapping[str, Any], entries: Sequence[Any],
-              in_flight: bool = False) -> dict[str, Any]:
+def _manifest(progress: Progress, meta: RunMeta, entries: Sequence[_ShardReport],
+              in_flight: bool = False) -> dict[str, object]:
     import datetime as dt
 
     plan = meta["plan"]
@@ -266,8 +347,8 @@ def _manifest(progress: Progress, meta: Mapping[str, Any], entries: Sequence[Any
             "model": {"spec": plan["model"]["spec"], "fingerprint": plan["model"]["fingerprint"],
                       "input_shape": list(plan["model"]["input_shape"]), "dtype": plan["model"]["dtype"]},
             "seed": meta["seed"], "warmup": meta["warmup"], "plan_digest": plan_digest(plan), "plan": plan,
-            "run": dict(meta.get("run") or run_flags(checkpoint_every=0, order="1f1b", staleness=None, lr=0.01)), "torch": torch.__version__,
-            "in_flight": in_flight, "shards": list(entries),
+            "run": dict(meta.get("run") or run_flags(checkpoint_every=0, order="1f1b", staleness=None, lr=0.01)),
+            "torch": torch.__version__, "in_flight": in_flight, "shards": list(entries),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -281,13 +362,13 @@ def _prune(directory: str | Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _serialise(document: Mapping[str, Any]) -> bytes:
+def _serialise(document: Mapping[str, object]) -> bytes:
     buffer = io.BytesIO()
     torch.save(dict(document), buffer)
     return buffer.getvalue()
 
 
-def load_shard(manifest: Mapping[str, Any], rank: int) -> dict[str, Any]:
+def load_shard(manifest: Mapping[str, Any], rank: int) -> Shard:
     """Rank ``rank``'s shard of the checkpoint ``manifest`` describes, its size and digest checked."""
     entry = next((e for e in manifest["shards"] if e["rank"] == rank), None)
     folder = Path(manifest["folder"])
@@ -297,7 +378,8 @@ def load_shard(manifest: Mapping[str, Any], rank: int) -> dict[str, Any]:
     return _load(folder / entry["file"], entry["sha256"], manifest.get("torch"))
 
 
-def _load(path: Path, sha256: str, written_by: str | None = None) -> dict[str, Any]:
+def _load(path: Path, sha256: str, written_by: str | None = None) -> Any:
+    """The document ``torch.save`` wrote to ``path`` (a shard, or the gathered form), its digest checked."""
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -318,14 +400,14 @@ def _load(path: Path, sha256: str, written_by: str | None = None) -> dict[str, A
                          "that wrote it, or remove its folder to resume from the checkpoint before") from err
 
 
-def same_run(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+def same_run(manifest: Mapping[str, Any], meta: RunMeta) -> bool:
     """Whether the checkpoint was written under this run's plan on as many ranks (each rank loads its own shard)."""
     import torch.distributed as dist
 
     return manifest["plan_digest"] == plan_digest(meta["plan"]) and manifest["world_size"] == dist.get_world_size()
 
 
-def usable(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> str | None:
+def usable(manifest: Mapping[str, Any], meta: RunMeta) -> str | None:
     """Why this rank cannot load its part of the checkpoint (a shard missing, of another size or digest), or
     ``None``; not collective: the caller agrees over the ranks."""
     try:
@@ -343,8 +425,8 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any],
-            device: torch.device) -> tuple[Progress, dict[str, Any] | None]:
+def restore(manifest: Mapping[str, Any], state: State, meta: RunMeta,
+            device: torch.device) -> tuple[Progress, InFlight | None]:
     """Load the checkpoint of ``manifest`` into this rank's ``state``; returns the progress it records and this
     rank's batches in flight (``None`` when it has none to continue from).
 
@@ -353,8 +435,8 @@ def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any],
     """
     import torch.distributed as dist
 
-    same = same_run(manifest, meta)
-    source = load_shard(manifest, dist.get_rank()) if same else gather(manifest)
+    shard = load_shard(manifest, dist.get_rank()) if same_run(manifest, meta) else None
+    source = shard if shard is not None else gather(manifest)
     where = f"the checkpoint in {manifest['folder']}"
     _copy_into(source["parameters"], state.parameters, state, "parameter", where)
     _copy_into(source["buffers"], state.buffers, state, "buffer", where)
@@ -364,7 +446,7 @@ def restore(manifest: Mapping[str, Any], state: State, meta: Mapping[str, Any],
         torch.cuda.set_rng_state(source["rng"]["cuda"], device)
     progress = Progress(int(source["step"]), [float(x) for x in source["losses"]],
                         [float(x) for x in source["per_step_s"]])
-    return progress, (source.get("in_flight") if same else None)
+    return progress, (shard.get("in_flight") if shard is not None else None)
 
 
 def _local(name: str, tensor: torch.Tensor, state: State) -> torch.Tensor:
@@ -390,14 +472,16 @@ def _copy_into(saved: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Te
             target.copy_(value)
 
 
-def _optimizer_for(saved: Mapping[str, Any], state: State) -> dict[str, Any]:
+def _optimizer_for(saved: _NamedOptimizerState, state: State) -> dict[str, object]:
     """An optimizer state dict for this rank's parameters from one keyed by names.
 
     The per-parameter state (momentum, Adam's moments) comes from the checkpoint; the hyperparameters are this
     run's own (a resume may change ``--lr``).
     """
     names = {id(t): n for n, t in state.parameters.items()}
-    groups, entries, index = [], {}, 0
+    groups: list[dict[str, object]] = []
+    entries: dict[int, dict[str, object]] = {}
+    index = 0
     for group in state.optimizer.param_groups:
         members = []
         for param in group["params"]:
@@ -411,7 +495,7 @@ def _optimizer_for(saved: Mapping[str, Any], state: State) -> dict[str, Any]:
     return {"state": entries, "param_groups": groups}
 
 
-def gather(manifest: Mapping[str, Any]) -> dict[str, Any]:
+def gather(manifest: Mapping[str, Any]) -> _Trained:
     """The plan-independent form of a checkpoint: every parameter, buffer and optimizer tensor whole, by name.
 
     Slices are joined along their dimension; a tensor held whole by several ranks is taken from the lowest.
@@ -425,7 +509,7 @@ def gather(manifest: Mapping[str, Any]) -> dict[str, Any]:
     states = [{f"{name}/{key}": value for name, entry in s["optimizer"]["state"].items()
                for key, value in entry.items()} for s in shards]
     joined_state = _join(list(zip(shards, states)), folder, optimizer=True)
-    optimizer_state: dict[str, dict[str, Any]] = {}
+    optimizer_state: dict[str, dict[str, object]] = {}
     for compound, value in joined_state.items():
         name, key = compound.rsplit("/", 1)
         optimizer_state.setdefault(name, {})[key] = value
@@ -437,14 +521,14 @@ def gather(manifest: Mapping[str, Any]) -> dict[str, Any]:
             "rng": first["rng"], "losses": first["losses"], "per_step_s": first["per_step_s"]}
 
 
-def _join(parts: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], folder: Path,
-          optimizer: bool = False) -> dict[str, Any]:
+def _join(parts: Sequence[tuple[Shard, Mapping[str, _Value]]], folder: Path,
+          optimizer: bool = False) -> dict[str, _Value | torch.Tensor]:
     """Whole tensors from the shards' pieces (``(shard, {name: tensor})`` in rank order).
 
     With ``optimizer`` the names are ``parameter/key`` and slice like their parameter.
     """
-    whole: dict[str, Any] = {}
-    pieces: dict[str, tuple[Sequence[int], dict[tuple[int, int], torch.Tensor]]] = {}
+    whole: dict[str, _Value | torch.Tensor] = {}
+    pieces: dict[str, tuple[list[int], dict[tuple[int, int], torch.Tensor]]] = {}
     for shard, tensors in parts:
         for name, tensor in tensors.items():
             piece = shard["slices"].get(name.rsplit("/", 1)[0] if optimizer else name)
@@ -453,8 +537,8 @@ def _join(parts: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], folder: 
                 pieces.setdefault(name, (piece, {}))[1].setdefault((piece[1], piece[2]), tensor)
             else:
                 whole.setdefault(name, tensor)
-    for name, (piece, found) in pieces.items():
-        whole[name] = _joined(name, piece[0], piece[3], found, folder)
+    for name, (span, found) in pieces.items():
+        whole[name] = _joined(name, span[0], span[3], found, folder)
     return whole
 
 

@@ -28,21 +28,24 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from cost_models.errors import InputError
 from processes.job import job_attempt
 
-__all__ = ["ENVIRONMENT", "Fault", "Schedule", "attempt", "disk_full", "planned", "strike"]
+__all__ = ["ENVIRONMENT", "Fault", "FaultKind", "Schedule", "attempt", "disk_full", "planned", "strike"]
 
 ENVIRONMENT = "PARPLAN_FAULT"
-_KINDS = ("kill", "hang", "exit", "full")
+FaultKind = Literal["kill", "hang", "exit", "full"]
+"""How a rank fails (module docstring)."""
+_KINDS: tuple[FaultKind, ...] = ("kill", "hang", "exit", "full")
 
 
 @dataclass(frozen=True)
 class Fault:
     """Rank ``rank`` fails as ``kind`` at the start of step ``step`` (1-based)."""
 
-    kind: str
+    kind: FaultKind
     rank: int
     step: int
 
@@ -85,10 +88,11 @@ def planned(text: str | None = None) -> Schedule | None:
 def _fault(item: str, text: str) -> Fault:
     parts = item.strip().split(":")
     try:
-        kind, rank, step = parts[0], int(parts[1]), int(parts[2])
+        name, rank, step = parts[0], int(parts[1]), int(parts[2])
     except (IndexError, ValueError):
-        kind, rank, step = "", -1, 0
-    if len(parts) != 3 or kind not in _KINDS or rank < 0 or step < 1:
+        name, rank, step = "", -1, 0
+    kind = next((known for known in _KINDS if known == name), None)
+    if len(parts) != 3 or kind is None or rank < 0 or step < 1:
         raise InputError(f"{ENVIRONMENT}={text!r}: {item.strip()!r} is not KIND:RANK:STEP with KIND one of "
                          f"{', '.join(_KINDS)}, RANK ≥ 0 and STEP ≥ 1 (e.g. kill:1:3, or kill:1:7,kill:0:19 for one "
                          "fault per attempt); unset it to run without a fault")

@@ -50,7 +50,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 import torch.distributed as dist
 
@@ -66,6 +66,9 @@ from processes.rank_failures import (
 from runtime.options import RunOptions
 from runtime.train import worker
 from runtime.waiting import RankFailure
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 __all__ = ["Nodes", "RankFailedError", "abort_mpi_job", "launch", "launch_many"]
 
@@ -126,7 +129,25 @@ def launch_many(runs: list[RunOptions], nproc: int | None, backend: str, max_res
     return _elastic(runs, nproc, backend, max_restarts, nodes)
 
 
-def _shutdown_option(config: type) -> dict[str, float]:
+class _ShutdownOption(TypedDict, total=False):
+    shutdown_timeout: int
+
+
+class _RendezvousFields(TypedDict):
+    min_nodes: int
+    max_nodes: int
+    run_id: str
+    rdzv_backend: str
+    rdzv_endpoint: str
+
+
+class _Rendezvous(_RendezvousFields, total=False):
+    """``LaunchConfig``'s node count and rendezvous (:func:`_rendezvous`)."""
+
+    rdzv_configs: dict[str, int | None]
+
+
+def _shutdown_option(config: type) -> _ShutdownOption:
     """``shutdown_timeout`` for a torch whose ``LaunchConfig`` takes it (2.14 does, 2.11 does not: its agent waits
     its own default for ranks to stop)."""
     import inspect
@@ -134,7 +155,7 @@ def _shutdown_option(config: type) -> dict[str, float]:
     return {"shutdown_timeout": _SHUTDOWN_S} if "shutdown_timeout" in inspect.signature(config).parameters else {}
 
 
-def _rendezvous(nodes: Nodes | None) -> dict[str, Any]:
+def _rendezvous(nodes: Nodes | None) -> _Rendezvous:
     """``LaunchConfig``'s node count and rendezvous: this host alone, or one of ``nodes``."""
     if nodes is None:
         return {"min_nodes": 1, "max_nodes": 1, "run_id": f"parplan-{uuid.uuid4().hex[:8]}", "rdzv_backend": "c10d",
@@ -146,7 +167,7 @@ def _rendezvous(nodes: Nodes | None) -> dict[str, Any]:
 
 
 def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int,
-             nodes: Nodes | None) -> list[dict[str, Any]] | None:
+             nodes: Nodes | None) -> list[dict[str, object]] | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -167,10 +188,11 @@ def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int
     finally:
         for log, level in zip(logs, levels):
             log.setLevel(level)
-    return results.get(0)  # keyed by global rank: rank 0's node alone has it
+    documents: list[dict[str, object]] | None = results.get(0)  # keyed by global rank: rank 0's node alone has it
+    return documents
 
 
-def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list[dict[str, Any]] | None:
+def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list[dict[str, object]] | None:
     _die_with(agent_pid)
     _join_group(backend, runs[0].timeout)
     try:
@@ -183,7 +205,7 @@ def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list
     return documents
 
 
-def _fail_fast(err: RankFailure) -> None:
+def _fail_fast(err: RankFailure) -> NoReturn:
     """Say where this rank waited, record the error for the agent's report, and exit without tearing down.
 
     When the peer died, this rank first gives the agent ``_GRACE_S`` to see the dead one (it stops this
@@ -193,7 +215,7 @@ def _fail_fast(err: RankFailure) -> None:
     _exit_recorded(err, grace_s=_GRACE_S if err.peer_died else 0.0)
 
 
-def _exit_recorded(err: Exception, *, grace_s: float = 0.0) -> None:
+def _exit_recorded(err: Exception, *, grace_s: float = 0.0) -> NoReturn:
     """Record ``err`` for the agent's report (``TORCHELASTIC_ERROR_FILE``) and exit 1 without tearing down.
 
     A peer may be gone or leaving: tearing down the group and the interpreter would wait on its sockets
@@ -211,7 +233,7 @@ def _exit_recorded(err: Exception, *, grace_s: float = 0.0) -> None:
     os._exit(1)
 
 
-def _each(runs: list[RunOptions]) -> list[dict[str, Any]] | None:
+def _each(runs: list[RunOptions]) -> list[dict[str, object]] | None:
     """Every run's measurement on rank 0 (``None`` elsewhere)."""
     documents = []
     for options in runs:
@@ -222,7 +244,7 @@ def _each(runs: list[RunOptions]) -> list[dict[str, Any]] | None:
     return None if dist.get_rank() != 0 else [d for d in documents if d is not None]
 
 
-def _as_rank(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, Any]] | None:
+def _as_rank(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, object]] | None:
     """This process as one rank of a job torchrun or ``srun`` started: join, run, and on a failure say why and exit."""
     place = place_in_job()
     assert place is not None
@@ -246,7 +268,7 @@ def _as_rank(runs: list[RunOptions], nproc: int | None, backend: str) -> list[di
     return documents
 
 
-def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, Any]] | None:
+def _under_mpi(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, object]] | None:
     try:
         from mpi4py import MPI
     except ImportError:
@@ -274,7 +296,7 @@ def _rendezvous_address(one_host: bool) -> tuple[str, int]:
     return host, port
 
 
-def _join_group(backend: str, timeout: Any) -> None:
+def _join_group(backend: str, timeout: timedelta) -> None:
     """``init_process_group`` from torchrun's environment, with its keys under a prefix of this start of the job.
 
     The agents' store outlives a restart and still holds the previous start's gloo addresses: a rank
@@ -321,12 +343,12 @@ def abort_mpi_job(code: int) -> None:
         comm.Abort(code)
 
 
-def _failure_line(err: Any, max_restarts: int) -> str:
+def _failure_line(err: ChildFailedError, max_restarts: int) -> str:
     """One line for torchrun's ``ChildFailedError``: :func:`processes.rank_failures.failure_line` of its ranks."""
     return failure_line(err.failures, max_restarts)
 
 
-def _bad_input(err: Any) -> str | None:
+def _bad_input(err: ChildFailedError) -> str | None:
     """The message of an InputError a rank raised (a checkpoint refused on reading it, …), if that is what failed.
 
     Only text crosses the process boundary (the error file's ``ExceptionType: message``), so the type is

@@ -22,7 +22,7 @@ import statistics
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -32,13 +32,36 @@ from cost_models.formats.jsonio import read_json, write_json_atomic
 from cost_models.formats.timeline import LAYER_EVENT, TRACE_FORMAT
 from runtime.waiting import all_reduce
 
-__all__ = ["LAYER_RANGE", "layer_seconds", "profiled_layer_times", "profiled_trace"]
+if TYPE_CHECKING:
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from cost_models.formats.plan import Plan
+
+__all__ = ["LAYER_RANGE", "LayerTimes", "Profiled", "layer_seconds", "profiled_layer_times", "profiled_trace"]
 
 LAYER_RANGE = LAYER_EVENT  # the predicted timeline's layer events are named alike (``cost_models.formats.timeline``)
 _BACKWARD = "autograd::engine::evaluate_function: "
 
 
-def layer_seconds(events: Iterable[Any]) -> dict[str, tuple[float, float]]:
+class Profiled(Protocol):
+    """What is profiled layer by layer: a ``DistributedModel`` or a pipeline stage (``runtime.pipeline.stage``)."""
+
+    layer_ranges: bool
+    """Whether each layer runs in a profiler range ``parplan.layer:NAME``."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+
+class LayerTimes(TypedDict):
+    """One layer's median seconds per step, the slowest rank's (the measurement's ``layers``)."""
+
+    name: str
+    forward_s: float
+    backward_s: float
+
+
+def layer_seconds(events: Iterable[FunctionEvent]) -> dict[str, tuple[float, float]]:
     """``{layer: (forward_s, backward_s)}`` from a profiler's ``events()`` (see the module docstring)."""
     events = list(events)
     forward: dict[str, float] = {}
@@ -59,7 +82,7 @@ def layer_seconds(events: Iterable[Any]) -> dict[str, tuple[float, float]]:
     return {name: (forward[name], backward[name]) for name in forward}
 
 
-def _enclosing_layer(event: Any) -> str | None:
+def _enclosing_layer(event: FunctionEvent) -> str | None:
     parent = event.cpu_parent
     while parent is not None:
         if parent.name.startswith(LAYER_RANGE):
@@ -68,8 +91,8 @@ def _enclosing_layer(event: Any) -> str | None:
     return None
 
 
-def profiled_layer_times(model: Any, step: Callable[[int], None], steps: Iterable[int],
-                         device: torch.device) -> list[dict[str, Any]]:
+def profiled_layer_times(model: Profiled, step: Callable[[int], None], steps: Iterable[int],
+                         device: torch.device) -> list[LayerTimes]:
     """Run ``step`` for each of ``steps`` under the profiler; per layer the median seconds, slowest rank's.
 
     Collective: every rank of the default group must call it with the same steps.
@@ -93,7 +116,8 @@ def profiled_layer_times(model: Any, step: Callable[[int], None], steps: Iterabl
             for i, name in enumerate(names) if medians[i].sum() > 0]
 
 
-def profiled_trace(model: Any, step: Callable[[int], None], index: int, device: torch.device, path: str) -> None:
+def profiled_trace(model: Profiled, step: Callable[[int], None], index: int, device: torch.device,
+                   path: str) -> None:
     """Run ``step(index)`` under the profiler, each layer in its range; rank 0 writes its Chrome trace to ``path``.
 
     Collective: every rank of the default group must call it. Written atomically, with ``otherData`` saying what

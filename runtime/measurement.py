@@ -8,13 +8,16 @@ import os
 import platform
 import resource
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from runtime.options import RunOptions
 from runtime.waiting import all_reduce
+
+if TYPE_CHECKING:
+    from cost_models.formats.plan import Plan
 
 __all__ = ["device_of_rank", "largest_over_ranks", "measurement_document", "memory_method", "peak_memory_bytes",
            "peak_report", "synchronise", "verify_only"]
@@ -51,15 +54,15 @@ def peak_memory_bytes(device: torch.device) -> int:
     return largest_over_ranks(peak, device)
 
 
-def verify_only(options: RunOptions, plan: Any, verified: dict[str, Any] | None,
-                device: torch.device) -> dict[str, Any] | None:
+def verify_only(options: RunOptions, plan: Plan, verified: dict[str, object] | None,
+                device: torch.device) -> dict[str, object] | None:
     """Rank 0's document of a run with no steps (``parplan check``'s verifies): the split is not built again."""
     memory = peak_memory_bytes(device)
     return measurement_document(options, plan, [], [], memory, verified) if dist.get_rank() == 0 else None
 
 
-def measurement_document(options: RunOptions, plan: Any, per_step: list[float], losses: list[float], memory: int,
-                         verified: dict[str, Any] | None, peak: int | None = None) -> dict[str, Any]:
+def measurement_document(options: RunOptions, plan: Plan, per_step: list[float], losses: list[float], memory: int,
+                         verified: dict[str, object] | None, peak: int | None = None) -> dict[str, object]:
     """Rank 0's measurement of a run (also the pipeline worker's): per-step seconds, losses, memory, verify.
 
     ``memory``: the largest rank's peak resident size (CPU) or allocation (CUDA); ``peak``: its peak bytes of live
@@ -86,7 +89,7 @@ def measurement_document(options: RunOptions, plan: Any, per_step: list[float], 
     }
 
 
-def peak_report(peak: int, plan: Any, method: str) -> dict[str, Any]:
+def peak_report(peak: int, plan: Plan, method: str) -> dict[str, object]:
     """The measured peak of live tensors beside the plan's predicted peak and their relative difference."""
     predicted = plan.predicted.memory_bytes_max if plan.predicted else None
     return {"peak_bytes": peak, "predicted_bytes": predicted, "method": method,

@@ -33,7 +33,7 @@ __all__ = ["held_tensors", "live_storage_bytes", "peak_tensor_bytes", "storage_b
 _MEMORY_EVENT = "[memory]"
 
 
-def peak_tensor_bytes(step: Callable[[], None], device: torch.device, held: Iterable[torch.Tensor] = ()) -> int:
+def peak_tensor_bytes(step: Callable[[], object], device: torch.device, held: Iterable[torch.Tensor] = ()) -> int:
     """Run ``step`` once and return the peak bytes of live tensors on ``device`` during it; ``held``: the tensors
     the run holds when it starts (CPU; CUDA's allocator counts them itself)."""
     if device.type == "cuda":
@@ -85,7 +85,7 @@ def _count(obj: object, device: torch.device, seen: dict[int, int]) -> None:
         return
 
 
-def _peak_allocated_during(step: Callable[[], None]) -> int:
+def _peak_allocated_during(step: Callable[[], object]) -> int:
     """The highest running total of the bytes allocated (less those freed) while ``step`` runs."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
+    from processes.job import Launcher
 
-__all__ = ["PER_LAYER_STEPS", "RunOptions"]
+__all__ = ["PER_LAYER_STEPS", "PipelineOrder", "RunOptions"]
+
+PipelineOrder = Literal["1f1b", "gpipe"]
+"""A sync pipeline's order of micro-batches (``parplan run --order``)."""
 
 PER_LAYER_STEPS = 3
 """Profiled steps after the timed ones when per-layer times are asked for (``RunOptions.per_layer``)."""
@@ -25,7 +29,7 @@ class RunOptions:
     model: str
     input_shape: tuple[int, int, int, int]
     dtype: str
-    plan: dict[str, Any]  # the parplan.plan/3 document
+    plan: dict[str, object]  # the parplan.plan/3 document
     steps: int
     warmup: int
     lr: float = 0.01
@@ -37,13 +41,13 @@ class RunOptions:
     data: str = ""
     threads: int = 0
     quiet: bool = False
-    launcher: str = "torchrun"
+    launcher: Launcher = "torchrun"
     timeout_s: float = 300.0
     checkpoint_every: int = 0
     checkpoint_dir: str = ""
     resume: bool = False
     output: str | None = None  # the part of the model's output the loss is taken of (runtime.outputs); None: all
-    order: str = "1f1b"
+    order: PipelineOrder = "1f1b"
     """A sync pipeline's order of micro-batches: ``1f1b`` or ``gpipe``."""
     staleness: int | None = None
     """Cap on every stage's staleness of a stale pipeline (``parplan run --staleness``); ``None``: the plan's."""

@@ -12,9 +12,9 @@ every rank, for the layers of its stage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -38,6 +38,8 @@ from runtime.shapes import (
 
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
+    from runtime.layers import Site
+    from runtime.pipeline.cut import StageCut
 
 __all__ = ["check_plan", "check_runnable", "held_plan", "refuse_shapes", "refuse_sites"]
 
@@ -50,7 +52,8 @@ def check_plan(plan: Plan, graph: LayerGraph, ranks: int, where: str = "the plan
     """
     if graph.fingerprint != plan.fingerprint:
         shapes = " and ".join(str(list(shape)) for shape in graph.input_shapes)
-        precision = graph.graph["dtype"] + (f" under autocast to {graph.graph['amp']}" if graph.graph.get("amp") else "")
+        autocast = f" under autocast to {graph.graph['amp']}" if graph.graph.get("amp") else ""
+        precision = graph.graph["dtype"] + autocast
         raise PlanError(f"{where} was made for model fingerprint {plan.fingerprint}, but this model at input "
                         f"{shapes} ({precision}) traces to {graph.fingerprint}; make a new plan (with the same "
                         f"--dtype and --amp as the run)")
@@ -89,7 +92,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: LayerGraph, leaf_modules
         _refuse_tuple_crossings(cuts, graph)
 
 
-def _refuse_tuple_crossings(cuts: Sequence[Any], graph: LayerGraph) -> None:
+def _refuse_tuple_crossings(cuts: Sequence[StageCut], graph: LayerGraph) -> None:
     """The pipeline sends one tensor per crossing value: a layer's tuple of tensors (``x.chunk(2, dim=1)``)
     cannot cross a cut (``runtime.pipeline.stage``)."""
     single = tensor_names(graph)
@@ -101,7 +104,7 @@ def _refuse_tuple_crossings(cuts: Sequence[Any], graph: LayerGraph) -> None:
                         f"reading their items (getitem), or plan with --max-stages 1")
 
 
-def _refuse_split_constant_crossings(cuts: Sequence[Any], plan: Plan, held: Plan) -> None:
+def _refuse_split_constant_crossings(cuts: Sequence[StageCut], plan: Plan, held: Plan) -> None:
     """A constant layer (or one made from shapes) is computed whole; crossing a pipeline cut it travels as its
     plan's layout places it."""
     crossing = [c.name for cut in cuts for c in cut.sends
@@ -135,7 +138,7 @@ def refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerG
         raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}")
 
 
-def refuse_sites(sites: Any) -> None:
+def refuse_sites(sites: Iterable[Site]) -> None:
     """Refuse a plan with a layer (a ``runtime.layers.Site``) this runtime cannot execute in its layout, naming
     the first three and why.
 

@@ -38,13 +38,22 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, TypedDict
 
-__all__ = ["LOW_MEMORY_SHARE", "MEMORY_MARGIN", "PRELOAD", "RankPool", "RankPools", "TaskOutcome",
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
+
+    from runtime.options import RunOptions
+
+__all__ = ["LOW_MEMORY_SHARE", "MEMORY_MARGIN", "PRELOAD", "RankPool", "RankPools", "TaskOutcome", "TaskStatus",
            "available_memory_bytes", "available_memory_share", "one_line"]
+
+TaskStatus = Literal["ok", "refused", "failed", "timeout"]
+"""How a task ended (:class:`TaskOutcome`)."""
 
 PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.ir.graph", "runtime.apply",
            "runtime.train", "runtime.pipeline.worker")
@@ -66,6 +75,25 @@ _GRACE_S = 0.5
 """After a rank's failure report, how long to look for a rank killed by a signal (the likelier cause)."""
 
 
+class _Report(NamedTuple):
+    """What a rank reports of a task (``task`` 0: that it joined the group): ``payload`` is rank 0's measurement
+    (``None`` on other ranks, and for task 0) or, when ``status`` is not ``ok``, one line of the failure."""
+
+    rank: int
+    task: int
+    status: TaskStatus
+    payload: dict[str, object] | str | None
+
+
+class _PoolSettings(TypedDict):
+    """What every pool of :class:`RankPools` is started with."""
+
+    threads: int
+    group_timeout_s: float
+    max_tasks: int
+    preload: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class TaskOutcome:
     """How one task ended on the pool.
@@ -75,7 +103,7 @@ class TaskOutcome:
     anything else or died) or ``"timeout"``. ``error`` is one line naming the rank and what happened.
     """
 
-    status: str
+    status: TaskStatus
     document: dict[str, Any] | None
     error: str
     seconds: float
@@ -87,7 +115,8 @@ class TaskOutcome:
 
 
 class RankPool:
-    """``ranks`` local gloo ranks that run ``worker`` tasks in turn; started at the first task, restarted after a failure.
+    """``ranks`` local gloo ranks that run ``worker`` tasks in turn; started at the first task, restarted after a
+    failure.
 
     Args:
         ranks: Group size.
@@ -106,9 +135,9 @@ class RankPool:
         self.starts = 0
         self.last_peak_bytes = 0
         """The most its ranks held together during the last task (their peak resident sets summed; 0: none yet)."""
-        self._processes: list[Any] = []
-        self._tasks: list[Any] = []
-        self._results: Any = None
+        self._processes: list[BaseProcess] = []
+        self._tasks: list[Queue[tuple[int, RunOptions] | None]] = []
+        self._results: Queue[_Report] | None = None
         self._scratch: str | None = None
         self._done = 0
         self._next_id = 0
@@ -132,7 +161,7 @@ class RankPool:
         """The ranks' process ids (empty when not running)."""
         return [process.pid for process in self._processes if process.pid is not None]
 
-    def run(self, options: Any, *, timeout_s: float) -> TaskOutcome:
+    def run(self, options: RunOptions, *, timeout_s: float) -> TaskOutcome:
         """Run ``worker(options)`` on every rank; rank 0's document, or the first failure, within ``timeout_s``.
 
         Starting the ranks, when they are not running, counts against ``timeout_s`` too.
@@ -173,9 +202,12 @@ class RankPool:
             if process.is_alive():
                 process.kill()
                 process.join(5.0)
-        for channel in [*self._tasks, *([self._results] if self._results is not None else [])]:
-            channel.cancel_join_thread()
-            channel.close()
+        for tasks in self._tasks:
+            tasks.cancel_join_thread()
+            tasks.close()
+        if self._results is not None:
+            self._results.cancel_join_thread()
+            self._results.close()
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
         self._processes, self._tasks, self._results, self._scratch, self._done = [], [], None, None, 0
@@ -200,12 +232,15 @@ class RankPool:
         status, _, error = self._collect(0, deadline, timeout_s)
         return None if status == "ok" else error
 
-    def _collect(self, task_id: int, deadline: float, timeout_s: float) -> tuple[str, dict[str, Any] | None, str]:
+    def _collect(self, task_id: int, deadline: float,
+                 timeout_s: float) -> tuple[TaskStatus, dict[str, object] | None, str]:
         """Every rank's report of ``task_id`` (0: ready); the first failure, a death or the deadline ends it."""
-        reported: dict[int, Any] = {}
+        results = self._results
+        assert results is not None, "the ranks were started"
+        reported: dict[int, dict[str, object] | str | None] = {}
         while len(reported) < self.ranks:
             try:
-                rank, answered, status, payload = self._results.get(timeout=_POLL_S)
+                rank, answered, status, payload = results.get(timeout=_POLL_S)
             except queue_module.Empty:
                 dead = self._dead(reported)
                 if dead:
@@ -219,7 +254,8 @@ class RankPool:
             if status != "ok":
                 return status, None, self._first_failure(f"rank {rank}: {payload}")
             reported[rank] = payload
-        return "ok", reported.get(0), ""
+        document = reported.get(0)
+        return "ok", document if isinstance(document, dict) else None, ""
 
     def _first_failure(self, reported: str) -> str:
         """``reported``, after a rank killed by a signal if one was (what the others saw was its death)."""
@@ -232,11 +268,12 @@ class RankPool:
             time.sleep(_POLL_S / 4)
         return reported
 
-    def _dead(self, reported: dict[int, Any]) -> str:
+    def _dead(self, reported: Mapping[int, object]) -> str:
         for rank, process in enumerate(self._processes):
             code = process.exitcode
             if rank not in reported and code is not None:
-                return _signal_text(rank, code) if code < 0 else f"rank {rank} exited with code {code} without reporting"
+                return (_signal_text(rank, code) if code < 0
+                        else f"rank {rank} exited with code {code} without reporting")
         return ""
 
 
@@ -245,8 +282,8 @@ class RankPools:
 
     def __init__(self, *, threads: int = 1, group_timeout_s: float = 300.0, max_tasks: int = 64,
                  preload: Sequence[str] = ()) -> None:
-        self._settings = {"threads": threads, "group_timeout_s": group_timeout_s, "max_tasks": max_tasks,
-                          "preload": tuple(preload)}
+        self._settings: _PoolSettings = {"threads": threads, "group_timeout_s": group_timeout_s,
+                                         "max_tasks": max_tasks, "preload": tuple(preload)}
         self.pools: dict[int, RankPool] = {}
 
     def __enter__(self) -> RankPools:
@@ -255,7 +292,7 @@ class RankPools:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def run(self, ranks: int, options: Any, *, timeout_s: float) -> TaskOutcome:
+    def run(self, ranks: int, options: RunOptions, *, timeout_s: float) -> TaskOutcome:
         """``RankPool.run`` on the pool of ``ranks`` ranks.
 
         The idle pools of other sizes are stopped first when less than :data:`LOW_MEMORY_SHARE` of this machine's
@@ -263,7 +300,7 @@ class RankPools:
         their ranks hold the last model they ran, and restarting them costs a fork.
         """
         if ranks not in self.pools:
-            self.pools[ranks] = RankPool(ranks, **self._settings)  # type: ignore[arg-type]
+            self.pools[ranks] = RankPool(ranks, **self._settings)
         pool = self.pools[ranks]
         growth = max(0, pool.last_peak_bytes - pool.resident_bytes())
         if available_memory_share() < LOW_MEMORY_SHARE or available_memory_bytes() < MEMORY_MARGIN * growth:
@@ -332,8 +369,8 @@ def _signal_text(rank: int, code: int) -> str:
         return f"rank {rank} died (signal {-code})"
 
 
-def _rank_main(rank: int, world: int, rendezvous: str, tasks: Any, results: Any, parent: int, threads: int,
-               group_timeout_s: float) -> None:
+def _rank_main(rank: int, world: int, rendezvous: str, tasks: Queue[tuple[int, RunOptions] | None],
+               results: Queue[_Report], parent: int, threads: int, group_timeout_s: float) -> None:
     """One rank: join the group, then run tasks until told to stop (``None``) or one fails."""
     _die_with_parent(parent)
     import torch
@@ -347,8 +384,8 @@ def _rank_main(rank: int, world: int, rendezvous: str, tasks: Any, results: Any,
         dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=group_timeout_s))
     except BaseException as err:  # reported, then this rank ends
-        _report_and_exit(results, (rank, 0, "failed", one_line(err)))
-    results.put((rank, 0, "ok", None))
+        _report_and_exit(results, _Report(rank, 0, "failed", one_line(err)))
+    results.put(_Report(rank, 0, "ok", None))
     from runtime.train import worker
 
     while (item := tasks.get()) is not None:
@@ -356,15 +393,15 @@ def _rank_main(rank: int, world: int, rendezvous: str, tasks: Any, results: Any,
         try:
             document = worker(options)
         except BaseException as err:  # the parent tears the pool down: the group may be desynchronised
-            status = "refused" if type(err).__name__ in _INPUT_ERRORS else "failed"
-            _report_and_exit(results, (rank, task_id, status, one_line(err)))
+            status: TaskStatus = "refused" if type(err).__name__ in _INPUT_ERRORS else "failed"
+            _report_and_exit(results, _Report(rank, task_id, status, one_line(err)))
         del options
         _release_memory()
-        results.put((rank, task_id, "ok", document))
+        results.put(_Report(rank, task_id, "ok", document))
     dist.destroy_process_group()
 
 
-def _report_and_exit(results: Any, report: tuple[Any, ...]) -> None:
+def _report_and_exit(results: Queue[_Report], report: _Report) -> NoReturn:
     """Send ``report``, wait until it has left this process, and exit without tearing down (peers may be gone)."""
     results.put(report)
     results.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from cost_models.errors import InputError
 from processes.job import job_attempt
 from runtime.checkpoint import (
     Progress,
+    RunMeta,
     State,
     check_compatible,
     complete,
@@ -39,10 +40,16 @@ from runtime.checkpoint import (
 )
 from runtime.waiting import all_reduce
 
+if TYPE_CHECKING:
+    from runtime.apply import DistributedModel
+    from runtime.options import RunOptions
+    from runtime.pipeline.stash import InFlight
+
 __all__ = ["Recovery", "training_state"]
 
 
-def training_state(split: Any, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor] | None = None) -> State:
+def training_state(split: DistributedModel, optimizer: torch.optim.Optimizer,
+                   buffers: list[torch.Tensor] | None = None) -> State:
     """The named parameters this rank trains, its buffers (``buffers``: only these) and their slices."""
     model: nn.Module = split.model
     own = {id(p) for p in split.own_parameters}
@@ -55,11 +62,11 @@ def training_state(split: Any, optimizer: torch.optim.Optimizer, buffers: list[t
 class Recovery:
     """Checkpoints and resume for this attempt (see the module docstring)."""
 
-    def __init__(self, options: Any, state: State, device: torch.device) -> None:
+    def __init__(self, options: RunOptions, state: State, device: torch.device) -> None:
         self.options, self.state, self.device = options, state, device
         self.restarts = job_attempt()
         self.resumed_from: int | None = None
-        self.in_flight: dict[str, Any] | None = None
+        self.in_flight: InFlight | None = None
         """This rank's batches in flight at the checkpoint resumed from (a stale pipeline's), if it continues them."""
         self.written: list[int] = []
         self.seconds: list[float] = []
@@ -85,7 +92,7 @@ class Recovery:
                   file=sys.stderr, flush=True)
         return progress
 
-    def _newest_usable(self, directory: str) -> dict[str, Any] | None:
+    def _newest_usable(self, directory: str) -> dict[str, object] | None:
         """The newest complete checkpoint every rank can load its part of (collective); a damaged one is passed
         over, the lowest rank that found the damage saying so in one line."""
         world = dist.get_world_size()
@@ -110,7 +117,7 @@ class Recovery:
         every = self.options.checkpoint_every
         return bool(every and self.options.checkpoint_dir and step % every == 0)
 
-    def after_step(self, progress: Progress, in_flight: dict[str, Any] | None = None) -> None:
+    def after_step(self, progress: Progress, in_flight: InFlight | None = None) -> None:
         """Write a checkpoint when :meth:`due` (collective); ``in_flight``: this rank's batches in flight."""
         if self.due(progress.step):
             started = time.perf_counter()
@@ -118,13 +125,13 @@ class Recovery:
             self.seconds.append(time.perf_counter() - started)
             self.written.append(progress.step)
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> RunMeta:
         """What a checkpoint records of this run and a resume must match (or, for ``run``, keeps)."""
         return {"plan": self.options.plan, "seed": self.options.seed, "warmup": self.options.warmup,
                 "run": run_flags(checkpoint_every=self.options.checkpoint_every, order=self.options.order,
                                  staleness=self.options.staleness, lr=self.options.lr)}
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """The measurement's ``recovery`` block."""
         return {"resumed_from_step": self.resumed_from, "restarts": self.restarts,
                 "checkpoint_dir": self.options.checkpoint_dir or None, "checkpoints": list(self.written),

@@ -10,8 +10,7 @@ per rank per run). One model is kept per process; a call with another key drops 
 from __future__ import annotations
 
 import copy
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Hashable, Iterable
 
 import torch
 from torch import nn
@@ -43,7 +42,7 @@ def seeded_model(spec: str, seed: int, dtype: torch.dtype, device: torch.device,
     return _moved(model, dtype, device)
 
 
-def _built(spec: str, seed: int) -> Any:
+def _built(spec: str, seed: int) -> nn.Module:
     from cost_models.ir.model_spec import load_model
 
     torch.manual_seed(seed)
@@ -54,7 +53,7 @@ def _moved(model: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Mod
     return model.to(device=device, dtype=dtype).train()
 
 
-def reference_identity(options: RunOptions) -> tuple[Any, ...] | None:
+def reference_identity(options: RunOptions) -> tuple[str, int, str, str | None, str] | None:
     """What identifies the unsplit reference's model and loss, when the caller lets ranks reuse it across runs
     (``RunOptions.reuse_reference``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
     return (options.model, options.seed, options.data, options.output, options.amp) if options.reuse_reference else None
@@ -66,7 +65,7 @@ def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -
     return seeded_model(options.model, options.seed, dtype, device, reuse=reference_identity(options))
 
 
-def sgd(parameters: Any, *, lr: float) -> torch.optim.SGD:
+def sgd(parameters: Iterable[nn.Parameter], *, lr: float) -> torch.optim.SGD:
     """Plain SGD over ``parameters``; a rank holding none (a pipeline stage of parameter-free layers) steps an
     empty placeholder, so that every rank runs the same optimizer and checkpoint code."""
     held = list(parameters)

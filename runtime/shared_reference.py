@@ -20,11 +20,12 @@ import json
 import os
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.fx.node import Argument
 
 from runtime.inputs import Inputs
 from runtime.random_ops import DrawKey
@@ -36,6 +37,23 @@ __all__ = ["shared_reference", "shared_rounding"]
 Batches = Sequence[tuple[Inputs, torch.Tensor, DrawKey]]
 
 
+class _Structure(TypedDict, total=False):
+    """An output's shape as JSON (:func:`_structure`): one of its keys."""
+
+    tensor: list[int]
+    dtype: str
+    items: list[_Structure]
+    pairs: list[tuple[str, _Structure]]
+    other: None
+
+
+class _Header(TypedDict):
+    """What rank 0 sends first: which parameters have a gradient, and each output's structure."""
+
+    grads: list[bool]
+    outputs: list[_Structure]
+
+
 def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                      batches: Batches, *, reuse: Hashable | None, device: torch.device,
                      output: str | None = None, amp: str = "") -> Reference:
@@ -45,7 +63,8 @@ def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Se
         return reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output, amp=amp)
     held = held_reference(reuse, leaf_modules, dtype, batches) if reuse is not None else None
     if _everywhere(held is not None, device):
-        return held  # type: ignore[return-value]
+        assert held is not None, "this rank holds the reference, as every rank does"
+        return held
     if dist.get_rank() == 0:
         reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output,
                                    amp=amp)  # ranks' threads
@@ -93,8 +112,8 @@ def _every_core() -> Iterator[None]:
 def _send(reference: Reference, device: torch.device) -> None:
     params = list(reference.model.parameters())
     leaves: list[torch.Tensor] = []
-    header = {"grads": [p.grad is not None for p in params],
-              "outputs": [_structure(out, leaves) for out in reference.outputs]}
+    header: _Header = {"grads": [p.grad is not None for p in params],
+                       "outputs": [_structure(out, leaves) for out in reference.outputs]}
     _broadcast_text(json.dumps(header), device)
     grads = [p.grad.reshape(-1) for p in params if p.grad is not None]
     if grads:
@@ -104,7 +123,7 @@ def _send(reference: Reference, device: torch.device) -> None:
 
 
 def _receive(model: nn.Module, device: torch.device) -> Reference:
-    header = json.loads(_broadcast_text("", device))
+    header: _Header = json.loads(_broadcast_text("", device))
     params = [p for p, has in zip(model.parameters(), header["grads"]) if has]
     if params:
         flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=device)
@@ -115,7 +134,7 @@ def _receive(model: nn.Module, device: torch.device) -> Reference:
     return Reference(model, tuple(_rebuilt(out, device) for out in header["outputs"]))
 
 
-def _structure(value: Any, leaves: list[torch.Tensor]) -> Any:
+def _structure(value: object, leaves: list[torch.Tensor]) -> _Structure:
     """``value``'s shape as JSON: tensors by index into ``leaves`` (appended), containers as lists or pairs."""
     if isinstance(value, torch.Tensor):
         leaves.append(value.detach())
@@ -123,11 +142,11 @@ def _structure(value: Any, leaves: list[torch.Tensor]) -> Any:
     if isinstance(value, (tuple, list)):
         return {"items": [_structure(v, leaves) for v in value]}
     if isinstance(value, dict):
-        return {"pairs": [[key, _structure(v, leaves)] for key, v in value.items()]}
+        return {"pairs": [(key, _structure(v, leaves)) for key, v in value.items()]}
     return {"other": None}  # never compared (not a floating tensor)
 
 
-def _rebuilt(shape: dict[str, Any], device: torch.device) -> Any:
+def _rebuilt(shape: _Structure, device: torch.device) -> Argument:
     """The value :func:`_structure` described, each tensor received in turn (tuples for every sequence)."""
     if "tensor" in shape:
         tensor = torch.empty(shape["tensor"], dtype=getattr(torch, shape["dtype"]), device=device)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -47,9 +48,14 @@ from runtime.recovery import Recovery, training_state
 from runtime.seeded_model import fresh_model, reference_identity, sgd
 from runtime.waiting import all_reduce, at
 
+if TYPE_CHECKING:
+    from cost_models.formats.plan import Plan
+    from runtime.apply import DistributedModel
+    from runtime.layer_times import LayerTimes
+
 __all__ = ["worker"]
 
-def worker(options: RunOptions) -> dict[str, Any] | None:
+def worker(options: RunOptions) -> dict[str, object] | None:
     """Run on every rank; returns the measurement document on rank 0."""
     from cost_models.formats.plan import Plan
 
@@ -84,7 +90,7 @@ def worker(options: RunOptions) -> dict[str, Any] | None:
     return document
 
 
-def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
+def _train(options: RunOptions, plan: Plan, split: DistributedModel, optimizer: torch.optim.Optimizer, batch: Batch,
            precision: Precision, recovery: Recovery) -> Progress:
     """The warm-up and timed steps not done yet (``recovery`` says where to start), a checkpoint when due."""
     progress = recovery.start()
@@ -102,7 +108,7 @@ def _train(options: RunOptions, plan: Any, split: Any, optimizer: torch.optim.Op
     return progress
 
 
-def _peak_tensors(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
+def _peak_tensors(options: RunOptions, split: DistributedModel, optimizer: torch.optim.Optimizer, batch: Batch,
                   precision: Precision) -> int:
     """One more step, measuring its peak bytes of live tensors (``runtime.memory_peak``); the largest rank's."""
     step = options.warmup + options.steps
@@ -113,8 +119,8 @@ def _peak_tensors(options: RunOptions, split: Any, optimizer: torch.optim.Optimi
         lambda: _step(split, optimizer, batch(step), precision, DrawKey(options.seed, step)), device, held), device)
 
 
-def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
-                 precision: Precision) -> list[dict[str, Any]]:
+def _layer_times(options: RunOptions, split: DistributedModel, optimizer: torch.optim.Optimizer, batch: Batch,
+                 precision: Precision) -> list[LayerTimes]:
     """Per layer forward/backward seconds over ``PER_LAYER_STEPS`` further steps under the profiler."""
     from runtime.layer_times import profiled_layer_times
 
@@ -125,7 +131,7 @@ def _layer_times(options: RunOptions, split: Any, optimizer: torch.optim.Optimiz
     return profiled_layer_times(split, one_step, range(first, first + PER_LAYER_STEPS), precision.device)
 
 
-def _trace(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, batch: Batch,
+def _trace(options: RunOptions, split: DistributedModel, optimizer: torch.optim.Optimizer, batch: Batch,
            precision: Precision) -> None:
     """One more step under the profiler; rank 0 writes its trace to ``options.trace``."""
     from runtime.layer_times import profiled_trace
@@ -137,7 +143,8 @@ def _trace(options: RunOptions, split: Any, optimizer: torch.optim.Optimizer, ba
     profiled_trace(split, one_step, after, precision.device, options.trace)
 
 
-def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, Any]:
+def _build(options: RunOptions, plan: Plan, dtype: torch.dtype,
+           device: torch.device) -> tuple[nn.Module, DistributedModel]:
     from runtime.apply import apply_plan
 
     model = fresh_model(options, dtype, device)  # the same initial weights on every rank
@@ -146,7 +153,7 @@ def _build(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.dev
                              output=options.output)
 
 
-def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: torch.device,
+def _data_source(options: RunOptions, split: DistributedModel, dtype: torch.dtype, device: torch.device,
                  whole: bool = False) -> Batch:
     """Step → this rank's (inputs, labels); with ``whole``, the whole batch (the unsplit model's, for --verify)."""
     output_shape = split.layer_graph.nodes[split.output_name].output_shape
@@ -165,8 +172,9 @@ def _data_source(options: RunOptions, split: Any, dtype: torch.dtype, device: to
     return synthetic
 
 
-def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[tuple[torch.Tensor, ...], torch.Tensor],
-          precision: Precision, key: DrawKey) -> tuple[float, float]:
+def _step(split: DistributedModel, optimizer: torch.optim.Optimizer,
+          batch: tuple[tuple[torch.Tensor, ...], torch.Tensor], precision: Precision,
+          key: DrawKey) -> tuple[float, float]:
     inputs, target = batch
     device = precision.device
     split.draw_key = key  # the step's random draws: the same on a resumed run
@@ -184,7 +192,7 @@ def _step(split: Any, optimizer: torch.optim.Optimizer, batch: tuple[tuple[torch
     return float(elapsed.item()), split.global_value(share)
 
 
-def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
     """One step of the split and of the unsplit model on the same batch and keyed draws (``runtime.verify``)."""
     from runtime.random_ops import inside_switched_off
     from runtime.shared_reference import shared_reference, shared_rounding
@@ -222,11 +230,11 @@ def _verify(options: RunOptions, plan: Any, dtype: torch.dtype, device: torch.de
     return comparison.report(device) | random_report(reference.random)
 
 
-def _everything(shape: Any) -> tuple[slice, ...]:
+def _everything(shape: Sequence[int]) -> tuple[slice, ...]:
     return tuple(slice(0, int(extent)) for extent in shape)
 
 
-def _progress(options: RunOptions, step: int, seconds: float, loss: float, plan: Any) -> None:
+def _progress(options: RunOptions, step: int, seconds: float, loss: float, plan: Plan) -> None:
     if options.quiet or dist.get_rank() != 0:
         return
     predicted = f", predicted {plan.predicted.iteration_s * 1e3:.2f} ms" if plan.predicted else ""

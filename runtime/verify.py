@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.fx.node import map_aggregate
+from torch.fx.node import Argument, map_aggregate
 
 from cost_models.ir.tracing import symbolic_trace
 from runtime.boxes import nd_box
@@ -43,6 +43,9 @@ from runtime.placement import value_placement
 from runtime.precision import autocast
 from runtime.random_ops import DrawKey, KeyedInterpreter, RandomOp, inside_switched_off, random_ops
 from runtime.waiting import all_reduce
+
+if TYPE_CHECKING:
+    from runtime.apply import DistributedModel
 
 __all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs",
            "floating_leaves", "held_reference", "keep_reference", "keep_references_of", "random_report",
@@ -86,7 +89,7 @@ class Reference:
     """The unsplit model after its step: the model (its gradients), each batch's whole output, its random ops."""
 
     model: nn.Module
-    outputs: tuple[Any, ...]
+    outputs: tuple[Argument, ...]
     random: tuple[RandomOp, ...] = ()
 
 
@@ -114,7 +117,8 @@ def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequ
     return _reference(build, leaf_modules, dtype, batches, output, amp)
 
 
-_REUSED: dict[torch.dtype, tuple[Any, list[Any], Reference]] = {}
+_REUSED: dict[torch.dtype, tuple[tuple[Hashable | None, tuple[str, ...]], list[tuple[Inputs, torch.Tensor, DrawKey]],
+                                 Reference]] = {}
 """Per dtype, the last reference computed with ``reuse`` (its key, its batches, itself)."""
 
 
@@ -154,7 +158,8 @@ def keep_reference(reuse: Hashable, leaf_modules: Sequence[str], dtype: torch.dt
                       reference)
 
 
-def _same_batches(known: list[Any], batches: list[Any]) -> bool:
+def _same_batches(known: Sequence[tuple[Inputs, torch.Tensor, DrawKey]],
+                  batches: Sequence[tuple[Inputs, torch.Tensor, DrawKey]]) -> bool:
     return len(known) == len(batches) and all(
         a[2] == b[2] and _same_tensors((*as_inputs(a[0]), a[1]), (*as_inputs(b[0]), b[1]))
         for a, b in zip(known, batches))
@@ -167,7 +172,8 @@ def _same_tensors(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor])
 def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                batches: list[tuple[Inputs, torch.Tensor, DrawKey]], output: str | None = None,
                amp: str = "") -> Reference:
-    model, outputs = build(dtype), []
+    model = build(dtype)
+    outputs: list[Argument] = []
     traced = symbolic_trace(model, tuple(leaf_modules), inputs=len(as_inputs(batches[0][0])) if batches else 1)
     ops = tuple(random_ops(list(traced.graph.nodes), model).values())
     samples = [int(labels.shape[0]) if labels.dim() else 1 for _, labels, _ in batches]
@@ -238,7 +244,7 @@ class Comparison:
         if name and excess > self._worst_excess:
             self.worst, self._worst_excess = name, excess
 
-    def report(self, device: torch.device) -> dict[str, Any]:
+    def report(self, device: torch.device) -> dict[str, object]:
         """The largest errors over all ranks and whether every tensor passed (collective when distributed)."""
         names = ("output_rel", "output_abs", "grad_rel", "grad_abs", "excess")
         errors = torch.tensor([self.errors[n] for n in names], dtype=torch.float64, device=device)
@@ -252,7 +258,7 @@ class Comparison:
                 "grad_scale": self.gradient_scale, "worst_parameter_on_rank0": self.worst,
                 "passed": bool(figures["excess"] <= 1.0), **self._conclusiveness()}
 
-    def _conclusiveness(self) -> dict[str, Any]:
+    def _conclusiveness(self) -> dict[str, object]:
         """Whether the floor still tells a real error from rounding (:data:`CONCLUSIVE_FLOOR`), with a note if not."""
         conclusive = max(self.gradient_floor, self.output_floor) <= CONCLUSIVE_FLOOR
         note = ("" if conclusive else f"the unsplit model in this dtype is itself off its float64 values by "
@@ -261,17 +267,18 @@ class Comparison:
         return {"conclusive": conclusive, "note": note}
 
 
-def compare_outputs(comparison: Comparison, split: Any, local: Any, whole: Any) -> None:
+def compare_outputs(comparison: Comparison, split: DistributedModel, local: Argument, whole: Argument) -> None:
     """Compare each floating output of ``split`` (a DistributedModel's, ``local``) with its box of ``whole``."""
     wholes = dict(split.outputs(whole))
     for name, value in split.outputs(local):
         expected = wholes[name]
         placement = value_placement(split.plan.layers[name].layout, split.layer_graph.nodes[name])
         box = nd_box(tuple(expected.shape), placement, split.member)
+        assert box is not None, f"output {name} is held under {placement}, which splits its features"
         comparison.output(value, expected[tuple(slice(a, b) for a, b in box)])
 
 
-def compare_gradients(comparison: Comparison, split: Any, reference: nn.Module) -> None:
+def compare_gradients(comparison: Comparison, split: DistributedModel, reference: nn.Module) -> None:
     """Compare every gradient ``split`` trains (a stage: only its own) with the reference's (its slice); a
     parameter the loss does not reach (``--output`` of another head) has no gradient or a zero one on either."""
     sliced = {piece.name: piece for piece in split.slices}
@@ -295,10 +302,15 @@ def random_report(ops: Iterable[RandomOp]) -> dict[str, list[str]]:
             "random_left_on": [str(op) for op in unkeyed if not op.switchable]}
 
 
-def floating_leaves(output: Any) -> list[torch.Tensor]:
+def floating_leaves(output: Argument) -> list[torch.Tensor]:
     """The floating tensors of an output (a tensor, or a dict/tuple/list of them), in order."""
-    leaves: list[Any] = []
-    map_aggregate(output, lambda value: leaves.append(value) or value)
+    leaves: list[Argument] = []
+
+    def kept(value: Argument) -> Argument:
+        leaves.append(value)
+        return value
+
+    map_aggregate(output, kept)
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
 
 
@@ -307,8 +319,8 @@ def rounding_error(reference: Reference, wide: Reference) -> tuple[float, float]
     outputs = [_max_difference(a, b) for narrow, exact in zip(reference.outputs, wide.outputs)
                for a, b in zip(floating_leaves(narrow), floating_leaves(exact))]
     exact = dict(wide.model.named_parameters())
-    gradients = [_max_difference(p.grad, exact[name].grad) for name, p in reference.model.named_parameters()
-                 if p.grad is not None and exact[name].grad is not None]
+    gradients = [_max_difference(p.grad, wide_grad) for name, p in reference.model.named_parameters()
+                 if p.grad is not None and (wide_grad := exact[name].grad) is not None]
     return max(outputs, default=0.0), max(gradients, default=0.0)
 
 

@@ -78,7 +78,7 @@ def _node_stages(nodes: Sequence[Node], stage_of_layer: Mapping[str, int], stage
         elif node.name in stage_of_layer:
             found[node.name] = stage_of_layer[node.name]
         else:
-            used = [found[user.name] for user in node.users if found.get(user.name) is not None]
+            used = [taken for user in node.users if (taken := found.get(user.name)) is not None]
             found[node.name] = min(used) if used else None  # read by nobody (``x, _ = attention(x)``)
     stage: dict[str, int] = {}
     for node in nodes:  # what nobody reads runs with its latest input: nothing crosses for it
@@ -97,7 +97,7 @@ def _node_stages(nodes: Sequence[Node], stage_of_layer: Mapping[str, int], stage
 
 def _crossings(nodes: Sequence[Node], stage: Mapping[str, int], placed: Mapping[str, int],
                static: frozenset[str]) -> list[Crossing]:
-    crossings = []
+    crossings: list[Crossing] = []
     for node in nodes:
         later = sorted({stage[user.name] for user in node.users
                         if stage[user.name] > stage[node.name] and user.name not in static})

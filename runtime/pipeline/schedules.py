@@ -25,15 +25,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["Event", "dsp", "dsp_after", "gpipe", "forwarded_after", "one_f_one_b", "staleness_of"]
+__all__ = ["Event", "EventKind", "dsp", "dsp_after", "gpipe", "forwarded_after", "one_f_one_b", "staleness_of"]
+
+EventKind = Literal["F", "B", "U"]
+"""A forward, a backward or an update (optimizer step)."""
 
 
 @dataclass(frozen=True)
 class Event:
     """One step of a stage's schedule: ``kind`` is ``"F"``, ``"B"`` or ``"U"``; ``batch`` is -1 for ``U``."""
 
-    kind: str
+    kind: EventKind
     batch: int = -1
 
     def __str__(self) -> str:
@@ -96,7 +100,9 @@ def forwarded_after(batches: int, staleness: int, updates: int) -> int:
 
 def staleness_of(events: Sequence[Event]) -> dict[int, int]:
     """Per batch: how many updates ran between its forward and its backward."""
-    updates, at_forward, found = 0, {}, {}
+    updates = 0
+    at_forward: dict[int, int] = {}
+    found: dict[int, int] = {}
     for event in events:
         if event.kind == "U":
             updates += 1

@@ -1,13 +1,14 @@
-"""What a pipeline stage takes of the user's model (``runtime.pipeline.stage``): the placements of the values crossing its
-cuts, its buffers, its compute dtype; the parameters of other stages released, shared ones refused."""
+"""What a pipeline stage takes of the user's model (``runtime.pipeline.stage``): the placements of the values
+crossing its cuts, its buffers, its compute dtype; the parameters of other stages released, shared ones refused."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.fx import Node
 
 from cost_models.errors import PlanError
 from cost_models.formats.plan import Plan
@@ -29,7 +30,8 @@ def activation_dtype(model: nn.Module, plan: Plan) -> torch.dtype:
     return next(floating, getattr(torch, plan.dtype))
 
 
-def crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], plan: Plan, graph: LayerGraph) -> dict[str, Placement]:
+def crossing_placements(nodes: Sequence[Node], cuts: Sequence[StageCut], plan: Plan,
+                        graph: LayerGraph) -> dict[str, Placement]:
     """Each crossing's placement on the wire: its producer's (a model input's: the one the first stage loads it
     in, ``runtime.inputs``)."""
     held = {name: assignment.layout for name, assignment in held_plan(plan, nodes, graph).layers.items()}
@@ -39,7 +41,7 @@ def crossing_placements(nodes: list[Any], cuts: Sequence[StageCut], plan: Plan, 
             else loaded[crossing.name] for crossing in (c for cut in cuts for c in cut.sends)}
 
 
-def refuse_shared_parameters(model: nn.Module, nodes: list[Any], cuts: Sequence[StageCut]) -> None:
+def refuse_shared_parameters(model: nn.Module, nodes: Sequence[Node], cuts: Sequence[StageCut]) -> None:
     """A parameter used on two stages would be trained twice; refuse the cut, naming it."""
     owner: dict[int, int] = {}
     for cut in cuts:
@@ -51,9 +53,10 @@ def refuse_shared_parameters(model: nn.Module, nodes: list[Any], cuts: Sequence[
                                 f"layers sharing it on one stage")
 
 
-def buffers_of(names: Sequence[str], nodes: list[Any], model: nn.Module) -> list[torch.Tensor]:
+def buffers_of(names: Sequence[str], nodes: Sequence[Node], model: nn.Module) -> list[torch.Tensor]:
     """The buffers (batch-norm statistics, …) of the modules this stage's nodes call, each once."""
-    members, found = set(names), {}
+    members = set(names)
+    found: dict[int, torch.Tensor] = {}
     for node in nodes:
         if node.name in members and node.op == "call_module":
             found.update((id(b), b) for b in model.get_submodule(str(node.target)).buffers())

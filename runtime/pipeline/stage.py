@@ -50,16 +50,16 @@ added sleep of ``slowdown − 1`` times its own compute.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.fx.node import map_aggregate
+from torch.fx.node import Argument, map_aggregate
 
 from cost_models.capability.predicate import pipeline_refusal
 from cost_models.errors import PlanError
@@ -73,7 +73,7 @@ from runtime.groups import GroupCache, gradient_group_ranks, group_ranks
 from runtime.inputs import Inputs, as_inputs
 from runtime.pipeline.cut import StageCut, cut_stages
 from runtime.pipeline.moves import CrossingMoves, crossing_moves, wire_placement
-from runtime.pipeline.schedules import Event
+from runtime.pipeline.schedules import Event, EventKind
 from runtime.pipeline.setup import (
     activation_dtype,
     buffers_of,
@@ -81,7 +81,7 @@ from runtime.pipeline.setup import (
     refuse_shared_parameters,
     release_others,
 )
-from runtime.pipeline.stash import Stash, as_leaf, crossing_tensor, detached, operand, saved_stash
+from runtime.pipeline.stash import InFlight, Stash, as_leaf, crossing_tensor, detached, operand, saved_stash
 from runtime.placement import Placement, box_extent, box_view
 from runtime.preflight import check_plan
 from runtime.random_ops import DrawKey
@@ -89,11 +89,15 @@ from runtime.shapes import static_nodes, tensor_names
 from runtime.waiting import at, exchange, wait_all
 
 if TYPE_CHECKING:
+    from torch.distributed import Work
+
     from cost_models.ir.graph import LayerGraph
 
 __all__ = ["EventRecord", "PipelineStage", "apply_pipeline", "check_pipeline"]
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+_Setting = TypeVar("_Setting")
 
 
 def apply_pipeline(model: nn.Module, plan: Plan, sync_batchnorm: bool = False, leaf_modules: Sequence[str] = (),
@@ -145,16 +149,25 @@ class EventRecord:
     wait_s: float
 
 
-class _OnEverySize:
+class _OnEverySize(Generic[_Setting]):
     """A setting of :class:`PipelineStage`'s model, read from it and set on its view at every micro-batch size."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, stage: Any, owner: type | None = None) -> Any:
-        return self if stage is None else getattr(stage.model, self.name)
+    @overload
+    def __get__(self, stage: None, owner: type | None = None) -> _OnEverySize[_Setting]: ...
 
-    def __set__(self, stage: Any, value: Any) -> None:
+    @overload
+    def __get__(self, stage: PipelineStage, owner: type | None = None) -> _Setting: ...
+
+    def __get__(self, stage: PipelineStage | None, owner: type | None = None) -> _OnEverySize[_Setting] | _Setting:
+        if stage is None:
+            return self
+        setting: _Setting = getattr(stage.model, self.name)
+        return setting
+
+    def __set__(self, stage: PipelineStage, value: _Setting) -> None:
         for part in stage._models.values():
             setattr(part, self.name, value)
 
@@ -210,11 +223,11 @@ class PipelineStage:
         self.losses: list[torch.Tensor] = []
         """The last stage's loss share of each batch forwarded, in order (not scaled by its share of the samples)."""
         self.keep_outputs = False
-        self.outputs: dict[int, Any] = {}
+        self.outputs: dict[int, Argument] = {}
         """With ``keep_outputs``, the last stage's output box of each batch forwarded."""
         self._stash: dict[int, Stash] = {}
         self._ahead: dict[int, dict[str, torch.Tensor]] = {}  # batch -> crossings received before its forward
-        self._sending: list[tuple[Any, torch.Tensor, int]] = []  # (request, tensor kept alive, peer)
+        self._sending: list[tuple[Work, torch.Tensor, int]] = []  # (request, tensor kept alive, peer)
         self._waited = 0.0
         self._runs = 0
         release_others(model, self.model.own_parameters)
@@ -236,11 +249,11 @@ class PipelineStage:
         """The buffers of this stage's layers (batch-norm statistics), as the model holds them."""
         return self._buffers
 
-    layer_ranges = _OnEverySize()
+    layer_ranges: _OnEverySize[bool] = _OnEverySize()
     """Whether each layer runs in a profiler range (``DistributedModel.layer_ranges``)."""
-    switch_off_random = _OnEverySize()
+    switch_off_random: _OnEverySize[bool] = _OnEverySize()
     """Whether switchable unkeyed random ops run in their evaluation form (``--verify``)."""
-    output_key = _OnEverySize()
+    output_key: _OnEverySize[str | None] = _OnEverySize()
     """The part of the output the last stage takes the loss of (``DistributedModel.output_key``)."""
 
     def model_for(self, batch: int) -> DistributedModel:
@@ -248,7 +261,8 @@ class PipelineStage:
         return self._models[self.samples(batch)]
 
     def samples(self, batch: int) -> int:
-        """The samples of (micro-)batch ``batch``: micro-batches may differ by one (``cost_models.ir.micro_batches``)."""
+        """The samples of (micro-)batch ``batch``: micro-batches may differ by one
+        (``cost_models.ir.micro_batches``)."""
         return self._sizes[batch] if len(self._sizes) > 1 else self._sizes[0]
 
     def first_sample(self, batch: int) -> int:
@@ -326,20 +340,25 @@ class PipelineStage:
                 moves = self._outgoing[size, crossing.name, consumer]
                 self._send(stash.outputs[crossing.name], moves.box, moves.sends, consumer, 2 * crossing.tag)
         if self.last:
-            self.losses.append(stash.loss.detach() / self.loss_scale(batch))  # type: ignore[union-attr]
+            assert stash.loss is not None, "the last stage's forward computes its loss"
+            self.losses.append(stash.loss.detach() / self.loss_scale(batch))
         if self.recompute:
             stash.outputs, stash.loss = {}, None
         self._stash[batch] = stash
 
     def backward(self, batch: int, sync: bool = True) -> None:
-        """Receive the gradients of ``batch``'s outputs, backward (after recomputing, if stale), send input gradients."""
+        """Receive the gradients of ``batch``'s outputs, backward (after recomputing, if stale), send input
+        gradients."""
         stash = self._stash.pop(batch)
         size = self.samples(batch)
-        grads = {c.name: sum(self._receive_gradient(size, c.name, consumer, 2 * c.tag + 1) for consumer in c.consumers)
+        grads = {c.name: _summed(self._receive_gradient(size, c.name, consumer, 2 * c.tag + 1)
+                                 for consumer in c.consumers)
                  for c in self.cut.sends}
         saved = self._recompute(stash) if self.recompute else []
-        tensors = [stash.outputs[name] for name in grads] + ([stash.loss] if self.last else [])
-        gradients = [grads[name] for name in grads] + ([None] if self.last else [])
+        tensors: list[torch.Tensor | None] = [stash.outputs[name] for name in grads]
+        tensors += [stash.loss] if self.last else []
+        gradients: list[torch.Tensor | None] = [grads[name] for name in grads]
+        gradients += [None] if self.last else []
         pairs = [(t, g) for t, g in zip(tensors, gradients) if t is not None and t.requires_grad]
         if pairs:
             with self.model.no_sync() if not sync else nullcontext():
@@ -358,7 +377,7 @@ class PipelineStage:
                 self._ahead.setdefault(batch, {})[crossing.name] = self._receive(
                     self.samples(batch), crossing.name, crossing.producer, 2 * crossing.tag)
 
-    def in_flight(self) -> dict[str, Any]:
+    def in_flight(self) -> InFlight:
         """The batches forwarded and not yet backwarded (their stashed inputs, draws' keys and RNG states; the
         last stage's losses of them) and the crossings received ahead, as tensors to save (batch numbers of
         this run)."""
@@ -366,9 +385,10 @@ class PipelineStage:
         return {"stash": {b: saved_stash(self._stash[b]) for b in stashed},
                 "losses": [loss.cpu().clone() for loss in self.losses[len(self.losses) - len(stashed):]]
                 if self.last and stashed else [],
-                "ahead": {b: {n: t.detach().cpu().clone() for n, t in named.items()} for b, named in self._ahead.items()}}
+                "ahead": {b: {n: t.detach().cpu().clone() for n, t in named.items()}
+                          for b, named in self._ahead.items()}}
 
-    def reinstall(self, saved: Mapping[str, Any], shift: int = 0) -> None:
+    def reinstall(self, saved: InFlight, shift: int = 0) -> None:
         """Take back the batches in flight :meth:`in_flight` saved, numbered ``shift`` lower in this run."""
         device = self._device()
         for batch, entry in saved["stash"].items():
@@ -410,6 +430,7 @@ class PipelineStage:
         if self.last and self.keep_outputs:
             self.outputs[stash.batch] = map_aggregate(env["(output)"], detached)
         if self.last:
+            assert stash.target is not None, "the last stage loads the target of every batch it forwards"
             stash.loss = model.loss(env["(output)"], stash.target, self.loss_fn) * self.loss_scale(stash.batch)
 
     def _recompute(self, stash: Stash) -> list[torch.Tensor]:
@@ -440,12 +461,13 @@ class PipelineStage:
                               self._stage_ranks(consumer), rank)
 
     def _send(self, tensor: torch.Tensor, box: Box, pieces: Sequence[tuple[int, Box]], stage: int, tag: int) -> None:
-        """Post the sends of ``pieces`` of ``tensor`` (this rank's ``box``, in its value's geometry) to stage ``stage``."""
+        """Post the sends of ``pieces`` of ``tensor`` (this rank's ``box``, in its value's geometry) to stage
+        ``stage``."""
         whole = tensor.detach().reshape(box_extent(box))
         for peer, piece in pieces:
             part = box_view(whole, box, piece).contiguous()
             with exchange(f"the pipeline send to stage {stage}", [peer]):
-                self._sending.append((dist.isend(part, peer, tag=tag), part, peer))
+                self._sending.append((_posted(dist.isend(part, peer, tag=tag)), part, peer))
 
     def _receive(self, size: int, name: str, stage: int, tag: int) -> torch.Tensor:
         """This rank's box of crossing ``name`` of a batch of ``size`` samples, from the members of stage ``stage``
@@ -472,7 +494,7 @@ class PipelineStage:
         buffers = [result if whole else torch.empty(box_extent(piece), dtype=self.dtype, device=self._device())
                    for _, piece in pieces]
         with exchange(f"the pipeline receive of {what} from stage {stage}", [peer for peer, _ in pieces]):
-            requests = [dist.irecv(buffer, peer, tag=tag) for (peer, _), buffer in zip(pieces, buffers)]
+            requests = [_posted(dist.irecv(buffer, peer, tag=tag)) for (peer, _), buffer in zip(pieces, buffers)]
             for request in requests:
                 request.wait()
         if not whole:
@@ -498,4 +520,17 @@ class PipelineStage:
         return time.perf_counter()
 
 
-_PHASES = {"F": "forward", "B": "backward", "U": "update"}
+_PHASES: dict[EventKind, str] = {"F": "forward", "B": "backward", "U": "update"}
+
+
+def _summed(parts: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``sum(parts)`` of one or more tensors (a crossing has at least one consumer)."""
+    total = sum(parts)
+    assert isinstance(total, torch.Tensor), "a crossing value has at least one consumer"
+    return total
+
+
+def _posted(work: Work | None) -> Work:
+    """A request of a point-to-point exchange posted on the default group (every rank is a member)."""
+    assert work is not None, "every rank is a member of the default group"
+    return work

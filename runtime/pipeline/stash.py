@@ -4,15 +4,16 @@ checkpoint, ``runtime.pipeline.worker``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import torch
+from torch.fx.node import Argument
 
 from cost_models.errors import PlanError
 from runtime.apply import DistributedModel
 from runtime.random_ops import DrawKey
 
-__all__ = ["Stash", "as_leaf", "crossing_tensor", "detached", "operand", "saved_stash"]
+__all__ = ["InFlight", "SavedStash", "Stash", "as_leaf", "crossing_tensor", "detached", "operand", "saved_stash"]
 
 
 @dataclass
@@ -30,7 +31,27 @@ class Stash:
     loss: torch.Tensor | None = None
 
 
-def saved_stash(stash: Stash) -> dict[str, Any]:
+class SavedStash(TypedDict):
+    """A batch in flight as a checkpoint holds it (:func:`saved_stash`): CPU tensors and numbers."""
+
+    inputs: dict[str, torch.Tensor]
+    x: list[torch.Tensor]
+    target: torch.Tensor | None
+    key: list[int]
+    """The draws' key: seed, step, first sample."""
+    rng: torch.Tensor
+
+
+class InFlight(TypedDict):
+    """A stage's batches in flight (``PipelineStage.in_flight``), by batch number: their stashes, the last stage's
+    losses of them, and the crossings received ahead of their forwards."""
+
+    stash: dict[int, SavedStash]
+    losses: list[torch.Tensor]
+    ahead: dict[int, dict[str, torch.Tensor]]
+
+
+def saved_stash(stash: Stash) -> SavedStash:
     """What a batch in flight needs to be backwarded after a restart, as CPU tensors and numbers."""
     return {"inputs": {n: t.detach().cpu().clone() for n, t in stash.inputs.items()},
             "x": [t.detach().cpu().clone() for t in stash.x],
@@ -43,7 +64,7 @@ def as_leaf(saved: torch.Tensor, device: torch.device) -> torch.Tensor:
     return saved.to(device).requires_grad_(saved.is_floating_point())
 
 
-def detached(value: Any) -> Any:
+def detached(value: Argument) -> Argument:
     return value.detach() if isinstance(value, torch.Tensor) else value
 
 
@@ -53,7 +74,7 @@ def operand(received: torch.Tensor) -> torch.Tensor:
     return received.clone() if received.requires_grad else received
 
 
-def crossing_tensor(value: Any) -> torch.Tensor:
+def crossing_tensor(value: object) -> torch.Tensor:
     tensor = getattr(value, "tensor", value)
     if not isinstance(tensor, torch.Tensor):
         raise PlanError(f"a value crossing a pipeline cut is a {type(tensor).__name__}, not a tensor; move the cut")

@@ -41,7 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -51,12 +51,13 @@ from cost_models.formats.plan import Plan
 from runtime.batches import factory_batches, synthetic_inputs, synthetic_labels
 from runtime.checkpoint import Progress
 from runtime.fault_injection import planned, strike
-from runtime.layer_times import profiled_layer_times, profiled_trace
+from runtime.layer_times import LayerTimes, profiled_layer_times, profiled_trace
 from runtime.measurement import largest_over_ranks, measurement_document, peak_memory_bytes, synchronise, verify_only
 from runtime.memory_peak import held_tensors, peak_tensor_bytes
 from runtime.options import PER_LAYER_STEPS, RunOptions
 from runtime.pipeline.schedules import Event, dsp, dsp_after, forwarded_after, gpipe, one_f_one_b, staleness_of
-from runtime.pipeline.stage import apply_pipeline
+from runtime.pipeline.stage import EventRecord, PipelineStage, apply_pipeline
+from runtime.pipeline.stash import InFlight
 from runtime.random_ops import DrawKey, inside_switched_off
 from runtime.recovery import Recovery, training_state
 from runtime.seeded_model import fresh_model, reference_identity, sgd
@@ -76,12 +77,13 @@ __all__ = ["pipeline_worker"]
 Loader = Callable[[int], tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]]
 
 
-def pipeline_worker(options: RunOptions, plan: Plan, device: torch.device) -> dict[str, Any] | None:
+def pipeline_worker(options: RunOptions, plan: Plan, device: torch.device) -> dict[str, object] | None:
     """Run on every rank; returns the measurement's fields (``runtime.train``) on rank 0."""
 
     if options.amp:
 
-        raise PlanError(f"--amp {options.amp} runs single-stage plans only; this plan has {plan.pipeline.stages} stages")
+        raise PlanError(f"--amp {options.amp} runs single-stage plans only; this plan has {plan.pipeline.stages} "
+                        f"stages")
     plan = _capped(plan, options.staleness)
     dtype = getattr(torch, options.dtype)
     verified = _verify(options, plan, dtype, device) if options.verify else None
@@ -109,8 +111,8 @@ def pipeline_worker(options: RunOptions, plan: Plan, device: torch.device) -> di
     return document
 
 
-def _peak_tensors(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
-                  device: torch.device) -> int:
+def _peak_tensors(options: RunOptions, plan: Plan, stage: PipelineStage, optimizer: torch.optim.Optimizer,
+                  dtype: torch.dtype, device: torch.device) -> int:
     """One more batch (a sync iteration; a stale batch with its fill and drain), measuring its peak bytes of live
     tensors (``runtime.memory_peak``); the largest rank's."""
 
@@ -121,8 +123,8 @@ def _peak_tensors(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.
         lambda: _train(options, plan, stage, optimizer, range(step, step + 1), dtype, device), device, held), device)
 
 
-def _layer_times(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
-                 device: torch.device) -> list[dict[str, Any]]:
+def _layer_times(options: RunOptions, plan: Plan, stage: PipelineStage, optimizer: torch.optim.Optimizer,
+                 dtype: torch.dtype, device: torch.device) -> list[LayerTimes]:
     """Per layer seconds of one more batch at a time (a sync iteration; a stale batch with its fill and drain)."""
 
     def one_batch(step: int) -> None:
@@ -132,8 +134,8 @@ def _layer_times(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.o
     return profiled_layer_times(stage, one_batch, range(first, first + PER_LAYER_STEPS), device)
 
 
-def _trace(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
-           device: torch.device) -> None:
+def _trace(options: RunOptions, plan: Plan, stage: PipelineStage, optimizer: torch.optim.Optimizer,
+           dtype: torch.dtype, device: torch.device) -> None:
     """One more batch under the profiler; rank 0 (stage 0) writes its trace to ``options.trace``."""
 
     def one_batch(step: int) -> None:
@@ -143,8 +145,9 @@ def _trace(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.optim.O
     profiled_trace(stage, one_batch, after, device, options.trace)
 
 
-def _train_segments(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.optim.Optimizer, dtype: torch.dtype,
-                    device: torch.device, recovery: Recovery) -> tuple[Progress, list[list[Any]], float]:
+def _train_segments(options: RunOptions, plan: Plan, stage: PipelineStage, optimizer: torch.optim.Optimizer,
+                    dtype: torch.dtype, device: torch.device,
+                    recovery: Recovery) -> tuple[Progress, list[list[EventRecord]], float]:
     """The steps not done yet, segment by segment (``_segments``), a checkpoint after each when due — or, in a
     stale pipeline, at each due update inside its segment (``_Checkpoints``).
 
@@ -152,7 +155,7 @@ def _train_segments(options: RunOptions, plan: Plan, stage: Any, optimizer: torc
     wall seconds.
     """
     progress = recovery.start()
-    records: list[list[Any]] = []
+    records: list[list[EventRecord]] = []
     wall_s = 0.0
     stale = plan.pipeline.schedule == "stale"
     every = 0 if stale else options.checkpoint_every
@@ -207,7 +210,7 @@ class _Checkpoints:
     uninterrupted run does, bit for bit.
     """
 
-    def __init__(self, recovery: Recovery, progress: Progress, steps: range, timed: bool, stage: Any,
+    def __init__(self, recovery: Recovery, progress: Progress, steps: range, timed: bool, stage: PipelineStage,
                  device: torch.device) -> None:
         self.recovery, self.progress, self.steps, self.timed = recovery, progress, steps, timed
         self.stage, self.device = stage, device
@@ -215,12 +218,15 @@ class _Checkpoints:
         self.losses_before = len(stage.losses)  # where this run's losses begin in the last stage's list
         self.first = progress.step  # the step this run began at
 
-    def __call__(self, batch: int, records: list[Any]) -> None:
+    def __call__(self, batch: int, records: list[EventRecord]) -> None:
         step = self.steps[batch] + 1  # updates done
         if not self.recovery.due(step):
             return
         updates, staleness = batch + 1, self.stage.plan.pipeline.staleness
-        reach = lambda k: forwarded_after(len(self.steps), staleness[k], updates)  # noqa: E731
+
+        def reach(k: int) -> int:
+            return forwarded_after(len(self.steps), staleness[k], updates)
+
         self.stage.receive_ahead({c.name: range(reach(self.stage.index), reach(c.producer))
                                   for c in self.stage.cut.receives})
         losses = _losses_of(self.stage, self.losses_before, step - self.first, 1, self.device)
@@ -230,7 +236,7 @@ class _Checkpoints:
         self.recovery.after_step(now, _numbered(self.stage.in_flight(), self.steps.start))
 
 
-def _numbered(in_flight: dict[str, Any], start: int) -> dict[str, Any]:
+def _numbered(in_flight: InFlight, start: int) -> InFlight:
     """Batches in flight numbered by their step (their batch number in the segment ``+ start``)."""
     return {"stash": {start + b: entry for b, entry in in_flight["stash"].items()}, "losses": in_flight["losses"],
             "ahead": {start + b: named for b, named in in_flight["ahead"].items()}}
@@ -244,7 +250,8 @@ def _capped(plan: Plan, bound: int | None) -> Plan:
     return replace(plan, pipeline=replace(plan.pipeline, staleness=staleness))
 
 
-def _build(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device, sync_batchnorm: bool | None = None) -> Any:
+def _build(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device,
+           sync_batchnorm: bool | None = None) -> PipelineStage:
 
     model = fresh_model(options, dtype, device)
     slowdown = float(dict(options.slow_stages).get(plan.pipeline.stage_of(dist.get_rank()), 1.0))
@@ -259,16 +266,17 @@ def _order(options: RunOptions, plan: Plan) -> str:
     return "dsp" if plan.pipeline.schedule == "stale" else options.order
 
 
-def _events(options: RunOptions, plan: Plan, stage: Any, batches: int = 1) -> tuple[Event, ...]:
+def _events(options: RunOptions, plan: Plan, stage: PipelineStage, batches: int = 1) -> tuple[Event, ...]:
     micro = plan.pipeline.micro_batches
     if plan.pipeline.schedule == "stale":
         return dsp(batches, plan.pipeline.staleness[stage.index])
     return gpipe(micro) if _order(options, plan) == "gpipe" else one_f_one_b(plan.pipeline.stages, stage.index, micro)
 
 
-def _train(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.optim.Optimizer, steps: range, dtype: torch.dtype,
-           device: torch.device, *, done: int = 0, in_flight: dict[str, Any] | None = None,
-           checkpoints: Callable[[int, list[Any]], None] | None = None) -> tuple[list[float], list[Any], float]:
+def _train(options: RunOptions, plan: Plan, stage: PipelineStage, optimizer: torch.optim.Optimizer, steps: range,
+           dtype: torch.dtype, device: torch.device, *, done: int = 0, in_flight: InFlight | None = None,
+           checkpoints: Callable[[int, list[EventRecord]], None] | None = None
+           ) -> tuple[list[float], list[EventRecord], float]:
     """Run ``steps``; returns per-step seconds, this rank's event records and the wall time (slowest rank).
 
     A stale pipeline resumed ``done`` updates into ``steps`` takes back its batches ``in_flight`` and runs the
@@ -297,14 +305,14 @@ def _train(options: RunOptions, plan: Plan, stage: Any, optimizer: torch.optim.O
             begun = time.perf_counter()
             with at(f"step {step + 1}"):
                 records += stage.run(_events(options, plan, stage), optimizer,
-                                     lambda micro, s=step: _load(options, stage, s, micro, dtype, device),
+                                     partial(_load, options, stage, step, dtype=dtype, device=device),
                                      last_backward=plan.pipeline.micro_batches - 1, keys=_keys(options, stage, step))
             synchronise(device)
             per_step.append(_slowest(time.perf_counter() - begun, device))
     return per_step, records, _slowest(time.perf_counter() - started, device)
 
 
-def _load(options: RunOptions, stage: Any, step: int, micro: int, dtype: torch.dtype, device: torch.device
+def _load(options: RunOptions, stage: PipelineStage, step: int, micro: int, dtype: torch.dtype, device: torch.device
           ) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
     """This rank's input boxes (first stage: one per model input) and target box (last stage) of micro-batch
     ``micro`` of ``step``."""
@@ -320,8 +328,9 @@ def _load(options: RunOptions, stage: Any, step: int, micro: int, dtype: torch.d
     return (inputs if x_boxes else None), (target if t_box else None)
 
 
-def _batch(options: RunOptions, output_shape: Sequence[int], x_boxes: tuple[tuple[slice, ...], ...], t_box: tuple[slice, ...],
-           step: int, dtype: torch.dtype, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+def _batch(options: RunOptions, output_shape: Sequence[int], x_boxes: tuple[tuple[slice, ...], ...],
+           t_box: tuple[slice, ...], step: int, dtype: torch.dtype,
+           device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """The inputs' and the target's boxes of ``step`` (boxes of the global batch): the ``--data`` factory's, or
     synthetic."""
 
@@ -333,7 +342,7 @@ def _batch(options: RunOptions, output_shape: Sequence[int], x_boxes: tuple[tupl
             synthetic_labels(label_shape, t_box, output_shape[1], seed, device))
 
 
-def _keys(options: RunOptions, stage: Any, step: int) -> Callable[[int], DrawKey]:
+def _keys(options: RunOptions, stage: PipelineStage, step: int) -> Callable[[int], DrawKey]:
     """The keys of a sync step's micro-batches: the step, and the global index of each one's first sample."""
     return lambda micro: DrawKey(options.seed, step, stage.first_sample(micro))
 
@@ -351,7 +360,8 @@ def _empty_boxes(options: RunOptions) -> tuple[tuple[slice, ...], ...]:
     return tuple(_empty(len(shape)) for shape in options.shapes)
 
 
-def _update_intervals(stage: Any, records: list[Any], started: float, device: torch.device) -> list[float]:
+def _update_intervals(stage: PipelineStage, records: list[EventRecord], started: float,
+                      device: torch.device) -> list[float]:
     """Seconds between consecutive updates of the last stage's first rank, sent to every rank."""
     times = [record.end_s for record in records if record.event.kind == "U"]
     intervals = [b - a for a, b in zip([started, *times], times)]
@@ -367,12 +377,12 @@ def _slowest(seconds: float, device: torch.device) -> float:
     return float(value.item())
 
 
-def _losses(stage: Any, steps: range, micro: int, device: torch.device) -> list[float]:
+def _losses(stage: PipelineStage, steps: range, micro: int, device: torch.device) -> list[float]:
     """The unsplit loss of each step: the last stage's shares summed over its ranks and micro-batches."""
     return _losses_of(stage, len(stage.losses) - len(steps) * micro, len(steps), micro, device)
 
 
-def _losses_of(stage: Any, start: int, steps: int, micro: int, device: torch.device) -> list[float]:
+def _losses_of(stage: PipelineStage, start: int, steps: int, micro: int, device: torch.device) -> list[float]:
     """The unsplit loss of ``steps`` steps whose shares begin at ``start`` in the last stage's list (collective)."""
     values = torch.zeros(steps, dtype=torch.float64, device=device)
     if stage.last:
@@ -383,7 +393,7 @@ def _losses_of(stage: Any, start: int, steps: int, micro: int, device: torch.dev
     return [float(v) for v in values]
 
 
-def _step_loss(stage: Any, shares: Sequence[float]) -> float:
+def _step_loss(stage: PipelineStage, shares: Sequence[float]) -> float:
     """One step's loss from its micro-batches' mean losses: the mean over equal micro-batches, else each weighted by
     its share of the samples (the unsplit model's mean over the batch)."""
     if len(set(stage.samples(b) for b in range(len(shares)))) == 1:
@@ -391,8 +401,8 @@ def _step_loss(stage: Any, shares: Sequence[float]) -> float:
     return sum(share * stage.loss_scale(b) for b, share in enumerate(shares))
 
 
-def _stage_report(stage: Any, plan: Plan, segments: list[list[Any]], wall_s: float, device: torch.device,
-                  slowdowns: dict[int, float]) -> list[dict[str, Any]]:
+def _stage_report(stage: PipelineStage, plan: Plan, segments: list[list[EventRecord]], wall_s: float,
+                  device: torch.device, slowdowns: dict[int, float]) -> list[dict[str, float]]:
     """Per stage: busy and waiting seconds (its slowest rank), busy fraction, staleness achieved and planned."""
     records = [record for segment in segments for record in segment]
     busy = sum(r.end_s - r.start_s - r.wait_s for r in records if r.event.kind != "U") + sum(
@@ -410,7 +420,7 @@ def _stage_report(stage: Any, plan: Plan, segments: list[list[Any]], wall_s: flo
             for k, row in enumerate(table)]
 
 
-def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
     """One iteration without its update against the unsplit model on the same micro-batches (module docstring)."""
 
     keep_references_of(reference_identity(options), options.leaf_modules)
@@ -440,7 +450,7 @@ def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.d
     return comparison.report(device) | random_report(reference.random)
 
 
-def _whole(options: RunOptions, stage: Any, micro: int, dtype: torch.dtype, device: torch.device
+def _whole(options: RunOptions, stage: PipelineStage, micro: int, dtype: torch.dtype, device: torch.device
            ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """The whole micro-batch ``micro`` of step 0 (every input) and its labels (the unsplit model's)."""
     part = stage.model_for(micro)
