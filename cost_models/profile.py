@@ -312,7 +312,7 @@ class Profile:
             )
         return fit.time_s(group, nbytes)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         """The ``parplan.profile/1`` JSON document."""
         return {
             "format": PROFILE_FORMAT,

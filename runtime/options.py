@@ -27,7 +27,7 @@ class RunOptions:
     """Everything a rank needs, picklable (sent to spawned ranks)."""
 
     model: str
-    input_shape: tuple[int, int, int, int]
+    input_shape: tuple[int, ...]
     dtype: str
     plan: dict[str, object]  # the parplan.plan/3 document
     steps: int

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from cost_models.errors import InputError
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
            "add_trace_argument", "amp_argument", "check_out_dir", "check_plot_path", "cluster_for", "compute_dtype",
            "int_at_least", "load_profile_argument", "non_negative_int", "positive_float", "positive_int", "print_json",
-           "run_input_shape", "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
+           "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -214,15 +213,6 @@ def compute_dtype(amp: str | None, dtype: str) -> str:
     from cost_models.ir.graph import AMP_DTYPES
 
     return AMP_DTYPES[amp] if amp else dtype
-
-
-def run_input_shape(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    """``shape`` (a model input's, ``N,C,L`` to ``N,C,D,H,W``) as ``RunOptions.input_shape`` is annotated.
-
-    That field is declared ``(N, C, H, W)`` but holds every rank the runtime runs; the one place that says so
-    until ``runtime/options.py`` declares it ``tuple[int, ...]`` (then this goes, and callers pass the shape).
-    """
-    return tuple(shape)  # type: ignore[return-value]
 
 
 def slowdowns(items: list[str]) -> dict[int, float]:

@@ -354,10 +354,9 @@ def preflight(model: nn.Module, plan: Plan, graph: LayerGraph, ranks: int, leaf_
 
 
 def _run_options(request: CheckRequest, plan: Plan, graph: LayerGraph, ranks: int, timeout_s: float) -> RunOptions:
-    from parplan.cli.args import run_input_shape
     from runtime.options import RunOptions
 
-    return RunOptions(model=request.model, input_shape=run_input_shape(request.input_shape),
+    return RunOptions(model=request.model, input_shape=tuple(request.input_shape),
                       input_shapes=request.shapes, dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),

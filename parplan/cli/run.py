@@ -30,7 +30,6 @@ from parplan.cli.args import (
     non_negative_int,
     positive_float,
     positive_int,
-    run_input_shape,
     slowdowns,
 )
 from parplan.cli.ranks import JobRanks, add_node_arguments, check_placement, job_ranks
@@ -171,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     for note in notes:  # what the resume kept, once the input is known good
         print(note, file=sys.stderr, flush=True)
     options = RunOptions(
-        model=args.model, input_shape=run_input_shape(shapes[0]), input_shapes=shapes, dtype=args.dtype,
+        model=args.model, input_shape=tuple(shapes[0]), input_shapes=shapes, dtype=args.dtype,
         plan=_predicted(args, plan, graph, ranks).to_dict(),
         steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, verify=args.verify,
         tolerance=args.tolerance or (1e-9 if args.dtype == "float64" else 1e-3),

@@ -207,7 +207,6 @@ def _layout_candidates(args: argparse.Namespace, graph: LayerGraph, profile: Pro
 
 def _measure(args: argparse.Namespace, candidates: list[Candidate], graph: LayerGraph) -> list[dict[str, Any]] | None:
     """Each candidate's measurement, its rounds' steps merged (``--rounds``); ``None`` on MPI ranks but 0."""
-    from parplan.cli.args import run_input_shape
     from parplan.cli.run import backend_for
     from runtime.launch import launch_many
     from runtime.options import RunOptions
@@ -217,7 +216,7 @@ def _measure(args: argparse.Namespace, candidates: list[Candidate], graph: Layer
     rounds = min(args.rounds, args.steps)
     order = [(r, i) for r in range(rounds)
              for i in (range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates))))]
-    runs = [RunOptions(model=args.model, input_shape=run_input_shape(graph.input_shape),
+    runs = [RunOptions(model=args.model, input_shape=tuple(graph.input_shape),
                        input_shapes=graph.input_shapes,
                        dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
                        warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -424,7 +424,8 @@ class PipelineStage:
 
     def _compute(self, stash: Stash) -> None:
         model = stash.model
-        env = {name: model.value(name, operand(leaf), self.placements[name]) for name, leaf in stash.inputs.items()}
+        env: dict[str, Any] = {name: model.value(name, operand(leaf), self.placements[name])
+                               for name, leaf in stash.inputs.items()}  # run_nodes' environment
         env = model.run_nodes(env, stash.x if self.first else (), stash.key, keep={c.name for c in self.cut.sends})
         stash.outputs = {c.name: crossing_tensor(env[c.name]) for c in self.cut.sends}
         if self.last and self.keep_outputs:
