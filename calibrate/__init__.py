@@ -11,4 +11,5 @@ Only ``presets`` and the fitting modules are importable without torch; import
 the submodules directly (this package imports none of them eagerly).
 """
 
-__all__ = ["comm_bench", "comm_fit", "comm_ranks", "compute_fit", "fitting", "kernels", "presets", "problems", "session"]
+__all__ = ["comm_bench", "comm_fit", "comm_ranks", "compute_fit", "fitting", "kernels", "presets", "problems",
+           "session"]

@@ -19,7 +19,7 @@ from cost_models.local_problem import LocalProblem
 __all__ = ["attention_kernel"]
 
 
-def attention_kernel(problem: LocalProblem, phase: str, inputs: list[torch.Tensor]) -> Callable[[], Any]:
+def attention_kernel(problem: LocalProblem, phase: str, inputs: list[torch.Tensor]) -> Callable[[], object]:
     """A callable running ``phase`` (``fwd`` or ``bwd``) of the attention ``problem`` on ``inputs``."""
     attrs = dict(problem.attrs)
     query = inputs[0]
@@ -35,7 +35,8 @@ def attention_kernel(problem: LocalProblem, phase: str, inputs: list[torch.Tenso
     return lambda: torch.autograd.grad(output, wrt, grad_output, retain_graph=True)
 
 
-def _attention_call(attrs: dict[str, Any], like: torch.Tensor) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
+def _attention_call(attrs: dict[str, Any],
+                    like: torch.Tensor) -> tuple[Callable[..., torch.Tensor], list[torch.Tensor]]:
     """The forward of the attention ``attrs`` describe, on ``like``'s device and dtype, and its weights."""
     if attrs.get("form") == "module":
         module = nn.MultiheadAttention(int(attrs["embed_dim"]), int(attrs["num_heads"]), kdim=attrs.get("kdim"),

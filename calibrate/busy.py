@@ -16,13 +16,19 @@ goes on, and the notes say so.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.multiprocessing as mp
 
 from processes.heap import steady_heap
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
+
+    from calibrate.sequences import Chunk
 
 __all__ = ["Busy"]
 
@@ -33,16 +39,16 @@ _STOP = -1
 class Busy:
     """``with Busy(chunks, helpers=…, threads=…, device=…) as busy: busy.run(i)`` before timing chunk ``i``."""
 
-    def __init__(self, chunks: Sequence[Any], *, helpers: int, threads: int, device: str) -> None:
+    def __init__(self, chunks: Sequence[Chunk], *, helpers: int, threads: int, device: str) -> None:
         self.chunks = list(chunks)
         self.helpers = helpers
         self.threads = threads
         self.device = device
         self.failed: str | None = None
         self._context = mp.get_context("spawn")
-        self._target = self._context.Value("i", _STOP - 1)
-        self._running = self._context.Array("i", [_STOP - 1] * max(helpers, 1))
-        self._processes: list[Any] = []
+        self._target: Synchronized[int] = self._context.Value("i", _STOP - 1)
+        self._running: SynchronizedArray[int] = self._context.Array("i", [_STOP - 1] * max(helpers, 1))
+        self._processes: list[BaseProcess] = []
 
     def __enter__(self) -> Busy:
         for index in range(self.helpers):
@@ -76,12 +82,14 @@ class Busy:
             time.sleep(0.001)
 
 
-def _help(index: int, chunks: Sequence[Any], threads: int, device: str, target: Any, running: Any) -> None:
+def _help(index: int, chunks: Sequence[Chunk], threads: int, device: str, target: Synchronized[int],
+          running: SynchronizedArray[int]) -> None:
     from calibrate.sequences import build_chunk
 
     torch.set_num_threads(threads)
     steady_heap()
-    current, kernels = None, []
+    current: int | None = None
+    kernels: list[Callable[[], object]] = []
     while True:
         wanted = target.value
         if wanted == _STOP:

@@ -256,6 +256,7 @@ def _make_groups(group_sizes: Sequence[int], timeout: timedelta | None) -> dict[
     world_size, rank = dist.get_world_size(), dist.get_rank()
     groups: dict[int, dist.ProcessGroup | None] = {}
     for g in group_sizes:
+        group: dist.ProcessGroup | int | None  # (``new_group`` gives a rank outside the group a marker int)
         if g == world_size:
             group = dist.group.WORLD
         else:

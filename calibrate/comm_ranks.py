@@ -45,7 +45,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,13 @@ from processes.rank_failures import (
     failure_line,
     raise_nccl_errors,
 )
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
+    from types import ModuleType
+
+    from mpi4py import MPI
 
 __all__ = [
     "CommCalibrationError", "RankEnvironment", "check_launch", "in_existing_group", "init_from_environment",
@@ -114,6 +121,16 @@ class _RankTask:
     """How long the parent waits for every rank's report."""
     before_measurement: Callable[[int, int], None] | None = None
     """Called on every rank before each measurement (module-level, so that it pickles)."""
+
+
+class _Report(NamedTuple):
+    """What a spawned rank puts on the parent's queue once: its measurement (rank 0's) or how it failed."""
+
+    rank: int
+    measurement: CommMeasurement | None
+    """Rank 0's result when it finished (``None`` from the other ranks)."""
+    failure: tuple[str, str] | None
+    """``ExceptionType: message`` and the traceback, when it failed (``None`` when it finished)."""
 
 
 def run_comm_calibration(
@@ -212,7 +229,7 @@ def _nothing_timed(measurement: CommMeasurement, ranks: int, budget_s: float) ->
 
 def _spawn_and_collect(task: _RankTask) -> CommMeasurement:
     context = mp.get_context("spawn")
-    results: Any = context.Queue()
+    results: Queue[_Report] = context.Queue()
     processes = [
         context.Process(target=_rank_main, args=(task, rank, results), daemon=True, name=f"parplan-comm-rank{rank}")
         for rank in range(task.world_size)
@@ -227,7 +244,7 @@ def _spawn_and_collect(task: _RankTask) -> CommMeasurement:
     return measurement
 
 
-def _start(processes: Sequence[Any]) -> None:
+def _start(processes: Sequence[BaseProcess]) -> None:
     for process in processes:
         try:
             process.start()
@@ -235,7 +252,7 @@ def _start(processes: Sequence[Any]) -> None:
             raise InputError(f"could not start {len(processes)} ranks: {error}") from error
 
 
-def _stop(processes: Sequence[Any], graceful: bool) -> None:
+def _stop(processes: Sequence[BaseProcess], graceful: bool) -> None:
     """Join finished ranks; on failure kill the rest at once (they may wait in a collective)."""
     for process in processes:
         if process.pid is None:
@@ -248,30 +265,30 @@ def _stop(processes: Sequence[Any], graceful: bool) -> None:
             process.join(1.0)
 
 
-def _collect(results: Any, processes: Sequence[Any], wait_s: float) -> CommMeasurement:
+def _collect(results: Queue[_Report], processes: Sequence[BaseProcess], wait_s: float) -> CommMeasurement:
     """Read every rank's report while they run; rank 0's measurement."""
     deadline_s = time.monotonic() + wait_s
     pending = set(range(len(processes)))
     measurement: CommMeasurement | None = None
     while pending:
         try:
-            rank, ok, value = results.get(timeout=_POLL_S)
+            report = results.get(timeout=_POLL_S)
         except queue_module.Empty:
             if any(processes[rank].exitcode not in (None, 0) for rank in pending):
                 raise _failure(results, processes, {}) from None
             if time.monotonic() > deadline_s:
                 raise CommCalibrationError(f"ranks {sorted(pending)} did not finish within {wait_s:g} s") from None
             continue
-        if not ok:
-            raise _failure(results, processes, {rank: (time.time(), *value)})
-        pending.discard(rank)
-        measurement = value if rank == 0 else measurement
+        if report.failure is not None:
+            raise _failure(results, processes, {report.rank: (time.time(), *report.failure)})
+        pending.discard(report.rank)
+        measurement = report.measurement if report.rank == 0 else measurement
     if measurement is None:
         raise CommCalibrationError("rank 0 finished without a measurement")
     return measurement
 
 
-def _failure(results: Any, processes: Sequence[Any],
+def _failure(results: Queue[_Report], processes: Sequence[BaseProcess],
              reports: dict[int, tuple[float, str, str]]) -> CommCalibrationError:
     """Every failed rank's end in one line (``failure_line``), then their tracebacks.
 
@@ -289,11 +306,11 @@ def _failure(results: Any, processes: Sequence[Any],
         if time.monotonic() >= settle_s or all(process.exitcode is not None for process in processes):
             break
         try:
-            rank, ok, value = results.get(timeout=_POLL_S)
+            report = results.get(timeout=_POLL_S)
         except queue_module.Empty:
             continue
-        if not ok:
-            reports.setdefault(rank, (time.time(), *value))
+        if report.failure is not None:
+            reports.setdefault(report.rank, (time.time(), *report.failure))
     failures: dict[int, RankExit] = {}
     for rank, process in enumerate(processes):
         code = process.exitcode
@@ -307,7 +324,7 @@ def _failure(results: Any, processes: Sequence[Any],
     return CommCalibrationError(failure_line(failures) + (f"\n{traces}" if traces else ""))
 
 
-def _rank_main(task: _RankTask, rank: int, results: Any) -> None:
+def _rank_main(task: _RankTask, rank: int, results: Queue[_Report]) -> None:
     """Body of one spawned rank: join the group, measure, report (rank 0 its result, others None).
 
     A failure is reported as ``ExceptionType: message`` and its traceback; then the rank exits 1 at once, without
@@ -323,12 +340,12 @@ def _rank_main(task: _RankTask, rank: int, results: Any) -> None:
         phase = "timing collectives"
         measurement = _measure(task, device)
         barrier("the end of the collective timings")
-        results.put((rank, True, measurement if rank == 0 else None))
+        results.put(_Report(rank, measurement if rank == 0 else None, None))
         dist.destroy_process_group()
     except BaseException as err:  # reported to the parent, which names it in one line; the rank then exits 1
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         line = f"{type(err).__name__}: {first}" + ("" if isinstance(err, RankFailure) else f" (while {phase})")
-        results.put((rank, False, (line, traceback.format_exc())))
+        results.put(_Report(rank, None, (line, traceback.format_exc())))
         results.close()
         results.join_thread()  # the report is in the pipe before the process ends
         os._exit(1)
@@ -380,7 +397,8 @@ def init_from_environment(backend: str = "gloo", timeout_s: float = 1800.0) -> R
     env = os.environ
     timeout = timedelta(seconds=timeout_s)
     if dist.is_available() and dist.is_initialized():
-        return RankEnvironment(dist.get_rank(), dist.get_world_size(), integer_variable(env, "LOCAL_RANK", 0), "existing")
+        return RankEnvironment(dist.get_rank(), dist.get_world_size(), integer_variable(env, "LOCAL_RANK", 0),
+                               "existing")
     raise_nccl_errors(backend)
     launcher = launcher_of(env)
     if launcher == "torchrun":
@@ -434,7 +452,7 @@ def _init_mpi(backend: str, timeout: timedelta) -> RankEnvironment:
     return RankEnvironment(rank, world_size, local_rank, "mpi")
 
 
-def _mpi_local_rank(comm: Any, mpi: Any) -> int:
+def _mpi_local_rank(comm: MPI.Intracomm, mpi: ModuleType) -> int:
     """Index of this rank among the ranks on its host."""
     shared = comm.Split_type(mpi.COMM_TYPE_SHARED)
     try:

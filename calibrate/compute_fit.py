@@ -48,7 +48,8 @@ def fit_compute(samples: Sequence[ComputeSample], holdout_every: int = 4) -> tup
     return fits, FitError.of(predicted, measured)
 
 
-def _fit_group(kind: str, phase: str, group: list[ComputeSample], holdout_every: int) -> tuple[ComputeFit, list[float], list[float]]:
+def _fit_group(kind: str, phase: str, group: list[ComputeSample],
+               holdout_every: int) -> tuple[ComputeFit, list[float], list[float]]:
     ordered = sorted(group, key=lambda s: (s.flops, s.bytes, s.key))
     rows = [[1.0, float(s.flops), float(s.bytes)] for s in ordered]
     times = [s.median_s for s in ordered]

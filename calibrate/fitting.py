@@ -64,7 +64,8 @@ def holdout_split(count: int, holdout_every: int = 4) -> tuple[list[int], list[i
     return [i for i in range(count) if i not in held], sorted(held)
 
 
-def heldout_error(rows: Sequence[Sequence[float]], measured_s: Sequence[float], holdout_every: int = 4) -> tuple[FitError, list[float], list[float]]:
+def heldout_error(rows: Sequence[Sequence[float]], measured_s: Sequence[float],
+                  holdout_every: int = 4) -> tuple[FitError, list[float], list[float]]:
     """Fit on the training part, evaluate on the held-out part.
 
     Returns:

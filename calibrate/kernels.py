@@ -47,7 +47,7 @@ class KernelTiming:
     repeats: int
 
 
-def time_kernel(fn: Callable[[], Any], min_run_time_s: float, threads: int, blocks: int = 5) -> KernelTiming:
+def time_kernel(fn: Callable[[], object], min_run_time_s: float, threads: int, blocks: int = 5) -> KernelTiming:
     """Time ``fn`` in ``blocks`` blocks of equal run counts; median and IQR of the per-run block means.
 
     One warm-up call also sizes the blocks so that all of them together last
@@ -63,7 +63,7 @@ def time_kernel(fn: Callable[[], Any], min_run_time_s: float, threads: int, bloc
     return KernelTiming(statistics.median(per_run), quartiles[2] - quartiles[0], blocks * number)
 
 
-def build_kernel(problem: LocalProblem, phase: str, device: torch.device) -> Callable[[], Any]:
+def build_kernel(problem: LocalProblem, phase: str, device: torch.device) -> Callable[[], object]:
     """A callable running ``phase`` of ``problem`` on random tensors of its local shapes."""
     dtype = getattr(torch, problem.dtype)
     attrs = dict(problem.attrs)
@@ -72,6 +72,7 @@ def build_kernel(problem: LocalProblem, phase: str, device: torch.device) -> Cal
     if problem.kind in ("conv", "conv_transpose"):
         return _conv_kernel(problem, phase, inputs[0], weight, attrs)
     if problem.kind == "linear":
+        assert weight is not None, f"a linear layer has a weight: {problem.key}"
         return _linear_kernel(phase, inputs[0], weight)
     if problem.kind == "attention":
         return attention_kernel(problem, phase, inputs)
@@ -84,7 +85,8 @@ def build_kernel(problem: LocalProblem, phase: str, device: torch.device) -> Cal
     return lambda: torch.autograd.grad(output, leaves, grad_output, retain_graph=True)
 
 
-def _conv_kernel(problem: LocalProblem, phase: str, x: torch.Tensor, weight: Any, attrs: dict[str, Any]) -> Callable[[], Any]:
+def _conv_kernel(problem: LocalProblem, phase: str, x: torch.Tensor, weight: torch.Tensor | None,
+                 attrs: dict[str, Any]) -> Callable[[], object]:
     spatial = len(problem.output_shape) - 2
     stride, padding, dilation = (_tuple(attrs.get(name, default), spatial)
                                  for name, default in (("stride", 1), ("padding", 0), ("dilation", 1)))
@@ -99,7 +101,7 @@ def _conv_kernel(problem: LocalProblem, phase: str, x: torch.Tensor, weight: Any
     return lambda: torch.ops.aten.convolution_backward(grad_output, x, weight, None, *args, mask)
 
 
-def _linear_kernel(phase: str, x: torch.Tensor, weight: torch.Tensor) -> Callable[[], Any]:
+def _linear_kernel(phase: str, x: torch.Tensor, weight: torch.Tensor) -> Callable[[], object]:
     rows = x.reshape(-1, x.shape[-1])
     grad_output = torch.randn(rows.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     if phase == "fwd":
@@ -109,7 +111,7 @@ def _linear_kernel(phase: str, x: torch.Tensor, weight: torch.Tensor) -> Callabl
     return lambda: torch.mm(grad_output.t(), rows)
 
 
-def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shape: tuple[int, ...],
+def _forward_function(kind: str, attrs: dict[str, Any], weight: torch.Tensor | None, output_shape: tuple[int, ...],
                       like: torch.Tensor) -> Callable[..., torch.Tensor]:
     """The forward of ``kind`` on inputs of ``like``'s device and dtype (its own parameters made there too)."""
     if kind == "batchnorm":
@@ -121,8 +123,8 @@ def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shap
     if kind in ("maxpool", "avgpool"):
         pool = getattr(F, f"{'max' if kind == 'maxpool' else 'avg'}_pool{axes}d")
         extra = {"dilation": attrs.get("dilation", 1)} if kind == "maxpool" else {}
-        return lambda x: pool(x, attrs["kernel_size"], attrs.get("stride") or attrs["kernel_size"], attrs.get("padding", 0),
-                              ceil_mode=bool(attrs.get("ceil_mode", False)), **extra)
+        return lambda x: pool(x, attrs["kernel_size"], attrs.get("stride") or attrs["kernel_size"],
+                              attrs.get("padding", 0), ceil_mode=bool(attrs.get("ceil_mode", False)), **extra)
     if kind in ("adaptive_avgpool", "adaptive_maxpool"):
         size = tuple(output_shape[2:])
         adaptive = getattr(F, f"adaptive_{'avg' if kind == 'adaptive_avgpool' else 'max'}_pool{axes}d")
@@ -134,7 +136,8 @@ def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shap
     if kind == "cat":
         return lambda *xs: torch.cat(xs, dim=int(attrs.get("dim", 1)))
     if kind in ("add", "mul", "elementwise"):
-        return (lambda a, b=None: a * (b if b is not None else a)) if kind == "mul" else (lambda a, b=None: a + (b if b is not None else a))
+        return ((lambda a, b=None: a * (b if b is not None else a)) if kind == "mul"
+                else (lambda a, b=None: a + (b if b is not None else a)))
     if kind == "dropout":
         rate = float(attrs.get("p", 0.5)) if isinstance(attrs.get("p", 0.5), (int, float)) else 0.5
         return lambda x: F.dropout(x, rate, training=True)
@@ -151,7 +154,8 @@ def _forward_function(kind: str, attrs: dict[str, Any], weight: Any, output_shap
     raise ValueError(f"no kernel to time for layer kind {kind!r} ({dict(attrs)}); it is left to the pooled fit")
 
 
-def _norm_function(attrs: dict[str, Any], weight: Any, output_shape: tuple[int, ...]) -> Callable[..., torch.Tensor]:
+def _norm_function(attrs: dict[str, Any], weight: torch.Tensor | None,
+                   output_shape: tuple[int, ...]) -> Callable[..., torch.Tensor]:
     """A LayerNorm over its last dimensions, a GroupNorm or an InstanceNorm, on the box."""
     norm = str(attrs.get("norm", ""))
     if norm == "LayerNorm":
@@ -165,7 +169,7 @@ def _norm_function(attrs: dict[str, Any], weight: Any, output_shape: tuple[int, 
     raise ValueError(f"no kernel to time for the norm {attrs!r}; it is left to the pooled fit")
 
 
-def _tuple(value: Any, count: int) -> list[int]:
+def _tuple(value: int | list[int] | tuple[int, ...], count: int) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return [int(value)] * count

@@ -22,13 +22,16 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from calibrate.fitting import fit_relative_nnls
 from cost_models.ir.kinds import DENSE_KINDS
 from cost_models.profile import OptimizerFit
+
+if TYPE_CHECKING:
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["OPTIMIZERS", "measure_optimizers", "parameter_shapes"]
 
@@ -42,7 +45,7 @@ REPEATS = 7
 WARMUP = 2
 
 
-def parameter_shapes(graph: Any, split: int) -> list[tuple[int, ...]]:
+def parameter_shapes(graph: LayerGraph, split: int) -> list[tuple[int, ...]]:
     """One rank's parameter shapes when dense and norm layers split their channels ``split`` ways.
 
     A layer holds its weight (``weight_shape``) and, when its ``params`` count more, one more tensor of the rest
@@ -64,7 +67,7 @@ def parameter_shapes(graph: Any, split: int) -> list[tuple[int, ...]]:
     return shapes
 
 
-def measure_optimizers(graph: Any, device: str, deadline: float) -> tuple[list[OptimizerFit], list[str]]:
+def measure_optimizers(graph: LayerGraph, device: str, deadline: float) -> tuple[list[OptimizerFit], list[str]]:
     """Fits for every optimizer timed before ``deadline``; notes for those left out."""
     target = torch.device(device)
     dtype = getattr(torch, graph.graph["dtype"])

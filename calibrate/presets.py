@@ -39,7 +39,6 @@ import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 from cost_models.cluster import Cluster, Link
 from cost_models.collectives import COLLECTIVES
@@ -319,7 +318,7 @@ def _comm_fits(links: tuple[Link, Link]) -> tuple[CommFit, ...]:
     )
 
 
-def _meta(key: str, preset: _Preset, dtype: str) -> dict[str, Any]:
+def _meta(key: str, preset: _Preset, dtype: str) -> dict[str, object]:
     """The profile's ``meta``: origin, dtype, efficiencies, and the source of every number."""
     sources = {name: text for name, text in preset.sources.items() if not name.startswith("peak_flops_")}
     sources["peak_flops"] = preset.sources[f"peak_flops_{dtype}"]

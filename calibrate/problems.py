@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cost_models.layout import layouts_dividing
 from cost_models.local_problem import LocalProblem, layer_problem, phases_of
+
+if TYPE_CHECKING:
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["Call", "Measurement", "enumerate_problems"]
 
@@ -47,7 +50,7 @@ class Measurement(Call):
     occurrences: int
 
 
-def enumerate_problems(graph: Any, device_counts: Iterable[int]) -> list[Measurement]:
+def enumerate_problems(graph: LayerGraph, device_counts: Iterable[int]) -> list[Measurement]:
     """The deduplicated (problem, pass) pairs of ``graph`` under all candidate layouts.
 
     Args:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +50,10 @@ from cost_models.layout import Layout, layouts_dividing
 from cost_models.local_problem import LocalProblem, layer_problem, phases_of
 from cost_models.profile import ComputeSample
 from processes.quiet import native_stderr_silenced
+
+if TYPE_CHECKING:
+    from calibrate.busy import Busy
+    from cost_models.ir.graph import LayerGraph
 
 __all__ = ["Call", "Chunk", "growth_per_thread", "layout_chunks", "peak_bytes", "time_chunks"]
 
@@ -94,7 +98,7 @@ def device_rates(device: torch.device, repeats: int = 3) -> tuple[float, float]:
     return 2 * PROBE_SIDE ** 3 / max(flops_s, 1e-9), 2 * a.numel() * a.element_size() / max(copy_s, 1e-9)
 
 
-def _timed(kernel: Callable[[], Any], device: torch.device) -> float:
+def _timed(kernel: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
@@ -104,7 +108,7 @@ def _timed(kernel: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-def layout_chunks(graph: Any, device_counts: Iterable[int], max_bytes: int) -> list[Chunk]:
+def layout_chunks(graph: LayerGraph, device_counts: Iterable[int], max_bytes: int) -> list[Chunk]:
     """Every candidate layout's sequence of ``graph``'s timed layers, cut into chunks of at most ``max_bytes``.
 
     A layer whose local problem alone exceeds ``max_bytes`` is left out (the fitted model prices it).
@@ -146,9 +150,9 @@ def _footprint_bytes(problem: LocalProblem) -> int:
     return 2 * elements * problem.itemsize
 
 
-def build_chunk(chunk: Chunk, device: torch.device) -> list[Callable[[], Any] | None]:
+def build_chunk(chunk: Chunk, device: torch.device) -> list[Callable[[], object] | None]:
     """One kernel per call (its own tensors); ``None`` where this device has no kernel for the form."""
-    kernels: list[Callable[[], Any] | None] = []
+    kernels: list[Callable[[], object] | None] = []
     for call in chunk.calls:
         try:
             kernels.append(build_kernel(call.problem, call.phase, device))
@@ -157,7 +161,7 @@ def build_chunk(chunk: Chunk, device: torch.device) -> list[Callable[[], Any] | 
     return kernels
 
 
-def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: Any = None,
+def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: Busy | None = None,
                 progress: Progress | None = None) -> tuple[list[ComputeSample], bool]:
     """Run every chunk's passes until ``deadline``; the samples per (problem, pass), and whether Ctrl-C stopped it.
 
@@ -176,12 +180,12 @@ def time_chunks(chunks: Sequence[Chunk], deadline: float, device: str, *, busy: 
             if busy is not None:
                 busy.run(index)
             timed = _time_chunk(chunk, target, left_s / (len(chunks) - index), deadline)
-            for call, runs, peak in timed:
+            for call, runs, (peak, grows) in timed:
                 key = (call.problem.key, call.phase)
                 calls.setdefault(key, call)
                 seconds.setdefault(key, []).extend(runs)
-                if peak[0] is not None:
-                    peaks[key] = max(peaks.get(key, (0, None)), peak, key=lambda known: known[0])
+                if peak is not None:
+                    peaks[key] = max(peaks.get(key, (0, None)), (peak, grows), key=lambda known: known[0])
                 flops_per_s = max(flops_per_s, call.flops / max(min(runs), 1e-9))
             if progress is not None:
                 progress("compute", index + 1, len(chunks))
@@ -210,7 +214,7 @@ def _time_chunk(chunk: Chunk, device: torch.device, share_s: float,
             in zip(chunk.calls, kernels, runs, peaks, growth) if kernel is not None]
 
 
-def peak_bytes(kernels: Sequence[Callable[[], Any] | None], device: torch.device) -> list[int | None]:
+def peak_bytes(kernels: Sequence[Callable[[], object] | None], device: torch.device) -> list[int | None]:
     """Run each kernel once; the most bytes each had allocated at once (``None`` where it could not be told)."""
     if device.type == "cuda":
         out: list[int | None] = []
@@ -226,7 +230,7 @@ def peak_bytes(kernels: Sequence[Callable[[], Any] | None], device: torch.device
     return _cpu_peaks(kernels)
 
 
-def growth_per_thread(kernels: Sequence[Callable[[], Any] | None], device: torch.device,
+def growth_per_thread(kernels: Sequence[Callable[[], object] | None], device: torch.device,
                       peaks: Sequence[int | None]) -> list[int | None]:
     """How much each kernel's ``peaks`` (at this process's threads) grows per thread: its peak measured again at
     another thread count (the host's cores, or one thread when this process has them all); CPU only."""
@@ -244,7 +248,7 @@ def growth_per_thread(kernels: Sequence[Callable[[], Any] | None], device: torch
             for base, moved in zip(peaks, again)]
 
 
-def _cpu_peaks(kernels: Sequence[Callable[[], Any] | None]) -> list[int | None]:
+def _cpu_peaks(kernels: Sequence[Callable[[], object] | None]) -> list[int | None]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     with native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
@@ -274,7 +278,7 @@ class _Clock:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
 
-    def run(self, kernels: Sequence[Callable[[], Any] | None]) -> list[float]:
+    def run(self, kernels: Sequence[Callable[[], object] | None]) -> list[float]:
         if self.cuda:
             return self._run_cuda(kernels)
         out: list[float] = []
@@ -286,7 +290,7 @@ class _Clock:
         return out
 
     @staticmethod
-    def _run_cuda(kernels: Sequence[Callable[[], Any] | None]) -> list[float]:
+    def _run_cuda(kernels: Sequence[Callable[[], object] | None]) -> list[float]:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in kernels]
         for kernel, (start, end) in zip(kernels, events):
             start.record()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,6 +39,9 @@ from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError,
 from processes.heap import steady_heap
 from processes.job import place_in_job
 from processes.rank_failures import barrier
+
+if TYPE_CHECKING:
+    from cost_models.ir.graph import LayerGraph
 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "no CUDA runtime" noise on CPU
 
@@ -61,7 +64,7 @@ class CalibrationRequest:
     function, as it is pickled to spawned ranks (``parplan calibrate`` strikes ``PARPLAN_FAULT`` there).
     """
 
-    graph: Any
+    graph: LayerGraph
     device_counts: tuple[int, ...]
     ranks: int
     budget_s: float
@@ -169,7 +172,7 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
     return CalibrationResult(profile, len(compute), total - len(compute), interrupted, notes)
 
 
-def measure_compute(graph: Any, device_counts: Sequence[int], deadline: float, *, threads: int, device: str,
+def measure_compute(graph: LayerGraph, device_counts: Sequence[int], deadline: float, *, threads: int, device: str,
                     helpers: int = 0, progress: Progress | None = None,
                     max_problem_bytes: int | None = None) -> tuple[list[ComputeSample], bool, list[str]]:
     """Time every candidate layout's local problems in model order until the deadline (``calibrate.sequences``).
@@ -191,7 +194,8 @@ def measure_compute(graph: Any, device_counts: Sequence[int], deadline: float, *
     return samples, interrupted, notes
 
 
-def _measure_optimizers(graph: Any, device: str, deadline: float, threads: int) -> tuple[list[OptimizerFit], list[str]]:
+def _measure_optimizers(graph: LayerGraph, device: str, deadline: float,
+                        threads: int) -> tuple[list[OptimizerFit], list[str]]:
     from calibrate.optimizer_bench import measure_optimizers
 
     torch.set_num_threads(threads)
@@ -240,7 +244,7 @@ def _build_profile(request: CalibrationRequest, compute: list[ComputeSample], co
                    compute_error=compute_error, comm_error=comm_error, optimizer_fits=tuple(optimizer_fits))
 
 
-def _metadata(request: CalibrationRequest, seconds: float) -> dict[str, Any]:
+def _metadata(request: CalibrationRequest, seconds: float) -> dict[str, object]:
     return {
         "source": "measured",
         "host": socket.gethostname(),

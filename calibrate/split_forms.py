@@ -33,10 +33,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cost_models.errors import InputError
 from cost_models.layout import Layout
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from cost_models.formats.plan import Plan
+    from cost_models.ir.graph import LayerGraph
+    from cost_models.profile import Profile
 
 __all__ = ["FORMS_SHARE", "FormsRequest", "run_forms"]
 
@@ -52,8 +59,8 @@ class FormsRequest:
     """What to run: the model (spec and loaded), its graph, the ranks and threads, the profile so far."""
 
     model_spec: str
-    model: Any
-    graph: Any
+    model: nn.Module
+    graph: LayerGraph
     ranks: int
     threads: int
     backend: str
@@ -64,7 +71,7 @@ class FormsRequest:
     """How long a rank of the forms' runs waits for a peer (``--timeout-s``)."""
 
 
-def run_forms(request: FormsRequest, profile: Any) -> tuple[Any, list[str]]:
+def run_forms(request: FormsRequest, profile: Profile) -> tuple[Profile, list[str]]:
     """``profile`` with corrections fitted to the forms' runs, and notes on what was left out."""
     from planner.refine import fit_corrections, observation
 
@@ -79,11 +86,14 @@ def run_forms(request: FormsRequest, profile: Any) -> tuple[Any, list[str]]:
     return replace(profile, corrections=corrections), notes
 
 
-def _forms(request: FormsRequest, profile: Any) -> tuple[list[Any], list[str]]:
+def _forms(request: FormsRequest, profile: Profile) -> tuple[list[Plan], list[str]]:
     from cost_models.estimate import estimate
     from runtime.options import PER_LAYER_STEPS
 
-    ranks, notes, plans, seen = request.ranks, [], [], set()
+    ranks = request.ranks
+    notes: list[str] = []
+    plans: list[Plan] = []
+    seen: set[str] = set()
     left_s = request.deadline - time.monotonic() - START_S
     for form in (Layout(n=ranks), Layout(c=ranks), Layout(h=ranks), Layout(w=ranks)):
         try:
@@ -104,7 +114,7 @@ def _forms(request: FormsRequest, profile: Any) -> tuple[list[Any], list[str]]:
     return plans, notes
 
 
-def _form_plan(request: FormsRequest, profile: Any, form: Layout) -> Any:
+def _form_plan(request: FormsRequest, profile: Profile, form: Layout) -> Plan:
     """Every layer under ``form``, else split by samples, else whole."""
     from cost_models.uniform import uniform_plan
 
@@ -112,7 +122,7 @@ def _form_plan(request: FormsRequest, profile: Any, form: Layout) -> Any:
     return uniform_plan(request.graph, profile.cluster(ranks), [form, Layout(n=ranks), Layout()], request.model_spec)
 
 
-def _refusal(request: FormsRequest, plan: Any) -> str | None:
+def _refusal(request: FormsRequest, plan: Plan) -> str | None:
     from runtime.preflight import check_plan, check_runnable
 
     try:
@@ -123,12 +133,12 @@ def _refusal(request: FormsRequest, plan: Any) -> str | None:
     return None
 
 
-def _launch(request: FormsRequest, plans: list[Any]) -> list[dict[str, Any]]:
+def _launch(request: FormsRequest, plans: list[Plan]) -> list[dict[str, object]]:
     from cost_models.ir.graph import amp_of
     from runtime.launch import launch_many
     from runtime.options import RunOptions
 
-    runs = [RunOptions(model=request.model_spec, input_shape=tuple(request.graph.input_shape),
+    runs = [RunOptions(model=request.model_spec, input_shape=tuple(request.graph.input_shape),  # type: ignore[arg-type]
                        input_shapes=request.graph.input_shapes, dtype=request.graph.graph["dtype"],
                        plan=plan.to_dict(), steps=STEPS, warmup=WARMUP, leaf_modules=request.leaf_modules,
                        threads=request.threads, quiet=True, graph=request.graph, per_layer=True,

@@ -13,15 +13,16 @@ runs ``SCHED_IDLE`` where available — on cycles no other process wants, so it 
 machine — else at the lowest priority; a failure in it only means the planner computes everything itself.
 :meth:`Ahead.close` ends it (it may still be computing values nobody will ask for).
 
-The search's layer-cost rows computed ahead (:func:`rows_ahead`), taken as they arrive. A search prices each decision's layouts (``LayerCosts.rows``) in several tables: the one-stage space on all
-``D`` devices, then — the bulk at many devices — the stale stages' on each stage size ``s`` of the full
-budget (the whole batch, its forward recomputed). None depends on another, so a helper process computes them
-meanwhile, in the order the planner asks last: the one-stage table from its last decision back (the planner
-builds it from the first), then the stale tables decision by decision, lightest first, every size in turn
-(the search's bounds sum them heaviest first). Through :meth:`RowsAhead.arrivals` the planner takes a row the helper
-sent before making it itself, and marks each one it makes as its own in an array both processes share, which
-the helper skips — so they meet in the middle, each row made once. The rows are the same values either way:
-the helper's tables are built as the search builds its own (the same graph, profile, stage cluster, counts).
+The search's layer-cost rows computed ahead (:func:`rows_ahead`), taken as they arrive. A search prices each
+decision's layouts (``LayerCosts.rows``) in several tables: the one-stage space on all ``D`` devices, then — the
+bulk at many devices — the stale stages' on each stage size ``s`` of the full budget (the whole batch, its forward
+recomputed). None depends on another, so a helper process computes them meanwhile, in the order the planner asks
+last: the one-stage table from its last decision back (the planner builds it from the first), then the stale tables
+decision by decision, lightest first, every size in turn (the search's bounds sum them heaviest first). Through
+:meth:`RowsAhead.arrivals` the planner takes a row the helper sent before making it itself, and marks each one it
+makes as its own in an array both processes share, which the helper skips — so they meet in the middle, each row
+made once. The rows are the same values either way: the helper's tables are built as the search builds its own (the
+same graph, profile, stage cluster, counts).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import sys
 import warnings
 from collections.abc import Callable, Hashable
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from cost_models.cluster import Cluster, stage_cluster
 from cost_models.estimate import CostMemo
@@ -42,7 +44,7 @@ from planner.layout_space import space_size
 from planner.pipeline.bounds import heaviest_first
 from planner.pipeline.sizes import sizes_for, stage_sizes
 from planner.settings import SearchSettings
-from planner.space import LayerCosts, decision_groups
+from planner.space import DecisionRow, LayerCosts, decision_groups
 
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
@@ -50,31 +52,28 @@ if TYPE_CHECKING:
 __all__ = ["Ahead", "Produce", "RowsAhead", "ahead", "rows_ahead"]
 
 
-try:
-    import fcntl
-except ImportError:  # not a POSIX system: pipes keep their default size
-    fcntl = None  # type: ignore[assignment]
-
 __all__ = ["Ahead", "Produce", "ahead"]
 
-Send = Callable[[Hashable, Any], None]
-Produce = Callable[[Send], None]
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+Send = Callable[[K, V], None]
+Produce = Callable[[Send[K, V]], None]
 """``produce(send)``: compute values and ``send(key, value)`` each (in the helper process)."""
 
 _NICENESS = 19  # added to the helper's priority where it cannot be SCHED_IDLE
 _PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size
 
 
-class Ahead:
+class Ahead(Generic[K, V]):
     """The planner's end of one helper process (module docstring)."""
 
-    def __init__(self, process: Any, connection: Connection) -> None:
+    def __init__(self, process: BaseProcess, connection: Connection) -> None:
         self.process, self.connection = process, connection
         self.open = True
 
-    def arrived(self) -> list[tuple[Hashable, Any]]:
+    def arrived(self) -> list[tuple[K, V]]:
         """The ``(key, value)`` pairs sent since the last call, without waiting for more."""
-        found = []
+        found: list[tuple[K, V]] = []
         try:
             while self.open and self.connection.poll():
                 found.append(self.connection.recv())
@@ -91,7 +90,7 @@ class Ahead:
         self.connection.close()
 
 
-def ahead(produce: Produce) -> Ahead | None:
+def ahead(produce: Produce[K, V]) -> Ahead[K, V] | None:
     """Start ``produce`` in a forked helper; ``None`` where there can be none (module docstring)."""
     if not _may_fork():
         return None
@@ -117,8 +116,10 @@ def _widen(connection: Connection) -> None:
     """Let the pipe hold :data:`_PIPE_BYTES` (Linux; 64 KiB by default): the planner takes values only when it
     needs one, and the helper must not stall on a full pipe meanwhile."""
     try:
-        fcntl.fcntl(connection.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr, attr-defined]
-    except (AttributeError, OSError):  # not Linux, or above this system's pipe-max-size: the default
+        import fcntl
+
+        fcntl.fcntl(connection.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):  # not POSIX, not Linux, or above this system's pipe-max-size
         pass
 
 
@@ -131,7 +132,7 @@ def _may_fork() -> bool:
     return cores >= 2
 
 
-def _helper(produce: Produce, connection: Connection) -> None:
+def _helper(produce: Produce[K, V], connection: Connection) -> None:
     """The helper's life: lowest priority, ``produce``, then close its end (whatever happened)."""
     _lowest_priority()
     try:
@@ -144,7 +145,7 @@ def _helper(produce: Produce, connection: Connection) -> None:
 
 def _lowest_priority() -> None:
     try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined]
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         try:
             os.nice(_NICENESS)
@@ -166,13 +167,14 @@ class RowsAhead:
         self.graph, self.cluster, self.jobs = graph, cluster, jobs
         self.index = {job: position for position, job in enumerate(jobs)}
         self.claimed = multiprocessing.RawArray("b", len(jobs))  # 1: the planner makes it (the helper skips it)
-        self.received: dict[int, Any] = {}
-        self.helper: Ahead | None = None
+        self.received: dict[int, list[DecisionRow]] = {}
+        self.helper: Ahead[int, list[DecisionRow]] | None = None
         self.taken = 0
 
-    def arrivals(self, costs: LayerCosts, members: tuple[str, ...]) -> Any:
+    def arrivals(self, costs: LayerCosts, members: tuple[str, ...]) -> list[DecisionRow] | None:
         """``LayerCosts.arrivals``: the helper's rows of ``members`` under ``costs``, else ``None`` (claimed)."""
-        position = self.index.get((self._table(costs), members)) if costs.graph is self.graph else None
+        table = self._table(costs) if costs.graph is self.graph else None
+        position = None if table is None else self.index.get((table, members))
         if position is None or self.helper is None:
             return None
         self.gather()
@@ -238,9 +240,9 @@ def _stale_sizes(graph: LayerGraph, cluster: Cluster, settings: SearchSettings) 
 
 
 def _producer(graph: LayerGraph, profile: Profile, cluster: Cluster, optimizer: str, memo: CostMemo,
-              side: RowsAhead, groups: dict[str, tuple[str, ...]]) -> Callable[[Callable[[Any, Any], None]], None]:
+              side: RowsAhead, groups: dict[str, tuple[str, ...]]) -> Produce[int, list[DecisionRow]]:
     """The helper's work: each job not claimed, in order, sent by its position."""
-    def produce(send: Callable[[Any, Any], None]) -> None:
+    def produce(send: Send[int, list[DecisionRow]]) -> None:
         made: dict[_Table, LayerCosts] = {}
         for position, ((devices, recompute), members) in enumerate(side.jobs):
             if side.claimed[position]:

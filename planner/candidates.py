@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
@@ -111,9 +111,10 @@ def _price(name: str, plan: Plan, profile: Profile, graph: LayerGraph, optimizer
     return priced(name, plan, profile, graph, optimizer, shared_cores)
 
 
-def _k_best(graph: LayerGraph, cluster: Cluster, space: Space, count: int, difference: int, model_spec: str, solver: str,
-            price: Price) -> list[Baseline]:
-    """The ``count`` best one-stage plans of the full-allreduce table, each ``difference`` decisions from the others."""
+def _k_best(graph: LayerGraph, cluster: Cluster, space: Space, count: int, difference: int, model_spec: str,
+            solver: str, price: Price) -> list[Baseline]:
+    """The ``count`` best one-stage plans of the full-allreduce table, each ``difference`` decisions from the
+    others."""
     found: list[Baseline] = []
     excluded: list[Mapping[str, int]] = []
     for _ in range(count):
@@ -147,7 +148,8 @@ def _pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: 
 
 def _distinct_fastest(first: Baseline, pool: list[Baseline], cluster: Cluster, k: int,
                       min_gap: float) -> list[Baseline]:
-    """``first`` (the planner's choice), then the fastest plans that fit, each ``min_gap`` from all chosen, ``k`` in all.
+    """``first`` (the planner's choice), then the fastest plans that fit, each ``min_gap`` from all chosen, ``k`` in
+    all.
 
     The planner's choice stays first even when the pool holds a plan its search did not price that is
     predicted faster: the validation measures what ``parplan plan`` would have run.
@@ -174,8 +176,8 @@ def _uniform(graph: LayerGraph, cluster: Cluster, space: Space, price: Price) ->
     return found
 
 
-def _baselines(graph: LayerGraph, cluster: Cluster, space: Space, planned: tuple[Baseline, ...], pipeline: list[Baseline],
-               price: Price) -> list[Baseline]:
+def _baselines(graph: LayerGraph, cluster: Cluster, space: Space, planned: tuple[Baseline, ...],
+               pipeline: list[Baseline], price: Price) -> list[Baseline]:
     found = [price(b.name, b.plan) for b in planned if b.name == "pure sample"]
     spatial = [layout for layout in space.uniform_s if layout.n == layout.c == 1 and layout.ranks == cluster.devices]
     if spatial:
@@ -186,7 +188,10 @@ def _baselines(graph: LayerGraph, cluster: Cluster, space: Space, planned: tuple
     return found + pipeline
 
 
-def _key(plan: Plan) -> tuple[Any, ...]:
+_PlanKey = tuple[tuple[tuple[str, str, int], ...], str, int, int, tuple[int, ...]]
+
+
+def _key(plan: Plan) -> _PlanKey:
     """What makes two plans the same plan: every layer's layout and stage, and the pipeline."""
     layers = tuple(sorted((name, str(a.layout), a.stage) for name, a in plan.layers.items()))
     p = plan.pipeline

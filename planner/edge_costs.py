@@ -21,7 +21,7 @@ computes many at once:
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
 __all__ = ["EdgeCosts", "PatternTable", "has_volumes"]
-
 
 
 def has_volumes(graph: LayerGraph) -> bool:
@@ -103,7 +102,7 @@ class PatternTable:
             self.pattern_cases[:, start, targets] = present
 
 
-def grown(table: np.ndarray, size: int, fill: Any) -> np.ndarray:
+def grown(table: np.ndarray, size: int, fill: float) -> np.ndarray:
     """``table`` (square in its last two axes) with at least ``size`` rows and columns, new entries ``fill``
     (capacity doubles, so a table grown one slot at a time is copied a logarithmic number of times)."""
     have = table.shape[-1]
@@ -112,6 +111,11 @@ def grown(table: np.ndarray, size: int, fill: Any) -> np.ndarray:
     bigger = np.full(table.shape[:-2] + (max(size, 2 * have, 64),) * 2, fill, dtype=table.dtype)
     bigger[..., :have, :have] = table
     return bigger
+
+
+_MatrixKey = tuple[bool, str, str | bool, str | None, tuple[Layout, ...], tuple[Layout, ...]]
+"""An edge matrix's key: from the model input, the tensor's shape key, how the reader reads it (``attention``, or
+whether it is dense), its channels-last linear form's shape key (else ``None``), the layouts both sides."""
 
 
 class EdgeCosts:
@@ -128,10 +132,12 @@ class EdgeCosts:
         volumes = has_volumes(graph)
         self.table = patterns or PatternTable(cluster, devices, depth=volumes)
         if (self.table.cluster, self.table.devices) != (cluster, devices) or (volumes and not self.table.depth):
-            raise ValueError(f"a pattern table for {self.table.devices} devices{'' if self.table.depth else ' of images'} "
-                             f"cannot price moves of this graph on {devices}")
-        self.matrices: dict[tuple[Any, ...], np.ndarray] = {}
-        self.moves: dict[tuple[Any, ...], np.ndarray] = {}  # per tensor shape, itemsize: seconds between layouts
+            raise ValueError(f"a pattern table for {self.table.devices} devices"
+                             f"{'' if self.table.depth else ' of images'} cannot price moves of this graph on "
+                             f"{devices}")
+        self.matrices: dict[_MatrixKey, np.ndarray] = {}
+        # per tensor shape, itemsize: seconds between layouts
+        self.moves: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
         self.sizes = {name: dtype_itemsize(data.dtype) if data.dtype else itemsize  # mixed precision
                       for name, data in graph.nodes(data=True)}
         self.shape_key = {name: json.dumps([data.output_shape, data.attrs.get("order"),

@@ -44,7 +44,8 @@ def _tiers(shape_text: str, devices: int, per_node: int) -> tuple[tuple[Layout, 
     shape = json.loads(shape_text)
     volume = len(shape) == 5
     dividing = [layout for layout in _tiled(devices, volume, per_node) if _divides(shape, layout)]
-    return (tuple(lay for lay in dividing if lay.ranks == devices), tuple(lay for lay in dividing if lay.ranks < devices))
+    return (tuple(lay for lay in dividing if lay.ranks == devices),
+            tuple(lay for lay in dividing if lay.ranks < devices))
 
 
 def space_size(devices: int, *, volume: bool, per_node: int) -> int:
@@ -98,7 +99,9 @@ def _factorisations(tiles: int, axes: int) -> list[tuple[int, ...]]:
             for rest in _factorisations(tiles // first, axes - 1)]
 
 
-def _divides(shape: Any, layout: Layout) -> bool:
+def _divides(shape: list[Any], layout: Layout) -> bool:
+    """Whether ``layout`` splits an output of ``shape`` exactly (``Layer.output_shape``: a shape, or a list of
+    shapes, which only the whole layout holds)."""
     if not shape or isinstance(shape[0], list):  # a tuple of tensors: kept whole
         return layout.ranks == 1
     if len(shape) in (4, 5):

@@ -46,7 +46,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from cost_models.corrections import POOLED, Corrections, layer_key, split_class
-from cost_models.estimate import estimate
+from cost_models.estimate import Estimate, LayerEstimate, estimate
 from cost_models.formats.plan import Plan
 from cost_models.profile import Profile
 
@@ -73,7 +73,7 @@ class Observation:
     shared_cores: float | None = None  # the run's ranks shared this many cores (``cost_models.estimate``)
     noise: float = 0.0  # relative standard error of ``measured_s``
 
-    def estimate(self, graph: LayerGraph, profile: Profile, optimizer: str) -> Any:
+    def estimate(self, graph: LayerGraph, profile: Profile, optimizer: str) -> Estimate:
         """The full estimate of this run's plan under ``profile``, on the run's shared cores."""
         return estimate(graph, self.plan, profile, optimizer=optimizer, shared_cores=self.shared_cores)
 
@@ -90,7 +90,7 @@ def observation(name: str, plan: Plan, document: Mapping[str, Any], shared_cores
     return Observation(name, plan, document["iteration_s"], layers, shared_cores, noise)
 
 
-def local_s(layer: Any, plan: Plan | None = None, redistribution: bool = False) -> float:
+def local_s(layer: LayerEstimate, plan: Plan | None = None, redistribution: bool = False) -> float:
     """A layer estimate's own seconds per measured batch of ``plan``: the part layer factors scale.
 
     A sync pipeline runs the layer on each of its micro-batches; a stale one runs its forward twice

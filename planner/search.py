@@ -175,8 +175,8 @@ def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Ma
     solved = next((p.solver for p, _, _ in found if p.solver is not None), None)
     chosen = replace(plan, predicted=prediction, solver=plan.solver or solved)
     chosen_from = "search" if index < len(found) else baselines[index - len(found)].name
-    considered = tuple(Considered(p.summary(), e.iteration_s, e.memory_bytes_max, e.memory_bytes_max <= cluster.memory_bytes)
-                       for p, e, _ in found)
+    considered = tuple(Considered(p.summary(), e.iteration_s, e.memory_bytes_max,
+                                  e.memory_bytes_max <= cluster.memory_bytes) for p, e, _ in found)
     candidates = sum(len(options) for options in space.candidates.values())
     return PlanResult(chosen, predicted, baselines, candidates, space.pruned, considered,
                       found[index][2] if index < len(found) else {}, elapsed_s, chosen_from, skipped)
@@ -184,9 +184,9 @@ def _choose(cluster: Cluster, space: Space, found: list[tuple[Plan, Estimate, Ma
 
 def _nothing_fits(pool: list[tuple[Plan, Estimate]], cluster: Cluster) -> InputError:
     least = min(predicted.memory_bytes_max for _, predicted in pool)
-    return InputError(f"no plan fits: the leanest plan found needs {least / 2**30:.2f} GiB per device, the devices have "
-                      f"{cluster.memory_bytes / 2**30:.2f} GiB; use more devices, spatial or channel splits, or more "
-                      f"pipeline stages (--max-stages)")
+    return InputError(f"no plan fits: the leanest plan found needs {least / 2**30:.2f} GiB per device, the devices "
+                      f"have {cluster.memory_bytes / 2**30:.2f} GiB; use more devices, spatial or channel splits, or "
+                      f"more pipeline stages (--max-stages)")
 
 
 def _stage_zero(layouts: Mapping[str, Layout]) -> dict[str, LayerAssignment]:
@@ -219,9 +219,8 @@ def _baselines(graph: LayerGraph, profile: Profile, cluster: Cluster, space: Spa
         per_decision = space.uniform_layouts[best]
         others = sorted({str(layout) for layout in per_decision.values() if layout != best})
         name = f"best single layout ({best}" + (f"; {', '.join(others)} where it does not apply)" if others else ")")
-        found.append(_baseline(name, graph, profile, cluster,
-                               {layer: per_decision[head] for head, members in space.members.items() for layer in members},
-                               optimizer, memo))
+        layouts = {layer: per_decision[head] for head, members in space.members.items() for layer in members}
+        found.append(_baseline(name, graph, profile, cluster, layouts, optimizer, memo))
     return tuple(found)
 
 

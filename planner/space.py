@@ -47,7 +47,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -72,7 +72,7 @@ from planner.solvers.prune import surviving_options
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["FOLLOWER_KINDS", "Arrivals", "LayerCosts", "Space", "build_space", "decision_groups"]
+__all__ = ["FOLLOWER_KINDS", "Arrivals", "DecisionRow", "LayerCosts", "Space", "build_space", "decision_groups"]
 
 FOLLOWER_KINDS = frozenset({"batchnorm", "activation", "dropout", "identity"})
 MERGED_KINDS = frozenset({"add", "mul", "elementwise"})  # element-wise with several inputs: follow the leading one
@@ -98,7 +98,7 @@ class Space:
 
     def choice_of(self, layouts: Mapping[str, Layout]) -> dict[str, int] | None:
         """The option indices of a per-layer layout assignment, or ``None`` when it is not in the space."""
-        choice = {}
+        choice: dict[str, int] = {}
         for head, members in self.members.items():
             layout = layouts[head]
             if layout not in self.candidates[head] or any(layouts[m] != layout for m in members):
@@ -137,7 +137,8 @@ def decision_groups(graph: LayerGraph) -> dict[str, tuple[str, ...]]:
     return {head: tuple(groups[head]) for head in order}
 
 
-def _joined_head(graph: LayerGraph, name: str, inputs: list[str], head_of: Mapping[str, str], contracted: nx.DiGraph) -> str:
+def _joined_head(graph: LayerGraph, name: str, inputs: list[str], head_of: Mapping[str, str],
+                 contracted: nx.DiGraph) -> str:
     """The decision ``name`` joins: its leading input's, or its own (module docstring, :func:`decision_groups`)."""
     kind, arguments = graph.nodes[name].kind, list(graph.predecessors(name))
     lead = _leading_input(graph, name, arguments)
@@ -187,19 +188,19 @@ def build_space(graph: LayerGraph, profile: Profile, cluster: Cluster, devices: 
     uniform = _uniform_objectives(rows, edges, costs, memory_limit_bytes)
     bounds = _upper_bounds(rows, edges, costs, memory_limit_bytes, uniform) if prune else (None, None)
     limit = memory_limit_bytes if prune else None
-    kept = [surviving_options({h: [r[column] for r in opts] for h, opts in rows.items()},
-                              {h: [r[3] for r in opts] for h, opts in rows.items()}, limit, bound)
-            for column, bound in zip((1, 2), bounds)]
+    kept = [surviving_options({h: [r.seconds(hidden) for r in opts] for h, opts in rows.items()},
+                              {h: [r.memory_bytes for r in opts] for h, opts in rows.items()}, limit, bound)
+            for hidden, bound in zip((False, True), bounds)]
     kept_rows = {head: [options[i] for i in sorted(set(kept[0][head]) | set(kept[1][head]))]
                  for head, options in rows.items()}
     for head, options in kept_rows.items():
         if not options:  # only the memory rule can empty a row: nothing fits
             kept_rows[head] = rows[head]
     full, hidden = _tables(kept_rows, edges, costs, memory_limit_bytes)
-    candidates = {head: tuple(row[0] for row in options) for head, options in kept_rows.items()}
+    candidates = {head: tuple(row.layout for row in options) for head, options in kept_rows.items()}
     return Space(candidates, groups, full, hidden, considered, considered - sum(map(len, candidates.values())),
-                 {layout: objective[0] for layout, objective in uniform.items()},
-                 {layout: objective[2] for layout, objective in uniform.items()})
+                 {layout: objective.time_s for layout, objective in uniform.items()},
+                 {layout: objective.layouts for layout, objective in uniform.items()})
 
 
 class LayerCosts:
@@ -226,10 +227,11 @@ class LayerCosts:
             self.groups = dict(groups)  # (else the cached property finds them)
         self.arrivals: Arrivals | None = None  # asked before a decision's rows are made here
         self.smallest = smallest
-        self.graph, self.profile, self.cluster, self.devices, self.optimizer = graph, profile, cluster, devices, optimizer
+        self.graph, self.profile, self.cluster = graph, profile, cluster
+        self.devices, self.optimizer = devices, optimizer
         self.saved_copies = 1 if recompute else saved_copies
         self.recompute = recompute
-        self.rows_seen: dict[tuple[str, ...], list[_Row]] = {}
+        self.rows_seen: dict[tuple[str, ...], list[DecisionRow]] = {}
         self.dtype = graph.graph["dtype"]
         self.itemsize = dtype_itemsize(self.dtype)
         self.memo = memo or CostMemo(profile, self.dtype)  # shared with the estimates of the same search
@@ -267,7 +269,8 @@ class LayerCosts:
     def _priced(self, raw: _Raw) -> tuple[float, float, int]:
         total_s, allreduce_s, forward_s, resident_bytes, saved_bytes = raw
         again_s = forward_s if self.recompute else 0.0
-        return (total_s + again_s, total_s - allreduce_s + again_s, resident_bytes + (self.saved_copies - 1) * saved_bytes)
+        return (total_s + again_s, total_s - allreduce_s + again_s,
+                resident_bytes + (self.saved_copies - 1) * saved_bytes)
 
     def _reads(self, name: str, layout: Layout) -> bool:
         """Whether ``name`` under ``layout`` can read each input as it wants it — no rank's part empty — and, on
@@ -292,7 +295,7 @@ class LayerCosts:
         memory = self.memo.memory(signature, node, layout, self.optimizer)
         return cost.total_s, cost.allreduce_s, cost.forward_s, memory.resident_bytes, memory.saved
 
-    def rows(self, members: tuple[str, ...]) -> list[_Row]:
+    def rows(self, members: tuple[str, ...]) -> list[DecisionRow]:
         """The options of the decision placing ``members``: layout, seconds, seconds with hidden allreduce, bytes."""
         if members not in self.rows_seen:
             found = None if self.arrivals is None else self.arrivals(self, members)
@@ -314,15 +317,39 @@ class LayerCosts:
         return float(self.edges.matrix(source, target, (have,), (layout,))[0, 0])
 
 
-_Row = tuple[Layout, float, float, int]  # layout, seconds, seconds with the allreduce hidden, bytes
-Arrivals = Callable[[LayerCosts, tuple[str, ...]], "list[_Row] | None"]
-"""``arrivals(costs, members)``: the rows of that decision under those costs computed elsewhere — :meth:`LayerCosts.rows`
-of equal costs in another process (``planner.ahead``) — or ``None``: then they are made here."""
+class DecisionRow(NamedTuple):
+    """One priced option of one decision: its layout, seconds, seconds with the allreduce hidden, bytes per rank."""
+
+    layout: Layout
+    time_s: float
+    """Seconds of the decision's layers (and its followers' edges), each weight-gradient allreduce in full."""
+    hidden_s: float
+    """The same seconds with the allreduce hidden (not counted at all)."""
+    memory_bytes: int
+    """Resident bytes per rank."""
+
+    def seconds(self, hidden: bool) -> float:
+        """:attr:`hidden_s` where ``hidden``, else :attr:`time_s` (the two tables of ``Space``)."""
+        return self.hidden_s if hidden else self.time_s
+
+
+Arrivals = Callable[[LayerCosts, tuple[str, ...]], "list[DecisionRow] | None"]
+"""``arrivals(costs, members)``: the rows of that decision under those costs computed elsewhere —
+:meth:`LayerCosts.rows` of equal costs in another process (``planner.ahead``) — or ``None``: then they are made
+here."""
 _Raw = tuple[float, float, float, int, int]  # seconds, allreduce, forward seconds, resident and saved bytes
-_Uniform = tuple[float, float, dict[str, Layout]]  # seconds, seconds with the allreduce hidden, layout per decision
 
 
-def _decision_rows(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...], devices: int) -> list[_Row]:
+class _Uniform(NamedTuple):
+    """One layout used wherever it applies: seconds, seconds with the allreduce hidden, layout per decision."""
+
+    time_s: float
+    hidden_s: float
+    layouts: dict[str, Layout]
+
+
+def _decision_rows(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...],
+                   devices: int) -> list[DecisionRow]:
     head = members[0]
     for layouts in layout_tiers(graph.nodes[head], devices, costs.cluster.devices_per_node):
         rows = [row for row in (_decision_row(graph, costs, members, layout) for layout in layouts) if row]
@@ -332,7 +359,8 @@ def _decision_rows(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...
                      f"has no layout on {devices} devices; try a device count its extents can be split by")
 
 
-def _decision_row(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...], layout: Layout) -> _Row | None:
+def _decision_row(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...],
+                  layout: Layout) -> DecisionRow | None:
     total_s = hidden_s = 0.0
     nbytes = 0
     for index, name in enumerate(members):
@@ -343,10 +371,11 @@ def _decision_row(graph: LayerGraph, costs: LayerCosts, members: tuple[str, ...]
         if index:  # a follower reads its producer's output in the same layout
             moved = costs.follower_edge(name, layout)
             total_s, hidden_s = total_s + moved, hidden_s + moved
-    return layout, total_s, hidden_s, nbytes
+    return DecisionRow(layout, total_s, hidden_s, nbytes)
 
 
-def _decision_edges(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+def _decision_edges(graph: LayerGraph,
+                    groups: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], list[tuple[str, str]]]:
     """Per pair of decisions, the graph edges between their layers."""
     head_of = {layer: head for head, members in groups.items() for layer in members}
     edges: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -356,40 +385,42 @@ def _decision_edges(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) ->
     return edges
 
 
-def _uniform_objectives(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
+def _uniform_objectives(rows: Mapping[str, list[DecisionRow]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
                         costs: LayerCosts, memory_limit_bytes: int | None) -> dict[Layout, _Uniform]:
     """Objectives (full, hidden allreduce) of each layout used wherever it applies, where it fits in memory.
 
     A decision that cannot take the layout (too small to split that way)
     takes its widest pure sample layout, or its fastest layout if it has none.
     """
-    fallback = {head: min(options, key=lambda row: (row[0].c * row[0].h * row[0].w > 1, -row[0].n, row[1]))
+    fallback = {head: min(options, key=lambda row: (row.layout.c * row.layout.h * row.layout.w > 1, -row.layout.n,
+                                                    row.time_s))
                 for head, options in rows.items()}
-    uniform = [row[0] for row in next(iter(rows.values()))]
-    placed = {head: {row[0]: row for row in options} for head, options in rows.items()}
+    uniform = [row.layout for row in next(iter(rows.values()))]
+    placed = {head: {row.layout: row for row in options} for head, options in rows.items()}
     per_layout = [{head: placed[head].get(layout, fallback[head]) for head in rows} for layout in uniform]
-    diagonal = {}  # per pair of decisions, the redistribution seconds under each uniform layout
+    diagonal: dict[tuple[str, str], np.ndarray] = {}  # per pair of decisions, the seconds under each uniform layout
     for (a, b), links in edges.items():
-        haves, wants = tuple(c[a][0] for c in per_layout), tuple(c[b][0] for c in per_layout)
-        diagonal[(a, b)] = sum(costs.edges.pairs(u, v, haves, wants) for u, v in links)
+        haves, wants = tuple(c[a].layout for c in per_layout), tuple(c[b].layout for c in per_layout)
+        diagonal[(a, b)] = np.asarray(sum(costs.edges.pairs(u, v, haves, wants) for u, v in links))
     found = {}
     for position, (layout, chosen) in enumerate(zip(uniform, per_layout)):
-        if memory_limit_bytes is not None and sum(row[3] for row in chosen.values()) > memory_limit_bytes:
+        if memory_limit_bytes is not None and sum(row.memory_bytes for row in chosen.values()) > memory_limit_bytes:
             continue
         moved = float(sum(diagonal[(a, b)][position] for a, b in edges)) if edges else 0.0
-        found[layout] = (sum(row[1] for row in chosen.values()) + moved, sum(row[2] for row in chosen.values()) + moved,
-                         {head: row[0] for head, row in chosen.items()})
+        found[layout] = _Uniform(sum(row.time_s for row in chosen.values()) + moved,
+                                 sum(row.hidden_s for row in chosen.values()) + moved,
+                                 {head: row.layout for head, row in chosen.items()})
     return found
 
 
-def _upper_bounds(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
+def _upper_bounds(rows: Mapping[str, list[DecisionRow]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
                   costs: LayerCosts, memory_limit_bytes: int | None,
                   uniform: Mapping[Layout, _Uniform]) -> tuple[float | None, float | None]:
     """Objectives (full, hidden allreduce) of the best plans found among uniform layouts and a restricted table."""
     restricted = {head: _restricted(options) for head, options in rows.items()}
-    bounds = []
-    for index, table in enumerate(_tables(restricted, edges, costs, memory_limit_bytes)):
-        known = [objective[index] for objective in uniform.values()]
+    bounds: list[float | None] = []
+    for hidden, table in zip((False, True), _tables(restricted, edges, costs, memory_limit_bytes)):
+        known = [objective.hidden_s if hidden else objective.time_s for objective in uniform.values()]
         try:
             known.append(solve_exact(table).objective_s)
         except InputError:  # the restricted options do not fit in memory
@@ -398,25 +429,25 @@ def _upper_bounds(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str]
     return bounds[0], bounds[1]
 
 
-def _restricted(options: list[_Row]) -> list[_Row]:
-    cheapest = sorted(options, key=lambda row: (row[1], row[0]))[:_RESTRICTED_PER_DECISION]
-    leanest = min(options, key=lambda row: (row[3], row[1]))
-    sample = max(options, key=lambda row: (row[0].n, -row[0].ranks))  # keeps a pure sample plan reachable
+def _restricted(options: list[DecisionRow]) -> list[DecisionRow]:
+    cheapest = sorted(options, key=lambda row: (row.time_s, row.layout))[:_RESTRICTED_PER_DECISION]
+    leanest = min(options, key=lambda row: (row.memory_bytes, row.time_s))
+    sample = max(options, key=lambda row: (row.layout.n, -row.layout.ranks))  # keeps a pure sample plan reachable
     return list(dict.fromkeys([*cheapest, leanest, sample]))
 
 
-def _tables(rows: Mapping[str, list[_Row]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
+def _tables(rows: Mapping[str, list[DecisionRow]], edges: Mapping[tuple[str, str], list[tuple[str, str]]],
             costs: LayerCosts, memory_limit_bytes: int | None) -> tuple[CostTable, CostTable]:
     heads = tuple(rows)
-    labels = {head: tuple(str(row[0]) for row in options) for head, options in rows.items()}
-    memory = {head: tuple(row[3] for row in options) for head, options in rows.items()}
+    labels = {head: tuple(str(row.layout) for row in options) for head, options in rows.items()}
+    memory = {head: tuple(row.memory_bytes for row in options) for head, options in rows.items()}
     matrices = {}
     for (head_u, head_v), links in edges.items():
-        haves, layouts = tuple(row[0] for row in rows[head_u]), tuple(row[0] for row in rows[head_v])
+        haves, layouts = tuple(row.layout for row in rows[head_u]), tuple(row.layout for row in rows[head_v])
         total = sum(costs.edges.matrix(u, v, haves, layouts) for u, v in links)
         matrices[(head_u, head_v)] = tuple(tuple(row) for row in np.asarray(total).tolist())
-    full = CostTable(heads, labels, {h: tuple(r[1] for r in o) for h, o in rows.items()}, matrices, memory,
+    full = CostTable(heads, labels, {h: tuple(r.time_s for r in o) for h, o in rows.items()}, matrices, memory,
                      memory_limit_bytes)
-    hidden = CostTable(heads, labels, {h: tuple(r[2] for r in o) for h, o in rows.items()}, matrices, memory,
+    hidden = CostTable(heads, labels, {h: tuple(r.hidden_s for r in o) for h, o in rows.items()}, matrices, memory,
                        memory_limit_bytes)
     return full, hidden

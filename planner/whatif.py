@@ -45,7 +45,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError, PlanError
@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = ["OneDevice", "WhatIfRow", "one_device", "scaled_profile", "sweep", "with_idle", "with_speedups"]
 
-GraphFor = Callable[[int], Any]  # global batch -> LayerGraph
+GraphFor = Callable[[int], "LayerGraph"]  # global batch -> the model traced at it
+_Job = tuple["LayerGraph", Profile, Cluster, SearchSettings, str]  # one size's search: _row's arguments
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class WhatIfRow:
     """Devices the plan runs on (the rest idle: its own search's pipeline budget, or :func:`with_idle`); ``None``
     in an infeasible row."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """A plain dict (JSON and CSV rows)."""
         return asdict(self)
 
@@ -162,8 +163,8 @@ def sweep(graph_for: GraphFor, profile: Profile, cluster_for: Callable[[int], Cl
         progress: Told ``(done, total)`` as sizes finish.
     """
     sizes = sorted(set(devices))
-    work = [(graph_for(batch * d if weak else batch), profile, cluster_for(d), settings, model_spec)
-            for d in sizes]
+    work: list[_Job] = [(graph_for(batch * d if weak else batch), profile, cluster_for(d), settings, model_spec)
+                        for d in sizes]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     told = progress or (lambda done, total: None)
     rows: list[WhatIfRow] = []
@@ -194,9 +195,10 @@ def with_idle(rows: Sequence[WhatIfRow]) -> list[WhatIfRow]:
         if not row.feasible:
             found.append(row)
             continue
-        if best is None or row.iteration_s <= best.iteration_s:  # type: ignore[operator]
+        if best is None or _time_s(row) <= _time_s(best):
             best = row  # of equal plans, the size's own (its search may leave the same devices idle)
-        if row.pure_sample_s is not None and (sample is None or row.pure_sample_s < sample.pure_sample_s):  # type: ignore[operator]
+        sample_s = None if sample is None else sample.pure_sample_s  # (set only where a row has one)
+        if row.pure_sample_s is not None and (sample_s is None or row.pure_sample_s < sample_s):
             sample = row
         if row.one_stage_s is not None and (one_stage is None or row.one_stage_s < one_stage):
             one_stage = row.one_stage_s
@@ -216,13 +218,20 @@ def with_speedups(rows: Sequence[WhatIfRow], reference: OneDevice) -> list[WhatI
         if not row.feasible:
             found.append(row)
             continue
-        speedup = row.samples_per_s / reference.samples_per_s  # type: ignore[operator]
-        versus = row.pure_sample_s / row.iteration_s if row.pure_sample_s else None  # type: ignore[operator]
+        assert row.samples_per_s is not None, f"a feasible row has a throughput: {row}"
+        speedup = row.samples_per_s / reference.samples_per_s
+        versus = row.pure_sample_s / _time_s(row) if row.pure_sample_s else None
         found.append(replace(row, speedup=speedup, efficiency=speedup / row.devices, speedup_vs_sample=versus))
     return found
 
 
-def _largest_first(work: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+def _time_s(row: WhatIfRow) -> float:
+    """A feasible row's iteration seconds."""
+    assert row.iteration_s is not None, f"a feasible row has an iteration time: {row}"
+    return row.iteration_s
+
+
+def _largest_first(work: list[_Job]) -> list[_Job]:
     """Longest jobs first (larger clusters take longer), so that the pool ends together."""
     return sorted(work, key=lambda item: -item[2].devices)
 
@@ -239,21 +248,23 @@ def _row(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Search
             f"GiB per device ({whole.resident_bytes / 2**30:.2f} GiB resident on one), the devices have "
             f"{cluster.memory_bytes / 2**30:.2f} GiB"))
     try:
-        one_stage = replace(settings, max_stages=1) if cluster.devices == 1 else settings
-        result = plan_model(graph, profile, cluster, one_stage, model_spec=model_spec)
+        searched = replace(settings, max_stages=1) if cluster.devices == 1 else settings
+        result = plan_model(graph, profile, cluster, searched, model_spec=model_spec)
     except (InputError, PlanError) as err:
         return WhatIfRow(cluster.devices, batch, False, reason=str(err).split(";")[0])
     predicted = result.estimate
     sample = next((b for b in result.baselines if b.name == "pure sample"), None)
-    sample_fits = sample is not None and sample.estimate.memory_bytes_max <= cluster.memory_bytes
+    sample_s = (sample.estimate.iteration_s  # where it fits
+                if sample is not None and sample.estimate.memory_bytes_max <= cluster.memory_bytes else None)
     one_stage = [c.iteration_s for c in result.considered if c.fits and c.summary.endswith("1 stage")]
-    one_stage += [b.estimate.iteration_s for b in result.baselines if b.estimate.memory_bytes_max <= cluster.memory_bytes]
+    one_stage += [b.estimate.iteration_s for b in result.baselines
+                  if b.estimate.memory_bytes_max <= cluster.memory_bytes]
     return WhatIfRow(
         devices=cluster.devices, batch=batch, feasible=True, iteration_s=predicted.iteration_s,
         samples_per_s=batch / predicted.iteration_s, memory_bytes=predicted.memory_bytes_max,
         plan=result.plan.summary(), stages=result.plan.pipeline.stages, one_stage_s=min(one_stage, default=None),
-        pure_sample_s=sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
-        pure_sample_samples_per_s=batch / sample.estimate.iteration_s if sample_fits else None,  # type: ignore[union-attr]
+        pure_sample_s=sample_s,
+        pure_sample_samples_per_s=batch / sample_s if sample_s is not None else None,
         sample_parallel=sample.plan.cluster.devices if sample is not None else 1,
         search_s=result.search_s, devices_used=sum(result.plan.pipeline.devices_per_stage),
         found_at=cluster.devices)

@@ -30,11 +30,12 @@ against the budget or its micro-batches many — and the bound rises with each
 decision summed instead of starting from nothing.
 
 The transfer floor (:func:`send_floor`): a lower bound on the seconds a pipeline stage takes to send its
-activations to the next, per cut and stage size. A stale pipeline moves at least at its slowest link's pace (``cost_models.pipeline_cost``), so the stage search
-(``planner.pipeline.stages``) skips a stale configuration whose cuts cannot beat the best plan once each stage counts
-this floor. The floor is ``cost_models.estimate``'s transfer with every tensor crossing the cut split over all
-the stage's devices (a layout uses at most them), between nodes where the stage fills whole nodes (the next
-one then starts on another), else over the faster link.
+activations to the next, per cut and stage size. A stale pipeline moves at least at its slowest link's pace
+(``cost_models.pipeline_cost``), so the stage search (``planner.pipeline.stages``) skips a stale configuration
+whose cuts cannot beat the best plan once each stage counts this floor. The floor is ``cost_models.estimate``'s
+transfer with every tensor crossing the cut split over all the stage's devices (a layout uses at most them),
+between nodes where the stage fills whole nodes (the next one then starts on another), else over the faster
+link.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate
 from math import prod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
@@ -93,7 +94,7 @@ class Floor:
         while self.valid and self.summed < stop and (limit_s is None or self.bound_s < limit_s):
             head = self.order[self.summed]
             try:
-                cheapest = [(min(row[2] for row in costs.rows(costs.groups[head])), costs.devices)
+                cheapest = [(min(row.hidden_s for row in costs.rows(costs.groups[head])), costs.devices)
                             for costs in map(self.costs_of, self.sizes)]
             except InputError:  # some layer has no layout on the stage's devices with this micro-batch
                 self.valid = False
@@ -126,12 +127,12 @@ def heaviest_first(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]]) -> 
 
 
 def send_floor(graph: LayerGraph, groups: Mapping[str, tuple[str, ...]], heads: Sequence[str], profile: Profile,
-               cluster: Cluster, cache: dict[tuple[Any, ...], Any]) -> Callable[[int, int], float]:
+               cluster: Cluster, cache: dict[tuple[int, int], list[float]]) -> Callable[[int, int], float]:
     """``(j, size) →`` the floor (module docstring) of a stage ending before decision ``j`` (of ``heads``, in
-    order) on ``size`` devices; 0 after the last. ``cache``: the floors of every cut per graph and size, kept
-    across calls."""
+    order) on ``size`` devices; 0 after the last. ``cache``: the floors of every cut per graph (its ``id``) and
+    size, kept across calls."""
     def floor(j: int, size: int) -> float:
-        key = ("sends", id(graph), size)
+        key = (id(graph), size)
         if key not in cache:
             levels = ("inter",) if size >= cluster.devices_per_node else ("intra", "inter")
             cache[key] = [min(transfer_s(profile, level, nbytes) for level in levels)

@@ -181,7 +181,9 @@ def _solve(grid: _Grid, table: np.ndarray, stages: int, micro: int, stale: bool,
         totals = sums + (micro - 1) * taus
         index = int(np.argmin(totals))
         if np.isfinite(totals[index]) and (best is None or totals[index] < best[0]):
-            best = (float(totals[index]), paths[index])  # type: ignore[assignment]
+            path = paths[index]
+            assert path is not None, "a finite total has a cut"  # (_least_sum: None only where infinite)
+            best = (float(totals[index]), path)
     if best is None:  # no cap under the limit: the best plan found (at the least cap) is returned to be priced
         path = _least_sum(grid, table, stages, np.array([lowest]))[0][0]
         return None if path is None else _named(grid, path)

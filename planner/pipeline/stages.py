@@ -13,8 +13,8 @@ idle), each stage whole nodes from a node's first device or inside one node:
 
 * ``sync`` (GPipe, run in 1F1B order): ``M`` micro-batches, each count of
   :func:`micro_batch_counts` a configuration of its own (more micro-batches: a smaller bubble
-  and less memory, smaller kernels; the bound below prunes most); stage ``k`` holds ``min(M, K − k)`` micro-batches' activations at once,
-  which its memory rows count. Where that binds — the stage's optimum under the
+  and less memory, smaller kernels; the bound below prunes most); stage ``k`` holds ``min(M, K − k)``
+  micro-batches' activations at once, which its memory rows count. Where that binds — the stage's optimum under the
   memory limit is not its unconstrained one — the stage is also solved
   recomputing: it keeps only its inputs and one micro-batch's activations, and
   every layer's time adds its forward (``Pipeline.recompute``); the cheaper
@@ -54,7 +54,7 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from math import inf
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster, stage_cluster
 from cost_models.errors import InputError
@@ -120,9 +120,10 @@ class _Config:
 _SUMMED_AT_ONCE = 1  # decisions a configuration's bound sums each time it is first in line
 
 
-def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker, settings: SearchSettings,
-                     *, incumbent_s: float | None = None, prune: bool = True, memo: CostMemo | None = None,
-                     progress: Progress | None = None, arrivals: Arrivals | None = None) -> PipelineSearch:
+def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker,
+                     settings: SearchSettings, *, incumbent_s: float | None = None, prune: bool = True,
+                     memo: CostMemo | None = None, progress: Progress | None = None,
+                     arrivals: Arrivals | None = None) -> PipelineSearch:
     """The pipeline plans of the search (module docstring), priced.
 
     Best first: the configuration of the least lower bound on its iteration time
@@ -149,8 +150,9 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
     configs = _configs(graph, profile, cluster, settings, memo, made)
     line = [(config.floor.bound_s, index) for index, config in enumerate(configs)]
     heapq.heapify(line)
-    found, skipped, best, done = [], 0, incumbent_s, 0
-    solved: dict[tuple[Any, ...], Any] = {}  # stage solves, shared by the configurations
+    found: list[PipelineCandidate] = []
+    skipped, best, done = 0, incumbent_s, 0
+    solved = _Shared()  # stage solves, shared by the configurations
     while line:
         if progress is not None:
             progress(done, len(configs))
@@ -174,7 +176,7 @@ def search_pipelines(graph: LayerGraph, profile: Profile, cluster: Cluster, make
 
 
 def _priced_layouts(config: _Config, graph: LayerGraph, profile: Profile, cluster: Cluster, make_plan: PlanMaker,
-                    settings: SearchSettings, limit_s: float | None, solved: dict[tuple[Any, ...], Any],
+                    settings: SearchSettings, limit_s: float | None, solved: _Shared,
                     memo: CostMemo) -> list[PipelineCandidate]:
     """The configuration's plans (one per allreduce table whose cuts can beat ``limit_s``), priced in full."""
     found = []
@@ -238,14 +240,14 @@ class _Makers:
 
     def __init__(self, graph: LayerGraph, profile: Profile, cluster: Cluster, optimizer: str, memo: CostMemo) -> None:
         self.source, self.profile, self.cluster, self.optimizer, self.memo = graph, profile, cluster, optimizer, memo
-        self.graphs: dict[int, Any] = {}
+        self.graphs: dict[int, LayerGraph] = {}
         self.patterns: dict[int, PatternTable] = {}
         self.makers: dict[tuple[int, int], Callable[[int, bool], LayerCosts]] = {}
         self.works: dict[tuple[int, bool], list[float]] = {}
         self.groups: dict[int, tuple[dict[str, tuple[str, ...]], list[str]]] = {}
         self.arrivals: Arrivals | None = None  # given to every LayerCosts made
 
-    def graph(self, micro: int) -> Any:
+    def graph(self, micro: int) -> LayerGraph:
         """The graph of one of ``micro`` micro-batches."""
         if micro not in self.graphs:
             self.graphs[micro] = micro_batch_graph(self.source, micro)
@@ -291,8 +293,8 @@ def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[
     return schedules
 
 
-def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
-                 memo: CostMemo, smallest: Any, groups: Mapping[str, tuple[str, ...]],
+def _costs_maker(graph: LayerGraph, profile: Profile, cluster: Cluster, optimizer: str, patterns: PatternTable,
+                 memo: CostMemo, smallest: LayerGraph | None, groups: Mapping[str, tuple[str, ...]],
                  arrivals: Arrivals | None = None) -> Callable[[int, bool], LayerCosts]:
     """``(saved copies, recompute) → LayerCosts`` of ``graph`` (its decisions ``groups``) on the stage's devices,
     each made once; ``smallest``: the graph on the smallest micro-batch, where they differ (``LayerCosts``)."""
@@ -310,7 +312,8 @@ def _costs_maker(graph: Any, profile: Profile, cluster: Cluster, optimizer: str,
     return costs
 
 
-def _stage_costs(made: _Makers, schedule: str, micro: int, stages: int) -> Callable[[int, bool, int], LayerCosts | None]:
+def _stage_costs(made: _Makers, schedule: str, micro: int,
+                 stages: int) -> Callable[[int, bool, int], LayerCosts | None]:
     """Stage ``k``'s costs on ``size`` devices: under 1F1B it holds ``min(M, K − k)`` micro-batches' activations at
     once (or, recomputing, one); a stale stage always recomputes (its time per batch is ``2F + B``: DSP's pace),
     holding one batch's activations (its stashed inputs are the estimate's to count), and has no other way to
@@ -323,10 +326,22 @@ def _stage_costs(made: _Makers, schedule: str, micro: int, stages: int) -> Calla
 
 
 _Solve = tuple[Space, CostTable, Solution, bool]
+_Segment = tuple[int, int, int, int]  # decisions i … j−1 as stage k on size devices
+
+
+class _Shared:
+    """What the configurations of one search share: each segment's stage spaces (keyed by the identity of its cost
+    variants and its decisions), their optimum per allreduce table, and the transfer floors
+    (``planner.pipeline.bounds.send_floor``)."""
+
+    def __init__(self) -> None:
+        self.spaces: dict[tuple[int, int, int, int], _StageSpaces] = {}
+        self.solves: dict[tuple[tuple[int, int, int, int], int], _Solve | None] = {}
+        self.sends: dict[tuple[int, int], list[float]] = {}
 
 
 def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings,
-                   limit_s: float | None = None, solved: dict[tuple[Any, ...], Any] | None = None
+                   limit_s: float | None = None, solved: _Shared | None = None
                    ) -> list[tuple[dict[str, LayerAssignment], SolverInfo, dict[str, RunnerUp], Pipeline]]:
     """Per allreduce table (full, hidden): the exact cuts and stage sizes (``planner.pipeline.cuts``) and every
     layer's layout and stage, how the stages were solved, runner-ups and the pipeline (each stage's devices,
@@ -338,20 +353,25 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
     segment of the same costs is the same problem).
     """
     heads, allowed = list(config.groups), allowed_cuts(config.graph, config.groups)
-    shared: dict[tuple[Any, ...], Any] = {} if solved is None else solved
+    shared = _Shared() if solved is None else solved
     if limit_s is not None and _sends_rule_out(config, heads, allowed, profile, cluster, shared, limit_s):
         return []
     found = {}
     for which in (1, 0):
         bounds = {size: _floor_bound(config, heads, which, cluster.memory_bytes, size) for size in config.sizes}
-        solves: dict[tuple[int, int, int, int], _Solve | None] = {}
+        solves: dict[_Segment, _Solve | None] = {}
 
-        def true(i: int, j: int, k: int, size: int, which: int = which, solves: dict = solves) -> float:
-            solves[i, j, k, size] = _segment_solve(config, profile, cluster, settings, shared, heads, (i, j, k, size),
-                                                   which)
-            return inf if solves[i, j, k, size] is None else solves[i, j, k, size][2].objective_s  # type: ignore[index]
+        def true(i: int, j: int, k: int, size: int, which: int = which,
+                 solves: dict[_Segment, _Solve | None] = solves) -> float:
+            solve = solves[i, j, k, size] = _segment_solve(config, profile, cluster, settings, shared, heads,
+                                                           (i, j, k, size), which)
+            return inf if solve is None else solve[2].objective_s
 
-        cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, lambda i, j, size: bounds[size](i, j), true,
+        def bound(i: int, j: int, size: int,
+                  bounds: dict[int, Callable[[int, int], float]] = bounds) -> float:
+            return bounds[size](i, j)
+
+        cuts = exact_cuts(len(heads), config.pipeline.stages, allowed, bound, true,
                           sizes=config.sizes, budget=config.budget, micro_batches=config.pipeline.micro_batches,
                           stale=config.pipeline.schedule == "stale", limit_s=limit_s if which == 1 else None,
                           node=cluster.devices_per_node)
@@ -359,21 +379,23 @@ def _stage_layouts(config: _Config, profile: Profile, cluster: Cluster, settings
             break
         chosen = _Solved()
         for stage, (start, stop) in enumerate(zip(cuts.starts, [*cuts.starts[1:], len(heads)])):
-            chosen.add(stage, *solves[start, stop, stage, cuts.devices[stage]])  # type: ignore[misc]
+            solve = solves[start, stop, stage, cuts.devices[stage]]
+            assert solve is not None, "the cuts chose a stage with no layout"  # its time was finite
+            chosen.add(stage, *solve)
         found[which] = (chosen.assignments, _solver_info(chosen.solutions), chosen.explained,
                         replace(config.pipeline, devices_per_stage=cuts.devices, recompute=tuple(chosen.recompute)))
     return [found[which] for which in (0, 1) if which in found]
 
 
 def _sends_rule_out(config: _Config, heads: Sequence[str], allowed: set[int], profile: Profile, cluster: Cluster,
-                    shared: dict[tuple[Any, ...], Any], limit_s: float) -> bool:
+                    shared: _Shared, limit_s: float) -> bool:
     """Whether a stale configuration cannot come under ``limit_s`` (the best plan found so far) once each stage's
     pace counts its transfer to the next (``cost_models.pipeline_cost``: a stale pipeline moves at least at its
     slowest link's pace) — decided on the lower bounds alone, no stage solved. Only to skip a configuration: its
     cuts are chosen on the stages' tables, which the DP is exact on, as before."""
     if config.pipeline.schedule != "stale":
         return False
-    sends = send_floor(config.graph, config.groups, heads, profile, cluster, shared)
+    sends = send_floor(config.graph, config.groups, heads, profile, cluster, shared.sends)
     if max(sends(j, size) for j in allowed for size in config.sizes) < limit_s:
         return False  # no transfer reaches the limit: the DP's own bounds decide as before
     bounds = {size: _floor_bound(config, heads, 1, cluster.memory_bytes, size) for size in config.sizes}
@@ -386,17 +408,16 @@ def _sends_rule_out(config: _Config, heads: Sequence[str], allowed: set[int], pr
 
 
 def _segment_solve(config: _Config, profile: Profile, cluster: Cluster, settings: SearchSettings,
-                   shared: dict[tuple[Any, ...], Any], heads: Sequence[str], segment: tuple[int, int, int, int],
-                   which: int) -> _Solve | None:
+                   shared: _Shared, heads: Sequence[str], segment: _Segment, which: int) -> _Solve | None:
     """Decisions ``i … j−1`` as stage ``k`` on ``size`` devices, solved once per cost variants (``shared``)."""
     i, j, k, size = segment
     keep, again = config.stage_costs(k, False, size), config.stage_costs(k, True, size)
     key = (id(keep), id(again), i, j)
-    if key not in shared:
-        shared[key] = _StageSpaces(config, profile, cluster, k, heads[i:j], size)
-    if (key, which) not in shared:
-        shared[key, which] = _best_stage_solve(shared[key], which, settings)
-    return shared[key, which]
+    if key not in shared.spaces:
+        shared.spaces[key] = _StageSpaces(config, profile, cluster, k, heads[i:j], size)
+    if (key, which) not in shared.solves:
+        shared.solves[key, which] = _best_stage_solve(shared.spaces[key], which, settings)
+    return shared.solves[key, which]
 
 
 def _floor_bound(config: _Config, heads: Sequence[str], which: int, memory_bytes: int,
@@ -407,11 +428,11 @@ def _floor_bound(config: _Config, heads: Sequence[str], which: int, memory_bytes
     recomputing) exceed the memory."""
     leanest = config.stage_costs(config.pipeline.stages - 1, False, size)  # (its seconds: every stage's)
     assert leanest is not None
-    seconds, least = [0.0], [0]
+    seconds, least, hidden = [0.0], [0], which == 1
     for head in heads:
         rows = leanest.rows(config.groups[head])
-        seconds.append(seconds[-1] + min(row[1 + which] for row in rows))
-        least.append(least[-1] + min(row[3] for row in rows))
+        seconds.append(seconds[-1] + min(row.seconds(hidden) for row in rows))
+        least.append(least[-1] + min(row.memory_bytes for row in rows))
     return lambda i, j: inf if least[j] - least[i] > memory_bytes else seconds[j] - seconds[i]
 
 
@@ -456,12 +477,11 @@ class _StageSpaces:
         return self.config.stage_costs(self.stage, True, self.size) is not None
 
 
-def _best_stage_solve(spaces: _StageSpaces, which: int, settings: SearchSettings
-                      ) -> tuple[Space, CostTable, Solution, bool] | None:
+def _best_stage_solve(spaces: _StageSpaces, which: int, settings: SearchSettings) -> _Solve | None:
     """The stage's optimum on allreduce table ``which`` (0 full, 1 hidden), keeping or recomputing its
     activations: recomputing is tried only where keeping them is bound by memory (an optimum the memory limit
     did not cut is also the recomputing table's lower bound: its every option costs as much or more)."""
-    found = []
+    found: list[_Solve] = []
     for recompute in (False, True):
         if recompute and (not spaces.can_recompute or (found and found[0][2].solver in UNCONSTRAINED_SOLVERS)):
             break
@@ -477,8 +497,8 @@ def _best_stage_solve(spaces: _StageSpaces, which: int, settings: SearchSettings
 def _solver_info(solutions: list[Solution]) -> SolverInfo:
     """The stages' solves as one: solvers used, worst status, total seconds and objective, largest gap."""
     optimal = all(solution.status == "Optimal" for solution in solutions)
-    gaps = [solution.gap for solution in solutions]
+    gaps = [solution.gap for solution in solutions if solution.gap is not None]
     return SolverInfo("+".join(dict.fromkeys(solution.solver for solution in solutions)),
                       "Optimal" if optimal else "TimeLimit", round(sum(s.seconds for s in solutions), 4),
                       sum(solution.objective_s for solution in solutions),
-                      None if None in gaps else max(gaps))  # type: ignore[type-var]
+                      None if len(gaps) < len(solutions) else max(gaps))

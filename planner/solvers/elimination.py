@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import heapq
 import time
-from typing import Any
 
 import numpy as np
 
 from planner.solvers.cost_table import CostTable, Solution
 
 __all__ = ["solve_elimination"]
+
+_Step = tuple[str, tuple[str, ...], np.ndarray]
+"""One elimination: the layer, its neighbours then, and its best option per combination of their options."""
 
 
 def solve_elimination(table: CostTable) -> Solution:
@@ -44,7 +46,7 @@ def solve_elimination(table: CostTable) -> Solution:
     for (u, v), matrix in table.edge_s.items():
         _add_pair(pairs, adjacent, u, v, np.asarray(matrix, dtype=np.float64))
     order = _EliminationOrder(table.layers, adjacent)
-    steps: list[Any] = []
+    steps: list[_Step] = []
     constant = 0.0
     while unary:
         layer = order.pop()
@@ -83,7 +85,8 @@ class _EliminationOrder:
 
 
 def _eliminate(unary: dict[str, np.ndarray], pairs: dict[tuple[str, str], np.ndarray], adjacent: dict[str, set[str]],
-               layer: str, costs: np.ndarray, neighbours: list[str], terms: list[np.ndarray], steps: list[Any]) -> float:
+               layer: str, costs: np.ndarray, neighbours: list[str], terms: list[np.ndarray],
+               steps: list[_Step]) -> float:
     if not neighbours:
         best = int(np.argmin(costs))
         steps.append((layer, (), np.asarray(best)))
@@ -99,7 +102,7 @@ def _eliminate(unary: dict[str, np.ndarray], pairs: dict[tuple[str, str], np.nda
     return 0.0
 
 
-def _back_substitute(steps: list[Any]) -> dict[str, int]:
+def _back_substitute(steps: list[_Step]) -> dict[str, int]:
     choice: dict[str, int] = {}
     for layer, neighbours, argmin in reversed(steps):
         index = tuple(choice[other] for other in neighbours)

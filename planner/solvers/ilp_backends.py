@@ -15,7 +15,6 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from scipy.sparse import csr_array
@@ -103,7 +102,7 @@ def solve_with_pulp(model: IlpModel, solver: str, time_limit_s: float | None) ->
     return BackendResult(values, pulp.LpStatus[problem.status], optimal, 0.0 if optimal else None, seconds)
 
 
-def _pulp_row(model: IlpModel, variables: list[Any], row: int) -> Any:
+def _pulp_row(model: IlpModel, variables: list[pulp.LpVariable], row: int) -> pulp.LpConstraint:
     start, stop = model.matrix.indptr[row], model.matrix.indptr[row + 1]
     expression = pulp.LpAffineExpression(
         [(variables[column], float(value))
@@ -118,7 +117,7 @@ def _pulp_row(model: IlpModel, variables: list[Any], row: int) -> Any:
     return pulp.LpConstraint(expression, sense, model.row_names[row], rhs)
 
 
-def _pulp_solver(name: str, time_limit_s: float | None) -> Any:
+def _pulp_solver(name: str, time_limit_s: float | None) -> pulp.LpSolver:
     if name == "cbc":
         coin = pulp.COIN_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0)  # a CBC on PATH or from pulp[cbc]
         return coin if coin.available() else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0)
@@ -132,7 +131,7 @@ def solve_with_scipy(model: IlpModel, time_limit_s: float | None) -> BackendResu
     """Solve ``model`` with ``scipy.optimize.milp`` (HiGHS), relative gap 0."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    options: dict[str, Any] = {"disp": False, "mip_rel_gap": 0.0}
+    options: dict[str, bool | float] = {"disp": False, "mip_rel_gap": 0.0}
     if time_limit_s is not None:
         options["time_limit"] = float(time_limit_s)
     constraints = [LinearConstraint(model.matrix, model.lower, model.upper)] if model.matrix.shape[0] else []
