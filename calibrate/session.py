@@ -137,6 +137,7 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
     # rank 0 times the kernels first while the others wait for it: longer than --timeout-s, in a group of their own
     waiting_s = request.budget_s + request.timeout_s
     waiting = dist.new_group(list(range(job.world_size)), timeout=timedelta(seconds=waiting_s))
+    assert isinstance(waiting, dist.ProcessGroup), "every rank is a member of the group of all ranks"
     device = f"cuda:{job.local_rank}" if request.backend == "nccl" else request.device
     total = len(enumerate_problems(request.graph, request.device_counts))
     compute: list[ComputeSample] = []

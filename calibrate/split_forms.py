@@ -138,7 +138,7 @@ def _launch(request: FormsRequest, plans: list[Plan]) -> list[dict[str, object]]
     from runtime.launch import launch_many
     from runtime.options import RunOptions
 
-    runs = [RunOptions(model=request.model_spec, input_shape=tuple(request.graph.input_shape),  # type: ignore[arg-type]
+    runs = [RunOptions(model=request.model_spec, input_shape=tuple(request.graph.input_shape),
                        input_shapes=request.graph.input_shapes, dtype=request.graph.graph["dtype"],
                        plan=plan.to_dict(), steps=STEPS, warmup=WARMUP, leaf_modules=request.leaf_modules,
                        threads=request.threads, quiet=True, graph=request.graph, per_layer=True,

@@ -196,7 +196,7 @@ def _stage_zero(layouts: Mapping[str, Layout]) -> dict[str, LayerAssignment]:
 def _plan(graph: LayerGraph, cluster: Cluster, assignments: Mapping[str, LayerAssignment], pipeline: Pipeline,
           predicted: Estimate | None, solver: SolverInfo | None, model_spec: str) -> Plan:
     prediction = None if predicted is None else predicted.prediction()
-    return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,  # type: ignore[arg-type]
+    return Plan(graph.fingerprint, tuple(graph.input_shape), graph.graph["dtype"], cluster,
                 dict(assignments), pipeline, prediction, solver, model_spec,
                 _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), recorded_shapes(graph.input_shapes))
 

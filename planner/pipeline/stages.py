@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 from cost_models.cluster import Cluster, stage_cluster
 from cost_models.errors import InputError
 from cost_models.estimate import CostMemo, Estimate, estimate, restaled
-from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, SolverInfo
+from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, Schedule, SolverInfo
 from cost_models.ir.micro_batches import micro_batch_graph
 from cost_models.pipeline_cost import dsp_staleness, least_staleness
 from cost_models.profile import Profile
@@ -216,7 +216,7 @@ def _configs(graph: LayerGraph, profile: Profile, cluster: Cluster, settings: Se
     return configs
 
 
-def _config(made: _Makers, name: str, micro: int, stages: int, sizes: tuple[int, ...], budget: int,
+def _config(made: _Makers, name: Schedule, micro: int, stages: int, sizes: tuple[int, ...], budget: int,
             settings: SearchSettings) -> _Config | None:
     """One configuration with its lazy bound; ``None`` where the model has fewer decisions than stages."""
     groups, order = made.decisions(micro)
@@ -283,9 +283,9 @@ class _Makers:
         return self.makers[size, micro]
 
 
-def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[str, int]]:
+def _schedules(batch: int, stages: int, settings: SearchSettings) -> list[tuple[Schedule, int]]:
     """The schedules and micro-batch counts of one stage count: ``sync`` with each count, then ``stale``."""
-    schedules = []
+    schedules: list[tuple[Schedule, int]] = []
     if settings.schedule in ("sync", "auto"):
         schedules += [("sync", count) for count in micro_batch_counts(batch, stages)]
     if settings.schedule in ("stale", "auto") and settings.max_staleness != 0:
