@@ -82,10 +82,14 @@ class Ahead(Generic[K, V]):
         return found
 
     def close(self) -> None:
-        """End the helper (if still running), reap it and close the pipe."""
+        """End the helper (if still running), reap it and close the pipe.
+
+        SIGKILL, not SIGTERM: the helper holds nothing to release (its end of the pipe, a lock-free shared
+        array), and a SIGTERM handler it inherited from the planner's process (torch's elastic agent leaves one;
+        a training script may install its own) could keep it computing while this waits for it."""
         self.open = False
         if self.process.is_alive():
-            self.process.terminate()
+            self.process.kill()
         self.process.join()
         self.connection.close()
 

@@ -48,7 +48,8 @@ class Accuracy:
                 f"regret {self.regret:.1%} (n={self.n})")
 
     def to_dict(self) -> dict[str, float | int | None]:
-        """The JSON fields of DESIGN.md (``median_rel_err``, ``kendall_tau``, ``regret``) and ``p90_rel_err``."""
+        """The JSON fields of ``parplan validate`` (``median_rel_err``, ``kendall_tau``, ``regret``; docs/commands.md)
+        and ``p90_rel_err``."""
         return {"median_rel_err": self.median_rel_err, "p90_rel_err": self.p90_rel_err,
                 "kendall_tau": self.kendall_tau, "regret": self.regret, "n": self.n}
 

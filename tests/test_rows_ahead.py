@@ -105,3 +105,27 @@ def test_the_helper_does_not_stall_on_a_full_pipe_while_the_planner_is_busy() ->
         assert [key for key, _ in helper.arrived()] == list(range(64))
     finally:
         helper.close()
+
+
+def test_closing_ends_a_helper_that_inherited_a_sigterm_handler() -> None:
+    """A SIGTERM handler the planner's process has (torch's elastic agent leaves one behind; a training script may
+    install one that returns) is inherited by the forked helper: closing must not wait on it."""
+    import signal
+    import threading
+
+    def produce(send) -> None:  # noqa: ANN001
+        while True:
+            time.sleep(0.01)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        helper = ahead(produce)
+        assert helper is not None
+        closing = threading.Thread(target=helper.close, daemon=True)
+        closing.start()
+        closing.join(timeout=30)
+        if closing.is_alive():  # unblock the suite, then fail
+            helper.process.kill()
+            pytest.fail("Ahead.close waited on a helper that ignored SIGTERM")
+        assert not helper.process.is_alive()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
