@@ -1,8 +1,10 @@
 """Choosing how to split a model: cost tables, exact solvers, the stage search, what-if sweeps, validation maths.
 
 Works on :class:`cost_models.ir.graph.LayerGraph` and cost tables only: nothing
-here imports torch, ``runtime`` or ``calibrate``. The command line and the
-public API are the ``parplan`` package's.
+here imports torch, ``runtime`` or ``calibrate``. ``space`` prices each layer's
+layouts, ``solvers/`` picks them exactly, ``pipeline/`` searches stages and
+staleness around that, ``search`` is the whole search with its baselines. The
+command line and the public API are the ``parplan`` package's.
 """
 
 from planner.solvers.brute_force import solve_brute_force

@@ -8,17 +8,17 @@ building blocks each equal to the unsplit operation: ``halo_exchange`` and
 (convolution and pooling on tiles), ``resample`` (upsampling and transposed
 convolution on tiles), ``norm`` (batch-norm over a group), ``collectives``,
 ``slicing`` (channel-split weights), ``gradsync`` (gradient sums over replica
-groups) and ``groups`` (process groups). ``data`` makes synthetic batches per
-box, ``train`` is one rank's training loop and ``--verify``, ``launch`` starts
-ranks with torchrun's machinery or under MPI (``parplan run`` is
-``parplan.cli.run``'s).
+groups) and ``groups`` (process groups). A rank of ``parplan run`` takes one
+frozen ``options.RunOptions``; ``batches`` makes its box of each batch,
+``seeded_model`` its model, ``train`` is its training loop and ``--verify``,
+``measurement`` what it reports; ``launch`` starts ranks with torchrun's
+machinery or under MPI (``parplan run`` is ``parplan.cli.run``'s).
 
-Pipelines: ``stage_cut`` cuts the traced model into the plan's stages (what
-crosses each cut), ``schedules`` lists each stage's events (GPipe, 1F1B,
-DSP), ``pipeline`` runs one stage of a plan on this rank (``apply_pipeline``
-→ ``PipelineStage``: sends, receives, stashes, recomputes) and
-``pipeline_train`` is a pipeline rank's training loop, measurement and
-``--verify``.
+Pipelines (``pipeline/``): ``cut`` cuts the traced model into the plan's stages
+(what crosses each cut), ``schedules`` lists each stage's events (GPipe, 1F1B,
+DSP), ``stage`` runs one stage of a plan on this rank (``apply_pipeline``
+→ ``PipelineStage``: sends, receives, stashes, recomputes) and ``worker`` is a
+pipeline rank's training loop, measurement and ``--verify``.
 """
 
 __all__: list[str] = []

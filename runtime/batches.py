@@ -1,4 +1,5 @@
-"""Synthetic training data that each rank generates for its own box only, identical to the global batch's box.
+"""A rank's box of each training batch (:data:`Batch`): synthetic data each rank generates for its own box only,
+identical to the global batch's box, or the user's ``--data`` factory's (:func:`factory_batches`).
 
 Every element is a hash of its global index and the step's seed
 (``frac(sin(i·12.9898 + seed·78.233)·43758.5453)``, the classic shader hash,

@@ -1,4 +1,4 @@
-"""Versioned JSON documents checked against the JSON Schemas shipped in ``cost_models/schemas``.
+"""Versioned JSON documents checked against the JSON Schemas shipped in ``cost_models/formats/schemas``.
 
 Every document parplan writes (plans, profiles and measurements)
 carries ``"format": "parplan.<kind>/<version>"``. Reading checks the format
@@ -48,7 +48,7 @@ def check_document(document: object, expected_format: str, schema_name: str, sou
     Args:
         document: The parsed JSON.
         expected_format: E.g. ``parplan.plan/3``.
-        schema_name: File stem under ``cost_models/schemas``.
+        schema_name: File stem under ``cost_models/formats/schemas``.
         source: Where the document came from, for messages (a path).
         error: The :class:`InputError` subclass to raise.
     """
