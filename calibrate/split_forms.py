@@ -9,7 +9,7 @@ single-split plan on the R ranks — every layer split by samples (``nR``), by
 channels (``cR``), by height (``hR``) and by width (``wR``), a layer that
 cannot take the split taking ``nR`` or staying whole (``n1``) — timing every
 layer (``--per-layer``), and fits the profile's corrections to those runs
-(:func:`planner.refine.fit_corrections` with ``split_layers_only``): the
+(:func:`calibrate.refine.fit_corrections` with ``split_layers_only``): the
 factors of split layers (keys ``kind·channel``, ``kind·spatial`` and their
 pooled ``*·…``), then, given them, the share of the allreduce that does not
 hide. Factors of whole layers and seconds per step are not kept: timed per
@@ -73,7 +73,7 @@ class FormsRequest:
 
 def run_forms(request: FormsRequest, profile: Profile) -> tuple[Profile, list[str]]:
     """``profile`` with corrections fitted to the forms' runs, and notes on what was left out."""
-    from planner.refine import fit_corrections, observation
+    from calibrate.refine import fit_corrections, observation
 
     plans, notes = _forms(request, profile)
     if not plans:

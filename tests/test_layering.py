@@ -36,10 +36,10 @@ def _imports(path: Path) -> set[str]:
 
 
 OURS = ("parplan", "calibrate", "planner", "runtime", "processes", "cost_models")
-ALLOWED = {  # docs/architecture.md's picture: parplan on top; calibrate runs the runtime's forms and fits with the
-    # planner's maths; the runtime never chooses a plan (no planner); cost models start no process (no processes)
+ALLOWED = {  # docs/architecture.md's picture: parplan on top; calibrate runs the runtime's forms (never the planner);
+    # the runtime never chooses a plan (no planner); cost models start no process (no processes)
     "parplan": {"calibrate", "planner", "runtime", "processes", "cost_models"},
-    "calibrate": {"runtime", "planner", "processes", "cost_models"},
+    "calibrate": {"runtime", "processes", "cost_models"},
     "planner": {"cost_models"},
     "runtime": {"processes", "cost_models"},
     "processes": {"cost_models"},

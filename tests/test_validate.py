@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from calibrate.presets import preset_cluster, preset_profile
+from calibrate.refine import Observation, fit_corrections, held_out_predictions, local_s
 from cost_models.corrections import Corrections, layer_key, split_class
 from cost_models.estimate import estimate
 from cost_models.layout import Layout
 from cost_models.profile import Profile, load_profile, save_profile
 from parplan.cli import main
 from planner.candidates import validation_candidates
-from planner.refine import Observation, fit_corrections, held_out_predictions, local_s
 from planner.settings import SearchSettings
 from planner.solvers.cost_table import CostTable
 from planner.solvers.ilp import solve_ilp

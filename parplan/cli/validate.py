@@ -13,7 +13,7 @@ more); the report compares predicted and measured medians
 (``planner.validate``). Predictions are for this host: when the ranks want
 more threads than it has cores, the iteration takes at least the compute of
 all ranks over the cores (``cost_models.estimate``, ``shared_cores``). ``--refine P.json`` fits corrections to the runs
-(``planner.refine``), writes the refined profile atomically and reports the
+(``calibrate.refine``), writes the refined profile atomically and reports the
 error before and after on runs left out of each fit.
 
 The document (``--json``, ``--out``) is ``parplan.validation/1``.
@@ -34,6 +34,7 @@ from cost_models.errors import InputError
 if TYPE_CHECKING:
     from torch import nn
 
+    from calibrate.refine import Observation
     from cost_models.cluster import Cluster
     from cost_models.formats.plan import Plan
     from cost_models.ir.graph import LayerGraph
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from parplan.cli.args import Commands, OneLineParser
     from parplan.cli.ranks import JobRanks
     from planner.candidates import Candidate, Refusal
-    from planner.refine import Observation
     from runtime.options import RunOptions
 
 __all__ = ["FORMAT", "add_validate"]
@@ -289,7 +289,7 @@ def _merged(documents: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _report(args: argparse.Namespace, graph: LayerGraph, profile: Profile, candidates: list[Candidate],
             documents: list[dict[str, Any]], left_out: list[str]) -> dict[str, object]:
-    from planner.refine import observation
+    from calibrate.refine import observation
     from planner.validate import accuracy
 
     runs = [observation(c.name, c.plan, d, args.shared_cores) for c, d in zip(candidates, documents)]
@@ -353,8 +353,8 @@ def _plan_row(candidate: Candidate, document: Mapping[str, Any]) -> dict[str, ob
 
 def _per_key(graph: LayerGraph, profile: Profile, runs: list[Observation], optimizer: str) -> list[dict[str, object]]:
     """Per layer key (kind and split) over all runs: predicted and measured seconds per batch, their ratio."""
+    from calibrate.refine import local_s
     from cost_models.corrections import layer_key
-    from planner.refine import local_s
 
     sums: dict[str, list[float]] = {}
     for run in runs:
@@ -373,8 +373,8 @@ def _per_key(graph: LayerGraph, profile: Profile, runs: list[Observation], optim
 
 def _refine(graph: LayerGraph, profile: Profile, runs: list[Observation], predicted: list[float], optimizer: str,
             path: str) -> dict[str, object]:
+    from calibrate.refine import fit_corrections, held_out_predictions
     from cost_models.profile import save_profile
-    from planner.refine import fit_corrections, held_out_predictions
     from planner.validate import accuracy
 
     measured = [run.measured_s for run in runs]
