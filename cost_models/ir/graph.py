@@ -62,11 +62,6 @@ class LayerGraph(nx.DiGraph):
         self._node[name] = changed
         return changed
 
-    def layer(self, name: str) -> Layer:
-        """Layer ``name`` (``graph.nodes[name]``, typed)."""
-        found: Layer = self.nodes[name]
-        return found
-
     def copy(self, as_view: bool = False) -> LayerGraph:
         """A copy sharing the (frozen) layers; edges and graph attributes copied as ``networkx`` copies them."""
         if as_view:

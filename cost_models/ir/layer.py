@@ -7,7 +7,7 @@ is a new value (:func:`dataclasses.replace`, ``LayerGraph.replace_layer``).
 
 Shapes are lists of ints, as the graph's JSON form writes them; a layer with
 several output tensors (``x.chunk(2)``) has a list of shapes as its
-``output_shape`` (:attr:`Layer.pieces`). ``attrs`` holds the kind's own
+``output_shape``. ``attrs`` holds the kind's own
 hyper-parameters (kernel, stride, padding, dim, scale, orders, …), which
 differ from kind to kind (``cost_models.ir.classify`` and
 ``cost_models.ir._traced_attrs`` document them).
@@ -42,8 +42,7 @@ class Layer(Mapping[str, Any]):
     """Shapes of its tensor inputs, in argument order (an input read from a layer with several output tensors:
     that layer's list of shapes)."""
     output_shape: list[Any] = field(default_factory=list)
-    """Shape of its output (a list of ints); a list of shapes for a layer with several output tensors
-    (:attr:`pieces`)."""
+    """Shape of its output (a list of ints); a list of shapes for a layer with several output tensors."""
     weight_shape: list[int] | None = None
     """Shape of its weight, or ``None``."""
     params: int = 0
@@ -72,17 +71,6 @@ class Layer(Mapping[str, Any]):
     """Its kind's hyper-parameters: kernel, stride, padding, dilation, groups, dim, orders, …"""
     dtype: str | None = None
     """Under mixed precision only: the dtype it computes in and outputs, where that is not the weights'."""
-
-    @property
-    def pieces(self) -> list[list[int]]:
-        """The shape of each output tensor of a layer with several (empty for a layer with one)."""
-        return self.output_shape if self.output_shape and isinstance(self.output_shape[0], list) else []
-
-    @property
-    def order(self) -> str:
-        """Which axis each dimension of its output holds (``nchw``, ``nhwc``, ``n.w``; ``cost_models.ir.orders``),
-        ``""`` where tracing recorded none."""
-        return str(self.attrs.get("order") or "")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: every field, ``dtype`` only where set."""
