@@ -17,7 +17,7 @@ it sent (and kept), so the sum over the copies is the unsplit gradient.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Protocol
 
@@ -29,7 +29,7 @@ from cost_models.redistribution import Box
 from runtime.placement import Placement, as_placement, box_extent, box_view, intersect
 from runtime.waiting import exchange, in_backward, place
 
-__all__ = ["redistribute"]
+__all__ = ["redistribute", "replicated"]
 
 Moves = tuple[tuple[tuple[int, Box], ...], tuple[tuple[int, Box], ...]]
 
@@ -48,6 +48,42 @@ def redistribute(local: torch.Tensor, shape: Sequence[int], source: Layout | Pla
             or ``local`` has the wrong shape.
     """
     return _Redistribute.apply(local, tuple(shape), as_placement(source), as_placement(target), tuple(ranks))
+
+
+def replicated(local: torch.Tensor, whole: Callable[[torch.Tensor], torch.Tensor], geometry: tuple[int, ...],
+               box: Box, copies: int) -> torch.Tensor:
+    """``whole(local)`` — the whole value on every rank, from this rank's box ``local`` of it — with the adjoint
+    of a replicated value (PyTorch's DTensor ``Shard → Replicate``).
+
+    Every rank is assumed to compute the same function of the whole value (a loss, as the unsplit model
+    computes it), so every rank's gradient of it is the whole gradient: each rank keeps its own box of it
+    (``box`` of ``geometry``, the shape the placement cuts) — no sum over the ranks, which would count the
+    gradient once per rank — divided among the ``copies`` members that hold the same box (their gradients are
+    summed later, as every copy's are). Nothing moves in the backward pass.
+    """
+    return _Replicated.apply(local, whole, geometry, box, copies)
+
+
+class _ReplicatedContext(Protocol):
+    geometry: tuple[int, ...]
+    box: Box
+    copies: int
+    local_shape: torch.Size
+
+
+class _Replicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: _ReplicatedContext, local: torch.Tensor, whole: Callable[[torch.Tensor], torch.Tensor],
+                geometry: tuple[int, ...], box: Box, copies: int) -> torch.Tensor:
+        ctx.geometry, ctx.box, ctx.copies, ctx.local_shape = geometry, box, copies, local.shape
+        result = whole(local)
+        return local.view_as(local) if result is local else result
+
+    @staticmethod
+    def backward(ctx: _ReplicatedContext, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+        full = tuple((0, extent) for extent in ctx.geometry)
+        own = box_view(grad.reshape(ctx.geometry), full, ctx.box).reshape(ctx.local_shape)
+        return own / ctx.copies if ctx.copies > 1 else own.contiguous(), None, None, None, None
 
 
 class _MoveContext(Protocol):

@@ -19,6 +19,7 @@ from runtime._values import Value, copies, geometry
 from runtime.inputs import input_boxes
 from runtime.outputs import Everywhere, paired, select_nodes, select_value
 from runtime.placement import Placement, value_placement
+from runtime.redistribute import replicated
 from runtime.waiting import exchange
 
 if TYPE_CHECKING:
@@ -95,9 +96,19 @@ class DataHelpers:
         return tuple(whole[box].contiguous() for whole, box in zip(inputs, self.input_boxes()))
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
-        """The whole output on every rank, from this rank's box of it (differentiable)."""
+        """The whole output on every rank, from this rank's box of it (differentiable).
+
+        Every rank must compute the same function of it — a loss taken whole, as the unsplit model takes it
+        (a Dice loss) — and call ``backward`` on it: each rank's gradient is then its own box of the whole
+        gradient (``runtime.redistribute.replicated``), and the summed parameter gradients are the unsplit
+        model's. A gathered value used differently on different ranks (a loss on rank 0 only) loses the other
+        ranks' part of the gradient; take such a loss with :meth:`loss` instead.
+        """
+        source, shape = self.output_placement, self._output_shape()
         everything = Placement(Layout(), "nchw")
-        return self._fetch(Value(local, self.output_placement, self._output_shape()), everything)
+        cut = geometry(shape, source)
+        return replicated(local, lambda tensor: self._fetch(Value(tensor, source, shape), everything), cut,
+                          source.box(cut, self.member), copies(cut, source, len(self.ranks), self.member))
 
     def _output_shape(self) -> tuple[int, ...]:
         return tuple(self.layer_graph.nodes[self._output_name].output_shape)
