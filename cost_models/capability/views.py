@@ -199,6 +199,9 @@ def sample_dim_refusal(layer: Layer) -> str | None:
     ``qkv[0]`` of a ``(3, N, …)`` stack, a reduction over the batch, a padding of dimension 0 do not, nor does
     ``torch.stack(…, dim=0)`` (its dimension 0 counts the stacked tensors, whatever its extent)."""
     target, sources = layer.output_shape, layer.input_shapes
+    if layer.attrs.get("selects_samples"):
+        return ("it writes into, or views, a part of a value that may index or move dimension 0 (the samples), "
+                "which a sample split holds on other ranks")
     stacked, reduced = layer.attrs.get("stack_dim"), layer.attrs.get("reduces", [])
     if stacked is not None and stacked % len(target) == 0:
         return "it stacks its inputs along a new dimension 0, ahead of the samples (efficientvim's heads)"

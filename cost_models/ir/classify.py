@@ -29,6 +29,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 from torch.fx.node import _get_qualified_name
 
+from cost_models.ir.functionalize import selects_samples, view_of_write, write_into
 from cost_models.ir.kinds import VIEW_KINDS, LayerKind
 
 __all__ = ["KindInfo", "classify"]
@@ -346,6 +347,8 @@ def _function_attrs(node: Node, root: GraphModule, kind: str) -> dict[str, Any]:
         attrs["norm"] = _FUNCTION_NORMS.get(getattr(node.target, "__name__", ""), str(node.target))
     if kind == "getitem":
         attrs.update(_index_attrs(node))
+    if node.target in (write_into, view_of_write):
+        attrs["selects_samples"] = selects_samples(node)
     if kind == "attention":  # F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
         mask = kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
         attrs["masked"] = mask is not None or bool(kwargs.get("is_causal", False))

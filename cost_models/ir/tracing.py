@@ -3,7 +3,9 @@
 Steps: (1) symbolic tracing in training mode, with a tracer that remembers
 which module it was inside, so a failure names it — the forward's optional
 arguments after the input take their defaults, as ``model(x)`` does, and
-``torch.as_tensor`` of a traced value is recorded as a call; (2) a fake copy of the
+``torch.as_tensor`` of a traced value is recorded as a call, ``value[key] = item`` as an
+``operator.setitem``, and every in-place write a later layer reads through an alias made a value
+(``cost_models.ir.functionalize``); (2) a fake copy of the
 traced module (``FakeCopyMode``) interpreted on a fake input, recording each
 node's output shape and element size — no activation or weight memory is
 allocated; (3) assembly of the :class:`LayerGraph` with kinds, parameters,
@@ -30,6 +32,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from math import prod
@@ -47,6 +50,7 @@ from cost_models.ir._held import held_together
 from cost_models.ir._traced_attrs import TensorMeta, record_amp, record_pads, shape_attrs, with_orders
 from cost_models.ir.classify import TF_SAME, KindInfo, classify
 from cost_models.ir.flops import layer_flops
+from cost_models.ir.functionalize import functionalize
 from cost_models.ir.graph import AMP_DTYPES, LayerGraph, compute_fingerprint, parse_input_shapes
 from cost_models.ir.layer import Layer
 
@@ -167,6 +171,9 @@ class _LocatingTracer(Tracer):
         finally:
             torch.as_tensor, torch.jit.isinstance = as_tensor, refine
 
+    def proxy(self, node: Node) -> Proxy:
+        return _WritableProxy(node, self)
+
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or type(m).__name__ in self.leaf_names:
             return True
@@ -179,6 +186,14 @@ class _LocatingTracer(Tracer):
         result = super().call_module(m, forward, args, kwargs)
         self.stack.pop()
         return result
+
+
+class _WritableProxy(Proxy):
+    """A traced value that records ``value[key] = item`` (and so ``value[key] += item``) as an ``operator.setitem``
+    call, made explicit by :func:`cost_models.ir.functionalize.functionalize`, where torch.fx fails."""
+
+    def __setitem__(self, key: Any, item: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
 
 
 def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: int = 1) -> GraphModule:
@@ -205,6 +220,8 @@ def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: i
             continue
         _drop_specialized(graph, inputs)
         traced = GraphModule(tracer.root, graph, type(model).__name__)
+        if functionalize(traced.graph):
+            traced.recompile()
         traced.meta["opaque_modules"] = opaque
         return traced
 
