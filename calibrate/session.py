@@ -35,7 +35,7 @@ import torch
 from calibrate.compute_fit import fit_compute
 from calibrate.problems import enumerate_problems
 from cost_models.errors import InputError
-from cost_models.profile import CommSample, ComputeSample, DeviceSpec, FitError, OptimizerFit, Profile
+from cost_models.profile import CPU_NAME_PREFIX, CommSample, ComputeSample, DeviceSpec, FitError, OptimizerFit, Profile
 from processes.heap import steady_heap
 from processes.job import place_in_job
 from processes.rank_failures import barrier
@@ -269,7 +269,7 @@ def _device_spec(device: str) -> DeviceSpec:
         props = torch.cuda.get_device_properties(torch.device(device))
         return DeviceSpec(props.name, int(props.total_memory))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceSpec(f"CPU {_cpu_name()} ({os.cpu_count()} cores)", int(memory))
+    return DeviceSpec(f"{CPU_NAME_PREFIX}{_cpu_name()} ({os.cpu_count()} cores)", int(memory))
 
 
 def _cpu_name() -> str:

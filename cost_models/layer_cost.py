@@ -5,7 +5,8 @@ Assumptions (beyond those of the modules used):
       a measured profile entry when its key was timed, else the fitted model.
     * Halo exchange (convolution and pooling split by height/width) happens
       once forward (activations) and once backward (their gradients); with
-      ``overlap`` the interior of the tile is computed meanwhile, so only
+      ``overlap`` on a device whose runtime overlaps (``Profile.overlaps_halos``:
+      GPUs, not CPUs) the interior of the tile is computed meanwhile, so only
       ``max(0, halo − interior compute)`` is exposed. The interior is the share
       of local output rows/columns that need no halo.
     * Ranks of a layer are placed row-major over ``(n, c, h, w)``
@@ -118,7 +119,7 @@ def problem_cost(name: str, layer: Layer, layout: Layout, problem: LocalProblem 
     halos = spatial_halos(layer, layout)
     halo_s = _halo_s(layer, layout, problem, profile, cluster, halos) + _window_shift_s(layer, layout, problem,
                                                                                          profile, cluster)
-    interior = _interior_share(problem, halos) if overlap else 0.0
+    interior = _interior_share(problem, halos) if overlap and profile.overlaps_halos else 0.0
     exposed = max(0.0, halo_s / 2 - interior * forward_s) + max(0.0, halo_s / 2 - interior * backward_s)
     scale = 1.0 if profile.corrections is None else profile.corrections.scale(layer.kind, layout)
     return LayerCost(

@@ -46,8 +46,8 @@ from cost_models.formats.jsonio import read_json, write_json_atomic
 from cost_models.formats.schema import check_document
 
 __all__ = [
-    "PROFILE_FORMAT", "CommFit", "CommSample", "ComputeFit", "ComputeSample", "DeviceSpec", "FitError",
-    "OptimizerFit", "Profile", "ProfileError", "load_profile", "save_profile",
+    "CPU_NAME_PREFIX", "PROFILE_FORMAT", "CommFit", "CommSample", "ComputeFit", "ComputeSample", "DeviceSpec",
+    "FitError", "OptimizerFit", "Profile", "ProfileError", "load_profile", "save_profile",
 ]
 
 PROFILE_FORMAT = "parplan.profile/1"
@@ -171,6 +171,15 @@ class DeviceSpec:
     peak_flops: float | None = None
     memory_bandwidth_bps: float | None = None
 
+    @property
+    def is_cpu(self) -> bool:
+        """A host CPU (calibration names it ``CPU <model> (<n> cores)``: :data:`CPU_NAME_PREFIX`)."""
+        return self.name.startswith(CPU_NAME_PREFIX)
+
+
+CPU_NAME_PREFIX = "CPU "
+"""How a calibrated CPU device's name starts (``calibrate.session``)."""
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -198,6 +207,13 @@ class Profile:
             rates[sample.kind, sample.phase] = min(rate, rates.get((sample.kind, sample.phase), rate))
         self._index["least_rate"] = rates
         self._index["comm"] = {(f.collective, f.level): f for f in self.comm_fits}
+
+    @property
+    def overlaps_halos(self) -> bool:
+        """Whether the runtime computes a convolution tile's interior while its halos travel on this device:
+        on GPUs; on CPUs one kernel call over the tile joined with its halos is faster, and the exchange is
+        exposed (``runtime.spatial.conv2d``)."""
+        return not self.device.is_cpu
 
     @property
     def is_measured(self) -> bool:

@@ -137,9 +137,9 @@ def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:
             for name in order]
     total, done, starts = sum(work) or 1.0, 0.0, list[int]()
     for position, flops in enumerate(work):
-        if len(starts) < stages - 1 and position > 0 and done >= total * (len(starts) + 1) / stages:
+        last = len(order) - (stages - 1 - len(starts))  # the last position this cut may take: one layer per
+        if len(starts) < stages - 1 and position > 0 and (  # stage after it (a heavy layer late in the model)
+                done >= total * (len(starts) + 1) / stages or position == last):
             starts.append(position)
         done += flops
-    while len(starts) < stages - 1:  # too little work left to split evenly: the last layers one per stage
-        starts.append(max(starts[-1] + 1 if starts else 1, len(order) - (stages - 1 - len(starts))))
     return [order[position] for position in starts]

@@ -101,10 +101,13 @@ def window_of_reads(extent: int, reads: list[tuple[int, int]], tile: int,
 def exchange_halo(tile: torch.Tensor, dim: int, window: AxisWindow, fill: float = 0.0) -> torch.Tensor:
     """The rows ``[read_start, read_stop)`` of the global tensor along ``dim``, for this tile (differentiable).
 
-    Every tile of the axis must call this at the same point (it sends and receives).
+    Every tile of the axis must call this at the same point (it sends and receives). One autograd function:
+    forward posts, waits and joins (the tile copied once, into the extended tensor); backward sends the
+    halos' gradients home and adds what comes back onto a copy of the own rows' gradient — no zero-filled
+    tile, no second full-tile sum (:func:`start_halo`/:func:`finish_halo`, which let a caller compute
+    meanwhile, pay both).
     """
-    pending = start_halo(tile, dim, window)
-    return finish_halo(tile, pending, fill)
+    return _Halo.apply(tile, dim, window, fill)
 
 
 @dataclass
@@ -213,6 +216,64 @@ class _HaloFinish(torch.autograd.Function):
         if ctx.sizes[2]:
             grad_tile.narrow(ctx.dim, ctx.kept[0] - ctx.own_start, ctx.sizes[2]).add_(grad_kept)
         return grad_tile, grad_before.contiguous(), grad_after.contiguous(), None, None
+
+
+class _HaloContext(Protocol):
+    dim: int
+    window: AxisWindow
+    shape: tuple[int, ...]
+    sizes: list[int]
+    kept: tuple[int, int]
+    where: tuple[str, ...]
+
+
+class _Halo(torch.autograd.Function):
+    """Forward: send this tile's rows, receive its halos, join them with global padding. Backward: the adjoint."""
+
+    @staticmethod
+    def forward(ctx: _HaloContext, tile: torch.Tensor, dim: int, w: AxisWindow, fill: float) -> torch.Tensor:
+        received_before, received_after = _received(w)
+        outgoing = [(w.before, _rows(tile, dim, w.sends_before, w.own_start)),
+                    (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
+        incoming = [(w.before, _empty_rows(tile, dim, received_before)),
+                    (w.after, _empty_rows(tile, dim, received_after))]
+        with exchange(_what(dim), _peers(w)):
+            for request in _post(outgoing, incoming):
+                request.wait()
+        first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
+        kept = (max(first, w.own_start), min(last, w.own_stop))
+        pads = (max(0, -w.read_start), max(0, w.read_stop - w.extent))
+        ctx.dim, ctx.window, ctx.shape, ctx.kept, ctx.where = dim, w, tuple(tile.shape), kept, place()
+        ctx.sizes = [pads[0], incoming[0][1].shape[dim], max(0, kept[1] - kept[0]), incoming[1][1].shape[dim], pads[1]]
+        own = tile.narrow(dim, kept[0] - w.own_start, ctx.sizes[2])  # a view: cat copies it once
+        return torch.cat([_filled(tile, dim, pads[0], fill), incoming[0][1], own, incoming[1][1],
+                          _filled(tile, dim, pads[1], fill)], dim=dim)
+
+    @staticmethod
+    def backward(ctx: _HaloContext, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        w, dim = ctx.window, ctx.dim
+        _, grad_before, grad_kept, grad_after, _ = torch.split(grad, ctx.sizes, dim=dim)
+        incoming = [(w.before, _empty_rows(grad, dim, w.sends_before)),
+                    (w.after, _empty_rows(grad, dim, w.sends_after))]
+        with exchange(_what(dim), _peers(w), in_backward(ctx.where)):  # posting and waiting, labelled once
+            requests = _post([(w.before, grad_before.contiguous()), (w.after, grad_after.contiguous())], incoming)
+            grad_tile = _own_gradient(grad_kept, ctx.shape, dim, ctx.kept[0] - w.own_start)  # meanwhile
+            for request in requests:
+                request.wait()
+        for (start, stop), (_, rows) in zip((w.sends_before, w.sends_after), incoming):
+            if rows.numel():
+                grad_tile.narrow(dim, start - w.own_start, stop - start).add_(rows)
+        return grad_tile, None, None, None
+
+
+def _own_gradient(grad_kept: torch.Tensor, shape: tuple[int, ...], dim: int, offset: int) -> torch.Tensor:
+    """The tile's gradient from the rows of its own its windows read: a copy, zero-padded only where the
+    windows skip own rows (a strided layer's last rows)."""
+    if grad_kept.shape[dim] == shape[dim]:
+        return grad_kept.contiguous() if not grad_kept.is_contiguous() else grad_kept.clone()
+    grad_tile = grad_kept.new_zeros(shape)
+    grad_tile.narrow(dim, offset, grad_kept.shape[dim]).copy_(grad_kept)
+    return grad_tile
 
 
 def _what(dim: int) -> str:

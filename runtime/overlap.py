@@ -8,6 +8,10 @@ convolves the border bands from the extended tile. The bands and the interior
 partition the output, so the result is exactly the convolution of the
 extended tile (``runtime.spatial.conv2d`` without overlap).
 
+Used on CUDA devices only (``runtime.spatial.conv2d``'s default, priced so by
+``cost_models.profile.Profile.overlaps_halos``): on CPUs the interior and its
+bands cost more than the exchange they hide.
+
 Local output row ``i`` of the extended tile reads its rows ``[i·s, i·s +
 d(k−1)]``; the tile's own rows are ``[a, b)`` there (``a = own_start −
 read_start``), so the interior rows are ``⌈a/s⌉ ≤ i ≤ ⌊(b − d(k−1) − 1)/s⌋``.

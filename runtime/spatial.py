@@ -104,11 +104,16 @@ AVG_POOL = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}
 
 def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
            full_hw: tuple[int, ...], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
-           dilation: int | Sequence[int] = 1, groups: int = 1, overlap: bool = True) -> torch.Tensor:
+           dilation: int | Sequence[int] = 1, groups: int = 1, overlap: bool | None = None) -> torch.Tensor:
     """This tile of ``F.conv2d`` of the global input (spatial extents ``full_hw``; a volume's ``F.conv3d``).
 
-    With ``overlap`` an image tile's interior is convolved while the halos travel (``runtime.overlap``).
+    With ``overlap`` an image tile's interior is convolved while the halos travel (``runtime.overlap``);
+    otherwise the tile joined with its halos is convolved by one kernel call. Default: overlap on CUDA only.
+    On CPU the interior and its border bands cost more than the exchange they would hide — more, smaller
+    kernel calls on the cores gloo's threads share: resnet18 8×3×256² under ``h2`` on 2 ranks of the 2-core
+    development machine took 1.51 s a step overlapped, 1.27 s as one call (``benchmarks/spatial_parts.py``).
     """
+    overlap = tile.is_cuda if overlap is None else overlap
     rank = len(grid.parts)
     stride, padding, dilation = ntuple(stride, rank), ntuple(padding, rank), ntuple(dilation, rank)
     kernel = tuple(weight.shape[2:])

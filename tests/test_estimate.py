@@ -92,6 +92,18 @@ def test_spatial_split_pays_halo_and_redistribution() -> None:
     assert result.breakdown_s["redistribution"] == pytest.approx(2 * (ALPHA + moved_bytes * BETA))
 
 
+def test_a_cpu_exposes_the_halo_a_gpu_hides_behind_the_interior() -> None:
+    """The runtime overlaps a tile's interior with its halos on GPUs only (``runtime.spatial.conv2d``): a CPU
+    profile prices the exchange exposed, as ``overlap=False`` does; a GPU profile hides some of it."""
+    graph = conv_graph()
+    plan = plan_for(graph, 2, {"conv": Layout(h=2), "relu": Layout(n=2)})
+    gpu = estimate(graph, plan, PROFILE)
+    cpu = estimate(graph, plan, replace(PROFILE, device=DeviceSpec("CPU Test (2 cores)", 2**34)))
+    assert not replace(PROFILE, device=DeviceSpec("CPU Test (2 cores)", 2**34)).overlaps_halos
+    assert cpu.breakdown_s["halo_exposed"] == pytest.approx(cpu.breakdown_s["halo"])
+    assert gpu.breakdown_s["halo_exposed"] < gpu.breakdown_s["halo"]
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.sampled_from([1, 2, 4, 8]), st.sampled_from(["sgd", "momentum", "adam"]))
 def test_terms_are_non_negative_and_sample_splits_shrink_memory(devices: int, optimizer: str) -> None:

@@ -10,6 +10,7 @@ from conftest import build_model
 
 from cost_models.cluster import Cluster, Link
 from cost_models.errors import InputError, PlanError
+from cost_models.ir.graph import LayerGraph
 from cost_models.ir.tracing import symbolic_trace, trace
 from cost_models.layout import Layout
 from cost_models.uniform import balanced_starts, staged, uniform_plan
@@ -68,6 +69,26 @@ def test_balanced_starts_split_the_work_and_staged_plans_follow_them(resnet: tup
         staged(plan, graph, [starts[1], starts[0]])
     with pytest.raises(InputError, match="are not layers of the model"):
         staged(plan, graph, ["nowhere"])
+
+
+def test_balanced_starts_cut_every_stage_count_around_one_heavy_layer() -> None:
+    """One layer holding nearly all the work, anywhere in the model: every stage count from 1 to the number
+    of layers gets distinct, ordered cuts (a heavy layer late left no room and indexed past the end)."""
+    from cost_models.ir.layer import Layer
+
+    for heavy in range(6):
+        graph = LayerGraph(input_shape=[2, 4], dtype="float32", outputs=["l5"])
+        graph.add_node("x", Layer(kind="input", target="x", output_shape=[2, 4]))
+        for index in range(6):
+            flops = 10**9 if index == heavy else 10
+            graph.add_node(f"l{index}", Layer(kind="linear", target="fc", output_shape=[2, 4], flops_fwd=flops,
+                                              flops_bwd=flops))
+            graph.add_edge("x" if index == 0 else f"l{index - 1}", f"l{index}")
+        order = graph.compute_layers()
+        for stages in range(1, 7):
+            positions = [order.index(name) for name in balanced_starts(graph, stages)]
+            assert len(positions) == stages - 1 and positions == sorted(set(positions)) and 0 not in positions, \
+                (heavy, stages, positions)
 
 
 def test_pipelines_the_runtime_cannot_run_are_refused(resnet: tuple) -> None:
