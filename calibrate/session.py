@@ -2,7 +2,12 @@
 
 The budget is shared: compute kernels get the first ``COMPUTE_SHARE`` of it
 (all of it with one rank), collectives the rest, less a reserve for fitting
-and writing. Compute kernels are timed as a step runs them — every candidate
+and writing — and at least ``MIN_COMM_S`` even when the kernels overran their
+share (the run then takes longer than its budget, and says so). A profile
+that still lacks the collectives every multi-device plan is priced with says
+so (``Profile.missing_parts``): in calibrate's notes, ``profile show``,
+``estimate``'s warnings and the error of any plan priced from it.
+Compute kernels are timed as a step runs them — every candidate
 layout's layers in model order, forward then backward, with the host's other
 ranks running the same kernels (``calibrate.sequences``, ``calibrate.busy``);
 whatever the budget or a Ctrl-C leaves unmeasured is predicted by the fitted
@@ -117,10 +122,15 @@ def run_calibration(request: CalibrationRequest, progress: Progress | None = Non
     notes += compute_notes
     comm: list[CommSample] = []
     if request.ranks > 1 and not interrupted:
-        comm, comm_notes, interrupted = _measure_comm(request, deadline)
+        late_s = time.monotonic() + MIN_COMM_S - deadline  # kernels overran their share: collectives still get theirs
+        if late_s > 0:
+            notes.append(f"the kernels overran their share of the budget: the collectives took {late_s:.0f} s more "
+                         f"than --budget-s to get their least {MIN_COMM_S:.0f} s")
+        comm, comm_notes, interrupted = _measure_comm(request, max(deadline, time.monotonic() + MIN_COMM_S))
         notes += comm_notes
     profile = _build_profile(request, compute, comm, time.monotonic() - started, interrupted, total, notes,
                              optimizer_fits=optimizers)
+    notes += profile.missing_parts()
     return CalibrationResult(profile, len(compute), total - len(compute), interrupted, notes)
 
 
@@ -170,6 +180,7 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
     in_job = CalibrationRequest(**{**request.__dict__, "ranks": job.world_size, "device": device})
     profile = _build_profile(in_job, compute, list(measured.samples), time.monotonic() - started, interrupted,
                              total, notes, optimizer_fits=optimizers)
+    notes += profile.missing_parts()
     return CalibrationResult(profile, len(compute), total - len(compute), interrupted, notes)
 
 

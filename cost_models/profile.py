@@ -220,10 +220,26 @@ class Profile:
         """Whether this profile was measured (rather than built from datasheets)."""
         return self.meta.get("source") == "measured"
 
+    def missing_parts(self) -> list[str]:
+        """What a measured profile of several ranks lacks that its calibration should have measured: the
+        collectives the planner prices every multi-device plan with (``sendrecv`` for links, ``allreduce``
+        for gradients). One line each, with the fix; empty when complete (and for presets, one-rank profiles)."""
+        if not self.is_measured or int(self.meta.get("ranks") or 1) <= 1:
+            return []
+        measured = {fit.collective for fit in self.comm_fits}
+        lacking = [name for name in ("sendrecv", "allreduce") if name not in measured]
+        if not lacking:
+            return []
+        what = "no collective" if not measured else f"no {' or '.join(lacking)}"
+        return [f"profile is incomplete: its calibration measured {what} (the budget ran out before them), so "
+                f"plans on several devices cannot be priced from it; re-run parplan calibrate with a larger "
+                f"--budget-s"]
+
     def compatibility_warnings(self, torch_version: str, dtype: str | None = None, amp: str | None = None) -> list[str]:
         """Why this profile may not fit a run with ``torch_version``, ``dtype`` and mixed precision ``amp`` (the
-        graph's autocast dtype, ``""`` for none; ``None``: not checked) (empty when it does)."""
-        warnings = []
+        graph's autocast dtype, ``""`` for none; ``None``: not checked) (empty when it does); first, what it
+        lacks (:meth:`missing_parts`)."""
+        warnings = self.missing_parts()
         recorded_torch, recorded_dtype = self.meta.get("torch_version"), self.meta.get("dtype")
         if self.is_measured and recorded_torch and recorded_torch != torch_version:
             warnings.append(f"profile measured with torch {recorded_torch}, running torch {torch_version}: "
@@ -322,9 +338,10 @@ class Profile:
         fit = fits.get((collective, level)) or (fits.get((collective, "intra")) if level == "inter" else None)
         if fit is None:
             known = sorted({f"{c}/{lvl}" for c, lvl in fits})
+            hint = "; ".join(self.missing_parts()) or "re-run parplan calibrate with more ranks"
             raise ProfileError(
                 f"profile for {self.device.name} has no fit for {collective} on the {level} link "
-                f"(it has {', '.join(known) or 'none'}); re-run parplan calibrate with more ranks"
+                f"(it has {', '.join(known) or 'none'}); {hint}"
             )
         return fit.time_s(group, nbytes)
 

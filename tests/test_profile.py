@@ -95,3 +95,23 @@ def test_compute_fit_recovers_known_rates() -> None:
     assert 1 / conv.s_per_byte == pytest.approx(8e9, rel=0.1)
     assert error.median_rel_err is not None and error.median_rel_err < 0.03 and error.n == 15
     assert {f.kind for f in fits} == {"conv", "*"}
+
+
+def test_a_profile_of_several_ranks_without_its_collectives_says_so_everywhere() -> None:
+    """Calibration's budget can run out before the collectives (issue 52): the profile is still written — its
+    kernels are worth keeping — but says what it lacks in its warnings and in the error of any plan priced
+    from it. Presets and one-rank profiles lack nothing."""
+    from dataclasses import replace
+
+    complete = replace(make_profile(), meta={**make_profile().meta, "ranks": 2}, comm_fits=tuple(
+        CommFit(name, "intra", 1e-5, 1e-9, 9) for name in ("sendrecv", "allreduce")))
+    assert complete.missing_parts() == [] and complete.compatibility_warnings("2.14.1") == []
+    without = replace(complete, comm_fits=())
+    (line,) = without.missing_parts()
+    assert "measured no collective" in line and "--budget-s" in line
+    assert without.compatibility_warnings("2.14.1")[0] == line
+    with pytest.raises(ProfileError, match="measured no collective.*--budget-s"):
+        without.cluster(2)
+    assert "no sendrecv" in replace(complete, comm_fits=complete.comm_fits[1:]).missing_parts()[0]
+    assert replace(without, meta={**without.meta, "ranks": 1}).missing_parts() == []
+    assert replace(without, meta={**without.meta, "source": "preset"}).missing_parts() == []

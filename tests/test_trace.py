@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -188,3 +189,40 @@ def test_shared_weights_are_counted_once(dtype: torch.dtype) -> None:
     assert len(convs) == 2 and convs[0]["flops_fwd"] == convs[1]["flops_fwd"]
     assert graph.totals()["params"] == 3 * 3 * 9 + 3
     assert convs[1]["flops_bwd_weight"] > 0  # the second use still computes a weight gradient
+
+
+class _Checkpointed(nn.Module):
+    """A block run under ``torch.utils.checkpoint`` (re-entrant or not) between two plain layers."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU())
+        self.head = nn.Conv2d(4, 2, 1)
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return self.head(checkpoint(self.block, x, use_reentrant=self.reentrant))
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpoint_regions_are_traced_through_and_named(reentrant: bool, tmp_path, capsys) -> None:  # noqa: ANN001
+    """torch.fx traces a checkpointed region inline, so parplan runs it without recomputation: the graph names
+    the region (``recomputed``) and every command tracing it says so in one line (issue 53, item 7)."""
+    if not hasattr(torch.utils.checkpoint, "_checkpoint_impl"):
+        pytest.skip("this torch calls no _checkpoint_impl: regions are traced through unnamed")
+    graph = trace(_Checkpointed(reentrant), (2, 4, 8, 8))
+    assert graph.graph["recomputed"] == ["block"]
+    assert [graph.nodes[name].kind for name in graph.compute_layers()] == ["conv", "activation", "conv"]
+    assert trace(nn.Sequential(nn.Conv2d(4, 2, 1)), (2, 4, 8, 8)).graph["recomputed"] == []
+
+    from parplan.cli import main
+
+    model = tmp_path / "checkpointed.py"
+    here = str(Path(__file__).parent)
+    model.write_text(f"import sys\nsys.path.insert(0, {here!r})\nfrom test_trace import _Checkpointed\n\n"
+                     f"def build():\n    return _Checkpointed({reentrant!r})\n")
+    assert main(["inspect", "--model", f"{model}:build", "--input-shape", "2,4,8,8", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: torch.utils.checkpoint in block is traced through" in err and "without recomputation" in err

@@ -95,6 +95,7 @@ def build_layer_graph(
         record_amp(graph, amp, propagator.dtypes)
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
     graph.graph["opaque_modules"] = opaque
+    graph.graph["recomputed"] = list(traced.meta["recomputed"])
     return graph
 
 
@@ -149,6 +150,7 @@ class _LocatingTracer(Tracer):
         super().__init__()
         self.leaf_names = set(leaf_modules)
         self.stack: list[tuple[str, str]] = []
+        self.recomputed: list[str] = []  # the torch.utils.checkpoint regions met, by module or function
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> Graph:
         as_tensor, refine = torch.as_tensor, torch.jit.isinstance
@@ -166,10 +168,27 @@ class _LocatingTracer(Tracer):
             return refine(obj, target_type)
 
         torch.as_tensor, torch.jit.isinstance = traced_as_tensor, traced_isinstance
+        checkpointing = torch.utils.checkpoint
+        impl = getattr(checkpointing, "_checkpoint_impl", None)  # torch ≥ 2.12; older torch: not detected
+        if impl is not None:
+            checkpointing._checkpoint_impl = self._traced_checkpoint
         try:
             return super().trace(root, concrete_args)
         finally:
             torch.as_tensor, torch.jit.isinstance = as_tensor, refine
+            if impl is not None:
+                checkpointing._checkpoint_impl = impl
+
+    def _traced_checkpoint(self, function: Any, args: Any, kwargs: Any, **options: Any) -> Any:
+        """``torch.utils.checkpoint``'s region, traced inline (as torch.fx does anyway) and remembered: the
+        traced program keeps its activations (``graph.graph["recomputed"]``)."""
+        name = self.path_of_module(function) if isinstance(function, nn.Module) else getattr(
+            function, "__qualname__", type(function).__name__)
+        where = self.stack[-1][0] if self.stack else ""
+        region = name if isinstance(function, nn.Module) or not where else f"{name} in {where}"
+        if region not in self.recomputed:
+            self.recomputed.append(region)
+        return function(*args, **kwargs)
 
     def proxy(self, node: Node) -> Proxy:
         return _WritableProxy(node, self)
@@ -223,6 +242,7 @@ def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: i
         if functionalize(traced.graph):
             traced.recompile()
         traced.meta["opaque_modules"] = opaque
+        traced.meta["recomputed"] = tracer.recomputed
         return traced
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from cost_models.errors import InputError
@@ -194,7 +195,15 @@ def trace_model(args: argparse.Namespace) -> tuple[LayerGraph, dict[str, float]]
     graph = trace(model, shape, getattr(torch, args.dtype), leaf_modules=args.leaf_module,
                   amp=amp_argument(getattr(args, "amp", None), args.dtype))
     timing = {"load": round(loaded - started, 3), "trace": round(time.perf_counter() - loaded, 3)}
+    if graph.graph.get("recomputed"):
+        print(f"parplan: warning: {recomputation_warning(graph.graph['recomputed'])}", file=sys.stderr)
     return graph, timing
+
+
+def recomputation_warning(regions: Sequence[str]) -> str:
+    """One line on the ``torch.utils.checkpoint`` regions tracing went through (``graph.graph["recomputed"]``)."""
+    return (f"torch.utils.checkpoint in {', '.join(regions)} is traced through: parplan runs and prices those "
+            f"layers without recomputation, every activation kept (memory as without checkpointing)")
 
 
 def amp_argument(amp: str | None, dtype: str) -> str:
