@@ -164,11 +164,7 @@ class _HaloStart(torch.autograd.Function):
     def forward(ctx: _StartContext, tile: torch.Tensor, pending: PendingHalo) -> tuple[torch.Tensor, torch.Tensor]:
         w, dim = pending.window, pending.dim
         ctx.dim, ctx.window, ctx.shape, ctx.where = dim, w, tuple(tile.shape), place()
-        received_before, received_after = _received(w)
-        outgoing = [(w.before, _rows(tile, dim, w.sends_before, w.own_start)),
-                    (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
-        incoming = [(w.before, _empty_rows(tile, dim, received_before)),
-                    (w.after, _empty_rows(tile, dim, received_after))]
+        outgoing, incoming = _messages(tile, dim, w)
         with exchange(_what(dim), _peers(w)):
             pending.requests = _post(outgoing, incoming)
         pending.keep = [rows for _, rows in outgoing]
@@ -200,9 +196,7 @@ class _HaloFinish(torch.autograd.Function):
                 pending: PendingHalo, fill: float) -> torch.Tensor:
         w, dim = pending.window, pending.dim
         wait_all(pending.requests, _what(dim), _peers(w))
-        first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
-        kept = (max(first, w.own_start), min(last, w.own_stop))
-        pads = (max(0, -w.read_start), max(0, w.read_stop - w.extent))
+        kept, pads = _joined(w)
         ctx.dim, ctx.own_start, ctx.shape, ctx.kept = dim, w.own_start, tuple(tile.shape), kept
         ctx.sizes = [pads[0], before.shape[dim], max(0, kept[1] - kept[0]), after.shape[dim], pads[1]]
         return torch.cat([_filled(tile, dim, pads[0], fill), before, _rows(tile, dim, kept, w.own_start), after,
@@ -232,17 +226,11 @@ class _Halo(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: _HaloContext, tile: torch.Tensor, dim: int, w: AxisWindow, fill: float) -> torch.Tensor:
-        received_before, received_after = _received(w)
-        outgoing = [(w.before, _rows(tile, dim, w.sends_before, w.own_start)),
-                    (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
-        incoming = [(w.before, _empty_rows(tile, dim, received_before)),
-                    (w.after, _empty_rows(tile, dim, received_after))]
+        outgoing, incoming = _messages(tile, dim, w)
         with exchange(_what(dim), _peers(w)):
             for request in _post(outgoing, incoming):
                 request.wait()
-        first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
-        kept = (max(first, w.own_start), min(last, w.own_stop))
-        pads = (max(0, -w.read_start), max(0, w.read_stop - w.extent))
+        kept, pads = _joined(w)
         ctx.dim, ctx.window, ctx.shape, ctx.kept, ctx.where = dim, w, tuple(tile.shape), kept, place()
         ctx.sizes = [pads[0], incoming[0][1].shape[dim], max(0, kept[1] - kept[0]), incoming[1][1].shape[dim], pads[1]]
         own = tile.narrow(dim, kept[0] - w.own_start, ctx.sizes[2])  # a view: cat copies it once
@@ -274,6 +262,24 @@ def _own_gradient(grad_kept: torch.Tensor, shape: tuple[int, ...], dim: int, off
     grad_tile = grad_kept.new_zeros(shape)
     grad_tile.narrow(dim, offset, grad_kept.shape[dim]).copy_(grad_kept)
     return grad_tile
+
+
+def _messages(tile: torch.Tensor, dim: int, w: AxisWindow) -> tuple[list[tuple[int | None, torch.Tensor]],
+                                                                      list[tuple[int | None, torch.Tensor]]]:
+    """The rows this tile sends each neighbour, and empty buffers for the halos it receives from each."""
+    received_before, received_after = _received(w)
+    outgoing = [(w.before, _rows(tile, dim, w.sends_before, w.own_start)),
+                (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
+    incoming = [(w.before, _empty_rows(tile, dim, received_before)),
+                (w.after, _empty_rows(tile, dim, received_after))]
+    return outgoing, incoming
+
+
+def _joined(w: AxisWindow) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The own rows the windows read (global range), and the global padding rows before and after them."""
+    first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
+    kept = (max(first, w.own_start), min(last, w.own_stop))
+    return kept, (max(0, -w.read_start), max(0, w.read_stop - w.extent))
 
 
 def _what(dim: int) -> str:
