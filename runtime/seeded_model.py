@@ -15,6 +15,7 @@ from collections.abc import Hashable, Iterable
 import torch
 from torch import nn
 
+from cost_models.ir.dtypes import run_dtype
 from runtime.options import RunOptions
 
 __all__ = ["fresh_model", "reference_identity", "seeded_model", "sgd"]
@@ -50,7 +51,17 @@ def _built(spec: str, seed: int) -> nn.Module:
 
 
 def _moved(model: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    return model.to(device=device, dtype=dtype).train()
+    """On ``device``, floating tensors in ``dtype`` and complex ones in its complex counterpart
+    (``cost_models.ir.dtypes``: ``Module.to(dtype=…)`` would drop their imaginary parts); training."""
+    model.to(device=device)
+    for param in model.parameters():  # each once: tied weights stay tied
+        if run_dtype(param, dtype) != param.dtype:
+            param.data = param.data.to(run_dtype(param, dtype))
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if run_dtype(buffer, dtype) != buffer.dtype:
+                setattr(module, name, buffer.to(run_dtype(buffer, dtype)))
+    return model.train()
 
 
 def reference_identity(options: RunOptions) -> tuple[str, int, str, str | None, str] | None:

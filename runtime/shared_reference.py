@@ -115,9 +115,10 @@ def _send(reference: Reference, device: torch.device) -> None:
     header: _Header = {"grads": [p.grad is not None for p in params],
                        "outputs": [_structure(out, leaves) for out in reference.outputs]}
     _broadcast_text(json.dumps(header), device)
-    grads = [p.grad.reshape(-1) for p in params if p.grad is not None]
-    if grads:
-        _broadcast(torch.cat(grads).to(device), "the --verify reference gradients")
+    with_grads = [p for p in params if p.grad is not None]
+    for group in _by_dtype(with_grads):  # one buffer per dtype: a complex weight's gradient stays complex
+        _broadcast(torch.cat([p.grad.reshape(-1) for p in group if p.grad is not None]).to(device),
+                   "the --verify reference gradients")
     for leaf in leaves:
         _broadcast(leaf.contiguous().to(device), "the --verify reference outputs")
 
@@ -125,13 +126,21 @@ def _send(reference: Reference, device: torch.device) -> None:
 def _receive(model: nn.Module, device: torch.device) -> Reference:
     header: _Header = json.loads(_broadcast_text("", device))
     params = [p for p, has in zip(model.parameters(), header["grads"]) if has]
-    if params:
-        flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=device)
+    for group in _by_dtype(params):
+        flat = torch.empty(sum(p.numel() for p in group), dtype=group[0].dtype, device=device)
         _broadcast(flat, "the --verify reference gradients")
         offset = 0
-        for p in params:
+        for p in group:
             p.grad, offset = flat[offset:offset + p.numel()].view_as(p), offset + p.numel()
     return Reference(model, tuple(_rebuilt(out, device) for out in header["outputs"]))
+
+
+def _by_dtype(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``params`` grouped by dtype, groups in order of first appearance (the same on every rank)."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param in params:
+        groups.setdefault(param.dtype, []).append(param)
+    return list(groups.values())
 
 
 def _structure(value: object, leaves: list[torch.Tensor]) -> _Structure:

@@ -58,3 +58,28 @@ def swin_tiny() -> nn.Module:
 
     return SwinTransformer(patch_size=[4, 4], embed_dim=24, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4],
                            stochastic_depth_prob=0.0, num_classes=10)
+
+
+class Spectral(nn.Module):
+    """A Fourier layer as neural operators write it: ``rfft2``, a complex weight on the lowest modes, ``irfft2``
+    (complex parameters and activations)."""
+
+    def __init__(self, channels: int = 4, modes: int = 3) -> None:
+        super().__init__()
+        self.lift = nn.Conv2d(3, channels, 1)
+        self.weight = nn.Parameter(torch.randn(channels, channels, modes, modes, dtype=torch.cfloat) / channels)
+        self.modes = modes
+        self.head = nn.Conv2d(channels, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lift(x)
+        spectrum = torch.fft.rfft2(y)
+        mixed = torch.einsum("bixy,ioxy->boxy", spectrum[:, :, :self.modes, :self.modes], self.weight)
+        out = torch.zeros_like(spectrum)
+        out[:, :, :self.modes, :self.modes] = mixed
+        z = torch.fft.irfft2(out, s=y.shape[-2:])
+        return self.head(torch.relu(z + y)).mean((2, 3))
+
+
+def spectral() -> nn.Module:
+    return Spectral()

@@ -140,6 +140,16 @@ def record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
         graph.graph["fingerprint"] = compute_fingerprint(graph)
 
 
+def record_complex(graph: LayerGraph, dtypes: dict[str, str]) -> None:
+    """Each layer whose output is complex: its dtype (``attrs["output_dtype"]``), which a pipeline receives it in
+    (the activations' real dtype would be half its bytes)."""
+    complex_layers = {name: dtype for name, dtype in dtypes.items() if name in graph and dtype.startswith("complex")}
+    for name, dtype in complex_layers.items():
+        graph.replace_layer(name, attrs={**graph.nodes[name].attrs, "output_dtype": dtype})
+    if complex_layers:
+        graph.graph["fingerprint"] = compute_fingerprint(graph)
+
+
 def record_amp(graph: LayerGraph, amp: str, dtypes: dict[str, str]) -> None:
     """Under ``amp``: each layer's compute dtype where it differs from the weights' (``dtype``), and ``amp``."""
     graph.graph["amp"] = AMP_DTYPES[amp]

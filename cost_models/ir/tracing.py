@@ -47,8 +47,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cost_models.errors import InputError, TraceError
 from cost_models.ir._held import held_together
-from cost_models.ir._traced_attrs import TensorMeta, record_amp, record_pads, shape_attrs, with_orders
+from cost_models.ir._traced_attrs import TensorMeta, record_amp, record_complex, record_pads, shape_attrs, with_orders
 from cost_models.ir.classify import TF_SAME, KindInfo, classify
+from cost_models.ir.dtypes import run_dtype
 from cost_models.ir.flops import layer_flops
 from cost_models.ir.functionalize import functionalize
 from cost_models.ir.graph import AMP_DTYPES, LayerGraph, compute_fingerprint, parse_input_shapes
@@ -91,6 +92,7 @@ def build_layer_graph(
     metas = propagator.propagate(input_shapes, dtype, amp)
     graph = _assemble(fake_traced, metas, propagator.flops, names, input_shapes, str(dtype).removeprefix("torch."))
     record_pads(graph, propagator.pads)
+    record_complex(graph, propagator.dtypes)
     if amp:
         record_amp(graph, amp, propagator.dtypes)
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]
@@ -124,18 +126,20 @@ def _opaque_layers(gm: GraphModule, automatic: frozenset[str]) -> frozenset[str]
 
 
 def _cast_floating(module: nn.Module, dtype: torch.dtype, fake_mode: FakeTensorMode) -> None:
-    """Give the fake copy's floating-point parameters and buffers the activations' dtype."""
+    """Give the fake copy's floating-point parameters and buffers the activations' dtype, complex ones its complex
+    counterpart (``cost_models.ir.dtypes``)."""
     cast: dict[int, nn.Parameter] = {}  # tied weights stay tied
     with fake_mode:
         for sub in module.modules():
             for key, param in sub._parameters.items():
-                if param is not None and param.is_floating_point() and param.dtype != dtype:
+                if param is not None and run_dtype(param, dtype) != param.dtype:
                     if id(param) not in cast:
-                        cast[id(param)] = nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+                        cast[id(param)] = nn.Parameter(param.detach().to(run_dtype(param, dtype)),
+                                                       requires_grad=param.requires_grad)
                     sub._parameters[key] = cast[id(param)]
             for key, buffer in sub._buffers.items():
-                if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
-                    sub._buffers[key] = buffer.to(dtype)
+                if buffer is not None and run_dtype(buffer, dtype) != buffer.dtype:
+                    sub._buffers[key] = buffer.to(run_dtype(buffer, dtype))
 
 
 class _LocatingTracer(Tracer):

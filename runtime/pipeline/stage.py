@@ -64,6 +64,7 @@ from torch.fx.node import Argument, map_aggregate
 from cost_models.capability.predicate import pipeline_refusal
 from cost_models.errors import PlanError
 from cost_models.formats.plan import Plan
+from cost_models.ir.dtypes import COMPLEX_OF
 from cost_models.ir.micro_batches import micro_batch_sizes, micro_batch_starts
 from cost_models.ir.tracing import symbolic_trace, trace
 from cost_models.redistribution import Box
@@ -476,8 +477,9 @@ class PipelineStage:
         moves = self._incoming[size, name]
         graph = self._models[size].layer_graph
         shape = local_shape(graph.nodes[name].output_shape, self.placements[name], self.member)
-        buffer = self._gathered(moves.box, moves.receives, f"the activation of {name}", stage, tag).reshape(shape)
-        return buffer.requires_grad_(buffer.is_floating_point())
+        buffer = self._gathered(moves.box, moves.receives, f"the activation of {name}", stage, tag,
+                                _value_dtype(graph, name, self.dtype)).reshape(shape)
+        return buffer.requires_grad_(buffer.is_floating_point() or buffer.is_complex())
 
     def _receive_gradient(self, size: int, name: str, stage: int, tag: int) -> torch.Tensor:
         """The gradient of this rank's box of crossing ``name`` (of a batch of ``size`` samples) that stage
@@ -485,14 +487,16 @@ class PipelineStage:
         moves = self._outgoing[size, name, stage]
         graph = self._models[size].layer_graph
         shape = local_shape(graph.nodes[name].output_shape, self._held[name], self.member)
-        return self._gathered(moves.box, moves.sends, f"the gradient of {name}", stage, tag).reshape(shape)
+        return self._gathered(moves.box, moves.sends, f"the gradient of {name}", stage, tag,
+                              _value_dtype(graph, name, self.dtype)).reshape(shape)
 
-    def _gathered(self, box: Box, pieces: Sequence[tuple[int, Box]], what: str, stage: int, tag: int) -> torch.Tensor:
-        """A tensor covering ``box``, zero but where ``pieces`` arrive (each from its peer)."""
+    def _gathered(self, box: Box, pieces: Sequence[tuple[int, Box]], what: str, stage: int, tag: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+        """A tensor of ``dtype`` covering ``box``, zero but where ``pieces`` arrive (each from its peer)."""
         started = time.perf_counter()
         whole = len(pieces) == 1 and pieces[0][1] == box  # one peer sends it all (equal stages): no copy
-        result = (torch.empty if whole else torch.zeros)(box_extent(box), dtype=self.dtype, device=self._device())
-        buffers = [result if whole else torch.empty(box_extent(piece), dtype=self.dtype, device=self._device())
+        result = (torch.empty if whole else torch.zeros)(box_extent(box), dtype=dtype, device=self._device())
+        buffers = [result if whole else torch.empty(box_extent(piece), dtype=dtype, device=self._device())
                    for _, piece in pieces]
         with exchange(f"the pipeline receive of {what} from stage {stage}", [peer for peer, _ in pieces]):
             requests = [_posted(dist.irecv(buffer, peer, tag=tag)) for (peer, _), buffer in zip(pieces, buffers)]
@@ -529,6 +533,13 @@ def _summed(parts: Iterable[torch.Tensor]) -> torch.Tensor:
     total = sum(parts)
     assert isinstance(total, torch.Tensor), "a crossing value has at least one consumer"
     return total
+
+
+def _value_dtype(graph: LayerGraph, name: str, activations: torch.dtype) -> torch.dtype:
+    """The dtype crossing ``name`` travels in: the complex counterpart of the ``activations`` dtype where
+    tracing recorded a complex output (``attrs["output_dtype"]``), else ``activations``."""
+    recorded = graph.nodes[name].attrs.get("output_dtype") if name in graph else None
+    return COMPLEX_OF.get(activations, getattr(torch, recorded)) if recorded else activations
 
 
 def _posted(work: Work | None) -> Work:
