@@ -258,3 +258,22 @@ def test_a_recomputing_plan_and_one_on_unequal_stages_run_and_verify(repo: Path,
         document = json.loads(run.stdout)
         assert document["verify"]["passed"], (name, document["verify"])
         assert document["pipeline"]["stages"] == made.pipeline.stages
+
+
+def test_a_layout_that_splits_no_layer_says_so() -> None:
+    """``--layout h2`` on a model with no rows to split ran every layer whole and passed without a word (issue 53
+    item 6): ``run`` now warns in one line, with the reasons; a layout that splits something stays quiet."""
+    import torch
+    from torch import nn
+
+    from cost_models.ir.tracing import trace
+    from cost_models.layout import Layout
+    from parplan.cli.layouts import uniform_layout_plan
+    from parplan.cli.run import _unsplit_warning
+
+    flat = trace(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 5)), (4, 3, 8, 8), torch.float32)
+    (line,) = _unsplit_warning(flat, uniform_layout_plan(flat, [Layout(h=2)], 2), "h2")
+    assert "splits none of the model's layers" in line and "h2 on 0 of 2 layers" in line
+    conv = trace(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1)), (4, 3, 8, 8), torch.float32)
+    assert _unsplit_warning(conv, uniform_layout_plan(conv, [Layout(h=2)], 2), "h2") == []
+    assert _unsplit_warning(flat, uniform_layout_plan(flat, [Layout()], 1), "n1") == []

@@ -169,6 +169,9 @@ def _run(args: argparse.Namespace) -> int:
     backend = backend_for(args.backend, ranks)
     for note in notes:  # what the resume kept, once the input is known good
         print(note, file=sys.stderr, flush=True)
+    if args.layout and not args.plan:
+        for line in _unsplit_warning(graph, plan, args.layout):
+            print(line, file=sys.stderr, flush=True)
     options = RunOptions(
         model=args.model, input_shape=tuple(shapes[0]), input_shapes=shapes, dtype=args.dtype,
         plan=_predicted(args, plan, graph, ranks).to_dict(),
@@ -187,6 +190,19 @@ def _run(args: argparse.Namespace) -> int:
     _report(document, args.out, args.json)
     verified = document.get("verify")
     return 1 if verified is not None and not verified["passed"] else 0
+
+
+def _unsplit_warning(graph: LayerGraph, plan: Plan, text: str) -> list[str]:
+    """A line when ``--layout`` split none of the model's layers (each runs whole on every rank), saying why."""
+    from cost_models.layout import Layout
+    from parplan.cli.layouts import split_reason, split_summary
+
+    layouts = [Layout.parse(part.strip()) for part in text.split(",") if part.strip()]
+    split = [layout for layout in layouts if layout.ranks > 1]
+    if not split or any(assignment.layout.ranks > 1 for assignment in plan.layers.values()):
+        return []
+    return [f"parplan run: warning: --layout {text} splits none of the model's layers: every layer runs whole on "
+            f"every rank ({split_reason(split_summary(graph, plan, split[0]), split[0])})"]
 
 
 def _read_plan(path: str) -> Plan:
