@@ -31,7 +31,7 @@ from runtime.shapes import (
     constant_nodes,
     module_attribute,
     shape_made_nodes,
-    shape_refusals,
+    shape_refusals_by_layer,
     static_nodes,
     tensor_names,
 )
@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from runtime.layers import Site
     from runtime.pipeline.cut import StageCut
 
-__all__ = ["check_plan", "check_runnable", "held_plan", "refuse_shapes", "refuse_sites"]
+__all__ = ["SHAPE_FALLBACK", "check_plan", "check_runnable", "held_plan", "refuse_shapes", "refuse_sites",
+           "shape_fallbacks"]
 
 
 def check_plan(plan: Plan, graph: LayerGraph, ranks: int, where: str = "the plan") -> None:
@@ -127,15 +128,45 @@ def held_plan(plan: Plan, nodes: Sequence[Node], graph: LayerGraph) -> Plan:
 
 def refuse_shapes(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, size: int) -> None:
     """Refuse ops given sizes or shape-derived values this runtime cannot make right on a rank's box."""
+    refused = list(dict.fromkeys(reason for reasons in _shape_refusals(nodes, model, plan, graph, size).values()
+                                 for reason in reasons))
+    if refused:
+        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}")
+
+
+SHAPE_FALLBACK = "a size it takes is read from the shape of a tensor its split would cut: runs whole"
+"""Why :func:`shape_fallbacks` left a layer whole."""
+
+
+def shape_fallbacks(model: nn.Module, plan: Plan, graph: LayerGraph,
+                    leaf_modules: Sequence[str] = ()) -> tuple[Plan, list[str]]:
+    """``plan`` with each layer whose split a shape-derived size makes wrong run whole (``n1``) instead, and
+    those layers — ``parplan run --layout``'s and ``parplan check``'s per-layer fallback (a whole layer reads
+    the unsplit program's sizes: ``torch.fft.irfft2(…, s=y.shape[-2:])`` of a row tile); what remains refused,
+    :func:`check_runnable` names."""
+    nodes = list(symbolic_trace(model, tuple(leaf_modules), inputs=len(graph.input_shapes)).graph.nodes)
+    whole: list[str] = []
+    for _ in range(len(plan.layers)):
+        size = max(plan.pipeline.devices_per_stage)
+        refused = [name for name in _shape_refusals(nodes, model, held_plan(plan, nodes, graph), graph, size)
+                   if name in plan.layers and plan.layers[name].layout.ranks > 1]
+        if not refused:
+            break
+        whole += refused
+        plan = replace(plan, layers={name: replace(assignment, layout=Layout()) if name in refused else assignment
+                                     for name, assignment in plan.layers.items()})
+    return plan, whole
+
+
+def _shape_refusals(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph,
+                    size: int) -> dict[str, list[str]]:
     def whole_shape(node: Node) -> tuple[int, ...] | None:
         value = module_attribute(model, str(node.target)) if node.op == "get_attr" else None
         return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
     layouts = {name: assignment.layout for name, assignment in plan.layers.items()}
     creations = [name for name, op in random_ops(nodes, model).items() if op.form in CREATIONS]
-    refused = shape_refusals(nodes, graph, layouts, size, whole_shape, localised=creations)
-    if refused:
-        raise PlanError(f"this runtime cannot execute {len(refused)} layer(s) of the plan: {'; '.join(refused[:3])}")
+    return shape_refusals_by_layer(nodes, graph, layouts, size, whole_shape, localised=creations)
 
 
 def refuse_sites(sites: Iterable[Site]) -> None:

@@ -68,7 +68,8 @@ if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
 __all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "local_call", "module_attribute", "shape_made_nodes",
-           "local_reads_agree", "shape_refusals", "static_nodes", "static_values", "view_form"]
+           "local_reads_agree", "shape_refusals", "shape_refusals_by_layer", "static_nodes", "static_values",
+           "view_form"]
 
 _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
 _SHAPE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
@@ -260,6 +261,16 @@ def shape_refusals(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[st
         localised: Further ops that take their output's local extent whatever sizes they are given
             (random creations, ``runtime.random_ops``).
     """
+    refused = shape_refusals_by_layer(nodes, graph, layouts, size, whole_shape, localised=localised)
+    return list(dict.fromkeys(reason for reasons in refused.values() for reason in reasons))
+
+
+def shape_refusals_by_layer(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[str, Layout], size: int,
+                            whole_shape: Callable[[Node], Sequence[int] | None], *,
+                            localised: Collection[str] = ()) -> dict[str, list[str]]:
+    """:func:`shape_refusals` by the op refused (its node's name). An op the plan runs whole (``n1``) reads its
+    inputs whole and the unsplit program's sizes: never ambiguous — a split refused here runs whole instead
+    (``runtime.preflight.shape_fallbacks``)."""
     tensors = tensor_names(graph)
     static = static_nodes(nodes, tensors)
     names = {node.name for node in static}
@@ -267,23 +278,25 @@ def shape_refusals(nodes: Sequence[Node], graph: LayerGraph, layouts: Mapping[st
     whole = constants | shape_made_nodes(nodes, frozenset(graph.nodes), tensors)
     exact = static_values(static, lambda name: graph.nodes[name].output_shape)
     local = [static_values(static, _local_shapes(graph, layouts, member)) for member in range(size)]
-    refused = []
+    refused: dict[str, list[str]] = {}
     for node in nodes:
         form = view_form(node)
         if node.name in names or node.name in whole:
             continue
+        found: list[str] = []
         if node.name in layouts and form is None:
-            refused += _operand_refusal(node, graph, layouts[node.name], constants, whole_shape)
+            found += _operand_refusal(node, graph, layouts[node.name], constants, whole_shape)
         if form in ("reshape", "expand") and node.name in layouts:  # sizes always localised: check the boxes
-            refused += _view_refusal(node, graph, layouts[node.name], size, constants)
+            found += _view_refusal(node, graph, layouts[node.name], size, constants)
         if _key(node) in _MOVES and node.name in layouts:  # run on the local box as written: check the boxes
-            refused += _moved_refusal(node, graph, layouts[node.name], size, exact)
-        if form is not None or node.name in localised or not any(n.name in names for n in node.all_input_nodes):
-            continue
-        if node.name in graph and graph.nodes[node.name].kind in _SPATIAL_SIZES:
-            continue
-        refused += _ambiguity(node, names, exact, local)
-    return list(dict.fromkeys(refused))
+            found += _moved_refusal(node, graph, layouts[node.name], size, exact)
+        if not (form is not None or node.name in localised or not any(n.name in names for n in node.all_input_nodes)
+                or (node.name in graph and graph.nodes[node.name].kind in _SPATIAL_SIZES)
+                or (node.name in layouts and layouts[node.name].ranks == 1)):
+            found += _ambiguity(node, names, exact, local)
+        if found:
+            refused[node.name] = found
+    return refused
 
 
 def _operand_refusal(node: Node, graph: LayerGraph, layout: Layout, constants: Collection[str],

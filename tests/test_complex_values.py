@@ -86,7 +86,7 @@ def _steps(rank: int, world: int) -> list[str]:
     from cost_models.ir.tracing import trace
 
     layouts = []
-    for layout in ("n2", "c2"):
+    for layout in ("n2", "c2", "h2"):  # h2: irfft2 runs whole, given the unsplit s= it reads from a row tile
         graph = trace(_model(), SHAPE, torch.float64)
         plan = uniform_test_plan(graph, world, [layout])
         split_step_matches(_model, plan, graph, SHAPE, f"spectral under {layout}")
@@ -98,4 +98,4 @@ def _steps(rank: int, world: int) -> list[str]:
 @pytest.mark.multirank
 def test_a_complex_model_equals_the_unsplit_model_under_splits_and_across_a_cut() -> None:
     summaries = run_ranks(_steps, 2, timeout_s=300)[0]
-    assert summaries[0].startswith("n2") and "c2" in summaries[1]
+    assert summaries[0].startswith("n2") and "c2" in summaries[1] and "h2" in summaries[2]

@@ -65,6 +65,19 @@ class HalfBatch(nn.Module):
         return torch.flatten(y[: y.shape[0] // 2], 1)
 
 
+class ScaledByHeight(nn.Module):
+    """Scales a row-split activation by a number read from its height: on a tile the local height would differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Conv2d(4, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.head(y * (y.shape[2] / 8)).mean((2, 3))
+
+
 def _model(cls: type[nn.Module] = ShapeNet) -> nn.Module:
     torch.manual_seed(0)
     return cls().double().train()
@@ -118,16 +131,32 @@ def test_a_view_is_exact_on_a_box_only_when_its_parts_are_the_same_elements() ->
 def test_an_op_given_a_split_extent_is_refused_before_any_rank_starts() -> None:
     from runtime.preflight import check_runnable
 
-    model = _model(HalfBatch)
-    plan, graph = _plan(model, 2, ["n2"])
-    refused = r"'getitem_1' \(getitem\) takes 2 computed from tensor shapes.*extent of a split dimension"
+    model = _model(ScaledByHeight)
+    plan, graph = _plan(model, 2, ["h2"])
+    refused = r"'mul' \(.*\) takes .* computed from tensor shapes.*extent of a split dimension"
     with pytest.raises(PlanError, match=refused):
         check_runnable(model, plan, graph)
     whole, graph = _plan(model, 2, [])
     check_runnable(model, whole, graph)  # unsplit: every rank's shapes are the global ones
+    check_runnable(_model(HalfBatch), *_plan(_model(HalfBatch), 2, ["n2"]))  # its slice runs whole: unsplit sizes
     for layouts in (["n2"], ["h2"]):
         plan, graph = _plan(_model(), 2, layouts)
         check_runnable(_model(), plan, graph)
+
+
+def test_layout_plans_fall_back_per_layer_where_a_split_would_take_a_wrong_size() -> None:
+    """``--layout`` refused the whole plan for one layer given a size read from a split tensor's shape (issue 53
+    item 5); that layer now runs whole (its inputs whole, the unsplit program's sizes) and the rest keep the
+    layout. An op the plan runs whole is never refused for the sizes it takes."""
+    from runtime.preflight import check_runnable, shape_fallbacks
+
+    model = _model(ScaledByHeight)
+    plan, graph = _plan(model, 2, ["h2"])
+    fallen, whole = shape_fallbacks(model, plan, graph)
+    assert whole == ["mul"] and fallen.layers["mul"].layout == Layout()
+    assert fallen.layers["conv"].layout == Layout(h=2) and fallen.layers["head"].layout == Layout(h=2)
+    check_runnable(model, fallen, graph)
+    assert shape_fallbacks(_model(), *_plan(_model(), 2, ["h2"]))[1] == []
 
 
 def test_values_computed_from_shapes_do_not_cross_pipeline_cuts() -> None:
@@ -155,12 +184,14 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, 5, (SHAPE[0],), generator=generator))
 
 
-def _single_stage(rank: int, world: int, layouts: Sequence[str]) -> str:
+def _single_stage(rank: int, world: int, layouts: Sequence[str], cls: type[nn.Module] = ShapeNet) -> str:
     from runtime.apply import apply_plan
+    from runtime.preflight import shape_fallbacks
 
-    plan, graph = _plan(_model(), world, layouts)
-    split = apply_plan(_model(), plan, graph=graph)
-    reference = _model()
+    plan, graph = _plan(_model(cls), world, layouts)
+    plan, _ = shape_fallbacks(_model(cls), plan, graph)  # as --layout runs it
+    split = apply_plan(_model(cls), plan, graph=graph)
+    reference = _model(cls)
     x, target = _batch()
     out = split(split.shard(x))
     split.loss(out, target[split.target_box(tuple(target.shape))]).backward()
@@ -205,11 +236,12 @@ def _pipeline(rank: int, world: int) -> int:
 
 def _cases(rank: int, world: int) -> dict[str, Any]:
     return {"n2": _single_stage(rank, world, ["n2"]), "h2": _single_stage(rank, world, ["h2"]),
-            "pipeline": _pipeline(rank, world)}
+            "scaled h2": _single_stage(rank, world, ["h2"], ScaledByHeight), "pipeline": _pipeline(rank, world)}
 
 
 @pytest.mark.multirank
 def test_a_model_sized_from_its_shapes_equals_the_unsplit_model_under_splits_and_stages() -> None:
     results = run_ranks(_cases, 2, timeout_s=300)
     assert results[0]["n2"].startswith("n2") and "h2" in results[0]["h2"]
+    assert "n1" in results[0]["scaled h2"]  # its shape-scaled product ran whole (--layout's per-layer fallback)
     assert sum(result["pipeline"] for result in results) == len(list(_model().parameters()))

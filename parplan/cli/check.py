@@ -266,11 +266,14 @@ def _plan_check(request: CheckRequest, graph: LayerGraph, devices: int) -> tuple
 
 def _layout_check(request: CheckRequest, model: nn.Module, graph: LayerGraph, layout: Layout,
                   pools: RankPools) -> Check:
+    from runtime.preflight import SHAPE_FALLBACK, shape_fallbacks
+
     name, started = f"verify {layout}", time.perf_counter()
     try:
         with deadline(request.timeout_s):
-            plan = layout_plan(graph, layout, request.model)
-            summary = split_summary(graph, plan, layout)
+            plan, whole = shape_fallbacks(model, layout_plan(graph, layout, request.model), graph,
+                                          request.leaf_modules)
+            summary = split_summary(graph, plan, layout, {name: SHAPE_FALLBACK for name in whole})
     except InputError as err:
         return Check(name, "verify", str(layout), layout.ranks, "refused", _first_line(err),
                      time.perf_counter() - started)

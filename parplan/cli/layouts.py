@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
 from cost_models.layout import Layout
@@ -55,8 +55,10 @@ def layout_plan(graph: LayerGraph, layout: Layout, model_spec: str = "") -> Plan
     return uniform_layout_plan(graph, [layout], layout.ranks, model_spec)
 
 
-def split_summary(graph: LayerGraph, plan: Plan, layout: Layout) -> SplitSummary:
-    """How many compute layers of ``plan`` took ``layout``, and why each other one kept its output whole."""
+def split_summary(graph: LayerGraph, plan: Plan, layout: Layout,
+                  reasons: Mapping[str, str] | None = None) -> SplitSummary:
+    """How many compute layers of ``plan`` took ``layout``, and why each other one kept its output whole
+    (``reasons``: known already, e.g. ``runtime.preflight.shape_fallbacks``')."""
     from cost_models.capability.predicate import layer_refusal
 
     names = graph.compute_layers()
@@ -65,8 +67,8 @@ def split_summary(graph: LayerGraph, plan: Plan, layout: Layout) -> SplitSummary
     for name in names:
         if plan.layers[name].layout != layout:
             node = graph.nodes[name]
-            reason = (layer_refusal(node, layout, sync_batchnorm=True) or _NO_LOCAL_PROBLEM) if name in batch else \
-                PARAMETERS_ONLY
+            reason = (reasons or {}).get(name) or ((layer_refusal(node, layout, sync_batchnorm=True)
+                                                    or _NO_LOCAL_PROBLEM) if name in batch else PARAMETERS_ONLY)
             whole.append({"layer": name, "kind": node.kind, "reason": reason, "cannot_split": cannot_split(reason)})
     return {"layers": len(names), "split": len(names) - len(whole), "whole": whole}
 

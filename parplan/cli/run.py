@@ -141,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     from runtime.launch import launch
     from runtime.options import RunOptions
     from runtime.outputs import check_output_key
+    from runtime.preflight import SHAPE_FALLBACK, shape_fallbacks
 
     args.slow_stages = slowdowns(args.slow_stage)
     check_writable(args.out, "--out")
@@ -161,7 +162,9 @@ def _run(args: argparse.Namespace) -> int:
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module,
                   amp=amp_argument(args.amp, args.dtype))
-    plan = plan if plan is not None else layout_plan(graph, args, ranks.total)
+    whole: list[str] = []
+    if plan is None:
+        plan, whole = shape_fallbacks(model, layout_plan(graph, args, ranks.total), graph, args.leaf_module)
     check_plan_fits(args, plan, graph, ranks.total)
     check_pipeline_flags(args, plan)
     check_precision(args.amp, args.dtype, plan)
@@ -170,6 +173,9 @@ def _run(args: argparse.Namespace) -> int:
     for note in notes:  # what the resume kept, once the input is known good
         print(note, file=sys.stderr, flush=True)
     if args.layout and not args.plan:
+        if whole:
+            print(f"parplan run: note: {len(whole)} layer(s) run whole ({', '.join(whole[:3])}): {SHAPE_FALLBACK}",
+                  file=sys.stderr, flush=True)
         for line in _unsplit_warning(graph, plan, args.layout):
             print(line, file=sys.stderr, flush=True)
     options = RunOptions(
