@@ -258,7 +258,7 @@ def _own_gradient(grad_kept: torch.Tensor, shape: tuple[int, ...], dim: int, off
     """The tile's gradient from the rows of its own its windows read: a copy, zero-padded only where the
     windows skip own rows (a strided layer's last rows)."""
     if grad_kept.shape[dim] == shape[dim]:
-        return grad_kept.contiguous() if not grad_kept.is_contiguous() else grad_kept.clone()
+        return grad_kept.clone(memory_format=torch.contiguous_format)
     grad_tile = grad_kept.new_zeros(shape)
     grad_tile.narrow(dim, offset, grad_kept.shape[dim]).copy_(grad_kept)
     return grad_tile

@@ -137,8 +137,9 @@ def _function(qualified: str) -> Callable[..., Any]:
 def functionalize(graph: Graph) -> int:
     """Rewrite every in-place write some later reader sees through an alias (module docstring); how many."""
     rewritten = 0
-    for node in list(graph.nodes):
-        if node.graph is graph and _written(node) is not None and _rewrite(graph, node):
+    for node in list(graph.nodes):  # a rewrite erases only its write and views before it (never writes)
+        target = _written(node)
+        if target is not None and _rewrite(graph, node, target):
             rewritten += 1
     return rewritten
 
@@ -163,10 +164,9 @@ def _written(node: Node) -> Node | None:
     return None
 
 
-def _rewrite(graph: Graph, write: Node) -> bool:
-    """Replace ``write`` by a :func:`write_into` node when a later node reads what it wrote; whether it did."""
-    target = _written(write)
-    assert target is not None
+def _rewrite(graph: Graph, write: Node, target: Node) -> bool:
+    """Replace ``write`` (into ``target``) by a :func:`write_into` node when a later node reads what it wrote;
+    whether it did."""
     base, steps = _chain(target)
     if base.op == "get_attr":
         return False
