@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from cost_models.formats.plan import Plan
     from cost_models.ir.graph import LayerGraph
     from cost_models.profile import Profile
+    from runtime.losses import TargetKind
 
 __all__ = ["FORMS_SHARE", "FormsRequest", "run_forms"]
 
@@ -69,6 +70,10 @@ class FormsRequest:
     """``time.monotonic()`` by which the forms must be done."""
     timeout_s: float = 300.0
     """How long a rank of the forms' runs waits for a peer (``--timeout-s``)."""
+    loss: str = ""
+    """The loss the forms' runs train with (``--loss``, ``runtime.losses``); empty: cross-entropy."""
+    target: TargetKind = "classes"
+    """Which target it takes (``runtime.losses.target_kind``)."""
 
 
 def run_forms(request: FormsRequest, profile: Profile) -> tuple[Profile, list[str]]:
@@ -142,7 +147,8 @@ def _launch(request: FormsRequest, plans: list[Plan]) -> list[dict[str, object]]
                        input_shapes=request.graph.input_shapes, dtype=request.graph.graph["dtype"],
                        plan=plan.to_dict(), steps=STEPS, warmup=WARMUP, leaf_modules=request.leaf_modules,
                        threads=request.threads, quiet=True, graph=request.graph, per_layer=True,
-                       amp=amp_of(request.graph), timeout_s=request.timeout_s)
+                       amp=amp_of(request.graph), timeout_s=request.timeout_s, loss=request.loss,
+                       target=request.target)
             for plan in plans]
     documents = launch_many(runs, request.ranks, request.backend)
     assert documents is not None  # a plain process, not an MPI rank

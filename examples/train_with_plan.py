@@ -8,7 +8,8 @@ Run it on as many ranks as the plan has devices::
 Rank 0 traces the model and plans it (``parplan.trace``, ``parplan.plan``) and writes the plan; every rank
 reads it and wraps its identically initialised model (``parplan.apply_plan``). From there it is a PyTorch
 training loop: each rank loads only its box of the batch (``shard``, ``target_box``), the loss is this rank's
-share of the unsplit loss (``loss``; the shares sum to it), ``backward`` sums every gradient over exactly the
+share of the unsplit loss (``loss``; the shares sum to it — any loss written for the unsplit model, a Dice
+loss too: ``--loss dice|ce|mse``), ``backward`` sums every gradient over exactly the
 ranks that hold it, and any optimizer steps the local parameters. Trained this way the model follows the
 same trajectory as unsplit training of the whole batch on one device (with ``--sync-batchnorm``, batch-norm
 statistics over the whole batch as one device computes them).
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn import functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
@@ -58,10 +60,11 @@ def main() -> None:
     losses = []
     for step in range(args.steps):
         images, labels = _global_batch(shape, step)  # a real loader would read only this rank's box
+        target = _target(args.loss, labels, dtype)
         local_images = distributed.shard(images.to(dtype))
-        local_labels = labels[distributed.target_box(labels.shape)]
+        local_target = target[distributed.target_box(target.shape)]
         optimizer.zero_grad()
-        share = distributed.loss(distributed(local_images), local_labels)
+        share = distributed.loss(distributed(local_images), local_target, LOSSES[args.loss])
         share.backward()
         optimizer.step()
         losses.append(distributed.global_value(share))
@@ -72,6 +75,24 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"plan": plan.summary(), "devices": plan.cluster.devices,
                                               "losses": losses}))
     dist.destroy_process_group()
+
+
+def dice(output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A soft Dice loss as written for one device: a ratio of sums over every pixel of each sample, per class.
+    ``distributed.loss`` keeps it split: each rank sums its tile, the ranks add their sums."""
+    probabilities = output.softmax(dim=1)
+    onehot = F.one_hot(labels, output.shape[1]).movedim(-1, 1).to(output.dtype)
+    overlap = (probabilities * onehot).sum(dim=(2, 3))
+    total = probabilities.sum(dim=(2, 3)) + onehot.sum(dim=(2, 3))
+    return 1 - ((2 * overlap + 1) / (total + 1)).mean()
+
+
+LOSSES = {"ce": F.cross_entropy, "dice": dice, "mse": F.mse_loss}
+
+
+def _target(loss: str, labels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What the loss compares the output with: the labels, or (``mse``) their one-hot map of the output's shape."""
+    return F.one_hot(labels, 2).movedim(-1, 1).to(dtype) if loss == "mse" else labels
 
 
 def _global_batch(shape: tuple[int, int, int, int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +112,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--sync-batchnorm", action="store_true", help="batch-norm over the whole batch")
+    parser.add_argument("--loss", default="ce", choices=tuple(LOSSES),
+                        help="cross-entropy (default), a soft Dice, or a squared error against one-hot labels")
     parser.add_argument("--plan", default=os.environ.get("PARPLAN_PLAN", "train_plan.json"),
                         help="where rank 0 writes the plan (a path every rank can read)")
     parser.add_argument("--out", help="write the plan and the loss of every step here (JSON)")

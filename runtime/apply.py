@@ -176,6 +176,8 @@ class DistributedModel(DataHelpers, nn.Module):
         self._output_node = next(node for node in nodes if node.op == "output")
         self._output_key: str | None = None
         self.groups = groups if groups is not None else GroupCache(tuple(range(world_size())), timeout)
+        self._unsplittable_losses: dict[int, str] = {}
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
         self.constants = constant_nodes(nodes, frozenset(graph.nodes))
         """Layers computed from parameters and constants alone: whole on every rank (``runtime.shapes``)."""
         self._all_nodes, self._sync_batchnorm = nodes, sync_batchnorm

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["INPUT_SEED_STRIDE", "Batch", "factory_batches", "synthetic_input", "synthetic_inputs", "synthetic_labels"]
+__all__ = ["INPUT_SEED_STRIDE", "Batch", "factory_batches", "synthetic_input", "synthetic_inputs", "synthetic_labels",
+           "synthetic_target"]
 
 INPUT_SEED_STRIDE = 104_729
 """How far apart the seeds of a model's inputs are (input 0 keeps the step's seed; a prime, far from the
@@ -57,6 +58,16 @@ def synthetic_labels(shape: Sequence[int], box: Sequence[slice], classes: int, s
     """The ``box`` of global integer labels in ``[0, classes)`` of ``shape`` (``(N,)`` or ``(N, H, W)``)."""
     uniform = _hash(_linear_index(shape, box), seed + 7919)
     return (uniform * classes).long().clamp(max=classes - 1).to(device)
+
+
+def synthetic_target(shape: Sequence[int], box: Sequence[slice], classes: int, seed: int, dtype: torch.dtype,
+                     device: torch.device | str = "cpu", *, regression: bool = False) -> torch.Tensor:
+    """The ``box`` of the global synthetic target of ``shape``: labels (:func:`synthetic_labels`, any shape —
+    ``(N, 1, H, W)`` too), or with ``regression`` values in ``[0, 1)`` of ``dtype`` (a target of the output's
+    shape, ``runtime.losses``)."""
+    if not regression:
+        return synthetic_labels(shape, box, classes, seed, device)
+    return _hash(_linear_index(shape, box), seed + 7919).to(dtype=dtype, device=device)
 
 
 def _linear_index(shape: Sequence[int], box: Sequence[slice]) -> torch.Tensor:

@@ -48,6 +48,7 @@ import socket
 import sys
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
@@ -235,6 +236,7 @@ def _exit_recorded(err: Exception, *, grace_s: float = 0.0) -> NoReturn:
 
 def _each(runs: list[RunOptions]) -> list[dict[str, object]] | None:
     """Every run's measurement on rank 0 (``None`` elsewhere)."""
+    warnings.formatwarning = _one_line  # a rank's warnings (a loss taken whole) as one line each
     documents = []
     for options in runs:
         documents.append(worker(options))
@@ -242,6 +244,12 @@ def _each(runs: list[RunOptions]) -> list[dict[str, object]] | None:
             with open(options.progress_file, "a") as told:
                 told.write("done\n")
     return None if dist.get_rank() != 0 else [d for d in documents if d is not None]
+
+
+def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+              line: str | None = None) -> str:
+    del filename, lineno, line
+    return f"parplan run: warning: {message}\n" if category is UserWarning else f"{category.__name__}: {message}\n"
 
 
 def _as_rank(runs: list[RunOptions], nproc: int | None, backend: str) -> list[dict[str, object]] | None:

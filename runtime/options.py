@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
     from processes.job import Launcher
+    from runtime.losses import TargetKind
 
 __all__ = ["PER_LAYER_STEPS", "PipelineOrder", "RunOptions"]
 
@@ -47,6 +48,11 @@ class RunOptions:
     checkpoint_dir: str = ""
     resume: bool = False
     output: str | None = None  # the part of the model's output the loss is taken of (runtime.outputs); None: all
+    loss: str = ""
+    """The loss trained with (``--loss``, ``runtime.losses``): a built-in name or ``module:name``; empty:
+    cross-entropy."""
+    target: TargetKind = "classes"
+    """Which target the loss takes (``runtime.losses.target_kind``, found by the command before ranks start)."""
     order: PipelineOrder = "1f1b"
     """A sync pipeline's order of micro-batches: ``1f1b`` or ``gpipe``."""
     staleness: int | None = None

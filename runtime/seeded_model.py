@@ -64,10 +64,11 @@ def _moved(model: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Mod
     return model.train()
 
 
-def reference_identity(options: RunOptions) -> tuple[str, int, str, str | None, str] | None:
+def reference_identity(options: RunOptions) -> tuple[str, int, str, str | None, str, str] | None:
     """What identifies the unsplit reference's model and loss, when the caller lets ranks reuse it across runs
     (``RunOptions.reuse_reference``: ``parplan check``'s pool); ``None`` otherwise (a fresh one each run)."""
-    return (options.model, options.seed, options.data, options.output, options.amp) if options.reuse_reference else None
+    return ((options.model, options.seed, options.data, options.output, options.amp, options.loss)
+            if options.reuse_reference else None)
 
 
 def fresh_model(options: RunOptions, dtype: torch.dtype, device: torch.device) -> nn.Module:

@@ -52,21 +52,22 @@ class _Header(TypedDict):
 
     grads: list[bool]
     outputs: list[_Structure]
+    loss: float
 
 
 def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                      batches: Batches, *, reuse: Hashable | None, device: torch.device,
-                     output: str | None = None, amp: str = "") -> Reference:
+                     output: str | None = None, amp: str = "", loss: str = "") -> Reference:
     """:func:`runtime.verify.reference_step`'s reference, computed on rank 0 and broadcast (module docstring)."""
     batches = list(batches)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output, amp=amp)
+        return reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output, amp=amp, loss=loss)
     held = held_reference(reuse, leaf_modules, dtype, batches) if reuse is not None else None
     if _everywhere(held is not None, device):
         assert held is not None, "this rank holds the reference, as every rank does"
         return held
     if dist.get_rank() == 0:
-        reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output,
+        reference = reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output, loss=loss,
                                    amp=amp)  # ranks' threads
         _send(reference, device)
         return reference
@@ -113,7 +114,7 @@ def _send(reference: Reference, device: torch.device) -> None:
     params = list(reference.model.parameters())
     leaves: list[torch.Tensor] = []
     header: _Header = {"grads": [p.grad is not None for p in params],
-                       "outputs": [_structure(out, leaves) for out in reference.outputs]}
+                       "outputs": [_structure(out, leaves) for out in reference.outputs], "loss": reference.loss}
     _broadcast_text(json.dumps(header), device)
     with_grads = [p for p in params if p.grad is not None]
     for group in _by_dtype(with_grads):  # one buffer per dtype: a complex weight's gradient stays complex
@@ -132,7 +133,7 @@ def _receive(model: nn.Module, device: torch.device) -> Reference:
         offset = 0
         for p in group:
             p.grad, offset = flat[offset:offset + p.numel()].view_as(p), offset + p.numel()
-    return Reference(model, tuple(_rebuilt(out, device) for out in header["outputs"]))
+    return Reference(model, tuple(_rebuilt(out, device) for out in header["outputs"]), loss=header["loss"])
 
 
 def _by_dtype(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:

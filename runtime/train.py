@@ -28,9 +28,10 @@ import torch.distributed as dist
 from torch import nn
 
 from processes.heap import steady_heap
-from runtime.batches import Batch, factory_batches, synthetic_inputs, synthetic_labels
+from runtime.batches import Batch, factory_batches, synthetic_inputs, synthetic_target
 from runtime.checkpoint import Progress
 from runtime.fault_injection import planned, strike
+from runtime.losses import resolve_loss, target_shape
 from runtime.measurement import (
     device_of_rank,
     largest_over_ranks,
@@ -148,16 +149,17 @@ def _build(options: RunOptions, plan: Plan, dtype: torch.dtype,
     from runtime.apply import apply_plan
 
     model = fresh_model(options, dtype, device)  # the same initial weights on every rank
-    return model, apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules,
-                             graph=options.graph, timeout=options.timeout, random_seed=options.seed,
-                             output=options.output)
+    split = apply_plan(model, plan, sync_batchnorm=options.sync_batchnorm, leaf_modules=options.leaf_modules,
+                       graph=options.graph, timeout=options.timeout, random_seed=options.seed, output=options.output)
+    split.loss_fn = resolve_loss(options.loss)
+    return model, split
 
 
 def _data_source(options: RunOptions, split: DistributedModel, dtype: torch.dtype, device: torch.device,
                  whole: bool = False) -> Batch:
     """Step → this rank's (inputs, labels); with ``whole``, the whole batch (the unsplit model's, for --verify)."""
     output_shape = split.layer_graph.nodes[split.output_name].output_shape
-    label_shape = (output_shape[0], *output_shape[2:])
+    label_shape = target_shape(options.target, output_shape)
     input_boxes, label_box = split.input_boxes(), split.target_box(label_shape)
     if whole:
         input_boxes, label_box = tuple(_everything(shape) for shape in options.shapes), _everything(label_shape)
@@ -167,7 +169,8 @@ def _data_source(options: RunOptions, split: DistributedModel, dtype: torch.dtyp
     def synthetic(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         seed = options.seed * 1000 + step
         return (synthetic_inputs(options.shapes, input_boxes, seed, dtype, device),
-                synthetic_labels(label_shape, label_box, output_shape[1], seed, device))
+                synthetic_target(label_shape, label_box, output_shape[1], seed, dtype, device,
+                                 regression=options.target == "output"))
 
     return synthetic
 
@@ -219,13 +222,16 @@ def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.d
     batches = [(full_inputs, labels, key)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                                 reuse=reuse, device=device, output=options.output, amp=options.amp)
+                                 reuse=reuse, device=device, output=options.output, amp=options.amp,
+                                 loss=options.loss)
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
-                                                               reuse=reuse, output=options.output), device)
+                                                               reuse=reuse, output=options.output,
+                                                               loss=options.loss), device)
              if dtype.itemsize < 8 else None)
     comparison = Comparison.of(reference, dtype, options.tolerance, noise=noise)
     compare_outputs(comparison, split, output, reference.outputs[0])
+    comparison.loss(split.global_value(share), reference.loss)
     compare_gradients(comparison, split, reference.model)
     return comparison.report(device) | random_report(reference.random)
 

@@ -38,6 +38,7 @@ from torch.fx.node import Argument, map_aggregate
 from cost_models.ir.tracing import symbolic_trace
 from runtime.boxes import nd_box
 from runtime.inputs import Inputs, as_inputs
+from runtime.losses import resolve_loss
 from runtime.outputs import output_loss
 from runtime.placement import value_placement
 from runtime.precision import autocast
@@ -86,24 +87,27 @@ the float64 ones, so no float32 comparison can check a split of it.)
 
 @dataclass(frozen=True)
 class Reference:
-    """The unsplit model after its step: the model (its gradients), each batch's whole output, its random ops."""
+    """The unsplit model after its step: the model (its gradients), each batch's whole output, its random ops,
+    the step's loss (each batch's weighted as its gradient is)."""
 
     model: nn.Module
     outputs: tuple[Argument, ...]
     random: tuple[RandomOp, ...] = ()
+    loss: float = float("nan")
 
 
 def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                    batches: Iterable[tuple[Inputs, torch.Tensor, DrawKey]], *,
-                   reuse: Hashable | None = None, output: str | None = None, amp: str = "") -> Reference:
+                   reuse: Hashable | None = None, output: str | None = None, amp: str = "",
+                   loss: str = "") -> Reference:
     """The unsplit model ``build(dtype)`` after forward and backward of each ``(x, labels, key)``; ``x`` is the
     whole input, or a tuple of the whole inputs of a model taking several. With ``amp`` the forward runs under
     that autocast (``runtime.precision``), as the split's does.
 
     Gradients accumulate over the batches, each loss divided by their number (a pipeline's micro-batches) or,
     where they differ in size, weighted by its share of their samples;
-    the loss is :func:`runtime.outputs.output_loss` (cross-entropy over the floating outputs, or over those of
-    the part ``output`` names).
+    the loss is :func:`runtime.outputs.output_loss` (``loss``, ``runtime.losses``, default cross-entropy, over
+    the floating outputs, or over those of the part ``output`` names).
 
     ``reuse``: what identifies ``build``'s model and loss (its spec, seed and ``output``). Given, the last
     reference this process computed for the same ``reuse``, dtype, leaf modules and batches (tensors equal
@@ -113,8 +117,8 @@ def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequ
     """
     batches = list(batches)
     if reuse is not None:
-        return _reused(reuse, build, leaf_modules, dtype, batches, output, amp)
-    return _reference(build, leaf_modules, dtype, batches, output, amp)
+        return _reused(reuse, build, leaf_modules, dtype, batches, output, amp, loss)
+    return _reference(build, leaf_modules, dtype, batches, output, amp, loss)
 
 
 _REUSED: dict[torch.dtype, tuple[tuple[Hashable | None, tuple[str, ...]], list[tuple[Inputs, torch.Tensor, DrawKey]],
@@ -131,12 +135,12 @@ def keep_references_of(reuse: Hashable | None, leaf_modules: Sequence[str] = ())
 
 def _reused(reuse: Hashable, build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str],
             dtype: torch.dtype, batches: list[tuple[Inputs, torch.Tensor, DrawKey]],
-            output: str | None = None, amp: str = "") -> Reference:
+            output: str | None = None, amp: str = "", loss: str = "") -> Reference:
     held = held_reference(reuse, leaf_modules, dtype, batches)
     if held is not None:
         return held
     _REUSED.pop(dtype, None)  # its memory back before the next one is built
-    reference = _reference(build, leaf_modules, dtype, batches, output, amp)
+    reference = _reference(build, leaf_modules, dtype, batches, output, amp, loss)
     keep_reference(reuse, leaf_modules, dtype, batches, reference)
     return reference
 
@@ -171,23 +175,26 @@ def _same_tensors(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor])
 
 def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                batches: list[tuple[Inputs, torch.Tensor, DrawKey]], output: str | None = None,
-               amp: str = "") -> Reference:
+               amp: str = "", loss: str = "") -> Reference:
     model = build(dtype)
+    loss_fn = resolve_loss(loss)
     outputs: list[Argument] = []
     traced = symbolic_trace(model, tuple(leaf_modules), inputs=len(as_inputs(batches[0][0])) if batches else 1)
     ops = tuple(random_ops(list(traced.graph.nodes), model).values())
     samples = [int(labels.shape[0]) if labels.dim() else 1 for _, labels, _ in batches]
     even = len(set(samples)) == 1  # each loss / M; else weighted by its share of the samples
+    total = 0.0
     for (x, labels, key), count in zip(batches, samples):
         interpreter = KeyedInterpreter(traced, key, root=model, switch_off=True)
         with inside_switched_off(model, ops):
             with autocast(amp, next(model.parameters(), torch.empty(0)).device):
                 out = interpreter.run(*(tensor.to(dtype) for tensor in as_inputs(x)))
-                loss = output_loss(out, labels, key=output)
-                loss = loss / len(batches) if even else loss * (count / sum(samples))
-            loss.backward()
+                value = output_loss(out, labels, loss_fn, key=output)
+                value = value / len(batches) if even else value * (count / sum(samples))
+            value.backward()
+        total += float(value.detach())
         outputs.append(map_aggregate(out, lambda v: v.detach() if isinstance(v, torch.Tensor) else v))
-    return Reference(model, tuple(outputs), ops)
+    return Reference(model, tuple(outputs), ops, total)
 
 
 @dataclass
@@ -204,7 +211,7 @@ class Comparison:
     output_floor: float
     gradient_floor: float
     errors: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("output_rel", "output_abs", "grad_rel", "grad_abs", "excess"), 0.0))
+        ("output_rel", "output_abs", "grad_rel", "grad_abs", "loss_rel", "excess"), 0.0))
     worst: str = ""
     """The parameter whose gradient comes nearest to failing (or fails most), on this rank."""
     _worst_excess: float = -1.0
@@ -234,11 +241,16 @@ class Comparison:
         """Compare one parameter's gradient (this rank's slice of it)."""
         self._add("grad", value, expected, self.gradient_scale, self.gradient_floor, name)
 
+    def loss(self, value: float, expected: float) -> None:
+        """Compare the step's loss (summed over every rank's share) with the unsplit model's."""
+        self._add("loss", torch.tensor(value), torch.tensor(expected), abs(expected), self.output_floor, "")
+
     def _add(self, what: str, value: torch.Tensor, expected: torch.Tensor, scale: float, floor: float,
              name: str) -> None:
         difference, own = _max_difference(value, expected), _magnitude(expected)
         self.errors[f"{what}_rel"] = max(self.errors[f"{what}_rel"], _ratio(difference, own))
-        self.errors[f"{what}_abs"] = max(self.errors[f"{what}_abs"], _ratio(difference, scale))
+        if f"{what}_abs" in self.errors:
+            self.errors[f"{what}_abs"] = max(self.errors[f"{what}_abs"], _ratio(difference, scale))
         excess = _ratio(difference, self.tolerance * own + floor * scale)
         self.errors["excess"] = max(self.errors["excess"], excess)
         if name and excess > self._worst_excess:
@@ -246,13 +258,14 @@ class Comparison:
 
     def report(self, device: torch.device) -> dict[str, object]:
         """The largest errors over all ranks and whether every tensor passed (collective when distributed)."""
-        names = ("output_rel", "output_abs", "grad_rel", "grad_abs", "excess")
+        names = ("output_rel", "output_abs", "grad_rel", "grad_abs", "loss_rel", "excess")
         errors = torch.tensor([self.errors[n] for n in names], dtype=torch.float64, device=device)
         if dist.is_available() and dist.is_initialized():
             all_reduce(errors, "the --verify error allreduce", dist.ReduceOp.MAX)
         figures = dict(zip(names, (float(e) for e in errors)))
         return {"output_max_rel_err": figures["output_rel"], "output_max_abs_err": figures["output_abs"],
                 "grad_max_rel_err": figures["grad_rel"], "grad_max_abs_err": figures["grad_abs"],
+                "loss_rel_err": figures["loss_rel"],
                 "tolerance": self.tolerance, "output_atol": self.output_floor * self.output_scale,
                 "grad_atol": self.gradient_floor * self.gradient_scale, "grad_floor": self.gradient_floor,
                 "grad_scale": self.gradient_scale, "worst_parameter_on_rank0": self.worst,

@@ -55,23 +55,25 @@ def load_model(spec: str) -> nn.Module:
     return model
 
 
-def resolve_factory(spec: str) -> Callable[..., object]:
-    """The zero-argument callable a MODEL spec names, without calling it."""
+def resolve_factory(spec: str, *, what: str = "model") -> Callable[..., object]:
+    """The callable a MODEL spec (or another ``module:name`` spec, ``what`` naming it in errors) names, without
+    calling it."""
     source, sep, name = spec.rpartition(":")
     if not sep or not source or not name:
-        raise InputError(f"model {spec!r} is not of the form {_FORMS}")
-    if source == "torchvision":
+        forms = _FORMS if what == "model" else "package.module:name or path/to/file.py:name"
+        raise InputError(f"{what} {spec!r} is not of the form {forms}")
+    if source == "torchvision" and what == "model":
         return _torchvision_factory(name)
     if source.endswith(".py") or "/" in source or source.startswith("."):
-        module = _import_file(Path(source), spec)
+        module = _import_file(Path(source), spec, what)
     else:
-        module = _import_module(source, spec)
+        module = _import_module(source, spec, what)
     factory = getattr(module, name, None)
     if not callable(factory):
         public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
         hint = difflib.get_close_matches(name, public, n=3)
         raise InputError(
-            f"model {spec!r}: {source} has no callable {name!r}"
+            f"{what} {spec!r}: {source} has no callable {name!r}"
             + (f"; did you mean {', '.join(hint)}?" if hint else f"; it defines {', '.join(public[:8]) or 'none'}")
         )
     return factory
@@ -88,33 +90,33 @@ def _torchvision_factory(name: str) -> Callable[[], nn.Module]:
     return lambda: models.get_model(name, weights=None)
 
 
-def _import_file(path: Path, spec: str) -> ModuleType:
+def _import_file(path: Path, spec: str, what: str) -> ModuleType:
     if not path.is_file():
-        raise InputError(f"model {spec!r}: file {path} does not exist; give the path to a .py file")
+        raise InputError(f"{what} {spec!r}: file {path} does not exist; give the path to a .py file")
     module_name = f"parplan_user_model_{abs(hash(path.resolve()))}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     if loader_spec is None or loader_spec.loader is None:
-        raise InputError(f"model {spec!r}: cannot load {path} as Python")
+        raise InputError(f"{what} {spec!r}: cannot load {path} as Python")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)
     except Exception as err:  # the user's file failed to import
         sys.modules.pop(module_name, None)
-        raise InputError(f"model {spec!r}: importing {path} raised {type(err).__name__}: {_first_line(err)}") from err
+        raise InputError(f"{what} {spec!r}: importing {path} raised {type(err).__name__}: {_first_line(err)}") from err
     return module
 
 
-def _import_module(name: str, spec: str) -> ModuleType:
+def _import_module(name: str, spec: str, what: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
         raise InputError(
-            f"model {spec!r}: no module named {err.name!r}; install it or put it on PYTHONPATH "
-            f"(or give a file path, path/to/file.py:factory)"
+            f"{what} {spec!r}: no module named {err.name!r}; install it or put it on PYTHONPATH "
+            f"(or give a file path, path/to/file.py:{'factory' if what == 'model' else 'name'})"
         ) from err
     except Exception as err:  # the user's module failed to import
-        raise InputError(f"model {spec!r}: importing {name} raised {type(err).__name__}: {_first_line(err)}") from err
+        raise InputError(f"{what} {spec!r}: importing {name} raised {type(err).__name__}: {_first_line(err)}") from err
 
 
 def _first_line(err: BaseException) -> str:

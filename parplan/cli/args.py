@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
     from cost_models.profile import Profile
     from planner.settings import SearchSettings
+    from runtime.losses import TargetKind
 
-__all__ = ["OneLineParser", "add_model_arguments", "add_search_arguments", "add_timeout_argument",
-           "add_trace_argument", "amp_argument", "check_out_dir", "check_plot_path", "cluster_for", "compute_dtype",
-           "int_at_least", "load_profile_argument", "non_negative_int", "positive_float", "positive_int", "print_json",
-           "search_settings", "slowdowns", "trace_model", "write_predicted_trace"]
+__all__ = ["OneLineParser", "add_loss_argument", "add_model_arguments", "add_search_arguments",
+           "add_timeout_argument", "add_trace_argument", "amp_argument", "check_out_dir", "check_plot_path",
+           "cluster_for", "compute_dtype", "int_at_least", "load_profile_argument", "loss_target", "non_negative_int",
+           "positive_float", "positive_int", "print_json", "search_settings", "slowdowns", "trace_model",
+           "write_predicted_trace"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -65,6 +67,30 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, amp: bool = True) ->
                             help="mixed precision: the forward under torch.autocast in bfloat16 or float16 (fp16 with "
                                  "a loss scaler), float32 weights; priced with each layer's autocast dtype (calibrate "
                                  "with the same --amp); plans are single-stage (pipelines do not run under autocast)")
+
+
+def add_loss_argument(parser: argparse._ActionsContainer) -> None:
+    """``--loss``: the loss a run trains and verifies with (``runtime.losses``)."""
+    parser.add_argument("--loss", metavar="LOSS", default="",
+                        help="the loss to train with: ce (cross-entropy, the default), mse, l1, dice, or "
+                             "module:name / path/to/file.py:name of a function (output, target) -> scalar "
+                             "(a class: built with no arguments)")
+
+
+def loss_target(spec: str, graph: LayerGraph, dtype: str) -> TargetKind:
+    """Which target ``--loss`` takes of the model's (first) output (``runtime.losses.target_kind``); a loss
+    that cannot be resolved or takes none is bad input (``InputError``)."""
+    import torch
+
+    from runtime.losses import target_kind
+
+    shape = graph.nodes[graph.graph["outputs"][0]].output_shape or []
+    if len(shape) < 2 or isinstance(shape[0], list):
+        if spec:
+            raise InputError(f"--loss {spec!r}: the model's output {shape} is not (N, C, …); only the default "
+                             f"cross-entropy takes it")
+        return "classes"
+    return target_kind(spec, tuple(shape), getattr(torch, dtype))
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING
 from cost_models.errors import InputError
 from parplan.cli.args import (
     OneLineParser,
+    add_loss_argument,
     add_model_arguments,
     add_timeout_argument,
     check_out_dir,
     load_profile_argument,
+    loss_target,
     positive_float,
     positive_int,
     print_json,
@@ -56,6 +58,7 @@ def add_calibrate(commands: Commands, common: OneLineParser) -> None:
                         help="with --ranks > 1, do not end by training the model under its single-split plans "
                              "(nR, cR, hR, wR) to fit what the runtime adds to the kernels")
     add_timeout_argument(parser)
+    add_loss_argument(parser)
     parser.add_argument("--out", required=True, metavar="P.json", help="where to write the profile")
     parser.set_defaults(handler=_calibrate)
 
@@ -99,6 +102,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
     planned()  # a malformed PARPLAN_FAULT is bad input, refused here rather than in every rank
     graph, _ = trace_model(args)
+    loss_target(args.loss, graph, args.dtype)  # a --loss the model's output cannot take: exit 2, before any rank
     from calibrate.comm_ranks import in_existing_group
     from calibrate.session import CalibrationRequest, run_calibration
     from calibrate.split_forms import FORMS_SHARE
@@ -142,7 +146,8 @@ def _with_forms(args: argparse.Namespace, graph: LayerGraph, backend: str, resul
     if not args.json:
         print("running the split forms (nR, cR, hR, wR) on the ranks", file=sys.stderr, flush=True)
     request = FormsRequest(args.model, load_model(args.model), graph, args.ranks, args.threads, backend,
-                           tuple(args.leaf_module), started + args.budget_s - 1.0, args.timeout_s)
+                           tuple(args.leaf_module), started + args.budget_s - 1.0, args.timeout_s, args.loss,
+                           loss_target(args.loss, graph, args.dtype))
     profile, notes = run_forms(request, result.profile)
     meta = {**profile.meta, "calibration_s": round(time.monotonic() - started, 3),
             "notes": [*profile.meta.get("notes", []), *notes]}

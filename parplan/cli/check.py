@@ -96,6 +96,7 @@ class CheckRequest:
     verify_dtype: str | None = None  # the verify runs' dtype (float64: exact); None: ``dtype``
     input_shapes: tuple[tuple[int, ...], ...] = ()  # every input's, for a model taking several; () = input_shape
     output: str | None = None  # the part of the model's output the loss is taken of (--output); None: every one
+    loss: str = ""  # the loss verified with (--loss, runtime.losses); empty: cross-entropy
 
     @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -187,6 +188,9 @@ def check_model(request: CheckRequest, pools: RankPools, on_check: OnCheck | Non
     graph, traced = _trace_check(_within(request, ends), model)
     record(traced)
     if graph is not None:
+        from parplan.cli.args import loss_target
+
+        loss_target(request.loss, graph, request.verify_as)  # a --loss the model's output cannot take: exit 2
         for devices in request.devices:
             name = f"plan {devices}"
             plan, planned = ((None, spent) if (spent := _spent(request, ends, name, "plan", None, devices))
@@ -311,7 +315,7 @@ def _verify_check(request: CheckRequest, model: nn.Module, graph: LayerGraph, pl
     if verified["passed"]:
         return done("pass", passed, errors)
     reason = (f"verify error above tolerance {verified['tolerance']:g}: output {verified['output_max_rel_err']:.2e}, "
-              f"gradient {verified['grad_max_rel_err']:.2e} "
+              f"gradient {verified['grad_max_rel_err']:.2e}, loss {verified.get('loss_rel_err', 0.0):.2e} "
               f"({verified.get('worst_parameter_on_rank0') or 'no parameter'})")
     if request.verify_as != "float64":
         left_s = request.timeout_s - (time.perf_counter() - started)
@@ -357,9 +361,11 @@ def preflight(model: nn.Module, plan: Plan, graph: LayerGraph, ranks: int, leaf_
 
 
 def _run_options(request: CheckRequest, plan: Plan, graph: LayerGraph, ranks: int, timeout_s: float) -> RunOptions:
+    from parplan.cli.args import loss_target
     from runtime.options import RunOptions
 
-    return RunOptions(model=request.model, input_shape=tuple(request.input_shape),
+    target = loss_target(request.loss, graph, request.verify_as)
+    return RunOptions(model=request.model, loss=request.loss, target=target, input_shape=tuple(request.input_shape),
                       input_shapes=request.shapes, dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,
                       leaf_modules=tuple(request.leaf_modules), threads=max(1, (os.cpu_count() or 1) // ranks),
@@ -402,7 +408,7 @@ def _first_line(err: BaseException) -> str:
 
 def add_check(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan check``."""
-    from parplan.cli.args import add_model_arguments, positive_float
+    from parplan.cli.args import add_loss_argument, add_model_arguments, positive_float
 
     parser = commands.add_parser(
         "check", parents=[common], help="what parplan can plan and run for a model",
@@ -428,6 +434,7 @@ def add_check(commands: Commands, common: OneLineParser) -> None:
     parser.add_argument("--output", metavar="KEY",
                         help="a model returning a dict, tuple or named tuple: verify the loss of this part only (a "
                              "key, field or index); default: the sum over every floating output")
+    add_loss_argument(parser)
     parser.set_defaults(handler=check_command)
 
 
@@ -454,14 +461,16 @@ def _request(args: argparse.Namespace) -> CheckRequest:
     from cost_models.ir.graph import parse_input_shapes
     from parplan.cli.args import load_profile_argument
     from parplan.cli.whatif import parse_devices
+    from runtime.losses import resolve_loss
 
     shapes = parse_input_shapes(args.input_shape)
     devices = tuple(parse_devices(args.devices)) if args.devices.strip() else ()
     layouts = tuple(Layout.parse(text) for text in args.layouts.split(",") if text.strip())
     load_profile_argument(args.profile, args.dtype)  # an unknown profile is bad input, before any work
+    resolve_loss(args.loss)  # so is a --loss naming nothing
     return CheckRequest(args.model, shapes[0], args.dtype, devices, layouts, args.profile,
                         args.timeout_s, tuple(args.leaf_module), args.tolerance, verify_dtype=args.verify_dtype,
-                        input_shapes=shapes, output=args.output)
+                        input_shapes=shapes, output=args.output, loss=args.loss)
 
 
 def _print_check(check: Check) -> None:

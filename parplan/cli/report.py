@@ -329,7 +329,9 @@ def print_measurement(document: Mapping[str, Any], console: Console | None = Non
         console.print(f"verify {verdict}: output max err {verified['output_max_abs_err']:.2e} of its scale "
                       f"({verified['output_max_rel_err']:.2e} of its own), gradient max err "
                       f"{verified['grad_max_abs_err']:.2e} of the model's largest gradient "
-                      f"({verified['grad_max_rel_err']:.2e} of its own tensor's); allowed: "
+                      f"({verified['grad_max_rel_err']:.2e} of its own tensor's)"
+                      + (f", loss err {verified['loss_rel_err']:.2e}" if "loss_rel_err" in verified else "")
+                      + "; allowed: "
                       f"{verified['tolerance']:.0e} of each tensor's own"
                       + (f" + {verified['grad_floor']:.1e} of the model's largest gradient"
                          if "grad_floor" in verified else ""))

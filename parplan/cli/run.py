@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING
 from cost_models.errors import InputError
 from parplan.cli.args import (
     OneLineParser,
+    add_loss_argument,
     add_model_arguments,
     add_timeout_argument,
     add_trace_argument,
     amp_argument,
     compute_dtype,
     load_profile_argument,
+    loss_target,
     non_negative_int,
     positive_float,
     positive_int,
@@ -78,6 +80,7 @@ def add_run(commands: Commands, common: OneLineParser) -> None:
     parser.add_argument("--output", metavar="KEY",
                         help="a model returning a dict, tuple or named tuple: take the loss of this part only (a key, "
                              "field or index); default: the sum over every floating output")
+    add_loss_argument(parser)
     parser.add_argument("--sync-batchnorm", action="store_true",
                         help="batch-norm statistics over the whole batch, as the unsplit model (default: per group "
                              "of samples, as data parallelism; not priced by the cost model)")
@@ -162,6 +165,7 @@ def _run(args: argparse.Namespace) -> int:
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module,
                   amp=amp_argument(args.amp, args.dtype))
+    target = loss_target(args.loss, graph, args.dtype)  # a --loss that cannot run is bad input: exit 2
     whole: list[str] = []
     if plan is None:
         plan, whole = shape_fallbacks(model, layout_plan(graph, args, ranks.total), graph, args.leaf_module)
@@ -189,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir or "",
         resume=args.resume, graph=graph, output=args.output, order=args.order, staleness=args.staleness,
         per_layer=args.per_layer, slow_stages=tuple(sorted(args.slow_stages.items())),
-        trace=os.path.abspath(args.trace) if args.trace else "", amp=args.amp or "")
+        trace=os.path.abspath(args.trace) if args.trace else "", amp=args.amp or "", loss=args.loss, target=target)
     document = launch(options, ranks.here, backend, args.max_restarts, nodes=ranks.nodes)
     if document is None:  # a rank other than 0, or a host other than rank 0's: rank 0 reports
         return 0

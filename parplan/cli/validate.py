@@ -52,6 +52,7 @@ FORMAT = "parplan.validation/1"
 def add_validate(commands: Commands, common: OneLineParser) -> None:
     """Register ``parplan validate`` on the subcommand parsers."""
     from parplan.cli.args import (
+        add_loss_argument,
         add_model_arguments,
         add_search_arguments,
         add_timeout_argument,
@@ -63,6 +64,7 @@ def add_validate(commands: Commands, common: OneLineParser) -> None:
     parser = commands.add_parser("validate", parents=[common], help="run the top plans and compare with predictions",
                                  description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
+    add_loss_argument(parser)
     parser.add_argument("--profile", required=True, metavar="PROFILE",
                         help="profile of this machine (parplan calibrate), whose predictions are validated")
     parser.add_argument("--nproc", type=positive_int, metavar="R",
@@ -98,7 +100,7 @@ def add_validate(commands: Commands, common: OneLineParser) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from cost_models.formats.jsonio import check_writable
-    from parplan.cli.args import compute_dtype, load_profile_argument
+    from parplan.cli.args import compute_dtype, load_profile_argument, loss_target
     from parplan.cli.ranks import job_ranks
     from parplan.cli.report import print_validation
     from processes.cores import host_shared_cores
@@ -109,6 +111,7 @@ def _validate(args: argparse.Namespace) -> int:
         raise InputError(f"--trace-dir {args.trace_dir} is not a folder; create it first")
     profile = load_profile_argument(args.profile, compute_dtype(args.amp, args.dtype))
     graph, model = _traced(args)
+    args.target = loss_target(args.loss, graph, args.dtype)  # a --loss the model's output cannot take: exit 2
     args.ranks = job_ranks(args, None, missing="give --nproc R (the ranks to run every plan on)")
     args.nproc = args.ranks.total
     args.shared_cores = host_shared_cores(args.ranks.per_node, _threads(args.ranks, args.threads))
@@ -221,7 +224,7 @@ def _measure(args: argparse.Namespace, candidates: list[Candidate], graph: Layer
                        dtype=args.dtype, plan=candidates[i].plan.to_dict(), steps=_share(args.steps, rounds, r),
                        warmup=args.warmup, seed=args.seed, leaf_modules=tuple(args.leaf_module), threads=threads,
                        quiet=True, timeout_s=args.timeout_s, graph=graph, per_layer=per_layer and r == rounds - 1,
-                       amp=args.amp or "",
+                       amp=args.amp or "", loss=args.loss, target=args.target,
                        trace=_trace_path(args.trace_dir, candidates[i], "measured")
                        if args.trace_dir and r == rounds - 1 else "")
             for r, i in order]

@@ -48,10 +48,11 @@ import torch.distributed as dist
 
 from cost_models.errors import PlanError
 from cost_models.formats.plan import Plan
-from runtime.batches import factory_batches, synthetic_inputs, synthetic_labels
+from runtime.batches import factory_batches, synthetic_inputs, synthetic_target
 from runtime.checkpoint import Progress
 from runtime.fault_injection import planned, strike
 from runtime.layer_times import LayerTimes, profiled_layer_times, profiled_trace
+from runtime.losses import resolve_loss, target_shape
 from runtime.measurement import largest_over_ranks, measurement_document, peak_memory_bytes, synchronise, verify_only
 from runtime.memory_peak import held_tensors, peak_tensor_bytes
 from runtime.options import PER_LAYER_STEPS, RunOptions
@@ -257,7 +258,7 @@ def _build(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.de
     slowdown = float(dict(options.slow_stages).get(plan.pipeline.stage_of(dist.get_rank()), 1.0))
     stage = apply_pipeline(model, plan, options.sync_batchnorm if sync_batchnorm is None else sync_batchnorm,
                            options.leaf_modules, graph=options.graph, slowdown=slowdown, timeout=options.timeout,
-                           random_seed=options.seed)
+                           random_seed=options.seed, loss_fn=resolve_loss(options.loss))
     stage.output_key = options.output  # the part of the output the last stage takes the loss of
     return stage
 
@@ -322,9 +323,10 @@ def _load(options: RunOptions, stage: PipelineStage, step: int, micro: int, dtyp
     output_shape = part.layer_graph.nodes[part.output_name].output_shape
     size, first = stage.samples(micro), stage.first_sample(micro)
     x_boxes = tuple(_shifted(box, first) for box in stage.input_boxes(micro)) if stage.first else None
-    t_box = _shifted(stage.target_box((size, *output_shape[2:]), micro), first) if stage.last else None
+    shape = target_shape(options.target, (size, *output_shape[1:]))
+    t_box = _shifted(stage.target_box(shape, micro), first) if stage.last else None
     inputs, target = _batch(options, output_shape, x_boxes or _empty_boxes(options),
-                            t_box or _empty(1 + len(output_shape[2:])), step, dtype, device)
+                            t_box or _empty(len(shape)), step, dtype, device)
     return (inputs if x_boxes else None), (target if t_box else None)
 
 
@@ -337,9 +339,10 @@ def _batch(options: RunOptions, output_shape: Sequence[int], x_boxes: tuple[tupl
     if options.data:
         return factory_batches(options.data, x_boxes, t_box, dtype, device)(step)
     seed = options.seed * 1000 + step
-    label_shape = (options.input_shape[0], *output_shape[2:])
+    label_shape = target_shape(options.target, (options.input_shape[0], *output_shape[1:]))
     return (synthetic_inputs(options.shapes, x_boxes, seed, dtype, device),
-            synthetic_labels(label_shape, t_box, output_shape[1], seed, device))
+            synthetic_target(label_shape, t_box, output_shape[1], seed, dtype, device,
+                             regression=options.target == "output"))
 
 
 def _keys(options: RunOptions, stage: PipelineStage, step: int) -> Callable[[int], DrawKey]:
@@ -438,14 +441,18 @@ def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.d
     batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                                 reuse=reuse, device=device, output=options.output)
+                                 reuse=reuse, device=device, output=options.output, loss=options.loss)
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
-                                                               reuse=reuse, output=options.output), device)
+                                                               reuse=reuse, output=options.output,
+                                                               loss=options.loss), device)
              if dtype.itemsize < 8 else None)
     comparison = Comparison.of(reference, dtype, options.tolerance, noise=noise)
     for b in range(micro) if stage.last else ():
         compare_outputs(comparison, stage.model_for(b), stage.outputs[b], reference.outputs[b])
+    shares = sum((float(loss) * stage.loss_scale(b) for b, loss in enumerate(stage.losses)), 0.0)
+    comparison.loss(stage.model.global_value(torch.tensor(shares, dtype=torch.float64, device=device)),
+                    reference.loss)  # every rank: the last stage's shares, the others' zero
     compare_gradients(comparison, stage.model, reference.model)
     return comparison.report(device) | random_report(reference.random)
 
@@ -458,5 +465,5 @@ def _whole(options: RunOptions, stage: PipelineStage, micro: int, dtype: torch.d
     first = stage.first_sample(micro)
     samples = slice(first, first + stage.samples(micro))
     x_boxes = tuple((samples, *(slice(0, e) for e in shape[1:])) for shape in options.shapes)
-    t_box = (samples, *(slice(0, e) for e in output_shape[2:]))
+    t_box = (samples, *(slice(0, e) for e in target_shape(options.target, output_shape)[1:]))
     return _batch(options, output_shape, x_boxes, t_box, 0, dtype, device)
