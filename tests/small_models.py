@@ -83,3 +83,10 @@ class Spectral(nn.Module):
 
 def spectral() -> nn.Module:
     return Spectral()
+
+
+def monai_unet3d() -> nn.Module:
+    """MONAI's 3-D UNet (residual units), small: 1 channel in, 2 classes out."""
+    from monai.networks.nets import UNet
+
+    return UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=1)

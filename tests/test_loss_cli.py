@@ -26,8 +26,9 @@ def _parplan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("loss", "layout"), [
     ("dice", ["--layout", "h2", "--nproc", "2"]),
     ("tests/small_losses.py:monai_dice_ce", ["--layout", "w2", "--nproc", "2"]),
-    ("tests/small_losses.py:tversky", ["--layout", "h2", "--stages", "2", "--nproc", "4"]),
-    ("tests/small_losses.py:counted_by_hand", ["--layout", "n1", "--stages", "2", "--nproc", "2"]),
+    ("tests/small_losses.py:monai_dice_ce", ["--layout", "h2", "--stages", "2", "--nproc", "4"]),
+    ("tests/small_losses.py:counted_by_hand", ["--layout", "h2", "--stages", "2", "--nproc", "4"]),
+    ("tests/small_losses.py:tversky", ["--layout", "n1", "--stages", "2", "--nproc", "2"]),
 ])
 def test_run_verifies_the_loss_and_gradients_under_the_users_loss(repo: Path, loss: str, layout: list[str]) -> None:
     run = _parplan("run", *UNET, *layout, "--loss", loss, "--dtype", "float64", "--steps", "1", "--warmup", "0",
@@ -48,8 +49,13 @@ def test_a_loss_that_cannot_stay_split_is_gathered_with_a_warning(repo: Path) ->
     assert "numel of a split value" in run.stderr
 
 
-def test_check_verifies_every_layout_under_the_loss(repo: Path) -> None:
-    done = _parplan("check", *UNET, "--layouts", "h2,w2", "--devices", "", "--loss", "dice", "--verify-dtype",
+@pytest.mark.parametrize(("model", "loss", "layouts"), [
+    (UNET, "dice", "h2,w2"),
+    (["--model", "tests/small_models.py:monai_unet3d", "--input-shape", "2,1,16,16,16"],
+     "tests/small_losses.py:monai_dice_ce", "d2,n2"),
+])
+def test_check_verifies_every_layout_under_the_loss(repo: Path, model: list[str], loss: str, layouts: str) -> None:
+    done = _parplan("check", *model, "--layouts", layouts, "--devices", "", "--loss", loss, "--verify-dtype",
                     "float64", "--json", cwd=repo)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(done.stdout)
