@@ -73,6 +73,7 @@ from cost_models.ir.layer import Layer
 from cost_models.ir.micro_batches import micro_batch_nodes, micro_batch_sizes
 from cost_models.layer_cost import LayerCost
 from cost_models.layout import Layout
+from cost_models.loss_cost import LossCost
 from cost_models.memory import (
     WEIGHT_SPLIT_KINDS,
     LayerMemory,
@@ -205,8 +206,24 @@ def estimate(graph: LayerGraph, plan: Plan, profile: Profile, cluster: Cluster |
                    for name in graph.compute_layers())
     stages = tuple(_stage_estimate(context, layers, stage, cluster, micro, (slowdown or {}).get(stage, 1.0))
                    for stage in range(plan.pipeline.stages))
+    stages, loss_s = _with_loss(context, stages)
     step_s = profile.corrections.step_overhead_s if profile.corrections else 0.0
-    return _combine(layers, stages, plan, micro, step_s, shared_cores)
+    return _combine(layers, stages, plan, micro, step_s, shared_cores, loss_s)
+
+
+def _with_loss(context: _Context, stages: tuple[StageEstimate, ...]) -> tuple[tuple[StageEstimate, ...], float]:
+    """The stages, the last one with the training loss the graph records (``graph.graph["loss"]``,
+    ``cost_models.loss_cost``) added, and the loss's seconds per micro-batch."""
+    recorded = context.graph.graph.get("loss")
+    name = context.graph.graph["outputs"][0]
+    shape = context.nodes[name].output_shape or []
+    if not recorded or not shape or isinstance(shape[0], list):
+        return stages, 0.0
+    loss = LossCost.from_dict(recorded).seconds(context.profile, context.plan.layers[name].layout, tuple(shape))
+    last = stages[-1]
+    return (*stages[:-1], replace(last, forward_s=last.forward_s + loss.forward_s,
+                                  backward_s=last.backward_s + loss.backward_s,
+                                  memory_bytes=last.memory_bytes + loss.held_bytes)), loss.forward_s + loss.backward_s
 
 
 def restaled(graph: LayerGraph, plan: Plan, previous: Estimate, staleness_was: Sequence[int], profile: Profile,
@@ -405,7 +422,7 @@ def _transfer_s(context: _Context, stage: int, cluster: Cluster) -> float:
 
 
 def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...], plan: Plan, micro: int,
-             step_s: float, shared_cores: float | None) -> Estimate:
+             step_s: float, shared_cores: float | None, loss_s: float = 0.0) -> Estimate:
     forward, backward = [s.forward_s for s in stages], [s.backward_s for s in stages]
     transfer = [s.transfer_s for s in stages[:-1]]
     if plan.pipeline.schedule == "stale" and len(stages) > 1:
@@ -432,6 +449,7 @@ def _combine(layers: tuple[LayerEstimate, ...], stages: tuple[StageEstimate, ...
                                      if plan.pipeline.recomputes(k))}
            if plan.pipeline.recompute and plan.pipeline.schedule == "sync" else {}),
         **({"step_overhead": step_s} if step_s else {}),
+        **({"loss": micro * loss_s} if loss_s else {}),
     }
     worst = max(range(len(stages)), key=lambda k: stages[k].memory_bytes)
     own = [layer for layer in layers if layer.stage == worst]

@@ -27,8 +27,9 @@ import torch
 from torch.nn import functional as F
 
 from cost_models.errors import InputError
+from cost_models.loss_cost import LossCost
 
-__all__ = ["BUILT_IN", "Loss", "TargetKind", "resolve_loss", "soft_dice", "target_kind", "target_shape"]
+__all__ = ["BUILT_IN", "Loss", "TargetKind", "loss_cost", "resolve_loss", "soft_dice", "target_kind", "target_shape"]
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 TargetKind = Literal["classes", "classes_channel", "output"]
@@ -115,3 +116,48 @@ def target_kind(spec: str, output_shape: Sequence[int], dtype: torch.dtype) -> T
                         f"{list(value.shape) if isinstance(value, torch.Tensor) else ''}, not one number")
     raise InputError(f"--loss {spec!r} takes none of the targets tried on an output {list(small)}: "
                      + "; ".join(failures) + "; make it take (output, target) and return a scalar")
+
+
+_SUMS = ("sum.dim_IntList", "mean.dim")
+
+
+def loss_cost(spec: str, output_shape: Sequence[int], dtype: torch.dtype, kind: TargetKind) -> LossCost:
+    """What the loss ``spec`` moves, keeps and sums per element of an output of ``output_shape``
+    (``cost_models.loss_cost``), counted on a small output of the same class count: the bytes every operation
+    of its forward and backward reads and writes, the tensors autograd saves, and the sums it keeps per
+    sample or class (reductions over positions that leave more than one value)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    small = (min(2, output_shape[0]), output_shape[1], *(min(8, extent) for extent in output_shape[2:]))
+    output = torch.randn(small, dtype=dtype, requires_grad=True)
+    shape = target_shape(kind, small)
+    target = torch.rand(shape, dtype=dtype) if kind == "output" else torch.randint(0, max(small[1], 1), shape)
+    saved: dict[int, int] = {}
+
+    class Traffic(TorchDispatchMode):
+        moved, sums, sum_bytes = 0, 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            result = func(*args, **(kwargs or {}))
+            tensors = [t for t in (*args, *(kwargs or {}).values(), result) if isinstance(t, torch.Tensor)]
+            self.moved += sum(t.numel() * t.element_size() for t in tensors)
+            if str(func.overloadpacket.__name__) + "." + func._overloadname in _SUMS and result.numel() > 1 \
+                    and args[0].dim() == output.dim():
+                self.sums += 1
+                self.sum_bytes = max(self.sum_bytes, result.numel() * result.element_size())
+            return result
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    forward, backward = Traffic(), Traffic()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with forward:
+            value = resolve_loss(spec)(output, target)
+    with backward:
+        value.backward()
+    saved.pop(output.untyped_storage().data_ptr(), None)  # the output itself is the model's
+    elements = output.numel()
+    return LossCost(forward.moved / elements, backward.moved / elements, sum(saved.values()) / elements,
+                    forward.sums, forward.sum_bytes)

@@ -125,3 +125,28 @@ def test_losses_kept_split_give_the_unsplit_loss_and_gradients(world: int) -> No
     done: Any = run_ranks(_cases, world, timeout_s=600)[0]
     for case, gathered in done.items():  # c2: the loss sees the whole output on each rank, nothing split
         assert gathered == ([] if case.endswith("c2") else ["counted by hand"]), (case, gathered)
+
+
+def test_the_estimate_prices_a_recorded_loss_on_the_stage_that_takes_it() -> None:
+    """``--loss`` records what the loss moves, keeps and sums (``runtime.losses.loss_cost``); the estimate adds
+    it to the last stage: its seconds (``breakdown_s["loss"]``), the bytes it keeps, and the allreduces of a
+    Dice loss's sums only where the output is split (``cost_models.loss_cost``)."""
+    from cost_models.estimate import estimate
+    from cost_models.ir.tracing import trace
+    from parplan.api import load_profile
+    from runtime.losses import loss_cost
+
+    graph = trace(_model("unet").float(), (4, 3, 32, 32), torch.float32)
+    profile = load_profile("v100")
+    output = tuple(graph.nodes[graph.graph["outputs"][0]].output_shape)
+    for layouts in (["n1"], ["h2"]):
+        plan = uniform_test_plan(graph, 1 if layouts == ["n1"] else 2, layouts)
+        graph.graph.pop("loss", None)
+        plain = estimate(graph, plan, profile)
+        graph.graph["loss"] = loss_cost("dice", output, torch.float32, "classes").to_dict()
+        priced = estimate(graph, plan, profile)
+        assert priced.breakdown_s["loss"] > 0 and "loss" not in plain.breakdown_s
+        assert priced.iteration_s == pytest.approx(plain.iteration_s + priced.breakdown_s["loss"], rel=1e-6)
+        assert priced.memory_bytes_max > plain.memory_bytes_max
+    cost = loss_cost("dice", output, torch.float32, "classes")
+    assert cost.global_sums == 3 and loss_cost("ce", output, torch.float32, "classes").global_sums == 0

@@ -78,11 +78,12 @@ def add_loss_argument(parser: argparse._ActionsContainer) -> None:
 
 
 def loss_target(spec: str, graph: LayerGraph, dtype: str) -> TargetKind:
-    """Which target ``--loss`` takes of the model's (first) output (``runtime.losses.target_kind``); a loss
-    that cannot be resolved or takes none is bad input (``InputError``)."""
+    """Which target ``--loss`` takes of the model's (first) output (``runtime.losses.target_kind``), its cost
+    recorded on ``graph`` for the estimate (``graph.graph["loss"]``, ``cost_models.loss_cost``; none for the
+    default cross-entropy); a loss that cannot be resolved or takes none is bad input (``InputError``)."""
     import torch
 
-    from runtime.losses import target_kind
+    from runtime.losses import loss_cost, target_kind
 
     shape = graph.nodes[graph.graph["outputs"][0]].output_shape or []
     if len(shape) < 2 or isinstance(shape[0], list):
@@ -90,7 +91,10 @@ def loss_target(spec: str, graph: LayerGraph, dtype: str) -> TargetKind:
             raise InputError(f"--loss {spec!r}: the model's output {shape} is not (N, C, …); only the default "
                              f"cross-entropy takes it")
         return "classes"
-    return target_kind(spec, tuple(shape), getattr(torch, dtype))
+    kind = target_kind(spec, tuple(shape), getattr(torch, dtype))
+    if spec:
+        graph.graph["loss"] = loss_cost(spec, tuple(shape), getattr(torch, dtype), kind).to_dict()
+    return kind
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
