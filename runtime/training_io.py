@@ -167,6 +167,11 @@ class DataHelpers:
             raise PlanError("the model's output holds no floating tensor to take a loss of")
         return sum(shares[1:], shares[0])
 
+    @property
+    def losses_taken_whole(self) -> tuple[str, ...]:
+        """Why each loss :meth:`loss` took of the gathered output could not be kept split (empty: none)."""
+        return tuple(self._unsplittable_losses.values())
+
     def outputs(self, local_output: object) -> list[tuple[str, torch.Tensor]]:
         """The floating tensor outputs in ``local_output`` (what :meth:`forward` returns; of its part
         :attr:`output_key`), with their layer names."""

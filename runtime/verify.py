@@ -203,6 +203,9 @@ class Comparison:
 
     ``output_scale`` and ``gradient_scale`` are the largest magnitudes of the whole unsplit outputs and of all
     the unsplit model's gradients; ``output_floor`` and ``gradient_floor`` the rounding floors relative to them.
+    A tensor zero up to rounding (its largest magnitude within its floor of the scale: a bias before
+    batch-norm) is compared against the scale only and counted (``grad_zero_tensors``): its error relative to
+    itself would be rounding over rounding (a "243 %" beside ``passed``).
     """
 
     tolerance: float
@@ -211,7 +214,7 @@ class Comparison:
     output_floor: float
     gradient_floor: float
     errors: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("output_rel", "output_abs", "grad_rel", "grad_abs", "loss_rel", "excess"), 0.0))
+        ("output_rel", "output_abs", "grad_rel", "grad_abs", "loss_rel", "excess", "zeros"), 0.0))
     worst: str = ""
     """The parameter whose gradient comes nearest to failing (or fails most), on this rank."""
     _worst_excess: float = -1.0
@@ -248,7 +251,10 @@ class Comparison:
     def _add(self, what: str, value: torch.Tensor, expected: torch.Tensor, scale: float, floor: float,
              name: str) -> None:
         difference, own = _max_difference(value, expected), _magnitude(expected)
-        self.errors[f"{what}_rel"] = max(self.errors[f"{what}_rel"], _ratio(difference, own))
+        if own > floor * scale:  # relative to itself only where it is more than rounding off zero
+            self.errors[f"{what}_rel"] = max(self.errors[f"{what}_rel"], _ratio(difference, own))
+        elif what == "grad":
+            self.errors["zeros"] += 1
         if f"{what}_abs" in self.errors:
             self.errors[f"{what}_abs"] = max(self.errors[f"{what}_abs"], _ratio(difference, scale))
         excess = _ratio(difference, self.tolerance * own + floor * scale)
@@ -258,14 +264,14 @@ class Comparison:
 
     def report(self, device: torch.device) -> dict[str, object]:
         """The largest errors over all ranks and whether every tensor passed (collective when distributed)."""
-        names = ("output_rel", "output_abs", "grad_rel", "grad_abs", "loss_rel", "excess")
+        names = ("output_rel", "output_abs", "grad_rel", "grad_abs", "loss_rel", "excess", "zeros")
         errors = torch.tensor([self.errors[n] for n in names], dtype=torch.float64, device=device)
         if dist.is_available() and dist.is_initialized():
             all_reduce(errors, "the --verify error allreduce", dist.ReduceOp.MAX)
         figures = dict(zip(names, (float(e) for e in errors)))
         return {"output_max_rel_err": figures["output_rel"], "output_max_abs_err": figures["output_abs"],
                 "grad_max_rel_err": figures["grad_rel"], "grad_max_abs_err": figures["grad_abs"],
-                "loss_rel_err": figures["loss_rel"],
+                "loss_rel_err": figures["loss_rel"], "grad_zero_tensors": int(figures["zeros"]),
                 "tolerance": self.tolerance, "output_atol": self.output_floor * self.output_scale,
                 "grad_atol": self.gradient_floor * self.gradient_scale, "grad_floor": self.gradient_floor,
                 "grad_scale": self.gradient_scale, "worst_parameter_on_rank0": self.worst,

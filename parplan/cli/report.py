@@ -331,6 +331,8 @@ def print_measurement(document: Mapping[str, Any], console: Console | None = Non
                       f"{verified['grad_max_abs_err']:.2e} of the model's largest gradient "
                       f"({verified['grad_max_rel_err']:.2e} of its own tensor's)"
                       + (f", loss err {verified['loss_rel_err']:.2e}" if "loss_rel_err" in verified else "")
+                      + (f" ({verified['grad_zero_tensors']} gradients zero up to rounding, compared to the "
+                         f"model's scale)" if verified.get("grad_zero_tensors") else "")
                       + "; allowed: "
                       f"{verified['tolerance']:.0e} of each tensor's own"
                       + (f" + {verified['grad_floor']:.1e} of the model's largest gradient"
