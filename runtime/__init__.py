@@ -8,7 +8,10 @@ building blocks each equal to the unsplit operation: ``halo_exchange`` and
 (convolution and pooling on tiles), ``resample`` (upsampling and transposed
 convolution on tiles), ``norm`` (batch-norm over a group), ``collectives``,
 ``slicing`` (channel-split weights), ``gradsync`` (gradient sums over replica
-groups) and ``groups`` (process groups). A rank of ``parplan run`` takes one
+groups) and ``groups`` (process groups). The loss: ``losses`` (``--loss``:
+built-ins or the user's function, the target it takes, what it costs) and
+``split_loss`` (a user's loss run on each rank's box of the output, kept
+split; ``training_io`` falls back to the gathered output where it cannot). A rank of ``parplan run`` takes one
 frozen ``options.RunOptions``; ``batches`` makes its box of each batch,
 ``seeded_model`` its model, ``train`` is its training loop and ``--verify``,
 ``measurement`` what it reports; ``launch`` starts ranks with torchrun's

@@ -1,5 +1,5 @@
 """``--loss`` on the command line: ``parplan run --verify`` and ``parplan check`` under a Dice-type loss, a
-regression loss and a loss that cannot be kept split, on split layouts and a two-stage pipeline, in float64 —
+regression loss and a loss that cannot be kept split, on split layouts and two-stage pipelines, in float64 —
 the loss value and every gradient against the unsplit model under the same loss; a ``--loss`` that names
 nothing, or takes no target the model's output allows, is bad input (exit 2, before any rank starts)."""
 
@@ -23,11 +23,8 @@ def _parplan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize(("loss", "layout"), [
-    ("dice", ["--layout", "h2", "--nproc", "2"]),
-    ("tests/small_losses.py:monai_dice_ce", ["--layout", "w2", "--nproc", "2"]),
+@pytest.mark.parametrize(("loss", "layout"), [  # single-stage layouts: the check test below
     ("tests/small_losses.py:monai_dice_ce", ["--layout", "h2", "--stages", "2", "--nproc", "4"]),
-    ("tests/small_losses.py:counted_by_hand", ["--layout", "h2", "--stages", "2", "--nproc", "4"]),
     ("tests/small_losses.py:tversky", ["--layout", "n1", "--stages", "2", "--nproc", "2"]),
 ])
 def test_run_verifies_the_loss_and_gradients_under_the_users_loss(repo: Path, loss: str, layout: list[str]) -> None:
@@ -40,10 +37,13 @@ def test_run_verifies_the_loss_and_gradients_under_the_users_loss(repo: Path, lo
 
 
 def test_a_loss_that_cannot_stay_split_is_gathered_with_a_warning(repo: Path) -> None:
-    run = _parplan("run", *UNET, "--layout", "h2", "--nproc", "2", "--loss", "tests/small_losses.py:counted_by_hand",
-                   "--dtype", "float64", "--steps", "1", "--warmup", "0", "--verify", "--json", cwd=repo)
+    """On a pipeline's split last stage: the output gathered there, one warning line, still exact."""
+    run = _parplan("run", *UNET, "--layout", "h2", "--stages", "2", "--nproc", "4", "--loss",
+                   "tests/small_losses.py:counted_by_hand", "--dtype", "float64", "--steps", "1", "--warmup", "0",
+                   "--verify", "--json", cwd=repo)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout)["verify"]["passed"]
+    verified = json.loads(run.stdout)["verify"]
+    assert verified["passed"] and verified["loss_rel_err"] <= 1e-9, verified
     assert run.stderr.count("gathered on every rank") == 1, run.stderr[-2000:]  # once, on one line
     assert "parplan run: warning: the loss counted_by_hand is taken of the whole output" in run.stderr
     assert "numel of a split value" in run.stderr
@@ -65,7 +65,6 @@ def test_check_verifies_every_layout_under_the_loss(repo: Path, model: list[str]
 @pytest.mark.parametrize(("loss", "says"), [
     ("nope", "not a built-in loss"),
     ("torch.nn.functional:pad", "takes none of the targets tried"),
-    ("tests/small_losses.py:missing", "has no callable 'missing'"),
 ])
 def test_a_bad_loss_is_refused_before_any_rank_starts(repo: Path, loss: str, says: str) -> None:
     run = _parplan("run", *UNET, "--layout", "h2", "--nproc", "2", "--loss", loss, cwd=repo)

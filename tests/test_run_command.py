@@ -262,18 +262,37 @@ def test_a_recomputing_plan_and_one_on_unequal_stages_run_and_verify(repo: Path,
 
 def test_a_layout_that_splits_no_layer_says_so() -> None:
     """``--layout h2`` on a model with no rows to split ran every layer whole and passed without a word (issue 53
-    item 6): ``run`` now warns in one line, with the reasons; a layout that splits something stays quiet."""
+    item 6): ``run`` now warns in one line, with the reasons; a layout that splits something says how much."""
     import torch
     from torch import nn
 
     from cost_models.ir.tracing import trace
     from cost_models.layout import Layout
     from parplan.cli.layouts import uniform_layout_plan
-    from parplan.cli.run import _unsplit_warning
+    from parplan.cli.run import _layout_lines
 
     flat = trace(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 5)), (4, 3, 8, 8), torch.float32)
-    (line,) = _unsplit_warning(flat, uniform_layout_plan(flat, [Layout(h=2)], 2), "h2")
+    (line,) = _layout_lines(flat, uniform_layout_plan(flat, [Layout(h=2)], 2), "h2")
     assert "splits none of the model's layers" in line and "h2 on 0 of 2 layers" in line
     conv = trace(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1)), (4, 3, 8, 8), torch.float32)
-    assert _unsplit_warning(conv, uniform_layout_plan(conv, [Layout(h=2)], 2), "h2") == []
-    assert _unsplit_warning(flat, uniform_layout_plan(flat, [Layout()], 1), "n1") == []
+    assert _layout_lines(conv, uniform_layout_plan(conv, [Layout(h=2)], 2), "h2") == [
+        "parplan run: note: --layout h2: h2 on 1 of 1 layers"]
+    assert _layout_lines(flat, uniform_layout_plan(flat, [Layout()], 1), "n1") == []
+
+
+def test_a_float32_plan_is_rechecked_in_float64_with_one_command(repo: Path, tmp_path: Path) -> None:
+    """``parplan run --plan P --dtype float64 --verify`` runs a float32 plan's layouts in float64 (issue 53 item 6:
+    the fingerprint differs by the dtype alone, which was refused), and verifies at 1e-9."""
+    plan = tmp_path / "plan.json"
+    made = _parplan("plan", *UNET, "--profile", "h100", "--devices", "2", "--max-stages", "1", "--out", str(plan),
+                    cwd=repo)
+    assert made.returncode == 0, made.stderr
+    run = _parplan("run", *UNET, "--plan", str(plan), "--dtype", "float64", "--steps", "1", "--warmup", "0",
+                   "--verify", "--json", cwd=repo)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "was made for float32; running its layouts in float64" in run.stderr
+    verified = json.loads(run.stdout)["verify"]
+    assert verified["passed"] and verified["tolerance"] == 1e-9
+    other = _parplan("run", "--model", "examples/unet.py:unet", "--input-shape", "4,3,40,32", "--plan", str(plan),
+                     "--dtype", "float64", "--steps", "1", cwd=repo)  # another input: still refused
+    assert other.returncode == 2 and "made for model fingerprint" in other.stderr

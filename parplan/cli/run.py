@@ -40,6 +40,8 @@ from parplan.cli.run_checks import check_pipeline_flags, check_plan_fits, check_
 from processes.cores import host_shared_cores
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from cost_models.formats.plan import Plan
     from cost_models.ir.graph import LayerGraph
     from parplan.cli.args import Commands
@@ -165,6 +167,8 @@ def _run(args: argparse.Namespace) -> int:
     check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module,
                   amp=amp_argument(args.amp, args.dtype))
+    if plan is not None and plan.dtype != args.dtype and plan.fingerprint != graph.fingerprint:
+        plan = _in_dtype(plan, model, graph, args)  # a float32 plan rechecked in float64: the same layouts
     target = loss_target(args.loss, graph, args.dtype)  # a --loss that cannot run is bad input: exit 2
     whole: list[str] = []
     if plan is None:
@@ -180,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
         if whole:
             print(f"parplan run: note: {len(whole)} layer(s) run whole ({', '.join(whole[:3])}): {SHAPE_FALLBACK}",
                   file=sys.stderr, flush=True)
-        for line in _unsplit_warning(graph, plan, args.layout):
+        for line in _layout_lines(graph, plan, args.layout):
             print(line, file=sys.stderr, flush=True)
     options = RunOptions(
         model=args.model, input_shape=tuple(shapes[0]), input_shapes=shapes, dtype=args.dtype,
@@ -202,17 +206,41 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if verified is not None and not verified["passed"] else 0
 
 
-def _unsplit_warning(graph: LayerGraph, plan: Plan, text: str) -> list[str]:
-    """A line when ``--layout`` split none of the model's layers (each runs whole on every rank), saying why."""
+def _layout_lines(graph: LayerGraph, plan: Plan, text: str) -> list[str]:
+    """What ``--layout`` split: a note with how many layers took it and why the others did not, or a warning
+    when it split none of them (each runs whole on every rank)."""
     from cost_models.layout import Layout
     from parplan.cli.layouts import split_reason, split_summary
 
     layouts = [Layout.parse(part.strip()) for part in text.split(",") if part.strip()]
     split = [layout for layout in layouts if layout.ranks > 1]
-    if not split or any(assignment.layout.ranks > 1 for assignment in plan.layers.values()):
+    if not split:
         return []
+    reason = split_reason(split_summary(graph, plan, split[0]), split[0])
+    if any(assignment.layout.ranks > 1 for assignment in plan.layers.values()):
+        return [f"parplan run: note: --layout {text}: {reason}"] if len(layouts) == 1 else []
     return [f"parplan run: warning: --layout {text} splits none of the model's layers: every layer runs whole on "
-            f"every rank ({split_reason(split_summary(graph, plan, split[0]), split[0])})"]
+            f"every rank ({reason})"]
+
+
+def _in_dtype(plan: Plan, model: nn.Module, graph: LayerGraph, args: argparse.Namespace) -> Plan:
+    """``plan``, made for another ``--dtype``, for ``graph`` (traced in the run's): when the model traced in the
+    plan's dtype is the model it was made for, the same layers take the same layouts — ``parplan run --plan P
+    --dtype float64 --verify`` rechecks a float32 plan exactly. Otherwise ``plan`` as it is (refused after)."""
+    from dataclasses import replace
+
+    import torch
+
+    from cost_models.ir.graph import parse_input_shapes
+    from cost_models.ir.tracing import trace
+
+    made = trace(model, parse_input_shapes(args.input_shape), getattr(torch, plan.dtype),
+                 leaf_modules=args.leaf_module, amp=amp_argument(args.amp, plan.dtype))
+    if made.fingerprint != plan.fingerprint:
+        return plan
+    print(f"parplan run: note: {args.plan or 'the plan'} was made for {plan.dtype}; running its layouts in "
+          f"{args.dtype} (its prediction is {plan.dtype}'s)", file=sys.stderr, flush=True)
+    return replace(plan, fingerprint=graph.fingerprint, dtype=args.dtype)
 
 
 def _read_plan(path: str) -> Plan:
