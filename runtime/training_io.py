@@ -194,8 +194,9 @@ class DataHelpers:
         if unsplittable is None:
             output = self._fetch(Value(local, source, shape), self.loss_placement())
             try:
-                return split_loss_share(loss_fn, output, local_target, self._loss_parts(output.dim()),
-                                        self._loss_parts(local_target.dim(), target=True), self._loss_grid())
+                grid = self._loss_grid()
+                return split_loss_share(loss_fn, output, local_target, self._loss_parts(output.dim(), grid),
+                                        self._loss_parts(local_target.dim(), grid, target=True), grid)
             except Unsplittable as err:
                 unsplittable = self._unsplittable_losses[id(loss_fn)] = err.what
                 self._warn_gathered(loss_fn, unsplittable, shape, local.dtype)
@@ -212,9 +213,9 @@ class DataHelpers:
                           f"output gathered on every rank ({size_mib:.1f} MiB per rank): it cannot be kept split "
                           f"({why})", stacklevel=4)
 
-    def _loss_parts(self, ndim: int, *, target: bool = False) -> Parts:
+    def _loss_parts(self, ndim: int, grid: LossGrid, *, target: bool = False) -> Parts:
         """How the ranks hold the loss placement's output (or a target with ``ndim`` dimensions)."""
-        shape, grid = self._output_shape(), self._loss_grid()
+        shape = self._output_shape()
         placement = self.loss_placement()
         axes = self._target_axes(ndim) if target else (
             placement.order if placement.holds(shape) else "n" + "." * (ndim - 1))
@@ -245,7 +246,7 @@ class DataHelpers:
         group = self.groups.get(tuple(self.ranks[q] for q in members))
         if group is None:
             return local
-        parts = self._loss_parts(local.dim(), target=True)
+        parts = self._loss_parts(local.dim(), self._loss_grid(), target=True)
         whole_shape = [extent if axes else size for axes, extent, size in zip(parts.axes, parts.extents, local.shape)]
         boxes = [self.target_box(whole_shape, member=q) for q in members]
         return _gather_boxes(local, boxes, whole_shape, group)
