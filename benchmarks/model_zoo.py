@@ -1,4 +1,4 @@
-"""The model-coverage suite: every model of three zoos traced, planned and verified by ``parplan check``'s code.
+"""The model-coverage suite: every model of four zoos traced, planned and verified by ``parplan check``'s code.
 
 Models are chosen by rule, so that nobody picks the easy ones:
 
@@ -10,7 +10,10 @@ Models are chosen by rule, so that nobody picks the easy ones:
 * MONAI — its 2-D networks at the small sizes of ``MONAI_NETWORKS`` (stated in
   the table), and its 3-D ones (``MONAI_VOLUME_NETWORKS``, named ``NAME 3d``)
   on ``4×1×S×S×S`` volumes of ``VOLUME_SIZES``; one that does not build here is
-  listed as skipped, with why.
+  listed as skipped, with why;
+* segmentation_models_pytorch (``smp``) — every architecture of
+  ``smp.MODEL_ARCHITECTURES_MAPPING`` as it builds by default (its default encoder), with random weights
+  and two classes (``SMP_OPTIONS``).
 
 Parameters are counted on the meta device (nothing allocated); larger models
 are listed as skipped with their count. Input: a batch of 4, float32, the
@@ -34,7 +37,7 @@ choosing anew counts every timm model's parameters, about 10 minutes on 2 cores;
 rewrites it) and the table to ``--markdown`` (``docs/model-coverage.md``: generated,
 never edited by hand). Usage::
 
-    .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,monai] [--only NAME ...] [--limit K]
+    .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,monai,smp] [--only NAME ...] [--limit K]
         [--out results.json] [--markdown docs/model-coverage.md] [--cap-s 300] [--table-only] [--save-catalogue]
 
 ``--limit K`` takes K models of each zoo, evenly spaced in its sorted list; the zoos take turns, so that a run
@@ -75,6 +78,8 @@ from benchmarks.zoo_models import (  # noqa: E402
     is_volume,
     monai_catalogue,
     monai_model,
+    smp_catalogue,
+    smp_model,
     spec_of,
     timm_catalogue,
     timm_model,
@@ -96,7 +101,7 @@ CATALOGUE_FORMAT = "parplan.model-zoo-catalogue/1"
 # ----------------------------------------------------------------------------------------------- factories
 def __getattr__(name: str) -> Callable[[], Any]:
     """Factories for model specs: ``timm__NAME__SIDE`` (SIDE 0: no img_size), ``monai__NAME`` and
-    ``torchvision__NAME`` (a segmentation model, its backbone without weights too)."""
+    ``torchvision__NAME`` (a segmentation model, its backbone without weights too), ``smp__NAME``."""
     zoo, _, rest = name.partition("__")
     if zoo == "timm" and "__" in rest:
         model, _, side = rest.rpartition("__")
@@ -108,6 +113,8 @@ def __getattr__(name: str) -> Callable[[], Any]:
         return lambda: monai_model(rest[:-4] + VOLUME_SUFFIX)
     if zoo == "torchvision" and rest:
         return lambda: torchvision_model(rest)
+    if zoo == "smp" and rest:
+        return lambda: smp_model(rest)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -248,7 +255,8 @@ def catalogue(zoo: str, results: dict[str, Any], out: Path | None) -> list[ZooMo
             results["catalogue"][zoo] = cached
             return [ZooModel(**{**entry, "spec": _this_file(entry["spec"])}) for entry in cached["entries"]]
     print(f"choosing the {zoo} models …", file=sys.stderr, flush=True)
-    entries = {"torchvision": torchvision_catalogue, "timm": timm_catalogue, "monai": monai_catalogue}[zoo]()
+    entries = {"torchvision": torchvision_catalogue, "timm": timm_catalogue, "monai": monai_catalogue,
+               "smp": smp_catalogue}[zoo]()
     results["catalogue"][zoo] = {"versions": versions, "entries": [asdict(e) for e in entries]}
     save_results(out, results)
     return entries
@@ -295,7 +303,7 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for package in ("torch", "torchvision", "timm", "monai"):
+    for package in ("torch", "torchvision", "timm", "monai", "segmentation_models_pytorch"):
         try:
             found[package] = version(package)
         except PackageNotFoundError:
@@ -348,7 +356,8 @@ def run_worker(args: argparse.Namespace) -> None:
     results["machine"] = machine()
     chosen = [select(catalogue(zoo, results, out), args.only, args.limit) for zoo in args.zoo]
     todo = [e for e in _round_robin(chosen) if _to_do(results["models"].get(_key(e)), args)]
-    preload = [name for name, zoo in (("timm", "timm"), ("monai.networks.nets", "monai")) if zoo in args.zoo]
+    preload = [name for name, zoo in (("timm", "timm"), ("monai.networks.nets", "monai"),
+                                      ("segmentation_models_pytorch", "smp")) if zoo in args.zoo]
     heartbeat = out.with_name(out.name + ".heartbeat")
     with RankPools(group_timeout_s=args.cap_s, preload=preload) as pools:
         for index, entry in enumerate(todo, 1):

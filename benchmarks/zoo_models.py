@@ -1,6 +1,7 @@
 """The models of the coverage suite (``benchmarks/model_zoo.py``): MONAI's configurations, how each zoo's models
 are built with random weights, and the rule that chooses them (every torchvision classification and segmentation
-model, the smallest model of each timm family, MONAI's 2-D networks; at most ``MAX_PARAMS`` parameters).
+model, the smallest model of each timm family, MONAI's 2-D networks, every segmentation_models_pytorch
+architecture as it builds by default; at most ``MAX_PARAMS`` parameters).
 
 Importing it is cheap (the standard library only): the ranks import ``model_zoo.py`` by path to build models by
 spec, and it imports this file."""
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MAX_PARAMS", "MONAI_NETWORKS", "MONAI_VOLUME_NETWORKS", "VOLUME_SUFFIX", "ZooModel", "first_line",
-           "is_volume", "meta_params", "monai_catalogue", "monai_model",
+           "is_volume", "meta_params", "monai_catalogue", "monai_model", "SMP_OPTIONS", "smp_catalogue", "smp_model",
            "spec_of", "timm_catalogue", "timm_model", "torchvision_catalogue", "torchvision_model"]
 
 MODEL_ZOO = Path(__file__).resolve().with_name("model_zoo.py")
@@ -96,6 +97,21 @@ def monai_model(name: str) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return getattr(nets, base)(**(MONAI_VOLUME_NETWORKS if volume else MONAI_NETWORKS)[base])
+
+
+SMP_OPTIONS: dict[str, Any] = {"encoder_weights": None, "classes": 2}
+"""What segmentation_models_pytorch's architectures are built with besides their defaults: no download, and two
+classes (its default, one, makes a cross-entropy loss constant: every gradient zero, a check that cannot fail)."""
+
+
+def smp_model(name: str) -> Any:
+    """segmentation_models_pytorch's architecture ``name`` (``smp.create_model``'s name) with its own defaults
+    (encoder included) and ``SMP_OPTIONS``."""
+    import segmentation_models_pytorch as smp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return smp.MODEL_ARCHITECTURES_MAPPING[name](**SMP_OPTIONS)
 
 
 def is_volume(entry: ZooModel) -> bool:
@@ -209,6 +225,25 @@ def monai_catalogue() -> list[ZooModel]:
             continue
         factory = f"monai__{name.replace(VOLUME_SUFFIX, '__3d')}"
         found.append(ZooModel("monai", name, spec_of(factory), params, config=text, skip=_too_large(params)))
+    return found
+
+
+def smp_catalogue() -> list[ZooModel]:
+    """Every architecture of segmentation_models_pytorch, as it builds by default (``smp_model``)."""
+    import segmentation_models_pytorch as smp
+
+    found = []
+    config = ", ".join(f"{key}={value}" for key, value in SMP_OPTIONS.items())
+    for name in sorted(smp.MODEL_ARCHITECTURES_MAPPING):
+        try:
+            params = meta_params(lambda name=name: smp_model(name))
+        except Exception as err:
+            found.append(ZooModel("smp", name, "", None, config=config,
+                                  skip=f"does not build: {type(err).__name__}: {first_line(err)}"))
+            continue
+        found.append(ZooModel("smp", name, spec_of(f"smp__{name}"), params,
+                              config=f"{config}; segmentation_models_pytorch {smp.__version__}",
+                              skip=_too_large(params)))
     return found
 
 

@@ -17,7 +17,7 @@ from parplan.cli.layouts import cannot_split
 __all__ = ["COLUMNS", "CONVOLUTIONAL", "HEADINGS", "ZOOS", "cause_of", "checks_of", "exact_in_float64", "full_split",
            "markdown", "verified"]
 
-ZOOS = ("torchvision", "timm", "monai")
+ZOOS = ("torchvision", "timm", "monai", "smp")
 CONVOLUTIONAL = 0.5
 """A model is convolutional when convolutions carry at least this share of its forward FLOPs."""
 
@@ -97,7 +97,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"Last model finished {_last_finished(results)}; machine: {machine_info.get('cpu')} "
              f"({machine_info.get('cores')} cores), Python {machine_info.get('python')}, torch "
              f"{machine_info.get('torch')}, torchvision {machine_info.get('torchvision')}, timm "
-             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}; {_runs(results)}; commands (one "
+             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}, segmentation_models_pytorch "
+             f"{machine_info.get('segmentation_models_pytorch', 'absent')}; {_runs(results)}; commands (one "
              "results file, resumed): " + "; ".join(f"`{command}`" for command in results.get("commands", [])) + ".",
              "",
              *_counts(results), "", *_legend(results.get("cap_s", 300.0)), ""]
@@ -148,6 +149,9 @@ def _zoo_table(zoo: str, rows: list[dict[str, Any]], notes: dict[str, Notes], co
     if zoo == "monai":
         lines += ["", "MONAI configurations: " + "; ".join(f"{r['name']}({r['config']})" for r in rows
                                                          if r.get("report") is not None)]
+    if zoo == "smp":
+        lines += ["", "segmentation_models_pytorch: each architecture with its own defaults (its default encoder) "
+                  "and " + next((r["config"] for r in rows if r.get("config")), "")]
     return lines
 
 
@@ -166,7 +170,7 @@ def _counts(results: dict[str, Any]) -> list[str]:
         run = [checks_of(r) for r in rows if r.get("report") is not None]
         convolutional += [c for c in run if c.get("trace", {}).get("detail", {}).get("conv_flops_share", 0)
                           >= CONVOLUTIONAL]
-        unit = {"torchvision": "models", "timm": "families", "monai": "networks"}[zoo]
+        unit = {"torchvision": "models", "timm": "families", "monai": "networks", "smp": "architectures"}[zoo]
 
         def share(test: Callable[[dict[str, dict[str, Any]]], bool],
                   run: list[dict[str, dict[str, Any]]] = run) -> str:

@@ -169,7 +169,7 @@ class DistributedModel(DataHelpers, nn.Module):
         self.model = model
         self.plan, self.layer_graph, self.ranks = plan, graph, ranks
         self.member = ranks.index(this_rank()) if dist.is_initialized() else 0
-        program = symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes))
+        program = symbolic_trace(model, leaf_modules, shapes=graph.input_shapes)
         nodes = list(program.graph.nodes)
         self._nodes = nodes if stage_nodes is None else nodes_of_stage(nodes, stage_nodes)
         self._drops = last_reads(self._nodes)  # values no later node reads: dropped as soon as they are read

@@ -19,7 +19,7 @@ output comes from is found by walking both together (:func:`paired`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -103,13 +103,17 @@ def select_nodes(nodes: object, key: str | None) -> object:
     return items[index]
 
 
-def check_output_key(model: nn.Module, key: str | None, leaf_modules: Iterable[str] = ()) -> None:
-    """Refuse (``PlanError``, the parts named) a ``key`` naming no part of what ``model`` returns; ``None`` passes."""
+def check_output_key(model: nn.Module, key: str | None, leaf_modules: Iterable[str] = (), *,
+                     shapes: Sequence[Sequence[int]] | None = None) -> None:
+    """Refuse (``PlanError``, the parts named) a ``key`` naming no part of what ``model`` returns; ``None`` passes.
+
+    ``shapes``: the global input shapes (a forward that checks its input's shape is traced for them)."""
     if key is None:
         return
     from cost_models.ir.tracing import symbolic_trace
 
-    output = next(node for node in symbolic_trace(model, tuple(leaf_modules)).graph.nodes if node.op == "output")
+    nodes = symbolic_trace(model, tuple(leaf_modules), shapes=shapes).graph.nodes
+    output = next(node for node in nodes if node.op == "output")
     select_nodes(output.args[0], key)
 
 

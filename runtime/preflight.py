@@ -76,7 +76,7 @@ def check_runnable(model: nn.Module, plan: Plan, graph: LayerGraph, leaf_modules
         PlanError: Naming up to three such layers, their layouts and why; a pipeline the runtime cannot run;
             or pipeline stages that are not contiguous in the traced program.
     """
-    nodes = list(symbolic_trace(model, tuple(leaf_modules), inputs=len(graph.input_shapes)).graph.nodes)
+    nodes = list(symbolic_trace(model, tuple(leaf_modules), shapes=graph.input_shapes).graph.nodes)
     held = held_plan(plan, nodes, graph)
     refused = list(dict.fromkeys([*plan_refusals(held, graph, sync_batchnorm=sync_batchnorm),
                                   *(plan_refusals(held, graph, sync_batchnorm=True) if verify else ())]))
@@ -144,7 +144,7 @@ def shape_fallbacks(model: nn.Module, plan: Plan, graph: LayerGraph,
     those layers — ``parplan run --layout``'s and ``parplan check``'s per-layer fallback (a whole layer reads
     the unsplit program's sizes: ``torch.fft.irfft2(…, s=y.shape[-2:])`` of a row tile); what remains refused,
     :func:`check_runnable` names."""
-    nodes = list(symbolic_trace(model, tuple(leaf_modules), inputs=len(graph.input_shapes)).graph.nodes)
+    nodes = list(symbolic_trace(model, tuple(leaf_modules), shapes=graph.input_shapes).graph.nodes)
     whole: list[str] = []
     for _ in range(len(plan.layers)):
         size = max(plan.pipeline.devices_per_stage)

@@ -179,7 +179,8 @@ def _reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence
     model = build(dtype)
     loss_fn = resolve_loss(loss)
     outputs: list[Argument] = []
-    traced = symbolic_trace(model, tuple(leaf_modules), inputs=len(as_inputs(batches[0][0])) if batches else 1)
+    shapes = [tuple(x.shape) for x in as_inputs(batches[0][0])] if batches else None
+    traced = symbolic_trace(model, tuple(leaf_modules), shapes=shapes)
     ops = tuple(random_ops(list(traced.graph.nodes), model).values())
     samples = [int(labels.shape[0]) if labels.dim() else 1 for _, labels, _ in batches]
     even = len(set(samples)) == 1  # each loss / M; else weighted by its share of the samples

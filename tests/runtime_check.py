@@ -222,7 +222,7 @@ def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: S
     else:
         from cost_models.ir.tracing import symbolic_trace
 
-        traced = symbolic_trace(reference, (), inputs=len(xs))
+        traced = symbolic_trace(reference, (), shapes=[tuple(x.shape) for x in xs])
         expected = KeyedInterpreter(traced, DrawKey(seed, 1), root=reference).run(*xs)
     output_loss(expected, target, key=output).backward()
     assert_split_matches(split, reference, _first(select_value(out, output)), _first(select_value(expected, output)),

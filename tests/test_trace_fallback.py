@@ -1,7 +1,7 @@
 """Tier 1-2: modules torch.fx cannot trace are kept opaque automatically, identically for planner and runtime.
 
-A submodule whose forward torch.fx cannot trace (shape-dependent control flow, a
-convolution padding itself from its input's size) becomes one opaque layer of
+A submodule whose forward torch.fx cannot trace (iterating a tensor, control flow on tensor
+values; a branch on a shape traces, ``tests/test_shape_specialize.py``) becomes one opaque layer of
 kind ``other``: listed in ``graph.graph["opaque_modules"]`` with the error that
 made it so, its forward FLOPs counted, run under a sample split only. The
 root's own forward cannot be kept opaque and still fails with a TraceError.
@@ -32,12 +32,11 @@ SHAPE = (2, 3, 16, 16)
 
 
 class Gate(nn.Module):
-    """Branches on a shape: torch.fx cannot trace it, fake tensors (and the runtime) can run it."""
+    """Iterates its input sample by sample: torch.fx cannot trace it (a split changes the count), fake tensors
+    (and the runtime) can run it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] > 3:
-            return x * 2
-        return -x
+        return torch.stack([sample * 2 for sample in x])
 
 
 class SameConv(nn.Conv2d):
@@ -53,6 +52,13 @@ class SameConv(nn.Conv2d):
         return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
 
 
+class PerSampleConv(nn.Conv2d):
+    """A convolution applied sample by sample (iterating the tensor): kept opaque."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([F.conv2d(s[None], self.weight, self.bias, self.stride, self.padding) for s in x])
+
+
 class InheritedConv(nn.Conv2d):
     """A subclass that keeps nn.Conv2d's forward: the same layer."""
 
@@ -62,7 +68,7 @@ class Net(nn.Module):
         super().__init__()
         self.stem = nn.Conv2d(3, 8, 3, padding=1)
         self.body = nn.Sequential(nn.ReLU(), Gate())
-        self.same = SameConv(8, 8, 4, stride=2)
+        self.same = PerSampleConv(8, 8, 4, stride=2, padding=1)
         self.head = nn.Conv2d(8, 4, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +78,7 @@ class Net(nn.Module):
 def test_untraceable_modules_are_kept_opaque_and_listed() -> None:
     graph = trace(Net(), SHAPE)
     opaque = graph.graph["opaque_modules"]
-    assert [(entry["module"], entry["class"]) for entry in opaque] == [("body.1", "Gate"), ("same", "SameConv")]
+    assert [(entry["module"], entry["class"]) for entry in opaque] == [("body.1", "Gate"), ("same", "PerSampleConv")]
     assert all("control flow" in entry["reason"] for entry in opaque)
     for name, shape in (("body_1", [2, 8, 16, 16]), ("same", [2, 8, 8, 8])):
         layer = graph.nodes[name]
@@ -147,7 +153,7 @@ class RootBranches(nn.Module):
         self.conv = nn.Conv2d(3, 4, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[2] > 8:
+        if x.mean() > 0:  # on values
             x = x[:, :, :8]
         return self.conv(x)
 

@@ -181,7 +181,8 @@ def dtype_itemsize(dtype: str) -> int:
 
 
 def compute_fingerprint(graph: nx.DiGraph) -> str:
-    """A stable hash of a traced graph: layers, their shapes and attributes, edges, input shape(s), dtype.
+    """A stable hash of a traced graph: layers, their shapes and attributes, edges, input shape(s), dtype,
+    the Python decisions tracing took for those shapes (``specialized``, when there were any).
 
     Independent of Python's hash seed, the process and the machine; two traces
     of the same model class at the same input shape and dtype agree. The
@@ -194,6 +195,7 @@ def compute_fingerprint(graph: nx.DiGraph) -> str:
         **({"input_shapes": shapes} if len(shapes) > 1 else {}),
         "dtype": graph.graph["dtype"],
         **({"amp": graph.graph["amp"]} if graph.graph.get("amp") else {}),
+        **({"specialized": graph.graph["specialized"]} if graph.graph.get("specialized") else {}),
         "layers": [[name, [_jsonable(getattr(graph.nodes[name], k)) for k in _FINGERPRINT_NODE_KEYS]]
                    for name in graph.nodes],
         "edges": sorted([u, v] for u, v in graph.edges),

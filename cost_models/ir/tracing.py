@@ -11,8 +11,12 @@ node's output shape and element size — no activation or weight memory is
 allocated; (3) assembly of the :class:`LayerGraph` with kinds, parameters,
 FLOPs and edge bytes.
 
-Fallback: when torch.fx fails inside a submodule (tensor-dependent control
-flow, ``len`` of a proxy, ...), :func:`symbolic_trace` traces again with that
+Python decisions on shapes (``if h % 32``, ``if x.ndim != 5``, ``len(x.shape)``, ``if kwargs``) take the
+branch an input of the given shapes takes (``cost_models.ir.specialize``; recorded as
+``graph.graph["specialized"]``, part of the fingerprint).
+
+Fallback: when torch.fx fails inside a submodule (control flow on tensor
+values, ``len`` of a tensor, ...), :func:`symbolic_trace` traces again with that
 module kept opaque, until the trace succeeds (at most
 ``MAX_AUTOMATIC_LEAVES`` modules). The fallback is deterministic and lives in
 the one trace the planner and the runtime share, so both see the same
@@ -43,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeCopyMode, FakeTensorMode
 from torch.fx import Graph, GraphModule, Interpreter, Node, Proxy, Tracer
+from torch.fx.proxy import TraceError as FxTraceError
 from torch.utils.flop_counter import FlopCounterMode
 
 from cost_models.errors import InputError, TraceError
@@ -54,6 +59,7 @@ from cost_models.ir.flops import layer_flops
 from cost_models.ir.functionalize import functionalize
 from cost_models.ir.graph import AMP_DTYPES, LayerGraph, compute_fingerprint, parse_input_shapes
 from cost_models.ir.layer import Layer
+from cost_models.ir.specialize import ShapeOracle, ValueDependent
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace", "trace"]
 
@@ -77,7 +83,7 @@ def build_layer_graph(
     modes = {module: module.training for module in model.modules()}
     model.train()
     try:
-        traced = symbolic_trace(model, leaf_modules, inputs=len(input_shapes))
+        traced = symbolic_trace(model, leaf_modules, shapes=input_shapes)
         fake_mode = FakeTensorMode()
         with FakeCopyMode(fake_mode):
             fake_traced = copy.deepcopy(traced)
@@ -90,7 +96,8 @@ def build_layer_graph(
     propagator = _FakePropagator(fake_traced, fake_mode, _opaque_layers(fake_traced, names))
     _check_arguments(traced, input_shapes)
     metas = propagator.propagate(input_shapes, dtype, amp)
-    graph = _assemble(fake_traced, metas, propagator.flops, names, input_shapes, str(dtype).removeprefix("torch."))
+    graph = _assemble(fake_traced, metas, propagator.flops, names, input_shapes, str(dtype).removeprefix("torch."),
+                      specialized=traced.meta["specialized"])
     record_pads(graph, propagator.pads)
     record_complex(graph, propagator.dtypes)
     if amp:
@@ -150,11 +157,53 @@ class _LocatingTracer(Tracer):
     of a traced value and ``torch.Tensor`` is true, as it is of the tensor it stands for.
     """
 
-    def __init__(self, leaf_modules: tuple[str, ...]) -> None:
+    def __init__(self, leaf_modules: tuple[str, ...], shapes: tuple[tuple[int, ...], ...] | None = None) -> None:
         super().__init__()
         self.leaf_names = set(leaf_modules)
         self.stack: list[tuple[str, str]] = []
         self.recomputed: list[str] = []  # the torch.utils.checkpoint regions met, by module or function
+        self.shapes = shapes  # the global input shapes Python decisions on shapes are taken for (None: refused)
+        self.oracle: ShapeOracle | None = None
+        self.evaluating = False  # while the oracle runs modules of its fake copy: plain calls, nothing recorded
+
+    def to_bool(self, obj: Proxy) -> bool:
+        """``if``/``and``/``not`` on a shape: the branch an input of the given shapes takes (``specialize``)."""
+        return bool(self._decide(obj, "bool")) if self.shapes is not None else super().to_bool(obj)
+
+    def iter(self, obj: Proxy) -> Iterator[Any]:
+        """``for d in x.shape``: one traced item per element of the concrete sequence."""
+        if self.shapes is None:
+            return super().iter(obj)
+        items = range(len(self._decide(obj, "iter")))
+        return iter([self.create_proxy("call_function", operator.getitem, (obj, index), {}) for index in items])
+
+    def length(self, obj: Proxy) -> int:
+        """``len(x.shape)``, ``len(kwargs)``: the concrete length; of a tensor: refused (a split changes it)."""
+        if self.shapes is None:
+            raise RuntimeError("'len' is not supported in symbolic tracing by default")
+        return len(self._decide(obj, "len"))
+
+    def _decide(self, obj: Proxy, read: str) -> Any:
+        if self.oracle is None:
+            self.oracle = ShapeOracle(self.root, self.graph, self.shapes or ())
+        self.evaluating = True
+        try:
+            return self.oracle.decide(obj.node, read)
+        finally:
+            self.evaluating = False
+
+    def concrete(self, obj: Proxy) -> Any:
+        """``obj``'s value for the given shapes, not a decision (nothing recorded)."""
+        if self.oracle is None:
+            self.oracle = ShapeOracle(self.root, self.graph, self.shapes or ())
+        self.evaluating = True
+        try:
+            return self.oracle.value(obj.node)
+        finally:
+            self.evaluating = False
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        return attr_val if self.evaluating else super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> Graph:
         as_tensor, refine = torch.as_tensor, torch.jit.isinstance
@@ -172,16 +221,22 @@ class _LocatingTracer(Tracer):
             return refine(obj, target_type)
 
         torch.as_tensor, torch.jit.isinstance = traced_as_tensor, traced_isinstance
+        length = Proxy.__len__
+        Proxy.__len__ = _proxy_length  # type: ignore[method-assign]  # also x.shape's lazy attribute proxy
         checkpointing = torch.utils.checkpoint
         impl = getattr(checkpointing, "_checkpoint_impl", None)  # torch ≥ 2.12; older torch: not detected
         if impl is not None:
             checkpointing._checkpoint_impl = self._traced_checkpoint
         try:
-            return super().trace(root, concrete_args)
+            graph = super().trace(root, concrete_args)
         finally:
             torch.as_tensor, torch.jit.isinstance = as_tensor, refine
+            Proxy.__len__ = length  # type: ignore[method-assign]
             if impl is not None:
                 checkpointing._checkpoint_impl = impl
+        if self.oracle is not None:
+            _erase_decided(graph, self.oracle)
+        return graph
 
     def _traced_checkpoint(self, function: Any, args: Any, kwargs: Any, **options: Any) -> Any:
         """``torch.utils.checkpoint``'s region, traced inline (as torch.fx does anyway) and remembered: the
@@ -205,10 +260,27 @@ class _LocatingTracer(Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        if self.evaluating:
+            return forward(*args, **kwargs)
         self.stack.append((self.path_of_module(m), type(m).__name__))
         result = super().call_module(m, forward, args, kwargs)
         self.stack.pop()
         return result
+
+
+def _proxy_length(proxy: Proxy) -> int:
+    tracer = proxy.tracer
+    if isinstance(tracer, _LocatingTracer):
+        return tracer.length(proxy)
+    raise RuntimeError("'len' is not supported in symbolic tracing by default")
+
+
+def _erase_decided(graph: Graph, oracle: ShapeOracle) -> None:
+    """Drop the shape arithmetic only Python decisions read (``h % 32 != 0``): no layer computes it."""
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "call_method") and not node.users and node in oracle.values \
+                and not isinstance(oracle.values[node], torch.Tensor) and node.target is not operator.setitem:
+            graph.erase_node(node)
 
 
 class _WritableProxy(Proxy):
@@ -218,12 +290,25 @@ class _WritableProxy(Proxy):
     def __setitem__(self, key: Any, item: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
 
+    def __format__(self, spec: str) -> str:
+        """A size in a message or a name (``f"got {h}x{w}"``) reads as its value for the given shapes."""
+        tracer = self.tracer
+        if isinstance(tracer, _LocatingTracer) and tracer.shapes is not None:
+            value = tracer.concrete(self)
+            if not isinstance(value, torch.Tensor):
+                return format(value, spec)
+        return super().__format__(spec)
 
-def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: int = 1) -> GraphModule:
+
+def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: int = 1,
+                   shapes: Sequence[Sequence[int]] | None = None) -> GraphModule:
     """``torch.fx`` trace of ``model`` whose node names are the layer names of :func:`build_layer_graph`.
 
     ``inputs``: how many of the forward's positional arguments are tensor inputs (the first ``inputs``);
-    the optional arguments after them take their defaults.
+    the optional arguments after them take their defaults. ``shapes``: the global input shapes (then
+    ``inputs`` is their count): Python decisions on shapes take the branch an input of these shapes takes
+    (``cost_models.ir.specialize``), recorded as ``meta["specialized"]``; without them such a decision is a
+    trace failure, as in torch.fx.
 
     A submodule torch.fx cannot trace is kept opaque and the model traced again (see the module docstring);
     the modules so kept are the result's ``meta["opaque_modules"]``: ``{module, class, reason}`` each.
@@ -233,9 +318,11 @@ def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: i
             ``MAX_AUTOMATIC_LEAVES`` modules would be.
     """
     opaque: list[dict[str, str]] = []
+    given = tuple(tuple(int(d) for d in shape) for shape in shapes) if shapes is not None else None
+    inputs = len(given) if given is not None else inputs
     defaults = _optional_defaults(model, inputs)
     while True:
-        tracer = _LocatingTracer((*leaf_modules, *(entry["module"] for entry in opaque)))
+        tracer = _LocatingTracer((*leaf_modules, *(entry["module"] for entry in opaque)), given)
         try:
             graph = tracer.trace(model, concrete_args=defaults or None)
         except Exception as err:  # user model code: any failure is located, and kept opaque where it can be
@@ -247,6 +334,7 @@ def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: i
             traced.recompile()
         traced.meta["opaque_modules"] = opaque
         traced.meta["recomputed"] = tracer.recomputed
+        traced.meta["specialized"] = [tuple(entry) for entry in tracer.oracle.decisions] if tracer.oracle else []
         return traced
 
 
@@ -305,6 +393,10 @@ def _opaque_entry(tracer: _LocatingTracer, model: nn.Module, err: Exception,
     if where and where not in tracer.leaf_names and len(opaque) < MAX_AUTOMATIC_LEAVES:
         return {"module": where, "class": cls, "reason": reason}
     kept = f" (kept opaque automatically before: {', '.join(e['module'] for e in opaque)})" if opaque else ""
+    if not where and tracer.shapes is not None and _rejection(err):
+        shape = " and ".join(",".join(str(d) for d in shape) for shape in tracer.shapes)
+        raise TraceError(f"the model rejects input shape {shape}: {reason}; check --input-shape against what the "
+                         f"model expects") from err
     if not where:
         raise TraceError(f"torch.fx cannot trace the forward of {cls}: {reason}{kept}; make its forward free of "
                          f"tensor-dependent Python control flow (the model itself cannot be kept opaque)") from err
@@ -316,6 +408,12 @@ def _opaque_entry(tracer: _LocatingTracer, model: nn.Module, err: Exception,
         f"automatically already (at most {MAX_AUTOMATIC_LEAVES}); make its forward free of tensor-dependent "
         f"Python control flow, or keep an enclosing module opaque with --leaf-module"
     ) from err
+
+
+def _rejection(err: Exception) -> bool:
+    """The model's own refusal of its input (a ``ValueError`` or failed ``assert`` its forward raised), not
+    torch.fx's or the shape oracle's."""
+    return isinstance(err, (ValueError, AssertionError)) and not isinstance(err, (FxTraceError, ValueDependent))
 
 
 class _FakePropagator(Interpreter):
@@ -429,9 +527,12 @@ def _tensor_meta(value: Any) -> TensorMeta | None:
 
 
 def _assemble(gm: GraphModule, metas: dict[str, TensorMeta | None], counted: dict[str, int],
-              opaque: frozenset[str], input_shapes: tuple[tuple[int, ...], ...], dtype: str) -> LayerGraph:
+              opaque: frozenset[str], input_shapes: tuple[tuple[int, ...], ...], dtype: str, *,
+              specialized: Sequence[Sequence[str]]) -> LayerGraph:
     graph = LayerGraph(input_shape=list(input_shapes[0]), input_shapes=[list(shape) for shape in input_shapes],
                        dtype=dtype, outputs=[])
+    if specialized:
+        graph.graph["specialized"] = [list(entry) for entry in specialized]
     seen_params: set[int] = set()
     orders: dict[str, str] = {}
     for node in gm.graph.nodes:

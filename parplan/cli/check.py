@@ -186,7 +186,7 @@ def check_model(request: CheckRequest, pools: RankPools, on_check: OnCheck | Non
         return check
 
     model = load_model(request.model)
-    check_output_key(model, request.output, request.leaf_modules)  # bad input: exit 2
+    check_output_key(model, request.output, request.leaf_modules, shapes=request.shapes)  # bad input: exit 2
     graph, traced = _trace_check(_within(request, ends), model)
     record(traced)
     if graph is not None:

@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     if plan is not None:
         check_placement(plan, ranks, f"plan {args.plan}" if args.plan else "the checkpoint's plan")
     model = load_model(args.model)
-    check_output_key(model, args.output, args.leaf_module)  # --output names a part of its output
+    check_output_key(model, args.output, args.leaf_module, shapes=shapes)  # --output names a part of its output
     graph = trace(model, shapes, getattr(torch, args.dtype), leaf_modules=args.leaf_module,
                   amp=amp_argument(args.amp, args.dtype))
     if plan is not None and plan.dtype != args.dtype and plan.fingerprint != graph.fingerprint:

@@ -191,7 +191,7 @@ class PipelineStage:
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.index = plan.pipeline.stage_of(rank)
         self.member = rank - self.offsets[self.index]
-        nodes = list(symbolic_trace(model, leaf_modules, inputs=len(graph.input_shapes)).graph.nodes)
+        nodes = list(symbolic_trace(model, leaf_modules, shapes=graph.input_shapes).graph.nodes)
         cuts = cut_stages(nodes, {name: a.stage for name, a in plan.layers.items()}, self.stages,
                           static=frozenset(node.name for node in static_nodes(nodes, tensor_names(graph))))
         self.cut: StageCut = cuts[self.index]

@@ -1,0 +1,145 @@
+"""Python decisions on shapes are taken at trace time for the given input shapes (``cost_models.ir.specialize``).
+
+Single process: a forward that checks its input (``x.ndim``, ``h % 4``, ``len(x.shape)``, ``if kwargs``) and
+branches on its width traces at the shapes given, taking the branch an input of that shape takes, each
+decision recorded with this file's line and part of the fingerprint, the shape arithmetic only decisions read
+left out of the graph; a shape the model itself rejects is its own message; control flow on tensor values,
+or on a tensor's length, is refused naming the line — in the root, as a trace error; in a submodule, which is
+then kept opaque. Without shapes, torch.fx's refusal stands.
+
+Several ranks (gloo, float64, exact): the checked model equals the unsplit model under ``n2``, ``h2`` and ``c2``.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from distributed import run_ranks
+from torch import nn
+
+from cost_models.errors import TraceError
+from cost_models.ir.tracing import symbolic_trace, trace
+
+WIDE, NARROW = (4, 3, 8, 12), (4, 3, 8, 8)
+
+
+class CheckedNet(nn.Module):
+    """Checks its input as segmentation libraries do, and picks a branch by the input's width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.wide = nn.Conv2d(6, 5, 3, padding=1)
+        self.narrow = nn.Conv2d(6, 5, 1)
+        self.norm = nn.BatchNorm2d(5)
+
+    def forward(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if x.ndim != 4 or len(x.shape) != 4:
+            raise ValueError(f"expected a 4-D input, got {x.ndim}-D")
+        h, w = x.shape[-2:]
+        if h % 4 != 0 or w % 4 != 0:
+            raise ValueError(f"the input's height and width must be divisible by 4, got {h}x{w}")
+        if kwargs:
+            raise TypeError("no keyword inputs")
+        y = torch.relu(self.conv(x))
+        y = self.wide(y) if w > 8 else self.narrow(y)
+        size = [d // 2 for d in y.shape[2:]]
+        z = F.interpolate(self.norm(F.avg_pool2d(y, 2)), size=[2 * d for d in size], mode="nearest")
+        return (z * y).mean((2, 3))  # five classes
+
+
+class ValueBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        if y.sum() > 0:  # control flow on values
+            return y
+        return -y
+
+
+class Wrapped(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.head = inner, nn.Conv2d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.inner(x))
+
+
+class LengthLoop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.conv(x[i:i + 1])[0] for i in range(len(x))])  # one sample at a time
+
+
+def _model(cls: type[nn.Module] = CheckedNet) -> nn.Module:
+    torch.manual_seed(0)
+    return cls().double().train()
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as source:
+        return next(number for number, line in enumerate(source, 1) if text in line)
+
+
+def test_shape_checks_trace_for_the_given_shapes_and_take_the_branch_that_shape_takes() -> None:
+    wide, narrow = trace(_model(), WIDE), trace(_model(), NARROW)
+    assert "wide" in wide and "narrow" not in wide
+    assert "narrow" in narrow and "wide" not in narrow
+    where = {entry[0] for entry in wide.graph["specialized"]}
+    assert f"tests/test_shape_specialize.py:{_line_of('if w > 8')}" in where
+    assert f"tests/test_shape_specialize.py:{_line_of('if kwargs:')}" in where
+    assert wide.graph["specialized"] != narrow.graph["specialized"]  # the branch taken is in the fingerprint
+    traced = symbolic_trace(_model(), (), shapes=[WIDE])
+    decided = {operator.mod, operator.ne, operator.or_, operator.gt}
+    assert not [node for node in traced.graph.nodes if node.target in decided]  # only decisions read them
+    x = torch.randn(WIDE, dtype=torch.float64)
+    torch.testing.assert_close(traced(x), _model()(x), rtol=0, atol=0)
+
+
+def test_a_shape_the_model_rejects_is_its_own_message() -> None:
+    with pytest.raises(TraceError, match="rejects input shape 4,3,8,10: .*must be divisible by 4, got 8x10"):
+        trace(_model(), (4, 3, 8, 10))
+
+
+def test_control_flow_on_values_is_refused_naming_the_line() -> None:
+    line = f"tests/test_shape_specialize.py:{_line_of('if y.sum() > 0')}"
+    with pytest.raises(TraceError, match=f"tensor values at {line}"):
+        trace(_model(ValueBranch), NARROW)
+    traced = symbolic_trace(Wrapped(ValueBranch()), (), shapes=[NARROW])  # in a submodule: kept opaque
+    (entry,) = traced.meta["opaque_modules"]
+    assert entry["module"] == "inner" and line in entry["reason"]
+    (entry,) = trace(Wrapped(LengthLoop()), NARROW).graph["opaque_modules"]
+    assert entry["module"] == "inner" and "a tensor's len (its first extent)" in entry["reason"]
+
+
+def test_without_shapes_torch_fx_refuses_as_before() -> None:
+    with pytest.raises(TraceError, match="cannot be used as inputs to control flow"):
+        symbolic_trace(_model(), ())
+
+
+# --- several ranks ----------------------------------------------------------------------------------------
+
+
+def _cases(rank: int, world: int) -> dict[str, dict[str, str]]:
+    from runtime_check import step_cases
+
+    return step_cases([("checked", "n2"), ("checked", "h2"), ("checked", "c2")], world,
+                      lambda name: _model(), lambda name: WIDE)
+
+
+@pytest.mark.multirank
+def test_a_model_checking_its_shapes_equals_the_unsplit_model_under_splits() -> None:
+    results = run_ranks(_cases, 2, timeout_s=300)[0]
+    assert results["checked n2"]["wide"] == "n2" and results["checked h2"]["wide"] == "h2"
+    assert results["checked c2"]["conv"] == "c2"
