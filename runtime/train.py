@@ -68,7 +68,7 @@ def worker(options: RunOptions) -> dict[str, object] | None:
     if plan.pipeline.pipelined:
         return pipeline_worker(options, plan, device)
     dtype = getattr(torch, options.dtype)
-    verified = _verify(options, plan, dtype, device) if options.verify else None
+    verified = _verified(options, plan, dtype, device) if options.verify else None
     if options.verify and options.warmup + options.steps == 0:
         return verify_only(options, plan, verified, device)
     _, split = _build(options, plan, dtype, device)
@@ -193,6 +193,15 @@ def _step(split: DistributedModel, optimizer: torch.optim.Optimizer,
     elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
     all_reduce(elapsed, "the step-time allreduce", dist.ReduceOp.MAX)
     return float(elapsed.item()), split.global_value(share)
+
+
+def _verified(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
+    """``--verify``, run again in float64 where it fails in a narrower dtype (``runtime.verify.recheck_in_float64``)."""
+    from runtime.verify import recheck_in_float64
+
+    wide = replace(options, dtype="float64", tolerance=1e-9, amp="")
+    return recheck_in_float64(_verify(options, plan, dtype, device), dtype,
+                              lambda: _verify(wide, plan, torch.float64, device))
 
 
 def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""The short form of the model-coverage suite (tier 4): eleven varied models through ``parplan check``'s checks.
+"""The short form of the model-coverage suite (tier 4): twelve varied models through ``parplan check``'s checks.
 
 Each model, at batch 4 and a 64×64 input: trace, plan on 2 devices
 (``parplan plan``'s default search, for float32), ``--verify`` of that plan,
@@ -59,12 +59,13 @@ MODELS = [
     ("monai-UNet", spec_of("monai__UNet")),
     ("timm-vit_tiny", spec_of("timm__vit_tiny_patch16_224__64")),
     ("torchvision-vit_tiny", f"{HERE.parents[1] / 'examples' / 'vit.py'}:vit_tiny"),  # nn.MultiheadAttention
+    ("smp-FPN", spec_of("smp__fpn")),  # as built by default; its forward checks the input's shape (issue 53)
 ]
 
 
 @pytest.fixture(scope="module")
 def pools():  # noqa: ANN201 - a RankPools; torch is imported by the harness
-    with RankPools(preload=("timm", "monai.networks.nets")) as shared:
+    with RankPools(preload=("timm", "monai.networks.nets", "segmentation_models_pytorch")) as shared:
         yield shared
 
 

@@ -233,3 +233,61 @@ def test_a_reused_reference_is_the_one_computed_for_the_same_model_and_batches_a
     assert reference_step(build, (), torch.float64, batches, reuse=("net", 1)) is other_model
     keep_references_of(("net", 0))  # dropped: built again
     assert reference_step(build, (), torch.float64, batches, reuse=("net", 1)) is not other_model
+
+
+# ------------------------------------------------ a wrong split fails in float32, a right one passes (issue 53)
+PLANTED_SHAPE = (4, 3, 16, 12)
+
+
+def planted_net() -> nn.Module:
+    """Convolutions with batch-norm and a classifier: every gradient depends on each halo row."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+
+
+def _dropping_first_halo_row(exchange: object) -> object:
+    """``exchange_halo`` with the first row received from the tile before zeroed: a planted bug."""
+    def dropped(tile: torch.Tensor, dim: int, window: object, *args: object) -> torch.Tensor:
+        out = exchange(tile, dim, window, *args)  # type: ignore[operator]
+        if getattr(window, "before", None) is None:
+            return out
+        mask = torch.ones_like(out)
+        mask.narrow(dim, 0, 1).zero_()
+        return out * mask
+    return dropped
+
+
+def _verify_in_ranks(rank: int, world: int, dtype: str, plant: bool) -> dict[str, object] | None:
+    import runtime.overlap
+    import runtime.spatial
+    from cost_models.ir.tracing import trace
+    from cost_models.layout import Layout
+    from parplan.cli.layouts import layout_plan
+    from runtime.options import RunOptions
+    from runtime.train import worker
+
+    if plant:
+        for module in (runtime.spatial, runtime.overlap):
+            module.exchange_halo = _dropping_first_halo_row(module.exchange_halo)  # type: ignore[attr-defined]
+    spec = f"{Path(__file__).resolve()}:planted_net"
+    graph = trace(planted_net(), PLANTED_SHAPE, getattr(torch, dtype))
+    options = RunOptions(model=spec, input_shape=PLANTED_SHAPE, dtype=dtype, steps=0, warmup=0, verify=True,
+                         plan=layout_plan(graph, Layout.parse("h2"), spec).to_dict(), threads=1, quiet=True,
+                         graph=graph)
+    document = worker(options)
+    return None if document is None else dict(document["verify"])  # type: ignore[arg-type]
+
+
+@pytest.mark.multirank
+def test_a_planted_halo_error_fails_in_float32_and_float64_and_the_right_split_passes() -> None:
+    """One halo row dropped: ``--verify`` in float32 at the default tolerance fails, and its float64 recheck
+    fails too (a wrong split is wrong in every dtype); without the plant it passes. (A right split whose
+    float32 gap exceeds the tolerance passes by the same recheck: RegNetY-400MF under w2,
+    ``tests/test_model_zoo_short.py``.)"""
+    from distributed import run_ranks
+
+    wrong = run_ranks(_verify_in_ranks, 2, ("float32", True), timeout_s=300)[0]
+    assert wrong is not None and not wrong["passed"], wrong
+    assert wrong["float64"]["passed"] is False and wrong["float64"]["grad_max_rel_err"] > 1e-3, wrong
+    right = run_ranks(_verify_in_ranks, 2, ("float32", False), timeout_s=300)[0]
+    assert right is not None and right["passed"] and "float64" not in right, right

@@ -134,6 +134,7 @@ class LayerGraph(nx.DiGraph):
             "opaque_modules": self.graph.get("opaque_modules", []),
             "held_together": self.graph.get("held_together", []),
             **({"amp": self.graph["amp"]} if self.graph.get("amp") else {}),
+            **({"specialized": self.graph["specialized"]} if self.graph.get("specialized") else {}),
             "layers": [{"name": name, **_jsonable_fields(self.nodes[name].to_dict())} for name in self.nodes],
             "edges": [{"src": u, "dst": v, **_jsonable_fields(self.edges[u, v])}  # inputs in argument order
                       for v in self.nodes for u in self.predecessors(v)],
@@ -149,6 +150,8 @@ class LayerGraph(nx.DiGraph):
         graph.graph["held_together"] = [list(span) for span in data.get("held_together", [])]
         if data.get("amp"):
             graph.graph["amp"] = data["amp"]
+        if data.get("specialized"):
+            graph.graph["specialized"] = [list(entry) for entry in data["specialized"]]
         for layer in data["layers"]:
             fields = {key: value for key, value in layer.items() if key != "name"}
             graph.add_node(layer["name"], Layer.from_fields(fields))

@@ -84,6 +84,10 @@ def print_layer_table(document: Mapping[str, Any], console: Console | None = Non
     )
     if document.get("unused_params"):
         console.print(f"[yellow]{document['unused_params']:,} parameters are never used by forward at this input[/]")
+    if document.get("specialized"):
+        decisions = "; ".join(f"{where} ({code}) → {value}" for where, code, value in document["specialized"])
+        console.print(f"traced for this input shape: {len(document['specialized'])} Python decision(s) on shapes: "
+                      f"{decisions}", markup=False, highlight=False)
 
 
 def _shape(shape: Sequence[int] | Sequence[list[int]]) -> str:
@@ -339,6 +343,11 @@ def print_measurement(document: Mapping[str, Any], console: Console | None = Non
                          if "grad_floor" in verified else ""))
         if not conclusive:
             console.print(f"[yellow]why inconclusive[/yellow]: {verified['note']}")
+        if verified.get("float64"):
+            from runtime.verify import float64_verdict
+
+            console.print(f"rechecked in float64: {verified.get('note') if verified['passed'] else ''}"
+                          f"{'' if verified['passed'] else float64_verdict(verified['float64'])}")
 
 
 def _peak_line(memory: Mapping[str, Any]) -> str:

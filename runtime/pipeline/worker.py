@@ -87,7 +87,7 @@ def pipeline_worker(options: RunOptions, plan: Plan, device: torch.device) -> di
                         f"stages")
     plan = _capped(plan, options.staleness)
     dtype = getattr(torch, options.dtype)
-    verified = _verify(options, plan, dtype, device) if options.verify else None
+    verified = _verified(options, plan, dtype, device) if options.verify else None
     if options.verify and options.warmup + options.steps == 0:
         return verify_only(options, plan, verified, device)
     stage = _build(options, plan, dtype, device)
@@ -421,6 +421,15 @@ def _stage_report(stage: PipelineStage, plan: Plan, segments: list[list[EventRec
              "staleness_achieved": int(row[2]), "staleness_planned": int(plan.pipeline.staleness[k]),
              "slowdown": float(slowdowns.get(k, 1.0))}
             for k, row in enumerate(table)]
+
+
+def _verified(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
+    """``--verify``, run again in float64 where it fails in a narrower dtype (``runtime.verify.recheck_in_float64``)."""
+    from runtime.verify import recheck_in_float64
+
+    wide = replace(options, dtype="float64", tolerance=1e-9, amp="")
+    return recheck_in_float64(_verify(options, plan, dtype, device), dtype,
+                              lambda: _verify(wide, plan, torch.float64, device))
 
 
 def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
