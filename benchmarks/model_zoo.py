@@ -249,7 +249,7 @@ def save_results(path: Path | None, document: dict[str, Any]) -> None:
 def catalogue(zoo: str, results: dict[str, Any], out: Path | None) -> list[ZooModel]:
     """The zoo's entries, from the results file or the shipped catalogue when either has them for the same
     library versions, else chosen anew by the rule (timm's takes about 10 minutes on 2 cores)."""
-    versions = library_versions()
+    versions = library_versions(zoo)
     for cached in (results["catalogue"].get(zoo), shipped_catalogue().get(zoo)):
         if cached and cached.get("versions") == versions:
             results["catalogue"][zoo] = cached
@@ -299,11 +299,14 @@ def _this_file(spec: str) -> str:
     return spec_of(factory) if source.endswith("benchmarks/model_zoo.py") else spec
 
 
-def library_versions() -> dict[str, str]:
+def library_versions(zoo: str = "") -> dict[str, str]:
+    """The versions a zoo's catalogue is chosen at (a catalogue of other versions is chosen anew): torch,
+    torchvision, timm and MONAI; with segmentation_models_pytorch's for its zoo (``""``: every library)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for package in ("torch", "torchvision", "timm", "monai", "segmentation_models_pytorch"):
+    extra = ("segmentation_models_pytorch",) if zoo in ("smp", "") else ()
+    for package in ("torch", "torchvision", "timm", "monai", *extra):
         try:
             found[package] = version(package)
         except PackageNotFoundError:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from cost_models.capability.predicate import layer_refusal
+from cost_models.capability.predicate import layer_refusal, uncuttable_after
 from cost_models.cluster import Cluster
 from cost_models.errors import InputError
 from cost_models.formats.plan import LayerAssignment, Pipeline, Plan, Schedule, recorded_shapes
@@ -125,21 +126,25 @@ def staged(plan: Plan, graph: LayerGraph, starts: Sequence[str], schedule: Sched
 
 
 def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:
-    """The first layer of stages ``1 … K−1`` cutting the model into ``K`` parts of about equal forward+backward FLOPs.
+    """The first layer of stages ``1 … K−1`` cutting the model into ``K`` parts of about equal forward+backward FLOPs,
+    only where a pipeline can be cut (``cost_models.capability.predicate.uncuttable_after``: the planner's rule).
 
     Raises:
-        InputError: Fewer layers than stages.
+        InputError: Fewer places to cut than ``K − 1``.
     """
     order = graph.compute_layers()
-    if not 1 <= stages <= len(order):
-        raise InputError(f"cannot cut {len(order)} layers into {stages} stages; use 1 to {len(order)} stages")
-    work = [float(graph.nodes[name].flops_fwd) + float(graph.nodes[name].flops_bwd)
-            for name in order]
-    total, done, starts = sum(work) or 1.0, 0.0, list[int]()
-    for position, flops in enumerate(work):
-        last = len(order) - (stages - 1 - len(starts))  # the last position this cut may take: one layer per
-        if len(starts) < stages - 1 and position > 0 and (  # stage after it (a heavy layer late in the model)
-                done >= total * (len(starts) + 1) / stages or position == last):
+    forbidden = uncuttable_after(graph)
+    allowed = [position for position in range(1, len(order)) if position - 1 not in forbidden]
+    if not 1 <= stages <= len(allowed) + 1:
+        held = f" (of {len(order) - 1} between its {len(order)} layers; the others would send a tuple of tensors, " \
+               f"a value no layer holds or one module's parameters to two stages)" if forbidden else ""
+        raise InputError(f"cannot cut this model into {stages} stages: it can be cut at {len(allowed)} places"
+                         f"{held}; use 1 to {len(allowed) + 1} stages")
+    work = [float(graph.nodes[name].flops_fwd) + float(graph.nodes[name].flops_bwd) for name in order]
+    before = [0.0, *accumulate(work)]  # the work ahead of each position
+    total, starts = before[-1] or 1.0, list[int]()
+    for index, position in enumerate(allowed):
+        needed = stages - 1 - len(starts)
+        if needed and (before[position] >= total * (len(starts) + 1) / stages or len(allowed) - index == needed):
             starts.append(position)
-        done += flops
     return [order[position] for position in starts]

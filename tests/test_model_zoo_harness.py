@@ -144,12 +144,12 @@ def test_the_shipped_catalogue_serves_its_library_versions_and_other_versions_ar
     model_zoo.save_catalogue({"catalogue": {"monai": {"versions": versions, "entries": [entry]}}}, shipped)
     assert '"benchmarks/model_zoo.py:monai__UNet"' in shipped.read_text()  # no machine's path shipped
     monkeypatch.setattr(model_zoo, "shipped_catalogue", lambda: model_zoo.read_catalogue(shipped))
-    monkeypatch.setattr(model_zoo, "library_versions", lambda: versions)
+    monkeypatch.setattr(model_zoo, "library_versions", lambda zoo="": versions)
     counted: list[str] = []
     monkeypatch.setattr(model_zoo, "monai_catalogue", lambda: counted.append("monai") or [])
     results: dict[str, Any] = {"catalogue": {}, "models": {}}
     (unet,) = model_zoo.catalogue("monai", results, None)
     assert (unet.name, unet.spec, counted) == ("UNet", model_zoo.spec_of("monai__UNet"), [])
     assert results["catalogue"]["monai"]["versions"] == versions  # cached in the results file too
-    monkeypatch.setattr(model_zoo, "library_versions", lambda: {**versions, "monai": "5"})
+    monkeypatch.setattr(model_zoo, "library_versions", lambda zoo="": {**versions, "monai": "5"})
     assert model_zoo.catalogue("monai", {"catalogue": {}, "models": {}}, None) == [] and counted == ["monai"]

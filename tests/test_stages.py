@@ -408,3 +408,37 @@ def test_the_search_cuts_where_brute_force_over_every_cut_does(batch: int) -> No
         assert objective(chosen, pipeline.devices_per_stage) == pytest.approx(brute, rel=1e-9), config.pipeline
     assert uneven == ({(2, 2)} if batch == 5 else set())  # 3 + 2 samples; 2 + 2 + 1 leaves a batch-norm over 1×1
     assert budgets == {4, 2}  # maps one sample; all 4 devices, or 2 of them (the rest idle)
+
+
+class _Chunked(nn.Module):
+    """A tuple of tensors (``chunk``) whose second item is read only after the first branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 2, 1)
+        self.a = nn.Sequential(*[nn.Conv2d(4, 4, 3, padding=1) for _ in range(3)])
+        self.b = nn.Sequential(*[nn.Conv2d(4, 4, 3, padding=1) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.stem(x).chunk(2, dim=1)
+        return self.head(torch.cat([self.a(parts[0]), self.b(parts[1])], dim=1))
+
+
+def test_stages_k_cuts_only_where_the_planner_may_and_says_how_many_places_there_are() -> None:
+    """``--stages K`` (``balanced_starts``) once cut between ``chunk`` and a reader of its tuple, which the runtime
+    refused after its ranks had started (issue 53 item 4): it now takes the planner's rule
+    (``uncuttable_after``), for every K there is room for, and refuses more in one line."""
+    from cost_models.capability.predicate import uncuttable_after
+    from cost_models.errors import InputError
+    from cost_models.uniform import balanced_starts
+
+    graph = trace(_Chunked(), (4, 3, 8, 8))
+    order = graph.compute_layers()
+    forbidden = uncuttable_after(graph)
+    assert order.index("chunk") in forbidden and order.index("getitem_1") - 1 in forbidden
+    room = sum(1 for p in range(1, len(order)) if p - 1 not in forbidden)
+    for stages in range(1, room + 2):
+        starts = balanced_starts(graph, stages)
+        assert len(starts) == stages - 1 and all(order.index(s) - 1 not in forbidden for s in starts)
+    with pytest.raises(InputError, match=rf"can be cut at {room} places .*use 1 to {room + 1} stages"):
+        balanced_starts(graph, room + 2)

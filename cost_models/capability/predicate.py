@@ -133,7 +133,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ANY_LAYOUT_KINDS", "CHANNEL_KINDS", "SPATIAL_KINDS", "crosses_as_tuple", "inherent", "layer_refusal",
            "on_last_dims", "piece_layout_refusal", "pipeline_refusal", "plan_refusals", "shared_layout_refusal",
-           "shared_module_refusal", "shared_modules"]
+           "shared_module_refusal", "shared_modules", "uncuttable_after"]
 
 _FAMILIES = (channels,)  # modules whose rules register on import and that nothing else here names
 
@@ -358,6 +358,20 @@ def crosses_as_tuple(graph: LayerGraph, layer: str, later: Callable[[str], bool]
     says is past a pipeline cut: the pipeline runtime sends one tensor per value, so no cut may fall there."""
     output = graph.nodes[layer].output_shape
     return bool(output) and isinstance(output[0], list) and any(later(reader) for reader in graph.successors(layer))
+
+
+def uncuttable_after(graph: LayerGraph) -> frozenset[int]:
+    """Positions ``p`` in the model's order (``graph.compute_layers()``) after which no pipeline cut may fall: the
+    planner's search and ``--stages K`` alike. A cut after ``p`` is refused when it would send a layer's tuple of
+    tensors (:func:`crosses_as_tuple`) read past ``p``, split one of the trace's ``held_together`` spans (a value
+    no layer holds), or put two calls of one module with parameters on two stages (:func:`shared_modules`)."""
+    position = {layer: index for index, layer in enumerate(graph.compute_layers())}
+    spans = [[position[layer], *(position[r] for r in graph.successors(layer) if r in position)]
+             for layer in position if crosses_as_tuple(graph, layer, lambda reader: reader in position)]
+    spans += [[position[layer] for layer in span if layer in position]
+              for span in graph.graph.get("held_together", [])]
+    spans += [[position[layer] for layer in layers if layer in position] for layers in shared_modules(graph).values()]
+    return frozenset(p for spots in spans if len(spots) > 1 for p in range(min(spots), max(spots)))
 
 
 def shared_modules(graph: LayerGraph) -> dict[str, list[str]]:
