@@ -385,7 +385,8 @@ def _max_difference(value: torch.Tensor, expected: torch.Tensor) -> float:
     if not value.numel():
         return 0.0
     if value.dtype != expected.dtype or value.dtype.itemsize < 4:  # half types: no overflow to inf
-        value, expected = value.double(), expected.double()
+        wide = torch.complex128 if value.is_complex() or expected.is_complex() else torch.float64  # keep imaginary
+        value, expected = value.to(wide), expected.to(wide)
     return float((value.detach() - expected.detach()).abs().max())
 
 

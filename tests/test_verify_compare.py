@@ -71,6 +71,18 @@ def test_a_real_error_still_fails(eps: float, tolerance: float) -> None:
     assert not comparison.report(torch.device("cpu"))["passed"]
 
 
+def test_a_complex_gradient_is_compared_with_its_imaginary_part() -> None:
+    """A spectral weight's gradient (complex64 split, complex128 yardstick): an error only in the imaginary part
+    fails (it was cast to float64, dropping the imaginary part, and passed)."""
+    expected = torch.tensor([0.3 + 0.4j, -0.2 + 0.1j, 0.05 - 0.5j], dtype=torch.complex128)
+    comparison = _comparison(EPS32, 1e-3)
+    comparison.gradient("spectral.weight", (expected + 0.01j).to(torch.complex64), expected)
+    assert not comparison.report(torch.device("cpu"))["passed"]
+    comparison = _comparison(EPS32, 1e-3)
+    comparison.gradient("spectral.weight", expected.to(torch.complex64), expected)
+    assert comparison.report(torch.device("cpu"))["passed"]
+
+
 def _reference(dtype: torch.dtype) -> Reference:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3)).to(dtype)
