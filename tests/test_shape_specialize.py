@@ -82,6 +82,19 @@ class LengthLoop(nn.Module):
         return torch.stack([self.conv(x[i:i + 1])[0] for i in range(len(x))])  # one sample at a time
 
 
+class Timestepped(nn.Module):
+    """diffusers' pattern: a timestep that may be a Python number or a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, timestep: Any) -> torch.Tensor:
+        if not torch.is_tensor(timestep):
+            timestep = torch.tensor([timestep], dtype=torch.long)
+        return self.conv(x) * timestep.view(-1, 1, 1, 1)
+
+
 def _model(cls: type[nn.Module] = CheckedNet) -> nn.Module:
     torch.manual_seed(0)
     return cls().double().train()
@@ -121,6 +134,15 @@ def test_control_flow_on_values_is_refused_naming_the_line() -> None:
     assert entry["module"] == "inner" and line in entry["reason"]
     (entry,) = trace(Wrapped(LengthLoop()), NARROW).graph["opaque_modules"]
     assert entry["module"] == "inner" and "a tensor's len (its first extent)" in entry["reason"]
+
+
+def test_a_traced_timestep_is_a_tensor() -> None:
+    """``torch.is_tensor`` of a traced input is true, as of the tensor it stands for (it was false, so the trace
+    took the branch for a Python number and failed in ``torch.tensor([proxy])``)."""
+    graph = trace(Timestepped(), [(4, 3, 8, 8), (4,)])
+    assert [graph.nodes[name]["kind"] for name in graph][:3] == ["input", "input", "conv"]
+    assert not any(graph.nodes[name]["target"] == "tensor" for name in graph)
+    assert torch.is_tensor(torch.zeros(1)) and not torch.is_tensor(3)  # restored
 
 
 def test_without_shapes_torch_fx_refuses_as_before() -> None:

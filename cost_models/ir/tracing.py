@@ -154,7 +154,7 @@ class _LocatingTracer(Tracer):
 
     ``torch.as_tensor`` of a traced value is recorded as a call (torch.fx would fail inside it: MONAI
     returns ``torch.as_tensor(self.blocks(x))``); of anything else it runs as usual. ``torch.jit.isinstance``
-    of a traced value and ``torch.Tensor`` is true, as it is of the tensor it stands for.
+    of a traced value and ``torch.Tensor``, and ``torch.is_tensor`` of one, are true, as of the tensor it stands for.
     """
 
     def __init__(self, leaf_modules: tuple[str, ...], shapes: tuple[tuple[int, ...], ...] | None = None) -> None:
@@ -206,7 +206,7 @@ class _LocatingTracer(Tracer):
         return attr_val if self.evaluating else super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> Graph:
-        as_tensor, refine = torch.as_tensor, torch.jit.isinstance
+        as_tensor, refine, is_tensor = torch.as_tensor, torch.jit.isinstance, torch.is_tensor
 
         def traced_as_tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(data, Proxy):
@@ -220,7 +220,11 @@ class _LocatingTracer(Tracer):
                 return True
             return refine(obj, target_type)
 
-        torch.as_tensor, torch.jit.isinstance = traced_as_tensor, traced_isinstance
+        def traced_is_tensor(obj: Any) -> bool:
+            """``torch.is_tensor`` of a traced value is true (diffusers' ``if not torch.is_tensor(timesteps)``)."""
+            return isinstance(obj, Proxy) or is_tensor(obj)
+
+        torch.as_tensor, torch.jit.isinstance, torch.is_tensor = traced_as_tensor, traced_isinstance, traced_is_tensor
         length = Proxy.__len__
         Proxy.__len__ = _proxy_length  # type: ignore[method-assign]  # also x.shape's lazy attribute proxy
         checkpointing = torch.utils.checkpoint
@@ -230,7 +234,7 @@ class _LocatingTracer(Tracer):
         try:
             graph = super().trace(root, concrete_args)
         finally:
-            torch.as_tensor, torch.jit.isinstance = as_tensor, refine
+            torch.as_tensor, torch.jit.isinstance, torch.is_tensor = as_tensor, refine, is_tensor
             Proxy.__len__ = length  # type: ignore[method-assign]
             if impl is not None:
                 checkpointing._checkpoint_impl = impl
