@@ -224,7 +224,8 @@ class _LocatingTracer(Tracer):
             """``torch.is_tensor`` of a traced value is true (diffusers' ``if not torch.is_tensor(timesteps)``)."""
             return isinstance(obj, Proxy) or is_tensor(obj)
 
-        torch.as_tensor, torch.jit.isinstance, torch.is_tensor = traced_as_tensor, traced_isinstance, traced_is_tensor
+        torch.as_tensor, torch.jit.isinstance = traced_as_tensor, traced_isinstance
+        torch.is_tensor = traced_is_tensor  # type: ignore[assignment]  # a Proxy is no Tensor to the type checker
         length = Proxy.__len__
         Proxy.__len__ = _proxy_length  # type: ignore[method-assign]  # also x.shape's lazy attribute proxy
         checkpointing = torch.utils.checkpoint
