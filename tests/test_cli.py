@@ -62,7 +62,7 @@ BAD_MODEL_FILES = {
                     super().__init__()
                     self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), Gate())
                 def forward(self, x):
-                    return self.body(x) if x.shape[1] > 3 else -self.body(x)
+                    return self.body(x) if x.mean() > 0 else -self.body(x)  # on values: refused
             def make():
                 return Net()
             """
