@@ -97,8 +97,10 @@ class Layout:
         return all(extent % parts == 0 for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
     def fits(self, shape: tuple[int, ...]) -> bool:
-        """Whether every part gets at least one element (near-equal split possible)."""
-        return all(parts <= extent for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
+        """Whether every part gets at least one element (near-equal split possible); an extent not split fits
+        whatever it is (an empty one too: a slice ``x[..., :0]``)."""
+        return all(parts == 1 or parts <= extent
+                   for extent, parts in zip(_spatial_shape(shape), self.parts_of(len(shape))))
 
     def local_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The largest local part of a 3-D, 4-D or 5-D ``shape`` under this layout (ceil division)."""

@@ -59,7 +59,7 @@ def rank_box(shape: Sequence[int], layout: Layout, rank: int) -> Box:
 
 def holdable(shape: Sequence[int], layout: Layout) -> bool:
     """Whether every rank's part of ``shape`` under ``layout`` is non-empty (an extent of 1 is held whole)."""
-    return all(extent == 1 or parts <= extent for extent, parts in zip(as_volume(shape), layout.parts()))
+    return all(parts == 1 or extent == 1 or parts <= extent for extent, parts in zip(as_volume(shape), layout.parts()))
 
 
 def redistribution(shape: Sequence[int], source: Layout, target: Layout, devices: int) -> list[RankTransfer]:

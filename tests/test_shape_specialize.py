@@ -165,3 +165,32 @@ def test_a_model_checking_its_shapes_equals_the_unsplit_model_under_splits() -> 
     results = run_ranks(_cases, 2, timeout_s=300)[0]
     assert results["checked n2"]["wide"] == "n2" and results["checked h2"]["wide"] == "h2"
     assert results["checked c2"]["conv"] == "c2"
+
+
+class MergedSamples(nn.Module):
+    """mobilevit's transformer: patches folded into the batch (``B·P`` rows), then timm's ``qkv.unbind(0)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.qkv = nn.Conv2d(3, 8, 1), nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = self.conv(x).shape
+        tokens = self.conv(x).reshape(b, c, h * w // 4, 4).transpose(1, 3).reshape(b * 4, h * w // 4, c)
+        q, k, v = self.qkv(tokens).reshape(b * 4, h * w // 4, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        return (q * k + v).mean((1, 2, 3)).reshape(b, 4).mean(1, keepdim=True).expand(b, 5)
+
+
+def test_pieces_of_merged_samples_have_no_sample_axis_and_run_whole_under_a_sample_split() -> None:
+    """An unbind of a value whose samples are merged with other rows gave its pieces a 5-letter order for 4-D
+    pieces, so the predicate let ``n2`` split them and the runtime failed after its ranks started (mobilevit,
+    naflexvit, once traced through): the pieces' order has their rank and no sample axis."""
+    from cost_models.capability.predicate import layer_refusal
+    from cost_models.layout import Layout
+
+    graph = trace(_model(MergedSamples), (4, 3, 4, 4))
+    unbind = graph.nodes["unbind"]
+    assert unbind.attrs["piece_order"] == "...." and graph.nodes["getitem_4"].attrs["order"] == "...."
+    assert layer_refusal(unbind, Layout(n=2)) and layer_refusal(graph.nodes["getitem_4"], Layout(n=2))
+    assert Layout(n=2).fits((4, 12, 0, 64)) and Layout().fits((4, 12, 0, 64))  # an empty extent not split fits
+    assert not Layout(h=2).fits((4, 12, 0, 64))

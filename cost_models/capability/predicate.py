@@ -210,19 +210,19 @@ def _fit_refusal(shape: list[int], layout: Layout, flat: bool = False) -> str | 
     that is no volume), which splits by sample only."""
     if len(shape) == 5 and not flat:
         small = [f"{extent} {name}" for extent, parts, name in zip(shape, layout.parts(), ("samples", "channels",
-                 "slices", "rows", "columns")) if extent < parts]
+                 "slices", "rows", "columns")) if parts > 1 and extent < parts]
         return f"its output {tuple(shape)} has only {', '.join(small)} for {layout}" if small else None
     if len(shape) == 4:
         if layout.d > 1:
             return f"its output {tuple(shape)} is an image: it has no depth to split ({layout})"
         small = [f"{extent} {name}" for extent, parts, name in zip(shape, layout.parts_of(4), ("samples", "channels",
-                 "rows", "columns")) if extent < parts]
+                 "rows", "columns")) if parts > 1 and extent < parts]
         return f"its output {tuple(shape)} has only {', '.join(small)} for {layout}" if small else None
     if layout.spatial > 1:
         return f"a {len(shape)}-D tensor {tuple(shape)} has no depth, height or width to split"
     if layout.c > 1 and len(shape) != 2:
         return f"only 2-D (N, features), 4-D (N, C, H, W) and 5-D tensors split by channel, not {tuple(shape)}"
-    if shape[0] < layout.n or (layout.c > 1 and shape[1] < layout.c):
+    if (layout.n > 1 and shape[0] < layout.n) or (layout.c > 1 and shape[1] < layout.c):
         return f"its output {tuple(shape)} has fewer elements than the {layout} parts"
     return None
 

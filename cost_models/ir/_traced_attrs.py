@@ -68,7 +68,7 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
     if len(meta) > 1:  # a tuple of tensors: the pieces of a cut keep the order of the value cut
         order = piece_order(info.attrs, source, [piece[0] for piece in meta])
         if info.kind == "other" and source and "n" not in source[0]:  # an opaque call on merged samples (an LSTM)
-            order = "." * len(source[0])
+            order = "." * len(meta[0][0])  # each piece's rank (an unbind's pieces lose the dimension cut)
         orders[node.name] = order
         extra = {"piece_order": order} if order else {}
         if order and any(o != default_order(len(s)) for o, s in zip(input_orders, shapes)):
