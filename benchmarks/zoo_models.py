@@ -217,14 +217,8 @@ def monai_catalogue() -> list[ZooModel]:
                                            MONAI_VOLUME_NETWORKS.items())]
     for name, config in networks:
         text = ", ".join(f"{key}={value}" for key, value in config.items())
-        try:
-            params = meta_params(lambda name=name: monai_model(name))
-        except Exception as err:
-            found.append(ZooModel("monai", name, "", None, config=text,
-                                  skip=f"does not build: {type(err).__name__}: {first_line(err)}"))
-            continue
         factory = f"monai__{name.replace(VOLUME_SUFFIX, '__3d')}"
-        found.append(ZooModel("monai", name, spec_of(factory), params, config=text, skip=_too_large(params)))
+        found.append(_counted("monai", name, lambda name=name: monai_model(name), spec_of(factory), text))
     return found
 
 
@@ -232,19 +226,21 @@ def smp_catalogue() -> list[ZooModel]:
     """Every architecture of segmentation_models_pytorch, as it builds by default (``smp_model``)."""
     import segmentation_models_pytorch as smp
 
-    found = []
     config = ", ".join(f"{key}={value}" for key, value in SMP_OPTIONS.items())
-    for name in sorted(smp.MODEL_ARCHITECTURES_MAPPING):
-        try:
-            params = meta_params(lambda name=name: smp_model(name))
-        except Exception as err:
-            found.append(ZooModel("smp", name, "", None, config=config,
-                                  skip=f"does not build: {type(err).__name__}: {first_line(err)}"))
-            continue
-        found.append(ZooModel("smp", name, spec_of(f"smp__{name}"), params,
-                              config=f"{config}; segmentation_models_pytorch {smp.__version__}",
-                              skip=_too_large(params)))
-    return found
+    return [_counted("smp", name, lambda name=name: smp_model(name), spec_of(f"smp__{name}"),
+                     f"{config}; segmentation_models_pytorch {smp.__version__}")
+            for name in sorted(smp.MODEL_ARCHITECTURES_MAPPING)]
+
+
+def _counted(zoo: str, name: str, build: Callable[[], Any], spec: str, config: str) -> ZooModel:
+    """The entry of a model ``build`` makes, its parameters counted on the meta device; skipped, with why, when it
+    does not build or is larger than ``MAX_PARAMS``."""
+    try:
+        params = meta_params(build)
+    except Exception as err:
+        return ZooModel(zoo, name, "", None, config=config,
+                        skip=f"does not build: {type(err).__name__}: {first_line(err)}")
+    return ZooModel(zoo, name, spec, params, config=config, skip=_too_large(params))
 
 
 def _too_large(params: int) -> str:
