@@ -286,6 +286,7 @@ def shape_refusals_by_layer(nodes: Sequence[Node], graph: LayerGraph, layouts: M
         found: list[str] = []
         if node.name in layouts and form is None:
             found += _operand_refusal(node, graph, layouts[node.name], constants, whole_shape)
+            found += _shape_made_operand_refusal(node, graph, layouts[node.name], whole - constants)
         if form in ("reshape", "expand") and node.name in layouts:  # sizes always localised: check the boxes
             found += _view_refusal(node, graph, layouts[node.name], size, constants)
         if _key(node) in _MOVES and node.name in layouts:  # run on the local box as written: check the boxes
@@ -318,6 +319,21 @@ def _operand_refusal(node: Node, graph: LayerGraph, layout: Layout, constants: C
             return [f"'{node.name}' ({_label(node)}) under {layout} reads '{source.name}' {tuple(shape)}, computed "
                     f"from parameters or constants, whole; only element-wise layers read their part of such a "
                     f"tensor — split this layer by sample only"]
+    return []
+
+
+def _shape_made_operand_refusal(node: Node, graph: LayerGraph, layout: Layout, made: Collection[str]) -> list[str]:
+    """An opaque call (kind ``other``: ``torch.einsum``, …) under a split layout reading a tensor made from the
+    batch's shapes alone (``torch.arange(H)``, a relative-position table indexed by it: MViTv2's attention): that
+    tensor is whole on every rank and the call's form cannot say whether its first dimension holds samples to
+    cut (``token.expand(n, …)``) or not (``arange(H)``), so the call runs whole."""
+    if layout.ranks == 1 or graph.nodes[node.name].kind != "other":
+        return []
+    for source in node.all_input_nodes:
+        if source.name in made and source.name in graph and _single(graph.nodes[source.name].output_shape):
+            return [f"'{node.name}' ({_label(node)}) under {layout} reads '{source.name}' "
+                    f"{tuple(graph.nodes[source.name].output_shape)}, made from the batch's shapes alone, whole; an "
+                    f"opaque call cannot tell whether it holds samples — run this layer whole"]
     return []
 
 

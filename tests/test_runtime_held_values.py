@@ -6,6 +6,12 @@ made from), beside its 3-D channels-last tokens. The two placements differ only 
 runtime refused the plan's own ``n2`` (zoo run: ``reads results of calls the trace did not shape computed under
 n2 and n1``). Now the call runs in the held value's placement, the tensors fetched to it, and equals the unsplit
 model in float64 on two ranks.
+
+Since the trace takes Python decisions on shapes (issue 53), MViTv2's attention is traced through: its relative
+positions are ``torch.einsum`` (an opaque call) of the split queries with a table indexed by ``torch.arange(q_h)`` —
+a tensor made from shapes alone, whole on every rank, whose first dimension holds no samples. Under ``n2`` those
+calls run whole (``runtime.shapes``: ``--layout``'s per-layer fallback); they failed after the ranks started,
+the table cut as if by samples.
 """
 
 from __future__ import annotations
@@ -44,7 +50,11 @@ def _plan(world: int) -> tuple[Any, Any]:
 
 
 def _case(rank: int, world: int) -> dict[str, str]:
+    from runtime.preflight import shape_fallbacks
+
     plan, graph = _plan(world)
+    plan, whole = shape_fallbacks(small_mvitv2(), plan, graph)  # as parplan run --layout runs it
+    assert whole and all(name.startswith("einsum") for name in whole), whole
     split_step_matches(small_mvitv2, plan, graph, SHAPE, "MViTv2 under n2")
     return {layer: str(assignment.layout) for layer, assignment in plan.layers.items()}
 
