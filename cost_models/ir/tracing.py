@@ -37,7 +37,7 @@ import copy
 import inspect
 import logging
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from math import prod
 from typing import Any
@@ -184,23 +184,21 @@ class _LocatingTracer(Tracer):
         return len(self._decide(obj, "len"))
 
     def _decide(self, obj: Proxy, read: str) -> Any:
+        return self._evaluated(lambda oracle: oracle.decide(obj.node, read))
+
+    def _evaluated(self, ask: Callable[[ShapeOracle], Any]) -> Any:
+        """``ask`` the oracle (built at the first question), its modules called plainly meanwhile."""
         if self.oracle is None:
             self.oracle = ShapeOracle(self.root, self.graph, self.shapes or ())
         self.evaluating = True
         try:
-            return self.oracle.decide(obj.node, read)
+            return ask(self.oracle)
         finally:
             self.evaluating = False
 
     def concrete(self, obj: Proxy) -> Any:
         """``obj``'s value for the given shapes, not a decision (nothing recorded)."""
-        if self.oracle is None:
-            self.oracle = ShapeOracle(self.root, self.graph, self.shapes or ())
-        self.evaluating = True
-        try:
-            return self.oracle.value(obj.node)
-        finally:
-            self.evaluating = False
+        return self._evaluated(lambda oracle: oracle.value(obj.node))
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
         return attr_val if self.evaluating else super().getattr(attr, attr_val, parameter_proxy_cache)
