@@ -1,4 +1,4 @@
-"""The model-coverage suite: every model of four zoos traced, planned and verified by ``parplan check``'s code.
+"""The model-coverage suite: every model of six zoos traced, planned and verified by ``parplan check``'s code.
 
 Models are chosen by rule, so that nobody picks the easy ones:
 
@@ -13,7 +13,12 @@ Models are chosen by rule, so that nobody picks the easy ones:
   listed as skipped, with why;
 * segmentation_models_pytorch (``smp``) — every architecture of
   ``smp.MODEL_ARCHITECTURES_MAPPING`` as it builds by default (its default encoder), with random weights
-  and two classes (``SMP_OPTIONS``).
+  and two classes (``SMP_OPTIONS``);
+* Hugging Face transformers (``hf``) — ``HF_MODELS``: ConvNeXt (V1, V2), DINOv2, MobileViT, ResNet, SegFormer,
+  Swin and ViT at their default configurations, two classes (``HF_OPTIONS``);
+* diffusers — ``DIFFUSERS_MODELS``: ``UNet2DModel`` (narrower than its default; its forward takes the image
+  and a timestep per sample), ``AutoencoderKL`` and ``VQModel`` as they build by default, and a 3-level
+  ``AutoencoderKL``.
 
 Parameters are counted on the meta device (nothing allocated); larger models
 are listed as skipped with their count. Input: a batch of 4, float32, the
@@ -37,8 +42,9 @@ choosing anew counts every timm model's parameters, about 10 minutes on 2 cores;
 rewrites it) and the table to ``--markdown`` (``docs/model-coverage.md``: generated,
 never edited by hand). Usage::
 
-    .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,monai,smp] [--only NAME ...] [--limit K]
-        [--out results.json] [--markdown docs/model-coverage.md] [--cap-s 300] [--table-only] [--save-catalogue]
+    .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,monai,smp,hf,diffusers] [--only NAME ...]
+        [--limit K] [--out results.json] [--markdown docs/model-coverage.md] [--cap-s 300] [--table-only]
+        [--save-catalogue]
 
 ``--limit K`` takes K models of each zoo, evenly spaced in its sorted list; the zoos take turns, so that a run
 stopped early (Ctrl-C; a rerun with the same ``--out`` resumes) has a sample of each.
@@ -70,17 +76,25 @@ if str(REPO) not in sys.path:  # run as a script, or imported by path in the ran
     sys.path.insert(0, str(REPO))
 
 from benchmarks.zoo_models import (  # noqa: E402
+    DIFFUSERS_MODELS,
+    HF_MODELS,
     MONAI_NETWORKS,
     MONAI_VOLUME_NETWORKS,
     VOLUME_SUFFIX,
     ZooModel,
+    diffusers_catalogue,
+    diffusers_model,
     first_line,
+    hf_catalogue,
+    hf_model,
     is_volume,
     monai_catalogue,
     monai_model,
+    output_of,
     smp_catalogue,
     smp_model,
     spec_of,
+    takes_timestep,
     timm_catalogue,
     timm_model,
     torchvision_catalogue,
@@ -101,7 +115,8 @@ CATALOGUE_FORMAT = "parplan.model-zoo-catalogue/1"
 # ----------------------------------------------------------------------------------------------- factories
 def __getattr__(name: str) -> Callable[[], Any]:
     """Factories for model specs: ``timm__NAME__SIDE`` (SIDE 0: no img_size), ``monai__NAME`` and
-    ``torchvision__NAME`` (a segmentation model, its backbone without weights too), ``smp__NAME``."""
+    ``torchvision__NAME`` (a segmentation model, its backbone without weights too), ``smp__NAME``, ``hf__NAME``,
+    ``diffusers__NAME`` (spaces as ``_``)."""
     zoo, _, rest = name.partition("__")
     if zoo == "timm" and "__" in rest:
         model, _, side = rest.rpartition("__")
@@ -115,6 +130,10 @@ def __getattr__(name: str) -> Callable[[], Any]:
         return lambda: torchvision_model(rest)
     if zoo == "smp" and rest:
         return lambda: smp_model(rest)
+    if zoo == "hf" and rest in HF_MODELS:
+        return lambda: hf_model(rest)
+    if zoo == "diffusers" and rest.replace("_", " ") in DIFFUSERS_MODELS:
+        return lambda: diffusers_model(rest.replace("_", " "))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -131,7 +150,7 @@ def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
             torch.manual_seed(0)
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model.train()(torch.randn(input_shape(entry, side)))
+                model.train()(*(torch.randn(shape) for shape in input_shapes(entry, side)))
         except Exception as err:
             error = f"{side}: {type(err).__name__}: {first_line(err)}"
             continue
@@ -143,6 +162,11 @@ def input_side(entry: ZooModel) -> tuple[int | None, str, str]:
 def input_shape(entry: ZooModel, side: int) -> tuple[int, ...]:
     """The batch the entry is checked on: ``BATCH×3×side×side`` images, ``BATCH×1×side³`` volumes."""
     return (BATCH, 1, side, side, side) if is_volume(entry) else (BATCH, 3, side, side)
+
+
+def input_shapes(entry: ZooModel, side: int) -> tuple[tuple[int, ...], ...]:
+    """Every input of the entry's forward: the batch, then a timestep per sample for a diffusion UNet."""
+    return (input_shape(entry, side), *([(BATCH,)] if takes_timestep(entry) else []))
 
 
 def _fixed_side(entry: ZooModel) -> tuple[int, ...]:
@@ -206,7 +230,8 @@ def run_model(entry: ZooModel, pools: Any, cap_s: float,
     if side is None:
         result["report"] = _no_trace(f"accepts none of the sides {list(SIZES)} in training mode (last: {error})")
     else:
-        request = CheckRequest(spec, input_shape(entry, side), timeout_s=cap_s, budget_s=cap_s)
+        request = CheckRequest(spec, input_shape(entry, side), timeout_s=cap_s, budget_s=cap_s,
+                               input_shapes=input_shapes(entry, side), output=output_of(entry))
         try:
             result["report"] = check_model(request, pools, on_check).to_dict()
         except InputError as err:
@@ -256,7 +281,7 @@ def catalogue(zoo: str, results: dict[str, Any], out: Path | None) -> list[ZooMo
             return [ZooModel(**{**entry, "spec": _this_file(entry["spec"])}) for entry in cached["entries"]]
     print(f"choosing the {zoo} models …", file=sys.stderr, flush=True)
     entries = {"torchvision": torchvision_catalogue, "timm": timm_catalogue, "monai": monai_catalogue,
-               "smp": smp_catalogue}[zoo]()
+               "smp": smp_catalogue, "hf": hf_catalogue, "diffusers": diffusers_catalogue}[zoo]()
     results["catalogue"][zoo] = {"versions": versions, "entries": [asdict(e) for e in entries]}
     save_results(out, results)
     return entries
@@ -301,11 +326,13 @@ def _this_file(spec: str) -> str:
 
 def library_versions(zoo: str = "") -> dict[str, str]:
     """The versions a zoo's catalogue is chosen at (a catalogue of other versions is chosen anew): torch,
-    torchvision, timm and MONAI; with segmentation_models_pytorch's for its zoo (``""``: every library)."""
+    torchvision, timm and MONAI; with segmentation_models_pytorch's, transformers' or diffusers' for its zoo
+    (``""``: every library)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    extra = ("segmentation_models_pytorch",) if zoo in ("smp", "") else ()
+    extra = tuple(package for package, of in (("segmentation_models_pytorch", "smp"), ("transformers", "hf"),
+                                              ("diffusers", "diffusers")) if zoo in (of, ""))
     for package in ("torch", "torchvision", "timm", "monai", *extra):
         try:
             found[package] = version(package)
@@ -360,7 +387,8 @@ def run_worker(args: argparse.Namespace) -> None:
     chosen = [select(catalogue(zoo, results, out), args.only, args.limit) for zoo in args.zoo]
     todo = [e for e in _round_robin(chosen) if _to_do(results["models"].get(_key(e)), args)]
     preload = [name for name, zoo in (("timm", "timm"), ("monai.networks.nets", "monai"),
-                                      ("segmentation_models_pytorch", "smp")) if zoo in args.zoo]
+                                      ("segmentation_models_pytorch", "smp"), ("transformers", "hf"),
+                                      ("diffusers", "diffusers")) if zoo in args.zoo]
     heartbeat = out.with_name(out.name + ".heartbeat")
     with RankPools(group_timeout_s=args.cap_s, preload=preload) as pools:
         for index, entry in enumerate(todo, 1):

@@ -17,7 +17,9 @@ from typing import Any
 
 __all__ = ["MAX_PARAMS", "MONAI_NETWORKS", "MONAI_VOLUME_NETWORKS", "VOLUME_SUFFIX", "ZooModel", "first_line",
            "is_volume", "meta_params", "monai_catalogue", "monai_model", "SMP_OPTIONS", "smp_catalogue", "smp_model",
-           "spec_of", "timm_catalogue", "timm_model", "torchvision_catalogue", "torchvision_model"]
+           "spec_of", "HF_MODELS", "hf_catalogue", "hf_model", "DIFFUSERS_MODELS", "diffusers_catalogue",
+           "diffusers_model", "output_of", "takes_timestep", "timm_catalogue", "timm_model", "torchvision_catalogue",
+           "torchvision_model"]
 
 MODEL_ZOO = Path(__file__).resolve().with_name("model_zoo.py")
 """The file whose ``__getattr__`` builds ``timm__NAME__SIDE``, ``monai__NAME`` and ``torchvision__NAME``."""
@@ -112,6 +114,57 @@ def smp_model(name: str) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return smp.MODEL_ARCHITECTURES_MAPPING[name](**SMP_OPTIONS)
+
+
+HF_MODELS: tuple[str, ...] = ("ConvNext", "ConvNextV2", "Dinov2", "MobileViT", "ResNet", "Segformer", "Swin", "ViT")
+"""Hugging Face transformers' vision models, each ``<NAME>Config()`` (the library's default configuration) with
+``HF_OPTIONS`` and its ``<NAME>ForImageClassification`` head (Segformer: ``ForSemanticSegmentation``)."""
+HF_OPTIONS: dict[str, Any] = {"num_labels": 2}
+"""What the transformers models are built with besides their defaults (two classes: see ``SMP_OPTIONS``)."""
+_HF_HEADS = {"Segformer": "ForSemanticSegmentation"}
+
+DIFFUSERS_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "UNet2DModel": ("UNet2DModel", {"block_out_channels": (32, 64, 64, 64), "norm_num_groups": 8,
+                                    "layers_per_block": 1}),
+    "AutoencoderKL": ("AutoencoderKL", {}),
+    "AutoencoderKL 3 levels": ("AutoencoderKL", {"down_block_types": ("DownEncoderBlock2D",) * 3,
+                                                 "up_block_types": ("UpDecoderBlock2D",) * 3,
+                                                 "block_out_channels": (32, 64, 64), "norm_num_groups": 8}),
+    "VQModel": ("VQModel", {}),
+}
+"""diffusers' image models: the class and what it is built with besides its defaults — ``UNet2DModel`` narrower
+(its default widths make 274 M parameters; its block types, attention included, kept), ``AutoencoderKL`` and
+``VQModel`` as they build by default, and an ``AutoencoderKL`` with three levels (its downsampling pads one side).
+``UNet2DModel`` takes the timestep as a second input (one per sample)."""
+
+
+def hf_model(name: str) -> Any:
+    """transformers' ``HF_MODELS`` entry ``name`` with random weights."""
+    import transformers
+
+    config = getattr(transformers, f"{name}Config")(**HF_OPTIONS)
+    return getattr(transformers, f"{name}{_HF_HEADS.get(name, 'ForImageClassification')}")(config)
+
+
+def diffusers_model(name: str) -> Any:
+    """diffusers' ``DIFFUSERS_MODELS`` entry ``name`` with random weights."""
+    import diffusers
+
+    cls, options = DIFFUSERS_MODELS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(diffusers, cls)(**options)
+
+
+def output_of(entry: ZooModel) -> str | None:
+    """The part of the entry's output its loss is taken of (``--output``): diffusers' ``sample`` (a ``VQModel``
+    also returns its commitment loss, a scalar no target fits); ``None``: all of it."""
+    return "sample" if entry.zoo == "diffusers" else None
+
+
+def takes_timestep(entry: ZooModel) -> bool:
+    """Whether the zoo entry's forward takes a timestep per sample after the image (diffusers' UNet)."""
+    return entry.zoo == "diffusers" and DIFFUSERS_MODELS[entry.name][0] == "UNet2DModel"
 
 
 def is_volume(entry: ZooModel) -> bool:
@@ -230,6 +283,28 @@ def smp_catalogue() -> list[ZooModel]:
     return [_counted("smp", name, lambda name=name: smp_model(name), spec_of(f"smp__{name}"),
                      f"{config}; segmentation_models_pytorch {smp.__version__}")
             for name in sorted(smp.MODEL_ARCHITECTURES_MAPPING)]
+
+
+def hf_catalogue() -> list[ZooModel]:
+    """``HF_MODELS`` at transformers' default configurations."""
+    import transformers
+
+    config = ", ".join(f"{key}={value}" for key, value in HF_OPTIONS.items())
+    return [_counted("hf", name, lambda name=name: hf_model(name), spec_of(f"hf__{name}"),
+                     f"{config}; transformers {transformers.__version__}") for name in HF_MODELS]
+
+
+def diffusers_catalogue() -> list[ZooModel]:
+    """``DIFFUSERS_MODELS``, each with what it is built with."""
+    import diffusers
+
+    found = []
+    for name, (cls, options) in DIFFUSERS_MODELS.items():
+        text = ", ".join(f"{key}={value}" for key, value in options.items()) or "defaults"
+        factory = "diffusers__" + name.replace(" ", "_")
+        found.append(_counted("diffusers", name, lambda name=name: diffusers_model(name), spec_of(factory),
+                              f"{cls}({text}); diffusers {diffusers.__version__}"))
+    return found
 
 
 def _counted(zoo: str, name: str, build: Callable[[], Any], spec: str, config: str) -> ZooModel:

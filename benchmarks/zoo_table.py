@@ -17,7 +17,7 @@ from parplan.cli.layouts import cannot_split
 __all__ = ["COLUMNS", "CONVOLUTIONAL", "HEADINGS", "ZOOS", "cause_of", "checks_of", "exact_in_float64", "full_split",
            "markdown", "verified"]
 
-ZOOS = ("torchvision", "timm", "monai", "smp")
+ZOOS = ("torchvision", "timm", "monai", "smp", "hf", "diffusers")
 CONVOLUTIONAL = 0.5
 """A model is convolutional when convolutions carry at least this share of its forward FLOPs."""
 
@@ -152,6 +152,14 @@ def _zoo_table(zoo: str, rows: list[dict[str, Any]], notes: dict[str, Notes], co
     if zoo == "smp":
         lines += ["", "segmentation_models_pytorch: each architecture with its own defaults (its default encoder) "
                   "and " + next((r["config"] for r in rows if r.get("config")), "")]
+    if zoo == "hf":
+        lines += ["", "Hugging Face transformers: each model's default configuration (`<NAME>Config()`) with its "
+                  "image-classification head (SegFormer: semantic segmentation) and "
+                  + next((r["config"] for r in rows if r.get("config")), "")]
+    if zoo == "diffusers":
+        lines += ["", "diffusers configurations: " + "; ".join(f"{r['name']}: {r['config']}" for r in rows
+                                                              if r.get("report") is not None)
+                  + ". UNet2DModel's second input is a timestep per sample."]
     return lines
 
 
@@ -170,7 +178,8 @@ def _counts(results: dict[str, Any]) -> list[str]:
         run = [checks_of(r) for r in rows if r.get("report") is not None]
         convolutional += [c for c in run if c.get("trace", {}).get("detail", {}).get("conv_flops_share", 0)
                           >= CONVOLUTIONAL]
-        unit = {"torchvision": "models", "timm": "families", "monai": "networks", "smp": "architectures"}[zoo]
+        unit = {"torchvision": "models", "timm": "families", "monai": "networks", "smp": "architectures",
+                "hf": "models", "diffusers": "models"}[zoo]
 
         def share(test: Callable[[dict[str, dict[str, Any]]], bool],
                   run: list[dict[str, dict[str, Any]]] = run) -> str:

@@ -198,7 +198,7 @@ def assert_split_matches(split: Any, reference: Any, out: Any, expected: Any, co
 def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: Sequence[int], context: str, *,
                        output: str | None = None, seed: int | None = None) -> None:
     """One step of the model ``build()`` makes, under ``plan`` (batch-norm synchronised) and unsplit, on one float64
-    batch of ``shape`` (5 classes): the outputs and every gradient equal (the loss of every floating output, or of
+    batch of ``shape`` (5 classes; a map's output: a label per position): the outputs and every gradient equal (the loss of every floating output, or of
     the part ``output`` names). With ``seed``, random layers draw keyed masks (``runtime.random_ops``), the unsplit
     model the same ones."""
     import torch
@@ -212,7 +212,10 @@ def split_step_matches(build: Callable[[], Any], plan: Any, graph: Any, shape: S
     generator = torch.Generator().manual_seed(3)
     shapes = [tuple(s) for s in shape] if isinstance(shape[0], (list, tuple)) else [tuple(shape)]  # several inputs
     xs = [torch.randn(s, dtype=torch.float64, generator=generator) for s in shapes]
-    target = torch.randint(0, 5, (shapes[0][0],), generator=generator)
+    made = graph.nodes[graph.graph["outputs"][0]]["output_shape"]
+    maps = output is None and len(made) >= 3 and isinstance(made[0], int)  # a map's labels: (N, H, W) of C classes
+    target = torch.randint(0, made[1] if maps else 5, (made[0], *made[2:]) if maps else (shapes[0][0],),
+                           generator=generator)
     if seed is not None:
         split.draw_key = DrawKey(seed, 1)
     out = split(*split.shard_inputs(xs))

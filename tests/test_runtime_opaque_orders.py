@@ -9,7 +9,10 @@ The full model-zoo run at ec0af21 found three plans the predicate admitted and t
 * torchvision's MaxViT under ``w2``: a global average pool of a value whose split columns are its dimension 1
   summed its tiles over dimensions 2 and 3, as for ``nchw``;
 * timm's Sequencer under ``n2``: an LSTM run on ``B·W`` rows (a value with no sample axis) returned a tuple the
-  trace does not shape, whose items were taken to hold the samples first.
+  trace does not shape, whose items were taken to hold the samples first;
+* physicsnemo's FNO (issue 53): points ``(N·H·W, C)`` reshaped into ``(N, H, W, C)`` were taken for ``nchw``, and
+  permuted back to ``(N, C, H, W)`` for ``nwch``: the loss target of every plan that kept the output's samples
+  whole on a rank (a pipeline's last stage) was cut as ``(N, W, C)`` — a crash after the ranks started.
 
 And one form the run showed missing: a reshape of tokens that every rank holds whole (SwiftFormer's and
 EfficientViM's attention gives its tokens back as a map) was kept whole, and the convolution after it read a
@@ -126,8 +129,24 @@ class TokensToMap(nn.Module):
         return self.head(y.mean((2, 3)))
 
 
-BUILDS = {"swin": SwinLike, "tokens": TokensLike, "sequencer": SequencerLike, "columns": ColumnsFirst, "map": TokensToMap}
-LAYOUTS = {"swin": "w2", "tokens": "w2", "sequencer": "n2", "columns": "w2", "map": "h2"}
+class PointsToGrid(nn.Module):
+    """physicsnemo's FNO decoder: a map made points ``(N·H·W, C)``, a linear layer, points made a map again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.mlp = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        shape = list(y.size())
+        out = self.mlp(torch.permute(y, (0, 2, 3, 1)).reshape(-1, y.size(1)))
+        return torch.permute(out.reshape(shape[0], shape[2], shape[3], out.size(-1)), (0, 3, 1, 2))
+
+
+BUILDS = {"swin": SwinLike, "tokens": TokensLike, "sequencer": SequencerLike, "columns": ColumnsFirst, "map": TokensToMap,
+          "points": PointsToGrid}
+LAYOUTS = {"swin": "w2", "tokens": "w2", "sequencer": "n2", "columns": "w2", "map": "h2", "points": "n2"}
 
 
 def _build(name: str) -> Any:
@@ -156,6 +175,9 @@ def test_an_untraced_call_on_an_ordered_value_names_only_its_samples() -> None:
     assert layer_refusal(tokens_map.nodes["reshape"], Layout(h=2)) is None  # tokens whole: reshaped, then cut
     assert layer_refusal(tokens_map.nodes["reshape"], Layout(h=2, w=2)) is None
     assert layer_refusal(tokens_map.nodes["transpose_1"], Layout(h=2)) is not None  # tokens: no rows to split
+    points = trace(PointsToGrid(), SHAPE)
+    assert points.nodes["reshape_1"]["attrs"]["order"] == "n..."  # was nchw: (N, H, W, C) read as (N, C, H, W)
+    assert points.nodes["permute_1"]["attrs"]["order"] == "n..."  # was nwch: a loss target cut as (N, W, C)
 
 
 def _case(rank: int, world: int) -> dict[str, dict[str, str]]:

@@ -12,6 +12,7 @@ Several ranks (gloo, float64, exact): the checked model equals the unsplit model
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -95,6 +96,49 @@ class Timestepped(nn.Module):
         return self.conv(x) * timestep.view(-1, 1, 1, 1)
 
 
+def returns_tuple_when_asked(forward: Any) -> Any:
+    """Hugging Face transformers' ``can_return_tuple``: a ``(self, *args, **kwargs)`` wrapper of the forward that
+    pops an option from ``kwargs``."""
+
+    @functools.wraps(forward)
+    def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        as_tuple = kwargs.pop("return_tuple", False)
+        output = forward(self, *args, **kwargs)
+        return (output,) if as_tuple else output
+
+    return wrapper
+
+
+class Decorated(nn.Module):
+    """A root forward behind a variadic decorator, with an optional and a keyword-only argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    @returns_tuple_when_asked
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, *, scale: float = 2.0,
+                **kwargs: Any) -> torch.Tensor:
+        y = self.conv(x) * scale
+        return y if labels is None else y - labels
+
+
+class GridCache(nn.Module):
+    """neuraloperator's grid embedding: the last resolution and its grid cached on the module by the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 1)
+        self._res: Any = None
+        self._grid: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._grid is None or self._res != x.shape[2:]:
+            self._grid = torch.linspace(0, 1, x.shape[3], dtype=x.dtype).expand(x.shape[0], 1, *x.shape[2:])
+            self._res = x.shape[2:]
+        return self.conv(torch.cat((x, self._grid), dim=1))
+
+
 def _model(cls: type[nn.Module] = CheckedNet) -> nn.Module:
     torch.manual_seed(0)
     return cls().double().train()
@@ -143,6 +187,29 @@ def test_a_traced_timestep_is_a_tensor() -> None:
     assert [graph.nodes[name]["kind"] for name in graph][:3] == ["input", "input", "conv"]
     assert not any(graph.nodes[name]["target"] == "tensor" for name in graph)
     assert torch.is_tensor(torch.zeros(1)) and not torch.is_tensor(3)  # restored
+
+
+def test_a_root_forward_behind_a_variadic_decorator_traces_with_the_signature_it_wraps() -> None:
+    """torch.fx read the wrapped parameters but called the wrapper with them: its ``kwargs`` got ``None``
+    (``'NoneType' object has no attribute 'pop'``, every transformers v5 model)."""
+    model = _model(Decorated)
+    traced = symbolic_trace(model, (), shapes=[NARROW])
+    x = torch.randn(NARROW, dtype=torch.float64)
+    torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+    assert Decorated.forward.__code__.co_flags & 0x0C  # the class keeps its decorated forward
+    assert [graph_node for graph_node in trace(_model(Decorated), NARROW)][:2] == ["x", "conv"]
+
+
+def test_what_a_forward_caches_on_its_modules_is_taken_back_after_the_trace() -> None:
+    """The second trace of a model compared the first trace's proxy with its own ("the model rejects input
+    shape …: getitem_1", neuraloperator's FNO under ``parplan check``)."""
+    model = _model(GridCache)
+    first = symbolic_trace(model, (), shapes=[NARROW])
+    assert model._grid is None and model._res is None  # as before the trace
+    second = symbolic_trace(model, (), shapes=[NARROW])
+    x = torch.randn(NARROW, dtype=torch.float64)
+    for traced in (first, second):
+        torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
 
 
 def test_without_shapes_torch_fx_refuses_as_before() -> None:

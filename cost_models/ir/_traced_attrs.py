@@ -47,6 +47,11 @@ def shape_attrs(graph: LayerGraph, kind: str, attrs: dict[str, Any], inputs: lis
     return extra
 
 
+def _unordered(shapes: list[Any]) -> tuple[str, Any] | None:
+    """The first input, with no order (``""``), when none has one: what a reshape of it makes depends on its shape."""
+    return next((("", shape) for shape in shapes if shape and all(isinstance(extent, int) for extent in shape)), None)
+
+
 def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph, orders: dict[str, str]) -> KindInfo:
     """``info`` with the orders of its value and inputs where they are not the default (``cost_models.ir.orders``)."""
     inputs = [src.name for src in node.all_input_nodes if src.name in graph]
@@ -77,7 +82,7 @@ def with_orders(node: Node, info: KindInfo, meta: TensorMeta, graph: LayerGraph,
     shape = meta[0][0]
     held = [orders.get(name, "") for name, made in zip(inputs, shapes) if made and isinstance(made[0], list)]
     order = held[0] if info.kind == "getitem" and held and len(held[0]) == len(shape) else \
-        output_order(node, info.kind, source, shape)
+        output_order(node, info.kind, source or _unordered(shapes), shape)
     kinds = [graph.nodes[name].kind for name in inputs]
     if sequence_layer(info.kind, info.attrs, shape, list(zip(kinds, input_orders, shapes))):  # its length is w
         order = NCW

@@ -19,7 +19,9 @@ Rules (:func:`output_order`):
       ``(N, C, H, W) → (N, groups, C/groups, H, W)`` is ``n..hw``), or ``c``
       when one dimension merges channels back (:func:`reshaped`); a value
       other than 4-D with no row or column axis has no order (its features,
-      flattened, are its channels);
+      flattened, are its channels); a 4-D reshape of a value with no order whose
+      first dimension it does not keep (points ``(N·H·W, C)`` made a grid again)
+      is ``n...``, its axes unnamed (``nchw`` would read its ``(N, H, W, C)`` wrongly);
     * the pieces of a cut (``x.split(w, dim=-1)``) keep the order of the value
       cut, and an item of them (``pieces[i]``) its piece's;
     * a stack of values in one order holds a ``.`` at its new dimension, and a
@@ -74,6 +76,9 @@ def default_order(rank: int) -> str:
 def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None, shape: Sequence[int]) -> str:
     """The order of ``node``'s output of ``shape`` from ``source``, its first input's order and shape (module rules)."""
     rank = len(shape)
+    if source is not None and not source[0] and kind in ("view", "flatten") and rank == 4 and \
+            len(source[1]) < rank and list(source[1][:1]) != list(shape[:1]):
+        return "n..."  # a grid made of points (physicsnemo's (N·H·W, C) → (N, H, W, C)): which axis is which, unknown
     if source is None or not source[0]:
         return NCDHW if rank == 5 and kind in VOLUME_MAKERS | {"input"} else default_order(rank)
     order, source_shape = source

@@ -19,9 +19,11 @@ naming the line. Sizes used as *values* stay traced nodes (the runtime reads the
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -74,8 +76,10 @@ class ShapeOracle:
 
     def __init__(self, root: nn.Module, graph: Graph, input_shapes: Sequence[Sequence[int]]) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # constants the tracer adds to the root later
-        with FakeCopyMode(self.fake_mode):
-            self.root = copy.deepcopy(root)  # module state never changes: running a module here is on a copy
+        with FakeCopyMode(self.fake_mode), _quiet(logging.getLogger("torch.fx.proxy")):
+            # module state never changes: running a module here is on a copy (proxies a forward stored on its
+            # modules earlier in this trace are copied shallowly: torch.fx says so for each, to no purpose here)
+            self.root = copy.deepcopy(root)
         self.real_root = root
         self.dtype = next((p.dtype for p in root.parameters() if p.is_floating_point()), torch.get_default_dtype())
         self.graph = graph
@@ -98,7 +102,7 @@ class ShapeOracle:
         return self.values[node]
 
     def decide(self, node: Node, read: str) -> Any:
-        """The concrete value of ``node`` for a Python decision (``read``: bool, len or iter), recorded.
+        """The concrete value of ``node`` for a Python decision (``read``: bool, len, iter, int or float), recorded.
 
         Raises:
             ValueDependent: The decision reads a tensor (its values, or its length).
@@ -106,7 +110,7 @@ class ShapeOracle:
         where, code = user_location()
         value = self.value(node)
         if isinstance(value, torch.Tensor):
-            what = "tensor values" if read == "bool" else f"a tensor's {read} (its first extent)"
+            what = "tensor values" if read in ("bool", "int", "float") else f"a tensor's {read} (its first extent)"
             raise ValueDependent(f"Python control flow on {what} at {where} ({code}): only shapes can be "
                                  f"specialised at trace time")
         entry = Specialization(where, code, repr(_decided(value, read)))
@@ -153,6 +157,19 @@ def _fetch(root: nn.Module, target: str, default: Any) -> Any:
 def _decided(value: Any, read: str) -> Any:
     if read == "len":
         return len(value)
-    if read == "iter":
-        return tuple(value)
+    if read in ("int", "float"):
+        return int(value) if read == "int" else float(value)
+    if read == "iter":  # the items: numbers as they are, a tensor by its shape (a grid's tuple of tensors)
+        return tuple(f"tensor{tuple(item.shape)}" if isinstance(item, torch.Tensor) else item for item in value)
     return bool(value)
+
+
+@contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """``logger``'s warnings left out while inside."""
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -59,7 +59,9 @@ from cost_models.ir.flops import layer_flops
 from cost_models.ir.functionalize import functionalize
 from cost_models.ir.graph import AMP_DTYPES, LayerGraph, compute_fingerprint, parse_input_shapes
 from cost_models.ir.layer import Layer
+from cost_models.ir.module_state import restored_attributes
 from cost_models.ir.specialize import ShapeOracle, ValueDependent
+from cost_models.ir.wrapped_forward import plain_root_forward
 
 __all__ = ["MAX_AUTOMATIC_LEAVES", "build_layer_graph", "symbolic_trace", "trace"]
 
@@ -183,6 +185,11 @@ class _LocatingTracer(Tracer):
             raise RuntimeError("'len' is not supported in symbolic tracing by default")
         return len(self._decide(obj, "len"))
 
+    def decided(self, obj: Proxy, read: str) -> Any:
+        """``obj``'s value for the given shapes as Python reads it (``read``: bool, len, iter, int or float),
+        recorded as a decision."""
+        return self._decide(obj, read)
+
     def _decide(self, obj: Proxy, read: str) -> Any:
         return self._evaluated(lambda oracle: oracle.decide(obj.node, read))
 
@@ -231,7 +238,8 @@ class _LocatingTracer(Tracer):
         if impl is not None:
             checkpointing._checkpoint_impl = self._traced_checkpoint
         try:
-            graph = super().trace(root, concrete_args)
+            with plain_root_forward(root), restored_attributes(root):
+                graph = super().trace(root, concrete_args)
         finally:
             torch.as_tensor, torch.jit.isinstance, torch.is_tensor = as_tensor, refine, is_tensor
             Proxy.__len__ = length  # type: ignore[method-assign]
@@ -292,6 +300,20 @@ class _WritableProxy(Proxy):
 
     def __setitem__(self, key: Any, item: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, item), {})
+
+    def __int__(self) -> int:
+        """``int(math.ceil(h / p) * p)``: a size made a Python number (MobileViT's patches) is its value for the
+        given shapes, recorded as a decision; of a tensor's values: refused."""
+        return int(self._number("int"))
+
+    def __float__(self) -> float:
+        return float(self._number("float"))
+
+    def _number(self, read: str) -> Any:
+        tracer = self.tracer
+        if isinstance(tracer, _LocatingTracer) and tracer.shapes is not None:
+            return tracer.decided(self, read)
+        raise TypeError(f"{read}() of a traced value: its value is known only for given input shapes")
 
     def __format__(self, spec: str) -> str:
         """A size in a message or a name (``f"got {h}x{w}"``) reads as its value for the given shapes."""

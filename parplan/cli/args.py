@@ -77,15 +77,22 @@ def add_loss_argument(parser: argparse._ActionsContainer) -> None:
                              "(a class: built with no arguments)")
 
 
-def loss_target(spec: str, graph: LayerGraph, dtype: str) -> TargetKind:
+def loss_target(spec: str, graph: LayerGraph, dtype: str, output: str | None = None) -> TargetKind:
     """Which target ``--loss`` takes of the model's (first) output (``runtime.losses.target_kind``), its cost
     recorded on ``graph`` for the estimate (``graph.graph["loss"]``, ``cost_models.loss_cost``; none for the
-    default cross-entropy); a loss that cannot be resolved or takes none is bad input (``InputError``)."""
+    default cross-entropy); a loss that cannot be resolved or takes none is bad input (``InputError``), and so is
+    a scalar the model returns besides its output when ``output`` (``--output``) does not pick a part."""
     import torch
 
     from runtime.losses import loss_cost, target_kind
 
     shape = graph.nodes[graph.graph["outputs"][0]].output_shape or []
+    scalars = [name for name in graph.graph["outputs"][1:] if graph.nodes[name].output_shape == []]
+    if scalars and not output and len(shape) >= 1:
+        first = graph.graph["outputs"][0]
+        raise InputError(f"the model returns the scalar {scalars[0]!r} besides its output {first!r} {tuple(shape)} "
+                         f"(a loss term it computes itself?): every floating output enters the loss against one "
+                         f"target; give --output KEY, the part of its output to train on")
     if len(shape) < 2 or isinstance(shape[0], list):
         if spec:
             raise InputError(f"--loss {spec!r}: the model's output {shape} is not (N, C, …); only the default "

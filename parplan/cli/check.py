@@ -192,7 +192,7 @@ def check_model(request: CheckRequest, pools: RankPools, on_check: OnCheck | Non
     if graph is not None:
         from parplan.cli.args import loss_target
 
-        loss_target(request.loss, graph, request.verify_as)  # a --loss the model's output cannot take: exit 2
+        loss_target(request.loss, graph, request.verify_as, request.output)  # a loss its output cannot take: exit 2
         for devices in request.devices:
             name = f"plan {devices}"
             plan, planned = ((None, spent) if (spent := _spent(request, ends, name, "plan", None, devices))
@@ -349,7 +349,7 @@ def _run_options(request: CheckRequest, plan: Plan, graph: LayerGraph, ranks: in
     from parplan.cli.args import loss_target
     from runtime.options import RunOptions
 
-    target = loss_target(request.loss, graph, request.verify_as)
+    target = loss_target(request.loss, graph, request.verify_as, request.output)
     return RunOptions(model=request.model, loss=request.loss, target=target, input_shape=tuple(request.input_shape),
                       input_shapes=request.shapes, dtype=request.verify_as,
                       plan=plan.to_dict(), steps=0, warmup=0, verify=True, tolerance=request.verify_tolerance,

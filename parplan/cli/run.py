@@ -169,7 +169,7 @@ def _run(args: argparse.Namespace) -> int:
                   amp=amp_argument(args.amp, args.dtype))
     if plan is not None and plan.dtype != args.dtype and plan.fingerprint != graph.fingerprint:
         plan = _in_dtype(plan, model, graph, args)  # a float32 plan rechecked in float64: the same layouts
-    target = loss_target(args.loss, graph, args.dtype)  # a --loss that cannot run is bad input: exit 2
+    target = loss_target(args.loss, graph, args.dtype, args.output)  # a --loss that cannot run is bad input: exit 2
     whole: list[str] = []
     if plan is None:
         plan, whole = shape_fallbacks(model, layout_plan(graph, args, ranks.total), graph, args.leaf_module)
