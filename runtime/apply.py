@@ -43,6 +43,7 @@ model returning a dict, tuple or list: summed over its floating outputs).
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -229,7 +230,7 @@ class DistributedModel(DataHelpers, nn.Module):
         refuse_sites(self.sites.values())
         refuse_shapes(nodes, self.model, held, graph, len(ranks))
         self._static = static_values(static_nodes(nodes, tensor_names(graph)),
-                                     lambda name: graph.nodes[name].output_shape)
+                                     lambda name: graph.nodes[name].output_shape, device=_device_of(self.model))
         """Shape reads and the values computed from them alone, as the unsplit program has them (``runtime.shapes``)."""
         return held
 
@@ -527,3 +528,10 @@ def _sites(nodes: list[Node], model: nn.Module, plan: Plan, graph: LayerGraph, m
                                     graph.nodes[node.name], module, member, ranks, groups, sync_batchnorm,
                                     reads_in_row_form(node.name, plan, graph))
     return sites
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """Where ``model``'s tensors live (its first parameter's or buffer's device; CPU when it has none): where
+    this rank computes, what ``x.device`` reads on it (``runtime.shapes.static_values``)."""
+    held = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return held.device if held is not None else torch.device("cpu")

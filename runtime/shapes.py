@@ -74,6 +74,7 @@ __all__ = ["ELEMENTWISE_KINDS", "VIEW_FORMS", "constant_nodes", "local_call", "m
 _SHAPE_ATTRIBUTES = frozenset({"shape", "ndim"})
 _SHAPE_METHODS = frozenset({"size", "dim", "ndimension", "numel"})
 _METADATA_ATTRIBUTES = frozenset({"device", "dtype", "is_cuda", "layout"})
+_DEVICE_READS = frozenset({"device", "is_cuda"})
 """What every box of a tensor shares: reading it does not make a tensor depend on the batch's values."""
 _SPATIAL_SIZES = frozenset({"upsample", "adaptive_avgpool", "adaptive_maxpool", "pad"})
 """Kinds whose sizes computed from shapes are the unsplit program's, as their distributed forms take them (a
@@ -125,8 +126,15 @@ def is_shape_read(node: Node, tensors: Collection[str]) -> bool:
     return node.op == "call_function" and node.target is len
 
 
+def is_device_read(node: Node, tensors: Collection[str]) -> bool:
+    """Whether ``node`` reads where one traced tensor lives (``x.device``, ``x.is_cuda``): every tensor of a
+    rank lives on its device, whichever stage made it."""
+    return (node.op == "call_function" and node.target is getattr and len(node.args) == 2
+            and isinstance(node.args[0], Node) and node.args[0].name in tensors and node.args[1] in _DEVICE_READS)
+
+
 def static_nodes(nodes: Sequence[Node], tensors: Collection[str]) -> list[Node]:
-    """The shape reads and every non-tensor node computed from them alone, in program order.
+    """The shape and device reads and every non-tensor node computed from them alone, in program order.
 
     ``tensors`` are the names of the traced single-tensor values (the layers and the input); a node that
     makes a tensor is never static.
@@ -137,7 +145,8 @@ def static_nodes(nodes: Sequence[Node], tensors: Collection[str]) -> list[Node]:
         if node.name in tensors or node.op not in ("call_function", "call_method"):
             continue
         inputs = node.all_input_nodes
-        if is_shape_read(node, tensors) or (inputs and all(n.name in names for n in inputs)):
+        if is_shape_read(node, tensors) or is_device_read(node, tensors) or (
+                inputs and all(n.name in names for n in inputs)):
             static.append(node)
             names.add(node.name)
     return static
@@ -186,16 +195,23 @@ def _reads_metadata(node: Node) -> bool:
             and node.args[1] in _METADATA_ATTRIBUTES)
 
 
-def static_values(static: Sequence[Node], shape_of: Callable[[str], Sequence[int]]) -> dict[str, object]:
-    """Each static node's value when every tensor ``t`` it reads has the shape ``shape_of(t)``.
+def static_values(static: Sequence[Node], shape_of: Callable[[str], Sequence[int]], *,
+                  device: torch.device | None = None) -> dict[str, object]:
+    """Each static node's value when every tensor ``t`` it reads has the shape ``shape_of(t)`` and lives on
+    ``device`` (``None``: the ``meta`` device, to compare values).
 
     Shapes are read from ``meta`` tensors (no memory); a node that fails on these shapes (an assertion on
     a tile's extent, …) gets a value no other compares equal to.
     """
     values: dict[str, object] = {}
+    where = device or torch.device("meta")
     for node in static:
         def value_of(n: Node) -> object:
             return values[n.name] if n.name in values else torch.empty(tuple(shape_of(n.name)), device="meta")
+
+        if node.op == "call_function" and node.target is getattr and node.args[1] in _DEVICE_READS:
+            values[node.name] = where if node.args[1] == "device" else where.type == "cuda"
+            continue
 
         args = map_values(node.args, lambda a: value_of(a) if isinstance(a, Node) else a)
         kwargs = map_values(node.kwargs, lambda a: value_of(a) if isinstance(a, Node) else a)

@@ -128,3 +128,38 @@ def test_a_parameter_used_on_two_stages_is_refused() -> None:
     with pytest.raises(PlanError, match="parameter conv.weight is used on stages 0 and 1"):
         refuse_shared_parameters(model, nodes, cuts)
     refuse_shared_parameters(model, nodes, cut_stages(nodes, {"conv": 0, "relu": 0, "conv_1": 0}, 2))
+
+
+class _DeviceRead(torch.nn.Module):
+    """A position ramp made where the activation lives (``device=y.device``), on both sides of a cut: Hugging
+    Face's Swin reads ``x.device`` once for two ``torch.arange`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x)
+        where = y.device
+        y = self.conv2(y + torch.arange(y.shape[-1], device=where, dtype=y.dtype))
+        return y * torch.arange(y.shape[-2], device=where, dtype=y.dtype)[:, None]
+
+
+def test_a_device_read_is_made_on_every_stage_not_sent() -> None:
+    """A device crossed a cut as a value no stage can send ('getattr_2' … only layers' tensors can cross a cut:
+    every planned pipeline of HF Swin); every stage reads its own device now (``runtime.shapes.static_values``)."""
+    from runtime.shapes import static_nodes, static_values, tensor_names
+
+    model = _DeviceRead()
+    graph = trace(model, (2, 3, 8, 8), torch.float32)
+    nodes = list(symbolic_trace(model, (), shapes=[(2, 3, 8, 8)]).graph.nodes)
+    static = static_nodes(nodes, tensor_names(graph))
+    reads = [node.name for node in static if node.target is getattr and node.args[1] == "device"]
+    stage_of = {name: stage for name, stage in _stages(nodes, ["conv2"]).items() if name in graph.nodes}
+    with pytest.raises(PlanError, match="only layers' tensors can cross a cut"):
+        cut_stages(nodes, stage_of, 2)  # as the pipeline cut it before
+    (first, second) = cut_stages(nodes, stage_of, 2, static=frozenset(node.name for node in static))
+    assert reads and not any(c.name in reads for c in second.receives)
+    values = static_values(static, lambda name: graph.nodes[name].output_shape, device=torch.device("cpu"))
+    assert all(values[name] == torch.device("cpu") for name in reads)
