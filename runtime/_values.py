@@ -41,7 +41,11 @@ class Held:
 
 
 def local_shape(shape: Sequence[int], placement: Placement, member: int) -> tuple[int, ...]:
-    """The shape of member ``member``'s box of a value of global ``shape`` under ``placement``."""
+    """The shape of member ``member``'s box of a value of global ``shape`` under ``placement`` (a scalar's: a
+    scalar, held whole — its geometry's one element made it ``(1,)``, and a pipeline's received gradient of a
+    scalar crossing, diffusers' ``VQModel`` commitment loss, then failed autograd's shape check)."""
+    if not shape:
+        return ()
     extent = box_extent(placement.box(geometry(shape, placement), member))
     if len(shape) == 4 or placement.holds(shape):
         return extent

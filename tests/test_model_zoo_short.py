@@ -1,4 +1,4 @@
-"""The short form of the model-coverage suite (tier 4): twelve varied models through ``parplan check``'s checks.
+"""The short form of the model-coverage suite (tier 4): thirteen varied models through ``parplan check``'s checks.
 
 Each model, at batch 4 and a 64×64 input: trace, plan on 2 devices
 (``parplan plan``'s default search, for float32), ``--verify`` of that plan,
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,29 +55,37 @@ MODELS = [
     ("convnext_tiny", "torchvision:convnext_tiny"),
     ("regnet_x_400mf", "torchvision:regnet_x_400mf"),
     ("shufflenet_v2_x0_5", "torchvision:shufflenet_v2_x0_5"),
-    ("squeezenet1_1", "torchvision:squeezenet1_1"),
     ("googlenet", "torchvision:googlenet"),
     ("monai-UNet", spec_of("monai__UNet")),
     ("timm-vit_tiny", spec_of("timm__vit_tiny_patch16_224__64")),
     ("torchvision-vit_tiny", f"{HERE.parents[1] / 'examples' / 'vit.py'}:vit_tiny"),  # nn.MultiheadAttention
     ("smp-FPN", spec_of("smp__fpn")),  # as built by default; its forward checks the input's shape (issue 53)
+    ("hf-Segformer", spec_of("hf__Segformer")),  # transformers v5: a decorated forward, attention, a decode head
+    ("diffusers-UNet2DModel", spec_of("diffusers__UNet2DModel")),  # two inputs (a timestep per sample)
 ]
+
+INPUTS: dict[str, dict[str, object]] = {
+    "diffusers-UNet2DModel": {"input_shapes": ((4, 3, 64, 64), (4,)), "output": "sample"},
+}
+"""What a model takes besides the one batch of ``4×3×64×64``: its inputs, the part of its output trained on."""
 
 
 @pytest.fixture(scope="module")
 def pools():  # noqa: ANN201 - a RankPools; torch is imported by the harness
-    with RankPools(preload=("timm", "monai.networks.nets", "segmentation_models_pytorch")) as shared:
+    with RankPools(preload=("timm", "monai.networks.nets", "segmentation_models_pytorch", "transformers",
+                            "diffusers")) as shared:
         yield shared
 
 
 def _param(model_id: str, spec: str) -> object:
     marks = [pytest.mark.xfail(strict=True, reason=KNOWN[model_id])] if model_id in KNOWN else []
-    return pytest.param(spec, id=model_id, marks=marks)
+    return pytest.param(spec, INPUTS.get(model_id, {}), id=model_id, marks=marks)
 
 
-@pytest.mark.parametrize("spec", [_param(*model) for model in MODELS])
-def test_a_zoo_model_plans_and_verifies(spec: str, pools: RankPools) -> None:
-    request = CheckRequest(spec, (4, 3, 64, 64), devices=(2,), layouts=LAYOUTS, timeout_s=120, verify_dtype="float64")
+@pytest.mark.parametrize(("spec", "inputs"), [_param(*model) for model in MODELS])
+def test_a_zoo_model_plans_and_verifies(spec: str, inputs: dict[str, Any], pools: RankPools) -> None:
+    request = CheckRequest(spec, (4, 3, 64, 64), devices=(2,), layouts=LAYOUTS, timeout_s=120, verify_dtype="float64",
+                           **inputs)
     report = check_model(request, pools)
     results = {check.name: check for check in report.checks}
     failed = [f"{check.name}: {check.reason}" for check in report.checks if check.result == "fail"]

@@ -163,3 +163,14 @@ def test_a_device_read_is_made_on_every_stage_not_sent() -> None:
     assert reads and not any(c.name in reads for c in second.receives)
     values = static_values(static, lambda name: graph.nodes[name].output_shape, device=torch.device("cpu"))
     assert all(values[name] == torch.device("cpu") for name in reads)
+
+
+def test_a_scalar_crossing_a_cut_keeps_no_dimension() -> None:
+    """diffusers' ``VQModel`` returns its commitment loss (a scalar) and a 4-stage plan sends it on; its
+    gradient came back as ``(1,)`` and autograd refused it for ``()`` after the ranks started."""
+    from runtime._values import local_shape
+    from runtime.placement import Placement
+
+    for layout in (Layout(), Layout(n=2), Layout(h=2)):
+        assert all(local_shape([], Placement(layout), member) == () for member in range(layout.ranks))
+    assert local_shape([4, 3, 8, 8], Placement(Layout(n=2)), 1) == (2, 3, 8, 8)
