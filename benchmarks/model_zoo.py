@@ -1,4 +1,4 @@
-"""The model-coverage suite: every model of six zoos traced, planned and verified by ``parplan check``'s code.
+"""The model-coverage suite: every model of eight zoos traced, planned and verified by ``parplan check``'s code.
 
 Models are chosen by rule, so that nobody picks the easy ones:
 
@@ -18,7 +18,9 @@ Models are chosen by rule, so that nobody picks the easy ones:
   Swin and ViT at their default configurations, two classes (``HF_OPTIONS``);
 * diffusers — ``DIFFUSERS_MODELS``: ``UNet2DModel`` (narrower than its default; its forward takes the image
   and a timestep per sample), ``AutoencoderKL`` and ``VQModel`` as they build by default, and a 3-level
-  ``AutoencoderKL``.
+  ``AutoencoderKL``;
+* neuraloperator (``neuralop``: FNO, TFNO) and NVIDIA physicsnemo (``physicsnemo``: FNO, AFNO, Pix2Pix) —
+  ``SCIENCE_MODELS``, at small configurations (their constructors have no default sizes).
 
 Parameters are counted on the meta device (nothing allocated); larger models
 are listed as skipped with their count. Input: a batch of 4, float32, the
@@ -42,7 +44,7 @@ choosing anew counts every timm model's parameters, about 10 minutes on 2 cores;
 rewrites it) and the table to ``--markdown`` (``docs/model-coverage.md``: generated,
 never edited by hand). Usage::
 
-    .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,monai,smp,hf,diffusers] [--only NAME ...]
+    .venv/bin/python benchmarks/model_zoo.py [--zoo torchvision,timm,…,neuralop,physicsnemo] [--only NAME ...]
         [--limit K] [--out results.json] [--markdown docs/model-coverage.md] [--cap-s 300] [--table-only]
         [--save-catalogue]
 
@@ -80,6 +82,7 @@ from benchmarks.zoo_models import (  # noqa: E402
     HF_MODELS,
     MONAI_NETWORKS,
     MONAI_VOLUME_NETWORKS,
+    SCIENCE_MODELS,
     VOLUME_SUFFIX,
     ZooModel,
     diffusers_catalogue,
@@ -91,6 +94,8 @@ from benchmarks.zoo_models import (  # noqa: E402
     monai_catalogue,
     monai_model,
     output_of,
+    science_catalogue,
+    science_model,
     smp_catalogue,
     smp_model,
     spec_of,
@@ -134,6 +139,8 @@ def __getattr__(name: str) -> Callable[[], Any]:
         return lambda: hf_model(rest)
     if zoo == "diffusers" and rest.replace("_", " ") in DIFFUSERS_MODELS:
         return lambda: diffusers_model(rest.replace("_", " "))
+    if zoo in SCIENCE_MODELS and rest in SCIENCE_MODELS[zoo]:
+        return lambda: science_model(zoo, rest)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -281,7 +288,9 @@ def catalogue(zoo: str, results: dict[str, Any], out: Path | None) -> list[ZooMo
             return [ZooModel(**{**entry, "spec": _this_file(entry["spec"])}) for entry in cached["entries"]]
     print(f"choosing the {zoo} models …", file=sys.stderr, flush=True)
     entries = {"torchvision": torchvision_catalogue, "timm": timm_catalogue, "monai": monai_catalogue,
-               "smp": smp_catalogue, "hf": hf_catalogue, "diffusers": diffusers_catalogue}[zoo]()
+               "smp": smp_catalogue, "hf": hf_catalogue, "diffusers": diffusers_catalogue,
+               "neuralop": lambda: science_catalogue("neuralop"),
+               "physicsnemo": lambda: science_catalogue("physicsnemo")}[zoo]()
     results["catalogue"][zoo] = {"versions": versions, "entries": [asdict(e) for e in entries]}
     save_results(out, results)
     return entries
@@ -332,7 +341,8 @@ def library_versions(zoo: str = "") -> dict[str, str]:
 
     found = {}
     extra = tuple(package for package, of in (("segmentation_models_pytorch", "smp"), ("transformers", "hf"),
-                                              ("diffusers", "diffusers")) if zoo in (of, ""))
+                                              ("diffusers", "diffusers"), ("neuraloperator", "neuralop"),
+                                              ("nvidia-physicsnemo", "physicsnemo")) if zoo in (of, ""))
     for package in ("torch", "torchvision", "timm", "monai", *extra):
         try:
             found[package] = version(package)
@@ -388,7 +398,8 @@ def run_worker(args: argparse.Namespace) -> None:
     todo = [e for e in _round_robin(chosen) if _to_do(results["models"].get(_key(e)), args)]
     preload = [name for name, zoo in (("timm", "timm"), ("monai.networks.nets", "monai"),
                                       ("segmentation_models_pytorch", "smp"), ("transformers", "hf"),
-                                      ("diffusers", "diffusers")) if zoo in args.zoo]
+                                      ("diffusers", "diffusers"), ("neuralop", "neuralop"),
+                                      ("physicsnemo", "physicsnemo")) if zoo in args.zoo]
     heartbeat = out.with_name(out.name + ".heartbeat")
     with RankPools(group_timeout_s=args.cap_s, preload=preload) as pools:
         for index, entry in enumerate(todo, 1):

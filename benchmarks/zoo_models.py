@@ -18,7 +18,8 @@ from typing import Any
 __all__ = ["MAX_PARAMS", "MONAI_NETWORKS", "MONAI_VOLUME_NETWORKS", "VOLUME_SUFFIX", "ZooModel", "first_line",
            "is_volume", "meta_params", "monai_catalogue", "monai_model", "SMP_OPTIONS", "smp_catalogue", "smp_model",
            "spec_of", "HF_MODELS", "hf_catalogue", "hf_model", "DIFFUSERS_MODELS", "diffusers_catalogue",
-           "diffusers_model", "output_of", "takes_timestep", "timm_catalogue", "timm_model", "torchvision_catalogue",
+           "diffusers_model", "output_of", "SCIENCE_MODELS", "science_catalogue", "science_model",
+           "takes_timestep", "timm_catalogue", "timm_model", "torchvision_catalogue",
            "torchvision_model"]
 
 MODEL_ZOO = Path(__file__).resolve().with_name("model_zoo.py")
@@ -136,6 +137,52 @@ DIFFUSERS_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 (its default widths make 274 M parameters; its block types, attention included, kept), ``AutoencoderKL`` and
 ``VQModel`` as they build by default, and an ``AutoencoderKL`` with three levels (its downsampling pads one side).
 ``UNet2DModel`` takes the timestep as a second input (one per sample)."""
+
+
+SCIENCE_MODELS: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+    "neuralop": {
+        "FNO": ("neuralop.models:FNO", {"n_modes": (8, 8), "in_channels": 3, "out_channels": 2,
+                                        "hidden_channels": 16}),
+        "TFNO": ("neuralop.models:TFNO", {"n_modes": (8, 8), "in_channels": 3, "out_channels": 2,
+                                          "hidden_channels": 16}),
+    },
+    "physicsnemo": {
+        "FNO": ("physicsnemo.models.fno:FNO", {"in_channels": 3, "out_channels": 2, "latent_channels": 16,
+                                               "num_fno_layers": 2, "num_fno_modes": 8}),
+        "AFNO": ("physicsnemo.models.afno:AFNO", {"inp_shape": [32, 32], "in_channels": 3, "out_channels": 2,
+                                                  "patch_size": [4, 4], "embed_dim": 64, "depth": 2}),
+        "Pix2Pix": ("physicsnemo.models.pix2pix:Pix2Pix", {"in_channels": 3, "out_channels": 2, "dimension": 2,
+                                                           "conv_layer_size": 16, "n_downsampling": 2,
+                                                           "n_upsampling": 2, "n_blocks": 2}),
+    },
+}
+"""Scientific-ML libraries' 2-D models (neuraloperator, NVIDIA physicsnemo): the class and the small
+configuration each is built with (their constructors have no default sizes); the zoos ``neuralop`` and
+``physicsnemo``. AFNO is built for 32×32 inputs (its patch grid is fixed at construction)."""
+
+
+def science_model(zoo: str, name: str) -> Any:
+    """``SCIENCE_MODELS[zoo][name]`` with random weights."""
+    import importlib
+
+    path, options = SCIENCE_MODELS[zoo][name]
+    module, _, cls = path.partition(":")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(importlib.import_module(module), cls)(**options)
+
+
+def science_catalogue(zoo: str) -> list[ZooModel]:
+    """``SCIENCE_MODELS[zoo]``, each with what it is built with."""
+    from importlib.metadata import version
+
+    package = {"neuralop": "neuraloperator", "physicsnemo": "nvidia-physicsnemo"}[zoo]
+    found = []
+    for name, (path, options) in SCIENCE_MODELS[zoo].items():
+        text = ", ".join(f"{key}={value}" for key, value in options.items())
+        found.append(_counted(zoo, name, lambda name=name: science_model(zoo, name), spec_of(f"{zoo}__{name}"),
+                              f"{path.rpartition(':')[2]}({text}); {package} {version(package)}"))
+    return found
 
 
 def hf_model(name: str) -> Any:
@@ -308,13 +355,16 @@ def diffusers_catalogue() -> list[ZooModel]:
 
 
 def _counted(zoo: str, name: str, build: Callable[[], Any], spec: str, config: str) -> ZooModel:
-    """The entry of a model ``build`` makes, its parameters counted on the meta device; skipped, with why, when it
-    does not build or is larger than ``MAX_PARAMS``."""
+    """The entry of a model ``build`` makes, its parameters counted on the meta device (built for real where the
+    meta device fails); skipped, with why, when it does not build or is larger than ``MAX_PARAMS``."""
     try:
         params = meta_params(build)
-    except Exception as err:
-        return ZooModel(zoo, name, "", None, config=config,
-                        skip=f"does not build: {type(err).__name__}: {first_line(err)}")
+    except Exception:  # some constructors fill tensors in ways the meta device refuses: counted on a real build
+        try:
+            params = sum(p.numel() for p in build().parameters())
+        except Exception as err:
+            return ZooModel(zoo, name, "", None, config=config,
+                            skip=f"does not build: {type(err).__name__}: {first_line(err)}")
     return ZooModel(zoo, name, spec, params, config=config, skip=_too_large(params))
 
 

@@ -17,7 +17,7 @@ from parplan.cli.layouts import cannot_split
 __all__ = ["COLUMNS", "CONVOLUTIONAL", "HEADINGS", "ZOOS", "cause_of", "checks_of", "exact_in_float64", "full_split",
            "markdown", "verified"]
 
-ZOOS = ("torchvision", "timm", "monai", "smp", "hf", "diffusers")
+ZOOS = ("torchvision", "timm", "monai", "smp", "hf", "diffusers", "neuralop", "physicsnemo")
 CONVOLUTIONAL = 0.5
 """A model is convolutional when convolutions carry at least this share of its forward FLOPs."""
 
@@ -156,6 +156,9 @@ def _zoo_table(zoo: str, rows: list[dict[str, Any]], notes: dict[str, Notes], co
         lines += ["", "Hugging Face transformers: each model's default configuration (`<NAME>Config()`) with its "
                   "image-classification head (SegFormer: semantic segmentation) and "
                   + next((r["config"] for r in rows if r.get("config")), "")]
+    if zoo in ("neuralop", "physicsnemo"):
+        lines += ["", f"{zoo} configurations: " + "; ".join(f"{r['name']}: {r['config']}" for r in rows
+                                                            if r.get("report") is not None)]
     if zoo == "diffusers":
         lines += ["", "diffusers configurations: " + "; ".join(f"{r['name']}: {r['config']}" for r in rows
                                                               if r.get("report") is not None)
@@ -179,7 +182,7 @@ def _counts(results: dict[str, Any]) -> list[str]:
         convolutional += [c for c in run if c.get("trace", {}).get("detail", {}).get("conv_flops_share", 0)
                           >= CONVOLUTIONAL]
         unit = {"torchvision": "models", "timm": "families", "monai": "networks", "smp": "architectures",
-                "hf": "models", "diffusers": "models"}[zoo]
+                "hf": "models", "diffusers": "models", "neuralop": "models", "physicsnemo": "models"}[zoo]
 
         def share(test: Callable[[dict[str, dict[str, Any]]], bool],
                   run: list[dict[str, dict[str, Any]]] = run) -> str:
