@@ -174,3 +174,28 @@ def test_a_scalar_crossing_a_cut_keeps_no_dimension() -> None:
     for layout in (Layout(), Layout(n=2), Layout(h=2)):
         assert all(local_shape([], Placement(layout), member) == () for member in range(layout.ranks))
     assert local_shape([4, 3, 8, 8], Placement(Layout(n=2)), 1) == (2, 3, 8, 8)
+
+
+def test_an_integer_value_crossing_a_cut_travels_in_its_own_dtype() -> None:
+    """HF Swin's relative-position index (``int64``) crossed a 2-stage cut; the receiver allocated it as float32,
+    half its bytes, and gloo aborted the rank ("Received data size doesn't match expected size")."""
+    from runtime.pipeline.stage import value_dtype
+
+    graph = trace(_DeviceRead(), (2, 3, 8, 8), torch.float32)
+    assert "output_dtype" not in graph.nodes["arange"].attrs  # a float ramp travels in the activations' dtype
+    indices = trace(_Indices(), (2, 3, 8, 8), torch.float32)
+    assert indices.nodes["arange"].attrs["output_dtype"] == "int64"
+    assert value_dtype(indices, "arange", torch.float64) == torch.int64
+    assert value_dtype(indices, "conv", torch.float64) == torch.float64
+
+
+class _Indices(torch.nn.Module):
+    """A gathered row picked by an index built from the shape (an ``int64`` layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        order = torch.arange(x.shape[-1] - 1, -1, -1)
+        return self.conv(x)[..., order]

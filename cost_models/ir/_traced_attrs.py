@@ -145,14 +145,18 @@ def record_pads(graph: LayerGraph, pads: dict[str, list[int]]) -> None:
         graph.graph["fingerprint"] = compute_fingerprint(graph)
 
 
-def record_complex(graph: LayerGraph, dtypes: dict[str, str]) -> None:
-    """Each layer whose output is complex: its dtype (``attrs["output_dtype"]``), which a pipeline receives it in
-    (the activations' real dtype would be half its bytes)."""
-    complex_layers = {name: dtype for name, dtype in dtypes.items() if name in graph and dtype.startswith("complex")}
-    for name, dtype in complex_layers.items():
+def record_output_dtypes(graph: LayerGraph, dtypes: dict[str, str]) -> None:
+    """Each layer whose output is not a real floating value — complex, integer or boolean: its dtype
+    (``attrs["output_dtype"]``), which a pipeline receives it in (the activations' dtype would be another byte
+    count: half a complex value's; an ``int64`` index twice a float32's, and gloo aborts the receiving rank)."""
+    other = {name: dtype for name, dtype in dtypes.items() if name in graph and not dtype.startswith(_REAL)}
+    for name, dtype in other.items():
         graph.replace_layer(name, attrs={**graph.nodes[name].attrs, "output_dtype": dtype})
-    if complex_layers:
+    if other:
         graph.graph["fingerprint"] = compute_fingerprint(graph)
+
+
+_REAL = ("float", "bfloat", "half")
 
 
 def record_amp(graph: LayerGraph, amp: str, dtypes: dict[str, str]) -> None:

@@ -52,7 +52,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cost_models.errors import InputError, TraceError
 from cost_models.ir._held import held_together
-from cost_models.ir._traced_attrs import TensorMeta, record_amp, record_complex, record_pads, shape_attrs, with_orders
+from cost_models.ir._traced_attrs import (
+    TensorMeta,
+    record_amp,
+    record_output_dtypes,
+    record_pads,
+    shape_attrs,
+    with_orders,
+)
 from cost_models.ir.classify import TF_SAME, KindInfo, classify
 from cost_models.ir.dtypes import run_dtype
 from cost_models.ir.flops import layer_flops
@@ -101,7 +108,7 @@ def build_layer_graph(
     graph = _assemble(fake_traced, metas, propagator.flops, names, input_shapes, str(dtype).removeprefix("torch."),
                       specialized=traced.meta["specialized"])
     record_pads(graph, propagator.pads)
-    record_complex(graph, propagator.dtypes)
+    record_output_dtypes(graph, propagator.dtypes)
     if amp:
         record_amp(graph, amp, propagator.dtypes)
     graph.graph["unused_params"] = sum(p.numel() for p in model.parameters()) - graph.totals()["params"]

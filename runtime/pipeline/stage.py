@@ -94,7 +94,7 @@ if TYPE_CHECKING:
 
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["EventRecord", "PipelineStage", "apply_pipeline", "check_pipeline"]
+__all__ = ["EventRecord", "PipelineStage", "apply_pipeline", "check_pipeline", "value_dtype"]
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -478,7 +478,7 @@ class PipelineStage:
         graph = self._models[size].layer_graph
         shape = local_shape(graph.nodes[name].output_shape, self.placements[name], self.member)
         buffer = self._gathered(moves.box, moves.receives, f"the activation of {name}", stage, tag,
-                                _value_dtype(graph, name, self.dtype)).reshape(shape)
+                                value_dtype(graph, name, self.dtype)).reshape(shape)
         return buffer.requires_grad_(buffer.is_floating_point() or buffer.is_complex())
 
     def _receive_gradient(self, size: int, name: str, stage: int, tag: int) -> torch.Tensor:
@@ -488,7 +488,7 @@ class PipelineStage:
         graph = self._models[size].layer_graph
         shape = local_shape(graph.nodes[name].output_shape, self._held[name], self.member)
         return self._gathered(moves.box, moves.sends, f"the gradient of {name}", stage, tag,
-                              _value_dtype(graph, name, self.dtype)).reshape(shape)
+                              value_dtype(graph, name, self.dtype)).reshape(shape)
 
     def _gathered(self, box: Box, pieces: Sequence[tuple[int, Box]], what: str, stage: int, tag: int,
                   dtype: torch.dtype) -> torch.Tensor:
@@ -535,11 +535,15 @@ def _summed(parts: Iterable[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def _value_dtype(graph: LayerGraph, name: str, activations: torch.dtype) -> torch.dtype:
+def value_dtype(graph: LayerGraph, name: str, activations: torch.dtype) -> torch.dtype:
     """The dtype crossing ``name`` travels in: the complex counterpart of the ``activations`` dtype where
-    tracing recorded a complex output (``attrs["output_dtype"]``), else ``activations``."""
+    tracing recorded a complex output (``attrs["output_dtype"]``), the recorded dtype of an integer or boolean
+    output, else ``activations``."""
     recorded = graph.nodes[name].attrs.get("output_dtype") if name in graph else None
-    return COMPLEX_OF.get(activations, getattr(torch, recorded)) if recorded else activations
+    if not recorded:
+        return activations
+    made = getattr(torch, recorded)
+    return COMPLEX_OF.get(activations, made) if made.is_complex else made
 
 
 def _posted(work: Work | None) -> Work:
