@@ -77,18 +77,30 @@ def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Se
     return reference
 
 
-def shared_rounding(reference: Reference, wide: Callable[[], Reference], device: torch.device) -> tuple[float, float]:
+def shared_rounding(reference: Reference, wide: Callable[[], Reference],
+                    device: torch.device) -> tuple[float, float] | None:
     """``reference``'s largest errors against its float64 twin ``wide()`` (outputs, gradients), computed on rank 0
-    only, with the cores of its node, and shared: every rank holds the same unsplit reference."""
+    only, with the cores of its node, and shared: every rank holds the same unsplit reference. ``None`` when the
+    model does not run in float64 (physicsnemo's AFNO computes its spectral layers in ``x.float()`` whatever the
+    weights' dtype): the comparison then allows no rounding beyond its tolerance."""
     distributed = dist.is_available() and dist.is_initialized()
     if distributed and dist.get_rank() != 0:
         noise = torch.zeros(2, dtype=torch.float64, device=device)
     else:
         with _every_core():
-            noise = torch.tensor(rounding_error(reference, wide()), dtype=torch.float64, device=device)
+            noise = torch.tensor(_rounding_or_nothing(reference, wide), dtype=torch.float64, device=device)
     if distributed:
         all_reduce(noise, "the --verify rounding broadcast", dist.ReduceOp.MAX)
-    return float(noise[0]), float(noise[1])
+    return None if bool(torch.isinf(noise).any()) else (float(noise[0]), float(noise[1]))
+
+
+def _rounding_or_nothing(reference: Reference, wide: Callable[[], Reference]) -> tuple[float, float]:
+    """:func:`rounding_error` against ``wide()``; infinite (shared as "none") when the float64 twin fails."""
+    try:
+        twin = wide()
+    except RuntimeError:  # the model's own code refuses float64 (a dtype mismatch in its arithmetic)
+        return float("inf"), float("inf")
+    return rounding_error(reference, twin)
 
 
 def _everywhere(true: bool, device: torch.device) -> bool:

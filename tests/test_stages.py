@@ -310,6 +310,36 @@ def test_stages_never_start_where_a_value_no_layer_holds_would_cross() -> None:
     assert len(allowed) >= 2  # before the first block, before the third (it takes no size): tensors only
 
 
+class _FetchedWeights(nn.Module):
+    """physicsnemo's AFNO: the forward fetches ``self.w[0]`` and ``self.w[1]`` itself, for two products."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1)
+        self.w = nn.Parameter(torch.randn(2, 4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.stem(x)).permute(0, 2, 3, 1)
+        y = torch.relu(torch.einsum("nhwc,cd->nhwd", y, self.w[0]))
+        y = torch.einsum("nhwc,cd->nhwd", torch.sigmoid(y), self.w[1])
+        return self.head(y.permute(0, 3, 1, 2))
+
+
+def test_stages_never_separate_the_layers_reading_one_fetched_weight() -> None:
+    """A 4-stage plan of AFNO put ``w[0]``'s and ``w[1]``'s products on two stages; the runtime refused the
+    weight crossing after the planner chose it."""
+    from cost_models.ir.tracing import symbolic_trace
+    from planner.pipeline.cuts import allowed_cuts
+    from planner.space import decision_groups
+
+    model = _FetchedWeights()
+    graph = trace(model, (4, 3, 8, 8))
+    assert ["getitem", "getitem_1"] in graph.graph["held_together"]  # w[0] and w[1]: the einsums between them
+    groups = decision_groups(graph)
+    allowed = allowed_cuts(graph, groups)
+    _assert_allowed_cuts_are_the_runnable_ones(list(symbolic_trace(model, ()).graph.nodes), groups, allowed)
+
+
 def test_a_recomputing_stage_keeps_its_inputs_and_runs_its_forward_twice(resnet18) -> None:  # noqa: ANN001
     """Priced as the runtime runs it: one micro-batch's activations at a time plus the in-flight inputs (less
     memory), and before each backward the stage's forward again (the breakdown's ``recompute``)."""

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
@@ -303,3 +304,19 @@ def test_a_planted_halo_error_fails_in_float32_and_float64_and_the_right_split_p
     assert wrong["float64"]["passed"] is False and wrong["float64"]["grad_max_rel_err"] > 1e-3, wrong
     right = run_ranks(_verify_in_ranks, 2, ("float32", False), timeout_s=300)[0]
     assert right is not None and right["passed"] and "float64" not in right, right
+
+
+def test_a_model_that_does_not_run_in_float64_is_verified_without_its_rounding_twin() -> None:
+    """physicsnemo's AFNO computes its spectral layers in ``x.float()`` whatever the weights' dtype: its float64
+    twin fails (a dtype mismatch in ``einsum``), which killed rank 0 of every float32 verify; now the comparison
+    allows no rounding beyond its tolerance, and a failed verify is not rechecked in float64, saying why."""
+    from runtime.shared_reference import shared_rounding
+    from runtime.verify import recheck_in_float64
+
+    def refuses() -> Any:
+        raise RuntimeError("expected scalar type Double but found Float")
+
+    assert shared_rounding(cast(Any, None), refuses, torch.device("cpu")) is None
+    failed = {"passed": False, "conclusive": True}
+    rechecked = recheck_in_float64(failed, torch.float32, refuses)
+    assert not rechecked["passed"] and "does not run in float64" in str(rechecked["note"])

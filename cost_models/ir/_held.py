@@ -18,12 +18,17 @@ def held_together(gm: GraphModule, graph: LayerGraph) -> list[list[str]]:
 
     A call whose result is not a layer's tensor (an opaque module returning ``(x, (h, w))``: mvitv2's
     attention) cannot be sent to another stage: the runtime computes it on the stage of its first reader, so
-    every layer reading it — directly or through other such calls — must be there too. Values made from
+    every layer reading it — directly or through other such calls — must be there too. So must the layers
+    reading one parameter or buffer the forward fetches itself (``self.w1[0]``: physicsnemo's AFNO), which the
+    runtime fetches on its first reader's stage and a parameter is trained on one. Values made from
     layers' metadata alone (``x.shape[2] // 2``) are computed on every stage and hold nothing back.
     """
     dynamic: set[str] = set()
     spans = []
     for node in gm.graph.nodes:
+        if node.op == "get_attr" and len(readers := _layer_readers(node, graph)) > 1:
+            spans.append(sorted(readers))  # a weight read by several layers (AFNO's w1[0], w1[1]): trained once
+            continue
         if node.name in graph or node.op in ("placeholder", "get_attr", "output") or _reads_metadata(node):
             continue
         if not any(n.name in graph or n.name in dynamic for n in node.all_input_nodes):
