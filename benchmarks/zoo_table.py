@@ -97,8 +97,9 @@ def markdown(results: dict[str, Any]) -> str:
              f"Last model finished {_last_finished(results)}; machine: {machine_info.get('cpu')} "
              f"({machine_info.get('cores')} cores), Python {machine_info.get('python')}, torch "
              f"{machine_info.get('torch')}, torchvision {machine_info.get('torchvision')}, timm "
-             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}, segmentation_models_pytorch "
-             f"{machine_info.get('segmentation_models_pytorch', 'absent')}; {_runs(results)}; commands (one "
+             f"{machine_info.get('timm')}, MONAI {machine_info.get('monai')}, "
+             + ", ".join(f"{package} {machine_info[package]}" for package in _LIBRARIES if package in machine_info)
+             + f"; {_runs(results)}; commands (one "
              "results file, resumed): " + "; ".join(f"`{command}`" for command in results.get("commands", [])) + ".",
              "",
              *_counts(results), "", *_legend(results.get("cap_s", 300.0)), ""]
@@ -110,6 +111,10 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"## {title}", "", *notes[key].lines(), ""]
     lines += _skipped_lines(results)
     return "\n".join(lines).rstrip() + "\n"
+
+
+_LIBRARIES = ("segmentation_models_pytorch", "transformers", "diffusers", "neuraloperator", "nvidia-physicsnemo")
+"""The other zoos' libraries, named in the header with their versions where the run recorded them."""
 
 
 def _runs(results: dict[str, Any]) -> str:
