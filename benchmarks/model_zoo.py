@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import os
 import platform
@@ -209,9 +210,12 @@ def _build_for(entry: ZooModel, side: int, takes_img_size: bool) -> tuple[Any, b
 
 
 # ----------------------------------------------------------------------------------------------- running
+@functools.cache
 def code_commit() -> str:
-    """The commit of the parplan checkout this file runs from (``unknown`` outside git): each model's row says
-    which code it was checked with, as a results file resumed across commits mixes them."""
+    """The commit of the parplan checkout this file runs from (``unknown`` outside git), read once per worker —
+    at its first model, the code it imported: each model's row says which code it was checked with, as a results
+    file resumed across commits mixes them (read per model, a commit made while a worker ran was named for code
+    the worker had not loaded)."""
     import subprocess
 
     try:

@@ -19,8 +19,9 @@ Rules (:func:`output_order`):
       ``(N, C, H, W) → (N, groups, C/groups, H, W)`` is ``n..hw``), or ``c``
       when one dimension merges channels back (:func:`reshaped`); a value
       other than 4-D with no row or column axis has no order (its features,
-      flattened, are its channels); a 4-D reshape of a value with no order whose
-      first dimension it does not keep (points ``(N·H·W, C)`` made a grid again)
+      flattened, are its channels); a 4-D reshape of a 2-D or 3-D value with no
+      order whose first dimension it does not keep (points ``(N·H·W, C)`` made a
+      grid again; not a vector made filters ``(C_out, C_in, 1, 1)``)
       is ``n...``, its axes unnamed (``nchw`` would read its ``(N, H, W, C)`` wrongly);
     * the pieces of a cut (``x.split(w, dim=-1)``) keep the order of the value
       cut, and an item of them (``pieces[i]``) its piece's;
@@ -77,7 +78,7 @@ def output_order(node: Node, kind: str, source: tuple[str, Sequence[int]] | None
     """The order of ``node``'s output of ``shape`` from ``source``, its first input's order and shape (module rules)."""
     rank = len(shape)
     if source is not None and not source[0] and kind in ("view", "flatten") and rank == 4 and \
-            len(source[1]) < rank and list(source[1][:1]) != list(shape[:1]):
+            1 < len(source[1]) < rank and list(source[1][:1]) != list(shape[:1]):
         return "n..."  # a grid made of points (physicsnemo's (N·H·W, C) → (N, H, W, C)): which axis is which, unknown
     if source is None or not source[0]:
         return NCDHW if rank == 5 and kind in VOLUME_MAKERS | {"input"} else default_order(rank)
