@@ -14,6 +14,9 @@ else
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 endif
 
+# the suite in two processes (pytest-xdist), each test file whole on one (its module-scoped rank pools shared)
+TEST_WORKERS ?= 2
+
 DEMO_MODEL   ?= torchvision:resnet50
 DEMO_SHAPE   ?= 64,3,2048,2048
 DEMO_DEVICES ?= 1024
@@ -39,7 +42,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: setup lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info
