@@ -16,6 +16,7 @@ import functools
 import operator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -63,6 +64,28 @@ class ValueBranch(nn.Module):
         if y.sum() > 0:  # control flow on values
             return y
         return -y
+
+
+class NumpyChecked(nn.Module):
+    """MONAI's SwinUNETR: the input's size checked in numpy (``np.array(x_in.shape[2:])``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (np.array(x.shape[2:]) % 4 > 0).any():
+            raise ValueError(f"spatial shape {tuple(np.array(x.shape))} must be divisible by 4")
+        return self.conv(x)
+
+
+class NumpyValues(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) * float(np.array(x.sum()))  # a tensor's value in numpy
 
 
 class Wrapped(nn.Module):
@@ -139,6 +162,20 @@ class GridCache(nn.Module):
         return self.conv(torch.cat((x, self._grid), dim=1))
 
 
+class BufferCache(nn.Module):
+    """timm's ConViT: relative indices computed by the forward for its token count, kept in a registered buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.register_buffer("offsets", torch.zeros(1, 1, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offsets.shape[3] != x.shape[3]:
+            self.offsets = torch.arange(x.shape[3], dtype=x.dtype).view(1, 1, 1, -1)
+        return self.conv(x) + self.offsets
+
+
 def _model(cls: type[nn.Module] = CheckedNet) -> nn.Module:
     torch.manual_seed(0)
     return cls().double().train()
@@ -167,6 +204,16 @@ def test_shape_checks_trace_for_the_given_shapes_and_take_the_branch_that_shape_
 def test_a_shape_the_model_rejects_is_its_own_message() -> None:
     with pytest.raises(TraceError, match="rejects input shape 4,3,8,10: .*must be divisible by 4, got 8x10"):
         trace(_model(), (4, 3, 8, 10))
+
+
+def test_sizes_read_into_numpy_are_their_values_and_a_tensors_values_are_refused() -> None:
+    """SwinUNETR's numpy check of its input's size failed every trace ("invalid __array_struct__")."""
+    graph = trace(_model(NumpyChecked), NARROW)
+    assert [entry[2] for entry in graph.graph["specialized"]] == ["(8, 8)"]  # the branch the size takes
+    with pytest.raises(TraceError, match="rejects input shape 4,3,8,10: .*must be divisible by 4"):
+        trace(_model(NumpyChecked), (4, 3, 8, 10))
+    with pytest.raises(TraceError, match=f"tensor values at tests/test_shape_specialize.py:{_line_of('x.sum()))')}"):
+        trace(_model(NumpyValues), NARROW)
 
 
 def test_control_flow_on_values_is_refused_naming_the_line() -> None:
@@ -210,6 +257,15 @@ def test_what_a_forward_caches_on_its_modules_is_taken_back_after_the_trace() ->
     x = torch.randn(NARROW, dtype=torch.float64)
     for traced in (first, second):
         torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+
+
+def test_what_a_forward_stores_in_a_registered_buffer_is_taken_back_after_the_trace() -> None:
+    """timm's ConViT left a proxy in its ``rel_indices`` buffer: the next trace of the model failed on it, and
+    every verify of ``parplan check`` was refused."""
+    model = _model(BufferCache)
+    graphs = [trace(model, NARROW) for _ in range(2)]
+    assert torch.is_tensor(model.offsets) and model.offsets.shape == (1, 1, 1, 1)  # as before the trace
+    assert graphs[0].graph["fingerprint"] == graphs[1].graph["fingerprint"]
 
 
 def test_without_shapes_torch_fx_refuses_as_before() -> None:

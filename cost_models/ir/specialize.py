@@ -102,7 +102,8 @@ class ShapeOracle:
         return self.values[node]
 
     def decide(self, node: Node, read: str) -> Any:
-        """The concrete value of ``node`` for a Python decision (``read``: bool, len, iter, int or float), recorded.
+        """The concrete value of ``node`` for a Python decision (``read``: bool, len, iter, int, float or array,
+        numpy's copy), recorded.
 
         Raises:
             ValueDependent: The decision reads a tensor (its values, or its length).
@@ -110,7 +111,8 @@ class ShapeOracle:
         where, code = user_location()
         value = self.value(node)
         if isinstance(value, torch.Tensor):
-            what = "tensor values" if read in ("bool", "int", "float") else f"a tensor's {read} (its first extent)"
+            by_values = read in ("bool", "int", "float", "array")
+            what = "tensor values" if by_values else f"a tensor's {read} (its first extent)"
             raise ValueDependent(f"Python control flow on {what} at {where} ({code}): only shapes can be "
                                  f"specialised at trace time")
         entry = Specialization(where, code, repr(_decided(value, read)))
@@ -159,6 +161,8 @@ def _decided(value: Any, read: str) -> Any:
         return len(value)
     if read in ("int", "float"):
         return int(value) if read == "int" else float(value)
+    if read == "array":  # numpy's copy of a size or sizes
+        return tuple(value) if isinstance(value, (tuple, list)) else value
     if read == "iter":  # the items: numbers as they are, a tensor by its shape (a grid's tuple of tensors)
         return tuple(f"tensor{tuple(item.shape)}" if isinstance(item, torch.Tensor) else item for item in value)
     return bool(value)

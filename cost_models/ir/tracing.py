@@ -42,11 +42,13 @@ from dataclasses import replace
 from math import prod
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeCopyMode, FakeTensorMode
 from torch.fx import Graph, GraphModule, Interpreter, Node, Proxy, Tracer
+from torch.fx.proxy import Attribute
 from torch.fx.proxy import TraceError as FxTraceError
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -193,8 +195,8 @@ class _LocatingTracer(Tracer):
         return len(self._decide(obj, "len"))
 
     def decided(self, obj: Proxy, read: str) -> Any:
-        """``obj``'s value for the given shapes as Python reads it (``read``: bool, len, iter, int or float),
-        recorded as a decision."""
+        """``obj``'s value for the given shapes as Python reads it (``read``: bool, len, iter, int, float or
+        array), recorded as a decision."""
         return self._decide(obj, read)
 
     def _decide(self, obj: Proxy, read: str) -> Any:
@@ -316,6 +318,16 @@ class _WritableProxy(Proxy):
     def __float__(self) -> float:
         return float(self._number("float"))
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.array(x.shape[2:])`` (MONAI's SwinUNETR checks its input's size in numpy): sizes read into numpy
+        are their values for the given shapes, recorded as a decision; a tensor's values: refused."""
+        return np.asarray(self._number("array"), dtype=dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("__array_struct__", "__array_interface__"):  # not traced attributes: numpy asks __array__ next
+            raise AttributeError(name)
+        return _WritableAttribute(self, name)
+
     def _number(self, read: str) -> Any:
         tracer = self.tracer
         if isinstance(tracer, _LocatingTracer) and tracer.shapes is not None:
@@ -330,6 +342,11 @@ class _WritableProxy(Proxy):
             if not isinstance(value, torch.Tensor):
                 return format(value, spec)
         return super().__format__(spec)
+
+
+
+class _WritableAttribute(Attribute, _WritableProxy):
+    """``x.shape`` of a traced value, itself read as one (``np.array(x.shape)``, ``int(x.shape[0])``)."""
 
 
 def symbolic_trace(model: nn.Module, leaf_modules: tuple[str, ...], *, inputs: int = 1,
