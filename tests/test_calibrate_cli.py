@@ -104,7 +104,11 @@ def test_calibrate_under_a_launcher_uses_every_rank(tmp_path: Path, launcher: st
     assert result.returncode == 0, result.stderr[-2000:]
     profile = load_profile(out)
     assert profile.meta["ranks"] == 2 and profile.compute_samples
-    assert {s.collective for s in profile.comm_samples} >= {"allreduce", "allgather", "all_to_all", "sendrecv"}
+    measured = {s.collective for s in profile.comm_samples}
+    assert measured and all(s.group == 2 for s in profile.comm_samples)  # timed on both ranks
+    # every collective, or the profile says the budget ran out (a loaded machine reaches fewer in 20 s)
+    assert measured >= {"allreduce", "allgather", "all_to_all", "sendrecv"} or \
+        any("did not fit in the budget" in note for note in profile.meta["notes"]), (measured, profile.meta["notes"])
     assert list(tmp_path.iterdir()) == [out]  # only rank 0 wrote, atomically
 
 
