@@ -19,11 +19,9 @@ naming the line. Sizes used as *values* stay traced nodes (the runtime reads the
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -31,6 +29,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
+
+from cost_models.ir.quiet_logs import quiet
 
 __all__ = ["ShapeOracle", "Specialization", "ValueDependent", "user_location"]
 
@@ -76,7 +76,7 @@ class ShapeOracle:
 
     def __init__(self, root: nn.Module, graph: Graph, input_shapes: Sequence[Sequence[int]]) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # constants the tracer adds to the root later
-        with FakeCopyMode(self.fake_mode), _quiet(logging.getLogger("torch.fx.proxy")):
+        with FakeCopyMode(self.fake_mode), quiet("torch.fx.proxy"):
             # module state never changes: running a module here is on a copy (proxies a forward stored on its
             # modules earlier in this trace are copied shallowly: torch.fx says so for each, to no purpose here)
             self.root = copy.deepcopy(root)
@@ -168,12 +168,3 @@ def _decided(value: Any, read: str) -> Any:
     return bool(value)
 
 
-@contextmanager
-def _quiet(logger: logging.Logger) -> Iterator[None]:
-    """``logger``'s warnings left out while inside."""
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

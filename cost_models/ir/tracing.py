@@ -69,6 +69,7 @@ from cost_models.ir.functionalize import functionalize
 from cost_models.ir.graph import AMP_DTYPES, LayerGraph, compute_fingerprint, parse_input_shapes
 from cost_models.ir.layer import Layer
 from cost_models.ir.module_state import restored_attributes
+from cost_models.ir.quiet_logs import quiet
 from cost_models.ir.specialize import ShapeOracle, ValueDependent
 from cost_models.ir.wrapped_forward import plain_root_forward
 
@@ -481,7 +482,8 @@ class _FakePropagator(Interpreter):
     def propagate(self, input_shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype,
                   amp: str = "") -> dict[str, TensorMeta | None]:
         cast = torch.autocast("cpu", dtype=getattr(torch, AMP_DTYPES[amp])) if amp else contextlib.nullcontext()
-        with self.fake_mode, cast, _fake_tensor_log_quiet():
+        # fake tensors log a model's rejection of its input with a traceback: the trace reports it in one line
+        with self.fake_mode, cast, quiet("torch._subclasses.fake_tensor", logging.CRITICAL):
             self.run(*(torch.empty(shape, dtype=dtype) for shape in input_shapes))
         return self.metas
 
@@ -519,18 +521,6 @@ class _FakePropagator(Interpreter):
             result = super().run_node(n)
         self.flops[n.name] = int(counter.get_total_flops())
         return result
-
-
-@contextlib.contextmanager
-def _fake_tensor_log_quiet() -> Iterator[None]:
-    """Fake tensors log a model's rejection of its input with a traceback; the trace reports it in one line."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _batchnorm_output(module: nn.Module, args: Any, kwargs: Any) -> torch.Tensor | None:
