@@ -166,5 +166,3 @@ def _decided(value: Any, read: str) -> Any:
     if read == "iter":  # the items: numbers as they are, a tensor by its shape (a grid's tuple of tensors)
         return tuple(f"tensor{tuple(item.shape)}" if isinstance(item, torch.Tensor) else item for item in value)
     return bool(value)
-
-

@@ -345,7 +345,6 @@ class _WritableProxy(Proxy):
         return super().__format__(spec)
 
 
-
 class _WritableAttribute(Attribute, _WritableProxy):
     """``x.shape`` of a traced value, itself read as one (``np.array(x.shape)``, ``int(x.shape[0])``)."""
 
