@@ -53,7 +53,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
                             "aten::native_batch_norm_backward")),
     ("other kernels", ("aten::max_pool", "aten::avg_pool", "aten::threshold_backward", "aten::addmm", "aten::mm",
                        "aten::upsample", "aten::max_pool2d_with_indices_backward", "aten::max_pool3d")),
-    ("halo exchange", ("_Halo", "c10d::send", "c10d::recv", "aten::cat")),
+    ("halo exchange", ("_Halo", "_Superposed", "c10d::send", "c10d::recv", "aten::cat")),
     ("split statistics", ("_BatchNorm", "_GroupNorm", "_AllReduceSum", "c10d::allgather")),
     ("collectives", ("c10d::allreduce",)),
     ("element-wise and copies", ("aten::add", "aten::sub", "aten::mul", "aten::copy_", "aten::fill_",

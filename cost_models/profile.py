@@ -211,8 +211,10 @@ class Profile:
     @property
     def overlaps_halos(self) -> bool:
         """Whether the runtime computes a convolution tile's interior while its halos travel on this device:
-        on GPUs; on CPUs one kernel call over the tile joined with its halos is faster, and the exchange is
-        exposed (``runtime.spatial.conv2d``)."""
+        on GPUs. On CPUs the exchange is priced exposed: most tiles are convolved joined with their halos, and
+        where the superposed form posts the exchange before the tile's kernel (``runtime.spatial.conv_form``)
+        the step times measured the same (the wait on a shared 2-core machine is the neighbour's jitter, which
+        no overlap hides: docs/performance.md)."""
         return not self.device.is_cpu
 
     @property

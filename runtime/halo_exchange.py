@@ -34,7 +34,8 @@ import torch.distributed as dist
 from cost_models.halo import partition, window_output_extent
 from runtime.waiting import exchange, in_backward, place, wait_all
 
-__all__ = ["AxisWindow", "PendingHalo", "axis_window", "exchange_halo", "finish_halo", "start_halo", "window_of_reads"]
+__all__ = ["AxisWindow", "PendingHalo", "axis_window", "empty_rows", "exchange_halo", "exchange_name", "finish_halo",
+           "halo_messages", "peers_of", "post_messages", "received_ranges", "start_halo", "window_of_reads"]
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def finish_halo(tile: torch.Tensor, pending: PendingHalo, fill: float = 0.0) -> 
     return _HaloFinish.apply(tile, pending.before, pending.after, pending, fill)
 
 
-def _received(w: AxisWindow) -> tuple[tuple[int, int], tuple[int, int]]:
+def received_ranges(w: AxisWindow) -> tuple[tuple[int, int], tuple[int, int]]:
     """Global row ranges received from the neighbour before and after (empty ranges at borders)."""
     first, last = max(w.read_start, 0), min(w.read_stop, w.extent)
     before = (first, min(w.own_start, last)) if first < w.own_start else (first, first)
@@ -164,9 +165,9 @@ class _HaloStart(torch.autograd.Function):
     def forward(ctx: _StartContext, tile: torch.Tensor, pending: PendingHalo) -> tuple[torch.Tensor, torch.Tensor]:
         w, dim = pending.window, pending.dim
         ctx.dim, ctx.window, ctx.shape, ctx.where = dim, w, tuple(tile.shape), place()
-        outgoing, incoming = _messages(tile, dim, w)
-        with exchange(_what(dim), _peers(w)):
-            pending.requests = _post(outgoing, incoming)
+        outgoing, incoming = halo_messages(tile, dim, w)
+        with exchange(exchange_name(dim), peers_of(w)):
+            pending.requests = post_messages(outgoing, incoming)
         pending.keep = [rows for _, rows in outgoing]
         return incoming[0][1], incoming[1][1]
 
@@ -175,13 +176,13 @@ class _HaloStart(torch.autograd.Function):
                  grad_after: torch.Tensor | None) -> tuple[torch.Tensor, None]:
         w, dim = ctx.window, ctx.dim
         result = torch.zeros(ctx.shape, dtype=_dtype(grad_before, grad_after), device=_device(grad_before, grad_after))
-        received_before, received_after = _received(w)
+        received_before, received_after = received_ranges(w)
         outgoing = [(w.before, _grad_or_zeros(grad_before, result, dim, received_before)),
                     (w.after, _grad_or_zeros(grad_after, result, dim, received_after))]
-        incoming = [(w.before, _empty_rows(result, dim, w.sends_before)),
-                    (w.after, _empty_rows(result, dim, w.sends_after))]
-        with exchange(_what(dim), _peers(w), in_backward(ctx.where)):  # posting and waiting, labelled once
-            for request in _post(outgoing, incoming):
+        incoming = [(w.before, empty_rows(result, dim, w.sends_before)),
+                    (w.after, empty_rows(result, dim, w.sends_after))]
+        with exchange(exchange_name(dim), peers_of(w), in_backward(ctx.where)):  # posting and waiting, labelled once
+            for request in post_messages(outgoing, incoming):
                 request.wait()
         for (start, stop), (_, rows) in zip((w.sends_before, w.sends_after), incoming):
             result.narrow(dim, start - w.own_start, stop - start).add_(rows)
@@ -195,7 +196,7 @@ class _HaloFinish(torch.autograd.Function):
     def forward(ctx: _FinishContext, tile: torch.Tensor, before: torch.Tensor, after: torch.Tensor,
                 pending: PendingHalo, fill: float) -> torch.Tensor:
         w, dim = pending.window, pending.dim
-        wait_all(pending.requests, _what(dim), _peers(w))
+        wait_all(pending.requests, exchange_name(dim), peers_of(w))
         kept, pads = _joined(w)
         ctx.dim, ctx.own_start, ctx.shape, ctx.kept = dim, w.own_start, tuple(tile.shape), kept
         ctx.sizes = [pads[0], before.shape[dim], max(0, kept[1] - kept[0]), after.shape[dim], pads[1]]
@@ -226,9 +227,9 @@ class _Halo(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: _HaloContext, tile: torch.Tensor, dim: int, w: AxisWindow, fill: float) -> torch.Tensor:
-        outgoing, incoming = _messages(tile, dim, w)
-        with exchange(_what(dim), _peers(w)):
-            for request in _post(outgoing, incoming):
+        outgoing, incoming = halo_messages(tile, dim, w)
+        with exchange(exchange_name(dim), peers_of(w)):
+            for request in post_messages(outgoing, incoming):
                 request.wait()
         kept, pads = _joined(w)
         ctx.dim, ctx.window, ctx.shape, ctx.kept, ctx.where = dim, w, tuple(tile.shape), kept, place()
@@ -241,10 +242,11 @@ class _Halo(torch.autograd.Function):
     def backward(ctx: _HaloContext, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         w, dim = ctx.window, ctx.dim
         _, grad_before, grad_kept, grad_after, _ = torch.split(grad, ctx.sizes, dim=dim)
-        incoming = [(w.before, _empty_rows(grad, dim, w.sends_before)),
-                    (w.after, _empty_rows(grad, dim, w.sends_after))]
-        with exchange(_what(dim), _peers(w), in_backward(ctx.where)):  # posting and waiting, labelled once
-            requests = _post([(w.before, grad_before.contiguous()), (w.after, grad_after.contiguous())], incoming)
+        incoming = [(w.before, empty_rows(grad, dim, w.sends_before)),
+                    (w.after, empty_rows(grad, dim, w.sends_after))]
+        with exchange(exchange_name(dim), peers_of(w), in_backward(ctx.where)):  # posting and waiting, labelled once
+            requests = post_messages([(w.before, grad_before.contiguous()), (w.after, grad_after.contiguous())],
+                                     incoming)
             grad_tile = _own_gradient(grad_kept, ctx.shape, dim, ctx.kept[0] - w.own_start)  # meanwhile
             for request in requests:
                 request.wait()
@@ -264,14 +266,14 @@ def _own_gradient(grad_kept: torch.Tensor, shape: tuple[int, ...], dim: int, off
     return grad_tile
 
 
-def _messages(tile: torch.Tensor, dim: int, w: AxisWindow) -> tuple[list[tuple[int | None, torch.Tensor]],
+def halo_messages(tile: torch.Tensor, dim: int, w: AxisWindow) -> tuple[list[tuple[int | None, torch.Tensor]],
                                                                       list[tuple[int | None, torch.Tensor]]]:
     """The rows this tile sends each neighbour, and empty buffers for the halos it receives from each."""
-    received_before, received_after = _received(w)
+    received_before, received_after = received_ranges(w)
     outgoing = [(w.before, _rows(tile, dim, w.sends_before, w.own_start)),
                 (w.after, _rows(tile, dim, w.sends_after, w.own_start))]
-    incoming = [(w.before, _empty_rows(tile, dim, received_before)),
-                (w.after, _empty_rows(tile, dim, received_after))]
+    incoming = [(w.before, empty_rows(tile, dim, received_before)),
+                (w.after, empty_rows(tile, dim, received_after))]
     return outgoing, incoming
 
 
@@ -282,16 +284,16 @@ def _joined(w: AxisWindow) -> tuple[tuple[int, int], tuple[int, int]]:
     return kept, (max(0, -w.read_start), max(0, w.read_stop - w.extent))
 
 
-def _what(dim: int) -> str:
+def exchange_name(dim: int) -> str:
     return f"the halo exchange along {'HW'[dim - 2] if dim in (2, 3) else f'dim {dim}'}"
 
 
-def _peers(window: AxisWindow) -> list[int]:
+def peers_of(window: AxisWindow) -> list[int]:
     return [peer for peer in (window.before, window.after) if peer is not None]
 
 
 def _grad_or_zeros(grad: torch.Tensor | None, like: torch.Tensor, dim: int, span: tuple[int, int]) -> torch.Tensor:
-    return grad.contiguous() if grad is not None else _empty_rows(like, dim, span).zero_()
+    return grad.contiguous() if grad is not None else empty_rows(like, dim, span).zero_()
 
 
 def _dtype(*grads: torch.Tensor | None) -> torch.dtype:
@@ -315,7 +317,7 @@ def _rows(tensor: torch.Tensor, dim: int, span: tuple[int, int], origin: int) ->
     return tensor.narrow(dim, span[0] - origin, max(0, span[1] - span[0])).contiguous()
 
 
-def _empty_rows(like: torch.Tensor, dim: int, span: tuple[int, int]) -> torch.Tensor:
+def empty_rows(like: torch.Tensor, dim: int, span: tuple[int, int]) -> torch.Tensor:
     shape = list(like.shape)
     shape[dim] = max(0, span[1] - span[0])
     return like.new_empty(shape)
@@ -327,7 +329,7 @@ def _filled(like: torch.Tensor, dim: int, rows: int, fill: float) -> torch.Tenso
     return like.new_full(shape, fill)
 
 
-def _post(outgoing: list[tuple[int | None, torch.Tensor]],
+def post_messages(outgoing: list[tuple[int | None, torch.Tensor]],
           incoming: list[tuple[int | None, torch.Tensor]]) -> list[dist.Work]:
     """Post every non-empty send and receive (non-blocking); the caller waits for the returned requests."""
     requests = [dist.isend(rows, peer) for peer, rows in outgoing if peer is not None and rows.numel()]

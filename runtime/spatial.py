@@ -15,7 +15,8 @@ the tiles (and samples) gives the unsplit gradients.
 
 Global padding is applied by the exchange on border tiles (zeros for
 convolution and average pooling, ``-inf`` for max pooling), so the local
-operation runs without padding along split axes.
+operation runs without padding along split axes. A convolution meets its
+halos in one of three forms (:data:`ConvForm`, chosen by :func:`conv_form`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from cost_models.halo import partition, window_output_extent
 from runtime.collectives import all_reduce_sum
 from runtime.halo_exchange import AxisWindow, axis_window, exchange_halo
 from runtime.overlap import bands_are_uniform, conv2d_overlapped
+from runtime.superposed import Superposition, conv_superposed, superposable, superposition
 
-__all__ = ["AVG_POOL", "CONV", "MAX_POOL", "TileGrid", "avg_pool2d", "by_rank", "conv2d", "global_avg_pool2d",
-           "max_pool2d", "ntuple", "pair"]
+__all__ = ["AVG_POOL", "CONV", "MAX_POOL", "ConvForm", "TileGrid", "avg_pool2d", "by_rank", "conv2d", "conv_form",
+           "global_avg_pool2d", "max_pool2d", "ntuple", "pair"]
 
 
 @dataclass(frozen=True)
@@ -102,22 +106,35 @@ MAX_POOL = {3: F.max_pool1d, 4: F.max_pool2d, 5: F.max_pool3d}
 AVG_POOL = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}
 
 
+SUPERPOSED_TILE_PER_WEIGHT = 4
+"""How many times a tile's values must outnumber its convolution's filter values for the superposed form on CPU
+(:func:`conv_form`)."""
+
+ConvForm = Literal["joined", "bands", "superposed"]
+"""How a tile's convolution meets its halos: ``joined`` (one kernel call over the tile joined with its halos, a
+copy of the tile), ``bands`` (the interior while the halos travel, then up to four border bands:
+``runtime.overlap``), ``superposed`` (one kernel call over the bare tile while the halos travel, their share
+added after: ``runtime.superposed``; one split axis)."""
+
+
 def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grid: TileGrid,
            full_hw: tuple[int, ...], stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
-           dilation: int | Sequence[int] = 1, groups: int = 1, overlap: bool | None = None) -> torch.Tensor:
+           dilation: int | Sequence[int] = 1, groups: int = 1, form: ConvForm | None = None) -> torch.Tensor:
     """This tile of ``F.conv2d`` of the global input (spatial extents ``full_hw``; a volume's ``F.conv3d``).
 
-    With ``overlap`` an image tile's interior is convolved while the halos travel (``runtime.overlap``);
-    otherwise the tile joined with its halos is convolved by one kernel call. Default: overlap on CUDA only.
-    On CPU the interior and its border bands cost more than the exchange they would hide — more, smaller
-    kernel calls on the cores gloo's threads share: resnet18 8×3×256² under ``h2`` on 2 ranks of the 2-core
-    development machine took 1.51 s a step overlapped, 1.27 s as one call (``benchmarks/spatial_parts.py``).
+    ``form`` (:data:`ConvForm`; default :func:`conv_form`) says how the halos are met; a form a tile cannot take
+    falls back to ``joined``.
     """
-    overlap = tile.is_cuda if overlap is None else overlap
     rank = len(grid.parts)
     stride, padding, dilation = ntuple(stride, rank), ntuple(padding, rank), ntuple(dilation, rank)
     kernel = tuple(weight.shape[2:])
-    if overlap and rank == 2 and grid.h * grid.w > 1:
+    form = form or conv_form(tile, weight, grid, full_hw, stride, padding, dilation)
+    split = [axis for axis, parts in enumerate(grid.parts) if parts > 1]
+    if form == "superposed" and len(split) == 1:
+        plan = _superposition(grid, split[0], full_hw, kernel, stride, padding, dilation, groups)
+        if plan is not None:
+            return conv_superposed(by_rank(CONV, tile), tile, weight, bias, plan)
+    if form == "bands" and rank == 2 and split:
         every = [[axis_window(full_hw[axis], parts, index, kernel[axis], stride[axis], dilation[axis], padding[axis],
                               grid.neighbours(axis)) for index in range(parts)] if parts > 1 else None
                  for axis, parts in enumerate((grid.h, grid.w))]
@@ -130,6 +147,56 @@ def conv2d(tile: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
         return conv2d_overlapped(tile, weight, bias, windows, stride2, padding2, dilation2, groups, uniform)
     local, local_padding = _with_halos(tile, grid, full_hw, kernel, stride, dilation, padding, 0.0)
     return by_rank(CONV, tile)(local, weight, bias, stride, local_padding, dilation, groups)
+
+
+def conv_form(tile: torch.Tensor, weight: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...],
+              stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...]) -> ConvForm:
+    """The form a convolution takes by default, the same on every tile of the grid (their exchanges pair up).
+
+    On CPU: ``superposed`` where the grid splits one axis, every tile of it can take the form and the tile
+    outweighs the filters :data:`SUPERPOSED_TILE_PER_WEIGHT` times; else ``joined``. Each band is one more
+    kernel call over the whole filter bank, which the join's copy of the tile outweighs only on large tiles:
+    resnet18 8×3×256² under ``h2`` (2 ranks of the 2-core development machine) took 968 ms a step with every
+    convolution superposed against 908 ms joined (its convolution kernels +15 %: the last stages' tiles are 4
+    and 8 rows under 512 and 256 filters), and the same within noise under this rule; the UNet at 2×3×512²
+    peaked at 429 MB of tensors against 491 MB joined (no joined copy kept for backward). On CUDA: ``bands``
+    of an image, as measured there (the superposed form is not yet measured on a GPU).
+    """
+    if tile.is_cuda:
+        return "bands" if len(grid.parts) == 2 else "joined"
+    split = [axis for axis, parts in enumerate(grid.parts) if parts > 1]
+    if len(split) != 1:
+        return "joined"
+    axis, kernel = split[0], tuple(weight.shape[2:])
+    smallest = tile.numel() // max(1, tile.shape[2 + axis]) * (full_hw[axis] // grid.parts[axis])  # any tile's
+    heavy = smallest >= SUPERPOSED_TILE_PER_WEIGHT * weight.numel()
+    superposable = _every_tile_superposable(grid, axis, full_hw, kernel, stride, padding, dilation)
+    return "superposed" if heavy and superposable else "joined"
+
+
+def _every_tile_superposable(grid: TileGrid, axis: int, full_hw: tuple[int, ...], kernel: tuple[int, ...],
+                             stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...]) -> bool:
+    parts, extent = grid.parts[axis], full_hw[axis]
+    outputs = partition(window_output_extent(extent, kernel[axis], stride[axis], dilation[axis], padding[axis]),
+                        parts)
+    try:
+        windows = [axis_window(extent, parts, index, kernel[axis], stride[axis], dilation[axis], padding[axis],
+                               (None, None)) for index in range(parts)]
+    except ValueError:
+        return False  # too fine a split: the joined form says so
+    return all(superposable(window, span, kernel[axis], stride[axis], padding[axis], dilation[axis])
+               for window, span in zip(windows, outputs))
+
+
+def _superposition(grid: TileGrid, axis: int, full_hw: tuple[int, ...], kernel: tuple[int, ...],
+                   stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...],
+                   groups: int) -> Superposition | None:
+    """This tile's superposition along ``axis``, or ``None`` when a tile of the axis cannot take the form."""
+    if not _every_tile_superposable(grid, axis, full_hw, kernel, stride, padding, dilation):
+        return None
+    window = axis_window(full_hw[axis], grid.parts[axis], grid.tile[axis], kernel[axis], stride[axis],
+                         dilation[axis], padding[axis], grid.neighbours(axis))
+    return superposition(window, axis, kernel[axis], stride, padding, dilation, groups)
 
 
 def max_pool2d(tile: torch.Tensor, grid: TileGrid, full_hw: tuple[int, ...], kernel_size: int | Sequence[int],

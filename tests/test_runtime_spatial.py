@@ -30,7 +30,8 @@ CASES = (  # (operation, kwargs)
 )
 
 
-def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name: str) -> int:
+def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype_name: str,
+                 extents: tuple[int, int] = (13, 14)) -> int:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -43,7 +44,7 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
         grid = TileGrid.of_rank((h, w), list(range(world_size)), rank)
         for operation, kw in CASES:
             generator = torch.Generator().manual_seed(1000 * h + 10 * w + checked)
-            x = torch.randn(2, 4, 13, 14, dtype=dtype, generator=generator, requires_grad=True)
+            x = torch.randn(2, 4, *extents, dtype=dtype, generator=generator, requires_grad=True)
             weight = torch.randn(6, 4 // kw.get("groups", 1), kw["kernel"], kw["kernel"], dtype=dtype,
                                  generator=generator, requires_grad=True)
             bias = torch.randn(6, dtype=dtype, generator=generator, requires_grad=True)
@@ -62,37 +63,36 @@ def _check_tiles(rank: int, world_size: int, grids: list[tuple[int, int]], dtype
             reference.backward(upstream)
 
             i, j = grid.tile
-            tile = _tile(x.detach(), h, w, i, j).requires_grad_(True)
-            local_weight = weight.detach().clone().requires_grad_(True)
-            local_bias = bias.detach().clone().requires_grad_(True)
+            context = f"{operation} {kw} on {h}×{w} of {extents}, tile {grid.tile}"
+            forms = ("joined", "bands", "superposed") if operation == "conv" else (None,)
             try:
-                if operation == "conv":
-                    out = conv2d(tile, local_weight, local_bias, grid, (13, 14), **conv_args, overlap=True)  # as on CUDA
-                elif operation == "maxpool":
-                    out = max_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"],
-                                     ceil_mode=kw.get("ceil_mode", False))
-                else:
-                    out = avg_pool2d(tile, grid, (13, 14), kw["kernel"], kw["stride"], kw["padding"],
-                                     kw.get("count_include_pad", True), kw.get("ceil_mode", False))
+                for form in forms:  # each form of a convolution (one falling back to the joined where it cannot)
+                    tile = _tile(x.detach(), h, w, i, j).requires_grad_(True)
+                    local_weight = weight.detach().clone().requires_grad_(True)
+                    local_bias = bias.detach().clone().requires_grad_(True)
+                    if operation == "conv":
+                        out = conv2d(tile, local_weight, local_bias, grid, extents, **conv_args, form=form)
+                    elif operation == "maxpool":
+                        out = max_pool2d(tile, grid, extents, kw["kernel"], kw["stride"], kw["padding"],
+                                         ceil_mode=kw.get("ceil_mode", False))
+                    else:
+                        out = avg_pool2d(tile, grid, extents, kw["kernel"], kw["stride"], kw["padding"],
+                                         kw.get("count_include_pad", True), kw.get("ceil_mode", False))
+                    where = f"{context}, {form or operation}"
+                    torch.testing.assert_close(out, _tile(reference.detach(), h, w, i, j), msg=lambda m: f"{where}: {m}")
+                    out.backward(_tile(upstream, h, w, i, j))
+                    torch.testing.assert_close(tile.grad, _tile(x.grad, h, w, i, j), msg=lambda m: f"{where} dx: {m}")
+                    if operation == "conv":
+                        # a sum over every output position in another order: float32 needs a looser absolute tolerance
+                        tolerance = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
+                        for mine, full in ((local_weight.grad, weight.grad), (local_bias.grad, bias.grad)):
+                            dist.all_reduce(mine)
+                            torch.testing.assert_close(mine, full, **tolerance, msg=lambda m: f"{where} dW: {m}")
             except ValueError:  # too fine for the window: the planner must refuse it too
-                assert not _planner_accepts(h, w, kw), f"runtime refused {operation} {kw} on {h}×{w}"
+                assert not _planner_accepts(h, w, kw, extents), f"runtime refused {operation} {kw} on {h}×{w}"
                 refused += 1
                 continue
-            assert _planner_accepts(h, w, kw), f"planner refuses {operation} {kw} on {h}×{w} but the runtime ran it"
-            context = f"{operation} {kw} on {h}×{w}, tile {grid.tile}"
-            if operation == "conv":  # the interior computed during the exchange gives the tile of one call (CPU's form)
-                plain = conv2d(tile.detach(), weight.detach(), bias.detach(), grid, (13, 14), **conv_args,
-                               overlap=False)
-                torch.testing.assert_close(out.detach(), plain, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-5)
-            torch.testing.assert_close(out, _tile(reference.detach(), h, w, i, j), msg=lambda m: f"{context}: {m}")
-            out.backward(_tile(upstream, h, w, i, j))
-            torch.testing.assert_close(tile.grad, _tile(x.grad, h, w, i, j), msg=lambda m: f"{context} dx: {m}")
-            if operation == "conv":
-                # a sum over every output position in another order: float32 needs a looser absolute tolerance
-                tolerance = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
-                for mine, full in ((local_weight.grad, weight.grad), (local_bias.grad, bias.grad)):
-                    dist.all_reduce(mine)
-                    torch.testing.assert_close(mine, full, **tolerance, msg=lambda m: f"{context} dW: {m}")
+            assert _planner_accepts(h, w, kw, extents), f"planner refuses {context} but the runtime ran it"
             checked += 1
         checked += _check_global_pool(grid, dtype)
     return checked, refused
@@ -118,12 +118,12 @@ def _check_global_pool(grid, dtype) -> int:  # noqa: ANN001
     return 1
 
 
-def _planner_accepts(h: int, w: int, kw: dict) -> bool:
+def _planner_accepts(h: int, w: int, kw: dict, extents: tuple[int, int]) -> bool:
     from cost_models.errors import InputError
     from cost_models.halo import axis_halos
 
     try:
-        for extent, parts in ((13, h), (14, w)):
+        for extent, parts in zip(extents, (h, w)):
             axis_halos(extent, parts, kw["kernel"], kw["stride"], kw.get("dilation", 1), kw["padding"],
                        kw.get("ceil_mode", False))
     except InputError:
@@ -138,10 +138,31 @@ def _tile(tensor, h: int, w: int, i: int, j: int):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_tiles_on_two_ranks(dtype: str) -> None:
-    results = run_ranks(_check_tiles, 2, args=([(2, 1), (1, 2)], dtype))
+@pytest.mark.parametrize(("dtype", "extents"), [("float64", (13, 14)), ("float32", (13, 14)), ("float64", (16, 12))])
+def test_tiles_on_two_ranks(dtype: str, extents: tuple[int, int]) -> None:
+    """13 rows: strided windows straddle tile borders (the joined form); 16×12: every tile starts where its
+    first window does (the superposed form, strided too)."""
+    results = run_ranks(_check_tiles, 2, args=([(2, 1), (1, 2)], dtype, extents))
     assert results == [(2 * len(CASES) + 2, 0)] * 2
+
+
+@pytest.mark.parametrize(("extent", "stride", "channels", "form"), [
+    (16, 2, 4, "superposed"), (13, 1, 4, "superposed"), (13, 2, 4, "joined"),  # tiles that start off their windows
+    (16, 1, 64, "joined"),  # filters outweigh the tile: a band's kernel call would cost more than the join's copy
+])
+def test_the_default_form_of_a_tile(extent: int, stride: int, channels: int, form: str) -> None:
+    """On CPU, one split axis whose tiles start where their first windows do and outweigh the filters takes the
+    superposed form; else joined — on every tile of the axis alike."""
+    import torch
+
+    from runtime.spatial import TileGrid, conv_form
+
+    for rank in range(2):
+        grid = TileGrid.of_rank((2, 1), [0, 1], rank)
+        rows = len(torch.tensor_split(torch.arange(extent), 2)[rank])
+        tile, weight = torch.empty(2, channels, rows, 12), torch.empty(channels, channels, 3, 3)
+        chosen = conv_form(tile, weight, grid, (extent, 12), (stride, stride), (1, 1), (1, 1))
+        assert chosen == form, f"tile {rank} of {extent} rows, stride {stride}, {channels} channels: {chosen}"
 
 
 @pytest.mark.multirank
@@ -210,3 +231,43 @@ def _check_batch_norm(rank: int, world_size: int, samples: int, dtype_name: str)
 @pytest.mark.parametrize(("world_size", "samples"), [(2, 1), (4, 2)])
 def test_batch_norm_statistics_over_the_spatial_and_sample_groups(world_size: int, samples: int) -> None:
     assert run_ranks(_check_batch_norm, world_size, args=(samples, "float64")) == [2] * world_size
+
+
+def _check_superposed_volume_and_sequence(rank: int, world_size: int) -> int:
+    """The superposed form of a volume split by depth and of a sequence split by length equals the unsplit
+    convolution: output, input gradient, weight and bias gradients (float64)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from runtime.spatial import TileGrid, conv2d
+
+    checked = 0
+    for shape, conv, stride in (((2, 3, 12, 6, 5), F.conv3d, 1), ((2, 3, 12, 6, 5), F.conv3d, 2),
+                                ((2, 3, 16), F.conv1d, 1)):
+        generator = torch.Generator().manual_seed(checked)
+        x = torch.randn(shape, dtype=torch.float64, generator=generator, requires_grad=True)
+        weight = torch.randn(4, 3, *([3] * (len(shape) - 2)), dtype=torch.float64, generator=generator,
+                             requires_grad=True)
+        bias = torch.randn(4, dtype=torch.float64, generator=generator, requires_grad=True)
+        reference = conv(x, weight, bias, stride, 1)
+        upstream = torch.randn(reference.shape, dtype=torch.float64, generator=generator)
+        reference.backward(upstream)
+        parts = (2,) + (1,) * (len(shape) - 3)
+        grid = TileGrid.of_rank(parts, [0, 1], rank)
+        tile = torch.tensor_split(x.detach(), 2, dim=2)[rank].contiguous().requires_grad_(True)
+        mine_weight, mine_bias = weight.detach().clone().requires_grad_(True), bias.detach().clone().requires_grad_(True)
+        out = conv2d(tile, mine_weight, mine_bias, grid, tuple(shape[2:]), stride, 1, form="superposed")
+        torch.testing.assert_close(out, torch.tensor_split(reference.detach(), 2, dim=2)[rank], rtol=0, atol=1e-12)
+        out.backward(torch.tensor_split(upstream, 2, dim=2)[rank])
+        torch.testing.assert_close(tile.grad, torch.tensor_split(x.grad, 2, dim=2)[rank], rtol=0, atol=1e-12)
+        for mine, full in ((mine_weight.grad, weight.grad), (mine_bias.grad, bias.grad)):
+            dist.all_reduce(mine)
+            torch.testing.assert_close(mine, full, rtol=0, atol=1e-11)
+        checked += 1
+    return checked
+
+
+@pytest.mark.multirank
+def test_superposed_volume_and_sequence_tiles() -> None:
+    assert run_ranks(_check_superposed_volume_and_sequence, 2) == [3, 3]
