@@ -163,6 +163,10 @@ def test_the_default_form_of_a_tile(extent: int, stride: int, channels: int, for
         tile, weight = torch.empty(2, channels, rows, 12), torch.empty(channels, channels, 3, 3)
         chosen = conv_form(tile, weight, grid, (extent, 12), (stride, stride), (1, 1), (1, 1))
         assert chosen == form, f"tile {rank} of {extent} rows, stride {stride}, {channels} channels: {chosen}"
+    volume = TileGrid.of_rank((2, 1, 1), [0, 1], 0)  # measured slower superposed: joined
+    chosen = conv_form(torch.empty(2, 4, 8, 12, 12), torch.empty(4, 4, 3, 3, 3), volume, (16, 12, 12), (1,) * 3,
+                       (1,) * 3, (1,) * 3)
+    assert chosen == "joined"
 
 
 @pytest.mark.multirank
