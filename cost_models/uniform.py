@@ -27,8 +27,8 @@ from cost_models.local_problem import local_problem
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["NO_COMPUTE_KINDS", "fits_output", "layout_applies", "balanced_starts", "layout_by_rule", "staged",
-           "uniform_plan"]
+__all__ = ["NO_COMPUTE_KINDS", "balanced_starts", "default_micro_batches", "fits_output", "layout_applies",
+           "layout_by_rule", "staged", "uniform_plan"]
 
 NO_COMPUTE_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
 """Kinds with no local problem of their own: any layout their output fits is theirs."""
@@ -123,6 +123,24 @@ def staged(plan: Plan, graph: LayerGraph, starts: Sequence[str], schedule: Sched
                 {name: LayerAssignment(a.layout, stage_of[name]) for name, a in plan.layers.items()},
                 Pipeline(stages, (devices,) * stages, schedule, micro_batches, lags), model_spec=plan.model_spec,
                 created=plan.created, input_shapes=plan.input_shapes)
+
+
+def default_micro_batches(plan: Plan, graph: LayerGraph, stages: int) -> int:
+    """The micro-batches a sync pipeline of ``stages`` takes by default (``parplan run --stages K``): the most that
+    divide the batch, at most ``4·K``, whose micro-batches still give every batch-norm of ``plan`` more than one
+    value per channel on each of its sample parts (PyTorch refuses one in training); 1 when none does."""
+    batch = graph.input_shape[0]
+    least = 1  # the fewest samples a micro-batch may hold
+    for name, assignment in plan.layers.items():
+        layer = graph.nodes[name]
+        if layer.kind == "batchnorm" and layer.attrs.get("training") is not False and layer.input_shapes:
+            positions = 1
+            for extent in layer.input_shapes[0][2:]:
+                positions *= extent
+            least = max(least, assignment.layout.n * (1 if positions > 1 else 2))
+    least = min(least, batch)
+    fits = [m for m in range(1, min(batch, 4 * stages) + 1) if batch % m == 0 and batch // m >= least]
+    return max(fits, default=1)
 
 
 def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:

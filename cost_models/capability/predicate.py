@@ -315,9 +315,10 @@ def _batchnorm_refusal(layer: Layer, layout: Layout, sync_batchnorm: bool, micro
         positions *= extent
     if samples * positions > 1:
         return None
+    fewer = f", use fewer micro-batches than {micro_batches} (--micro-batches)" if micro_batches > 1 else ""
     return (f"batch-norm statistics over {samples * positions} value per channel ({samples} sample(s) × "
-            f"{positions} position(s)), which PyTorch refuses in training; split fewer samples here or synchronise "
-            f"batch-norm (--sync-batchnorm)")
+            f"{positions} position(s)), which PyTorch refuses in training; split fewer samples here{fewer} or "
+            f"synchronise batch-norm (--sync-batchnorm)")
 
 
 _NO_ROWS = re.compile(r"value \([\d, ]+\) \(([ncdhw.]+)\) has no ([dhw/]+) axis to split")

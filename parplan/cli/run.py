@@ -124,7 +124,7 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                           help="with --layout --stages: sync (GPipe/1F1B micro-batches) or stale (DSP); default sync")
     pipeline.add_argument("--micro-batches", type=positive_int, metavar="M",
                           help="with --layout --stages and sync: micro-batches (default: the divisor of the batch "
-                               "nearest below 4K)")
+                               "nearest below 4K that leaves every batch-norm more than one value per channel)")
     pipeline.add_argument("--order", choices=("1f1b", "gpipe"),
                           help="order of a sync pipeline's micro-batches (default 1f1b)")
     pipeline.add_argument("--staleness", type=non_negative_int, metavar="S",

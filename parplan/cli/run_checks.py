@@ -19,7 +19,7 @@ __all__ = ["check_pipeline_flags", "check_plan_fits", "check_precision", "check_
 
 def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Plan:
     """The plan of ``--layout`` (cut into ``--stages`` of equal compute when more than one)."""
-    from cost_models.uniform import balanced_starts, staged
+    from cost_models.uniform import balanced_starts, default_micro_batches, staged
 
     stages = args.stages
     if ranks % stages:
@@ -27,8 +27,7 @@ def layout_plan(graph: LayerGraph, args: argparse.Namespace, ranks: int) -> Plan
     plan = _uniform(graph, args.layout, ranks // stages)
     if stages == 1:
         return plan
-    batch = graph.input_shape[0]
-    micro = args.micro_batches or max(m for m in range(1, min(batch, 4 * stages) + 1) if batch % m == 0)
+    micro = args.micro_batches or default_micro_batches(plan, graph, stages)
     return staged(plan, graph, balanced_starts(graph, stages), args.schedule, micro)
 
 
