@@ -46,6 +46,7 @@ from processes.job import place_in_job
 from processes.rank_failures import barrier
 
 if TYPE_CHECKING:
+    from calibrate.comm_bench import CommMeasurement
     from cost_models.ir.graph import LayerGraph
 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "no CUDA runtime" noise on CPU
@@ -176,7 +177,7 @@ def _run_as_rank(request: CalibrationRequest, progress: Progress | None) -> Cali
         dist.destroy_process_group()
     if job.rank != 0:
         return None
-    notes += [f"{name} not timed: {why}" for name, why in measured.skipped.items()]
+    notes += _comm_notes(measured)  # a profile short of collectives says so (issue 52 item 4)
     in_job = CalibrationRequest(**{**request.__dict__, "ranks": job.world_size, "device": device})
     profile = _build_profile(in_job, compute, list(measured.samples), time.monotonic() - started, interrupted,
                              total, notes, optimizer_fits=optimizers)
@@ -234,10 +235,15 @@ def _measure_comm(request: CalibrationRequest, deadline: float) -> tuple[list[Co
         return [], ["interrupted while timing collectives: none kept"], True
     except InputError as err:  # nothing could be timed in what was left: keep the compute results
         return [], [f"collectives not timed: {err}"], False
+    return list(measured.samples), _comm_notes(measured), False
+
+
+def _comm_notes(measured: CommMeasurement) -> list[str]:
+    """What the collectives' timing left out: collectives skipped and why, measurements past the budget."""
     notes = [f"{name} not timed: {why}" for name, why in measured.skipped.items()]
     if measured.unfinished:
         notes.append(f"{measured.unfinished} collective measurements did not fit in the budget")
-    return list(measured.samples), notes, False
+    return notes
 
 
 def _build_profile(request: CalibrationRequest, compute: list[ComputeSample], comm: list[CommSample],

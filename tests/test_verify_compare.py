@@ -279,9 +279,10 @@ def _verify_in_ranks(rank: int, world: int, dtype: str, plant: bool) -> dict[str
     from runtime.options import RunOptions
     from runtime.train import worker
 
-    if plant:
+    if plant:  # in the joined form (the superposed one receives its halos inside one autograd function)
         for module in (runtime.spatial, runtime.overlap):
             module.exchange_halo = _dropping_first_halo_row(module.exchange_halo)  # type: ignore[attr-defined]
+        runtime.spatial.conv_form = lambda *_args, **_kwargs: "joined"  # type: ignore[assignment]
     spec = f"{Path(__file__).resolve()}:planted_net"
     graph = trace(planted_net(), PLANTED_SHAPE, getattr(torch, dtype))
     options = RunOptions(model=spec, input_shape=PLANTED_SHAPE, dtype=dtype, steps=0, warmup=0, verify=True,
