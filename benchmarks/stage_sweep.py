@@ -30,21 +30,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cost_models.capability.predicate import uncuttable_after  # noqa: E402
 from cost_models.cluster import Cluster, Link  # noqa: E402
 from cost_models.errors import InputError, PlanError  # noqa: E402
 from cost_models.ir.graph import LayerGraph  # noqa: E402
 from cost_models.ir.model_spec import load_model  # noqa: E402
 from cost_models.ir.tracing import trace  # noqa: E402
 from cost_models.layout import Layout  # noqa: E402
-from cost_models.uniform import balanced_starts, default_micro_batches, staged, uniform_plan  # noqa: E402
+from cost_models.uniform import balanced_starts, cut_places, default_micro_batches, staged, uniform_plan  # noqa: E402
 from runtime.preflight import check_runnable  # noqa: E402
 
 
 def deepest(graph: LayerGraph) -> int:
     """The most stages the model can be cut into (one more than its places to cut)."""
-    forbidden = uncuttable_after(graph)
-    return 1 + sum(1 for position in range(1, len(graph.compute_layers())) if position - 1 not in forbidden)
+    return 1 + len(cut_places(graph))
 
 
 def preflight(model: torch.nn.Module, graph: LayerGraph, stages: int) -> str:

@@ -27,8 +27,8 @@ from cost_models.local_problem import local_problem
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["NO_COMPUTE_KINDS", "balanced_starts", "default_micro_batches", "fits_output", "layout_applies",
-           "layout_by_rule", "staged", "uniform_plan"]
+__all__ = ["NO_COMPUTE_KINDS", "balanced_starts", "cut_places", "default_micro_batches", "fits_output",
+           "layout_applies", "layout_by_rule", "staged", "uniform_plan"]
 
 NO_COMPUTE_KINDS = frozenset({"flatten", "view", "getitem", "identity"})
 """Kinds with no local problem of their own: any layout their output fits is theirs."""
@@ -143,6 +143,13 @@ def default_micro_batches(plan: Plan, graph: LayerGraph, stages: int) -> int:
     return max(fits, default=1)
 
 
+def cut_places(graph: LayerGraph) -> list[int]:
+    """The positions in ``graph.compute_layers()`` where a pipeline stage may start (the planner's rule,
+    ``cost_models.capability.predicate.uncuttable_after``): a model cuts into at most ``len(cut_places) + 1``."""
+    forbidden = uncuttable_after(graph)
+    return [position for position in range(1, len(graph.compute_layers())) if position - 1 not in forbidden]
+
+
 def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:
     """The first layer of stages ``1 … K−1`` cutting the model into ``K`` parts of about equal forward+backward FLOPs,
     only where a pipeline can be cut (``cost_models.capability.predicate.uncuttable_after``: the planner's rule).
@@ -151,9 +158,9 @@ def balanced_starts(graph: LayerGraph, stages: int) -> list[str]:
         InputError: Fewer places to cut than ``K − 1``.
     """
     order = graph.compute_layers()
-    forbidden = uncuttable_after(graph)
-    allowed = [position for position in range(1, len(order)) if position - 1 not in forbidden]
+    allowed = cut_places(graph)
     if not 1 <= stages <= len(allowed) + 1:
+        forbidden = len(allowed) < len(order) - 1
         held = f" (of {len(order) - 1} between its {len(order)} layers; the others would send a tuple of tensors, " \
                f"a value no layer holds or one module's parameters to two stages)" if forbidden else ""
         raise InputError(f"cannot cut this model into {stages} stages: it can be cut at {len(allowed)} places"

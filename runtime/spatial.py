@@ -21,6 +21,7 @@ halos in one of three forms (:data:`ConvForm`, chosen by :func:`conv_form`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
@@ -176,6 +177,7 @@ def conv_form(tile: torch.Tensor, weight: torch.Tensor, grid: TileGrid, full_hw:
     return "superposed" if heavy and superposable else "joined"
 
 
+@functools.cache  # per layer, not per step: the same arguments every step
 def _every_tile_superposable(grid: TileGrid, axis: int, full_hw: tuple[int, ...], kernel: tuple[int, ...],
                              stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...]) -> bool:
     parts, extent = grid.parts[axis], full_hw[axis]
@@ -190,6 +192,7 @@ def _every_tile_superposable(grid: TileGrid, axis: int, full_hw: tuple[int, ...]
                for window, span in zip(windows, outputs))
 
 
+@functools.cache
 def _superposition(grid: TileGrid, axis: int, full_hw: tuple[int, ...], kernel: tuple[int, ...],
                    stride: tuple[int, ...], padding: tuple[int, ...], dilation: tuple[int, ...],
                    groups: int) -> Superposition | None:
