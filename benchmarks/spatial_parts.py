@@ -9,6 +9,10 @@ Usage::
 Timing: for each case, ``parplan run --layout L --nproc 2 --threads 1 --steps S --warmup W --json`` of the
 split and of ``n2``, interleaved (``n2``, split, ``n2``, split, …) for ``--rounds`` rounds; the median of each
 run's per-step times, then the median over rounds; the ratio split / ``n2`` (issue 52's target: ≤ 1.15).
+``n2`` keeps each rank's batch-norm statistics to its own samples, as data parallelism does; a spatial split
+cannot (a tile's statistics are not a batch's) and sums them over its tiles, two meeting points per batch-norm
+a step. So each round also runs ``n2 --sync-batchnorm`` — the sample split with the same statistics, the one
+equal to the unsplit model — and reports the split against it too.
 
 ``--parts``: each case's ``n2`` and split also run in this process's two spawned gloo ranks (one thread each)
 through ``apply_plan``, 2 steps under ``torch.profiler``; rank 0's self CPU time per step, summed by part:
@@ -62,11 +66,16 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+SYNCED = "n2 --sync-batchnorm"
+"""The sample split with batch-norm statistics over the whole batch, as the split and the unsplit model have them."""
+
+
 def _run(case: Case, layout: str, steps: int, warmup: int) -> float:
-    """The median step of one ``parplan run`` (seconds)."""
+    """The median step of one ``parplan run`` (seconds); ``layout`` may carry options after it (:data:`SYNCED`)."""
+    name, *options = layout.split()
     command = [str(ROOT / ".venv/bin/parplan"), "run", "--model", case.model, "--input-shape", case.shape,
-               "--layout", layout, "--nproc", "2", "--threads", "1", "--steps", str(steps), "--warmup", str(warmup),
-               "--json"]
+               "--layout", name, *options, "--nproc", "2", "--threads", "1", "--steps", str(steps), "--warmup",
+               str(warmup), "--json"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
@@ -75,18 +84,22 @@ def _run(case: Case, layout: str, steps: int, warmup: int) -> float:
 
 
 def time_case(name: str, case: Case, rounds: int, steps: int, warmup: int) -> dict[str, object]:
-    """Interleaved medians of ``n2`` and the split, and their ratio."""
-    times: dict[str, list[float]] = {"n2": [], case.layout: []}
+    """Interleaved medians of ``n2``, ``n2`` with synchronised batch-norm and the split; the split's ratios to both
+    (each round's ratio first, then their median: a round's runs are minutes apart, the rounds may not be)."""
+    times: dict[str, list[float]] = {"n2": [], SYNCED: [], case.layout: []}
     for _ in range(rounds):
         for layout in times:
             times[layout].append(_run(case, layout, steps, warmup))
     medians = {layout: statistics.median(values) for layout, values in times.items()}
+    split = times[case.layout]
     row = {"case": name, "model": case.model, "shape": case.shape, "layout": case.layout,
-           "n2_ms": round(medians["n2"] * 1e3, 1), "split_ms": round(medians[case.layout] * 1e3, 1),
-           "ratio": round(medians[case.layout] / medians["n2"], 3),
+           "n2_ms": round(medians["n2"] * 1e3, 1), "n2_synced_ms": round(medians[SYNCED] * 1e3, 1),
+           "split_ms": round(medians[case.layout] * 1e3, 1),
+           "ratio": round(statistics.median(a / b for a, b in zip(split, times["n2"], strict=True)), 3),
+           "ratio_synced": round(statistics.median(a / b for a, b in zip(split, times[SYNCED], strict=True)), 3),
            "runs_ms": {layout: [round(t * 1e3, 1) for t in values] for layout, values in times.items()}}
-    print(f"{name}: n2 {row['n2_ms']} ms, {case.layout} {row['split_ms']} ms, ratio {row['ratio']} "
-          f"(runs {row['runs_ms']})", flush=True)
+    print(f"{name}: n2 {row['n2_ms']} ms, {SYNCED} {row['n2_synced_ms']} ms, {case.layout} {row['split_ms']} ms; "
+          f"split / n2 {row['ratio']}, split / synced n2 {row['ratio_synced']} (runs {row['runs_ms']})", flush=True)
     return row
 
 

@@ -27,9 +27,14 @@ The fit (:func:`fit_corrections`) has two steps, each a closed form:
    the step is repeated once from the first solution (Gauss–Newton).
 
 With ``split_layers_only`` (``parplan calibrate``'s split forms) only the
-factors of split layers are kept, and the whole-run fit has no common factor
-and no seconds per iteration: it finds the per-event seconds and the exposed
-allreduce share given those factors.
+factors of split layers are kept and the whole-run fit has no seconds per
+iteration; its common factors are one per split class (``channel``,
+``spatial``), each scaling that class's layer factors alike: the per-layer
+times say how split layers compare with each other, the runs' unprofiled
+steps how long they take (a split layer timed under the profiler carries the
+profiler's cost on more, smaller calls, and its neighbours' waits: the 3-D
+UNet's split layers read 3–4× their kernels' time there, and its ``h2`` plan
+was predicted +46 % over its step, 2026-12-07).
 
 :func:`held_out_predictions` refits without each run in turn and predicts it
 (leave-one-out): the error after refining is measured only on runs the
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -118,23 +123,44 @@ def fit_corrections(graph: LayerGraph, profile: Profile, runs: Sequence[Observat
     """Corrections for ``profile`` (its own are ignored) that fit ``runs`` (module docstring).
 
     ``split_layers_only`` keeps the factors of split layers alone (keys ``kind·split`` and ``*·split``), fixes
-    the seconds per iteration at 0 and fits no common factor: the whole-run fit then finds the per-event
-    seconds and the exposed allreduce share given those factors (``parplan calibrate``'s split forms).
+    the seconds per iteration at 0 and scales each split class's factors by one common factor, so that the runs'
+    whole steps are met (the per-layer times, taken under the profiler, carry its cost and the neighbours' waits
+    twice over); the whole-run fit finds those, the per-event seconds and the exposed allreduce share
+    (``parplan calibrate``'s split forms).
     """
     base = replace(profile, corrections=None)
     factors = _layer_factors(graph, base, runs, optimizer)
     if split_layers_only:
         factors = {key: value for key, value in factors.items() if "·" in key}
-    free = (any(run.plan.pipeline.stages > 1 for run in runs),
-            any(_hidden_allreduce_s(graph, base, run, optimizer) > 0 for run in runs), not split_layers_only)
-    terms = _Terms(1.0, 0.0, 0.0, 0.0)
+        groups = tuple(sorted({_scale_group(key) for key in factors}))
+    else:
+        groups = () if factors else ("",)  # measured layer factors already say how fast each layer runs
+    free = _Free(any(run.plan.pipeline.stages > 1 for run in runs),
+                 any(_hidden_allreduce_s(graph, base, run, optimizer) > 0 for run in runs), not split_layers_only,
+                 groups)
+    terms = _Terms((1.0,) * len(groups), 0.0, 0.0, 0.0)
     for _ in range(2):
         terms = _whole_run_terms(graph, base, runs, factors, terms, free, optimizer)
-    layer_scale = {key: min(max(value * terms.scale, _FACTOR_BOUNDS[0]), _FACTOR_BOUNDS[1])
-                   for key, value in factors.items()}
+    layer_scale = {key: min(max(value, _FACTOR_BOUNDS[0]), _FACTOR_BOUNDS[1])
+                   for key, value in _scaled(factors, groups, terms.scales).items()}
+    scales = dict(zip(groups, terms.scales, strict=True))
     return Corrections(layer_scale, terms.step_s, terms.event_s, terms.exposed,
-                       {"runs": [run.name for run in runs], "common_factor": terms.scale,
+                       {"runs": [run.name for run in runs], "common_factor": scales.get("", 1.0),
+                        "split_scales": {group: scale for group, scale in scales.items() if group},
                         "per_layer_runs": sum(run.layers_s is not None for run in runs)})
+
+
+def _scale_group(key: str) -> str:
+    """The split class a layer factor's key belongs to (``conv·spatial`` → ``spatial``); ``""`` for whole layers."""
+    return key.split("·", 1)[1] if "·" in key else ""
+
+
+def _scaled(factors: Mapping[str, float], groups: Sequence[str], scales: Sequence[float]) -> dict[str, float]:
+    """``factors`` with each group's keys times its scale; without factors, the group ``""`` as every layer's."""
+    scale_of = dict(zip(groups, scales, strict=True))
+    if not factors:
+        return {POOLED: scale_of[""]} if "" in scale_of else {}
+    return {key: value * scale_of.get(_scale_group(key), 1.0) for key, value in factors.items()}
 
 
 def held_out_predictions(graph: LayerGraph, profile: Profile, runs: Sequence[Observation],
@@ -180,12 +206,21 @@ def _layer_factors(graph: LayerGraph, base: Profile, runs: Sequence[Observation]
     return factors
 
 
-@dataclass(frozen=True)
-class _Terms:
-    scale: float
+class _Terms(NamedTuple):
+    scales: tuple[float, ...]
     step_s: float
     event_s: float
     exposed: float
+
+
+class _Free(NamedTuple):
+    """What the whole-run fit finds: the per-event seconds, the exposed allreduce share, the per-step seconds,
+    and a common factor for each group of layer factors (``""``: every layer's when none was measured)."""
+
+    events: bool
+    allreduce: bool
+    step: bool
+    groups: tuple[str, ...]
 
 
 def _hidden_allreduce_s(graph: LayerGraph, base: Profile, run: Observation, optimizer: str) -> float:
@@ -194,40 +229,41 @@ def _hidden_allreduce_s(graph: LayerGraph, base: Profile, run: Observation, opti
 
 
 def _whole_run_terms(graph: LayerGraph, base: Profile, runs: Sequence[Observation], factors: Mapping[str, float],
-                     start: _Terms, free: tuple[bool, bool, bool], optimizer: str) -> _Terms:
-    """One Gauss–Newton step for the whole-run terms from ``start`` (``free``: events, allreduce, the per-step
-    seconds and a common factor fitted)."""
-    events, allreduce, whole = free
+                     start: _Terms, free: _Free, optimizer: str) -> _Terms:
+    """One Gauss–Newton step for the whole-run terms from ``start`` (``free``: which are fitted)."""
 
-    def predict(run: Observation, scale: float, event_s: float, exposed: float) -> float:
-        scaled = {key: value * scale for key, value in factors.items()} | ({} if factors else {POOLED: scale})
-        corrections = Corrections(scaled, 0.0, event_s, exposed)
+    def predict(run: Observation, terms: _Terms) -> float:
+        corrections = Corrections(_scaled(factors, free.groups, terms.scales) or {POOLED: 1.0}, 0.0, terms.event_s,
+                                  terms.exposed)
         return float(run.estimate(graph, replace(base, corrections=corrections), optimizer).iteration_s)
 
-    scaled = whole and not factors  # measured layer factors already say how fast each layer runs
-    stepped = int(whole)
     rows, targets = [], []
     for run in runs:
-        at = predict(run, start.scale, start.event_s, start.exposed)
-        row = [(predict(run, start.scale + _SCALE_STEP, start.event_s, start.exposed) - at) / _SCALE_STEP] * scaled
-        row += [1.0] * stepped
-        if events:
-            row.append((predict(run, start.scale, start.event_s + _STEP_S, start.exposed) - at) / _STEP_S)
-        if allreduce:
-            row.append(predict(run, start.scale, start.event_s, 1.0) - predict(run, start.scale, start.event_s, 0.0))
+        at = predict(run, start)
+        row = [(predict(run, start._replace(scales=_bumped(start.scales, index))) - at) / _SCALE_STEP
+               for index in range(len(free.groups))]
+        row += [1.0] * free.step
+        if free.events:
+            row.append((predict(run, start._replace(event_s=start.event_s + _STEP_S)) - at) / _STEP_S)
+        if free.allreduce:
+            row.append(predict(run, start._replace(exposed=1.0)) - predict(run, start._replace(exposed=0.0)))
         weight = 1.0 / (run.measured_s * (run.noise ** 2 + _MODEL_ERROR ** 2) ** 0.5)
         rows.append([value * weight for value in row])
         targets.append((run.measured_s - at) * weight)
-    # unknowns: Δscale, the step (absolute: ``at`` has none), Δevent, Δexposed
-    low = ([_FACTOR_BOUNDS[0] - start.scale] * scaled + [0.0] * stepped + [-start.event_s] * events
-           + [-start.exposed] * allreduce)
-    high = ([_FACTOR_BOUNDS[1] - start.scale] * scaled + [np.inf] * stepped + [np.inf] * events
-            + [1.0 - start.exposed] * allreduce)
+    # unknowns: Δscale of each group, the step (absolute: ``at`` has none), Δevent, Δexposed
+    low = ([_FACTOR_BOUNDS[0] - scale for scale in start.scales] + [0.0] * free.step + [-start.event_s] * free.events
+           + [-start.exposed] * free.allreduce)
+    high = ([_FACTOR_BOUNDS[1] - scale for scale in start.scales] + [np.inf] * free.step + [np.inf] * free.events
+            + [1.0 - start.exposed] * free.allreduce)
     if not rows[0]:
         return start
     solution = list(lsq_linear(np.array(rows), np.array(targets), bounds=(low, high)).x)
-    scale = start.scale + solution.pop(0) if scaled else 1.0
-    step_s = solution.pop(0) if stepped else 0.0
-    event_s = start.event_s + solution.pop(0) if events else 0.0
-    exposed = start.exposed + solution.pop(0) if allreduce else 0.0
-    return _Terms(scale, step_s, event_s, exposed)
+    scales = tuple(scale + solution.pop(0) for scale in start.scales)
+    step_s = solution.pop(0) if free.step else 0.0
+    event_s = start.event_s + solution.pop(0) if free.events else 0.0
+    exposed = start.exposed + solution.pop(0) if free.allreduce else 0.0
+    return _Terms(scales, step_s, event_s, exposed)
+
+
+def _bumped(scales: tuple[float, ...], index: int) -> tuple[float, ...]:
+    return tuple(scale + _SCALE_STEP * (position == index) for position, scale in enumerate(scales))

@@ -11,8 +11,9 @@ cannot take the split taking ``nR`` or staying whole (``n1``) — timing every
 layer (``--per-layer``), and fits the profile's corrections to those runs
 (:func:`calibrate.refine.fit_corrections` with ``split_layers_only``): the
 factors of split layers (keys ``kind·channel``, ``kind·spatial`` and their
-pooled ``*·…``), then, given them, the share of the allreduce that does not
-hide. Factors of whole layers and seconds per step are not kept: timed per
+pooled ``*·…``) in the proportions the per-layer times give, each class's
+scaled so that the runs' whole steps are met, and the share of the allreduce
+that does not hide. Factors of whole layers and seconds per step are not kept: timed per
 layer under the profiler, a whole layer's time carries the profiler's cost
 and the other rank's waits, and applied to pipeline stages they
 overpredicted them by 44–54 % (resnet18 8×3×64×64, 2 ranks, 2026-12-03),

@@ -188,6 +188,28 @@ def test_split_layers_only_keeps_split_factors_and_fits_pipeline_events(unet_can
         assert refined == pytest.approx(run.measured_s, rel=0.05)
 
 
+def test_split_factors_are_anchored_to_the_whole_steps(unet_candidates: tuple) -> None:
+    """Per-layer times under the profiler read split layers slower than the steps run them (the profiler's cost,
+    the neighbours' waits seen twice): calibration's fit keeps their proportions and meets the steps."""
+    graph, profile, found = unet_candidates
+    truth = Corrections({"conv·spatial": 2.0, "batchnorm·spatial": 3.0, "*·spatial": 2.0, "*·channel": 1.5},
+                        0.0, 0.002, 0.0)
+    exact, runs = _measured_under(truth, graph, profile, found), []
+    for run in exact:
+        assert run.layers_s is not None
+        split = {layer.name for layer in estimate(graph, run.plan, profile).layers if layer.layout.spatial > 1}
+        inflated = {name: seconds * (1.6 if name in split else 1.0) for name, seconds in run.layers_s.items()}
+        runs.append(replace(run, layers_s=inflated))
+    fitted = fit_corrections(graph, profile, runs, split_layers_only=True)
+    assert fitted.fitted_on["split_scales"]["spatial"] == pytest.approx(1 / 1.6, rel=0.1)  # shrinkage mixes
+    unbiased = fit_corrections(graph, profile, exact, split_layers_only=True)
+    for key, factor in unbiased.layer_scale.items():  # the same factors as from per-layer times read right
+        assert fitted.layer_scale[key] == pytest.approx(factor, rel=0.05), key
+    for run in runs:
+        refined = estimate(graph, run.plan, replace(profile, corrections=fitted)).iteration_s
+        assert refined == pytest.approx(run.measured_s, rel=0.05)
+
+
 def _parplan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([str(Path(sys.executable).parent / "parplan"), *args], cwd=cwd, env=env,
