@@ -17,12 +17,14 @@ from parplan.cli import main
 def test_calibrate_two_ranks_then_show(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     code = main(["calibrate", "--model", "examples.unet:unet", "--input-shape", "2,3,32,32", "--ranks", "2",
-                 "--budget-s", "75", "--out", str(out), "--json"])  # room for the forms on a loaded machine
+                 "--budget-s", "240", "--out", str(out), "--json"])
+    # calibration stops when every part is measured (~60 s here alone): the budget is room for a loaded machine,
+    # where the split forms are admitted only if twice their predicted time fits in what is left of it
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     summary = json.loads(stdout)
     assert summary["profile"] == str(out) and summary["measured"] > 0
-    assert summary["seconds"] <= 1.5 * 75  # the budget kept, loosely: a loaded VM's rank start-up runs over it
+    assert summary["seconds"] <= 1.5 * 240  # the budget kept, loosely: a loaded VM's rank start-up runs over it
     profile = load_profile(out)
     assert profile.is_measured and profile.meta["ranks"] == 2 and profile.meta["backend"] == "gloo"
     assert {s.kind for s in profile.compute_samples} >= {"conv", "batchnorm"}
