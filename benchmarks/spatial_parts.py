@@ -14,11 +14,11 @@ cannot (a tile's statistics are not a batch's) and sums them over its tiles, two
 a step. So each round also runs ``n2 --sync-batchnorm`` — the sample split with the same statistics, the one
 equal to the unsplit model — and reports the split against it too.
 
-``--parts``: each case's ``n2`` and split also run in this process's two spawned gloo ranks (one thread each)
-through ``apply_plan``, 2 steps under ``torch.profiler``; rank 0's self CPU time per step, summed by part:
-convolution kernels, batch-norm kernels, other kernels, halo exchange (parplan's halo functions — their own
-time is mostly waiting for the neighbour —, sends, receives, joins), split statistics (parplan's batch-norm
-and all-reduce functions: waiting for the group, and their arithmetic in Python), collectives (the gradient
+``--parts``: each case's ``n2``, synchronised ``n2`` and split also run in this process's two spawned gloo ranks
+(one thread each) through ``apply_plan``, 2 steps under ``torch.profiler``; rank 0's self CPU time per step, summed
+by part: convolution kernels, batch-norm kernels, other kernels, halo exchange (parplan's halo functions — their
+own time is mostly waiting for the neighbour —, sends, receives, joins), split statistics (parplan's batch-norm and
+all-reduce functions: waiting for the group, and their arithmetic in Python), collectives (the gradient
 all-reduce), element-wise and copies, and the rest (dispatch, autograd).
 """
 
@@ -132,10 +132,11 @@ def _profiled(rank: int, world: int, case: Case, out: str) -> None:
     cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**36, intra=link, inter=link)
     parts: dict[str, dict[str, float]] = {}
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    for layout in ("n2", case.layout):
+    for layout in ("n2", SYNCED, case.layout):
+        name, *options = layout.split()
         torch.manual_seed(0)
-        split = apply_plan(load_model(case.model), uniform_plan(graph, cluster, [Layout.parse(layout), Layout()]),
-                           graph=graph)
+        split = apply_plan(load_model(case.model), uniform_plan(graph, cluster, [Layout.parse(name), Layout()]),
+                           graph=graph, sync_batchnorm="--sync-batchnorm" in options)
         local = split.shard(x)
         for _ in range(2):
             split(local).float().mean().backward()
@@ -163,9 +164,10 @@ def parts_case(name: str, case: Case) -> dict[str, dict[str, float]]:
         out = str(Path(directory) / "parts.json")
         mp.spawn(_profiled, args=(2, case, out), nprocs=2)
         parts: dict[str, dict[str, float]] = json.loads(Path(out).read_text())
-    print(f"{name}: ms per step (rank 0, profiled) — part: n2 / {case.layout}")
+    print(f"{name}: ms per step (rank 0, profiled) — part: n2 / {SYNCED} / {case.layout}")
     for part in [p for p, _ in PARTS] + ["the rest (dispatch, autograd)"]:
-        print(f"  {part:32s} {parts['n2'].get(part, 0.0):8.1f} / {parts[case.layout].get(part, 0.0):8.1f}")
+        print(f"  {part:32s} " + " / ".join(f"{parts[layout].get(part, 0.0):8.1f}"
+                                            for layout in ("n2", SYNCED, case.layout)))
     return parts
 
 
