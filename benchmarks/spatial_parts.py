@@ -66,16 +66,25 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-SYNCED = "n2 --sync-batchnorm"
+class Variant(NamedTuple):
+    """One timed configuration: a layout, with batch-norm statistics per rank or over the whole batch."""
+
+    layout: str
+    sync_batchnorm: bool = False
+
+    def __str__(self) -> str:
+        return self.layout + " --sync-batchnorm" * self.sync_batchnorm
+
+
+SYNCED = Variant("n2", sync_batchnorm=True)
 """The sample split with batch-norm statistics over the whole batch, as the split and the unsplit model have them."""
 
 
-def _run(case: Case, layout: str, steps: int, warmup: int) -> float:
-    """The median step of one ``parplan run`` (seconds); ``layout`` may carry options after it (:data:`SYNCED`)."""
-    name, *options = layout.split()
+def _run(case: Case, variant: Variant, steps: int, warmup: int) -> float:
+    """The median step of one ``parplan run`` of ``variant`` (seconds)."""
     command = [str(ROOT / ".venv/bin/parplan"), "run", "--model", case.model, "--input-shape", case.shape,
-               "--layout", name, *options, "--nproc", "2", "--threads", "1", "--steps", str(steps), "--warmup",
-               str(warmup), "--json"]
+               "--layout", variant.layout, *["--sync-batchnorm"] * variant.sync_batchnorm, "--nproc", "2",
+               "--threads", "1", "--steps", str(steps), "--warmup", str(warmup), "--json"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
@@ -86,18 +95,19 @@ def _run(case: Case, layout: str, steps: int, warmup: int) -> float:
 def time_case(name: str, case: Case, rounds: int, steps: int, warmup: int) -> dict[str, object]:
     """Interleaved medians of ``n2``, ``n2`` with synchronised batch-norm and the split; the split's ratios to both
     (each round's ratio first, then their median: a round's runs are minutes apart, the rounds may not be)."""
-    times: dict[str, list[float]] = {"n2": [], SYNCED: [], case.layout: []}
+    plain, split = Variant("n2"), Variant(case.layout)
+    times: dict[Variant, list[float]] = {plain: [], SYNCED: [], split: []}
     for _ in range(rounds):
-        for layout in times:
-            times[layout].append(_run(case, layout, steps, warmup))
-    medians = {layout: statistics.median(values) for layout, values in times.items()}
-    split = times[case.layout]
+        for variant, values in times.items():
+            values.append(_run(case, variant, steps, warmup))
+    medians = {variant: statistics.median(values) for variant, values in times.items()}
     row = {"case": name, "model": case.model, "shape": case.shape, "layout": case.layout,
-           "n2_ms": round(medians["n2"] * 1e3, 1), "n2_synced_ms": round(medians[SYNCED] * 1e3, 1),
-           "split_ms": round(medians[case.layout] * 1e3, 1),
-           "ratio": round(statistics.median(a / b for a, b in zip(split, times["n2"], strict=True)), 3),
-           "ratio_synced": round(statistics.median(a / b for a, b in zip(split, times[SYNCED], strict=True)), 3),
-           "runs_ms": {layout: [round(t * 1e3, 1) for t in values] for layout, values in times.items()}}
+           "n2_ms": round(medians[plain] * 1e3, 1), "n2_synced_ms": round(medians[SYNCED] * 1e3, 1),
+           "split_ms": round(medians[split] * 1e3, 1),
+           "ratio": round(statistics.median(a / b for a, b in zip(times[split], times[plain], strict=True)), 3),
+           "ratio_synced": round(statistics.median(a / b for a, b in zip(times[split], times[SYNCED], strict=True)),
+                                 3),
+           "runs_ms": {str(variant): [round(t * 1e3, 1) for t in values] for variant, values in times.items()}}
     print(f"{name}: n2 {row['n2_ms']} ms, {SYNCED} {row['n2_synced_ms']} ms, {case.layout} {row['split_ms']} ms; "
           f"split / n2 {row['ratio']}, split / synced n2 {row['ratio_synced']} (runs {row['runs_ms']})", flush=True)
     return row
@@ -108,6 +118,10 @@ def _part(op: str) -> str:
         if op.startswith(prefixes):
             return part
     return "the rest (dispatch, autograd)"
+
+
+def _profiled_variants(case: Case) -> tuple[Variant, ...]:
+    return Variant("n2"), SYNCED, Variant(case.layout)
 
 
 def _profiled(rank: int, world: int, case: Case, out: str) -> None:
@@ -132,11 +146,10 @@ def _profiled(rank: int, world: int, case: Case, out: str) -> None:
     cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**36, intra=link, inter=link)
     parts: dict[str, dict[str, float]] = {}
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    for layout in ("n2", SYNCED, case.layout):
-        name, *options = layout.split()
+    for variant in _profiled_variants(case):
         torch.manual_seed(0)
-        split = apply_plan(load_model(case.model), uniform_plan(graph, cluster, [Layout.parse(name), Layout()]),
-                           graph=graph, sync_batchnorm="--sync-batchnorm" in options)
+        plan = uniform_plan(graph, cluster, [Layout.parse(variant.layout), Layout()])
+        split = apply_plan(load_model(case.model), plan, graph=graph, sync_batchnorm=variant.sync_batchnorm)
         local = split.shard(x)
         for _ in range(2):
             split(local).float().mean().backward()
@@ -148,7 +161,7 @@ def _profiled(rank: int, world: int, case: Case, out: str) -> None:
         totals: dict[str, float] = {}
         for event in profile.key_averages():
             totals[_part(event.key)] = totals.get(_part(event.key), 0.0) + event.self_cpu_time_total / 2e3
-        parts[layout] = totals
+        parts[str(variant)] = totals
     if rank == 0:
         Path(out).write_text(json.dumps(parts))
     dist.destroy_process_group()
@@ -166,8 +179,8 @@ def parts_case(name: str, case: Case) -> dict[str, dict[str, float]]:
         parts: dict[str, dict[str, float]] = json.loads(Path(out).read_text())
     print(f"{name}: ms per step (rank 0, profiled) — part: n2 / {SYNCED} / {case.layout}")
     for part in [p for p, _ in PARTS] + ["the rest (dispatch, autograd)"]:
-        print(f"  {part:32s} " + " / ".join(f"{parts[layout].get(part, 0.0):8.1f}"
-                                            for layout in ("n2", SYNCED, case.layout)))
+        print(f"  {part:32s} " + " / ".join(f"{parts[str(variant)].get(part, 0.0):8.1f}"
+                                            for variant in _profiled_variants(case)))
     return parts
 
 
