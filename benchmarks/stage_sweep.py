@@ -6,10 +6,11 @@ plan ``parplan run --layout n1 --stages K`` makes (stages of equal compute,
 them) goes through ``parplan run``'s whole pre-flight
 (``runtime.preflight.check_runnable``: layouts, shape reads, stage cuts, the
 values crossing them); every K it refuses is listed with its one line. The
-K up to ``--run-up-to`` (each needs K ranks: this 2-core machine holds a few)
-are then run, ``--verify`` in float64, and must pass.
+K up to ``--run-up-to`` (each needs K ranks: this 2-core machine holds a few), or the K that ``--run`` lists
+(``5-12,16``), are then run, ``--verify`` in float64, and must pass.
 
     .venv/bin/python benchmarks/stage_sweep.py --model torchvision:resnet18 --input-shape 4,3,32,32 --run-up-to 4
+    .venv/bin/python benchmarks/stage_sweep.py --model torchvision:resnet18 --input-shape 4,3,32,32 --run 5-12,16
 
 Prints one line a K that did not pass, and a summary; ``--json`` writes every K's result.
 """
@@ -74,11 +75,33 @@ def run_verified(spec: str, shape: str, stages: int, timeout_s: float) -> str:
     return "pass" if verify.get("passed") else f"verify failed: {verify.get('summary', verify)}"
 
 
+def depths(text: str) -> frozenset[int]:
+    """``5-12,16`` → {5, …, 12, 16} (``--run``)."""
+    ks: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if not low.strip().isdigit() or (high and not high.strip().isdigit()):
+            raise argparse.ArgumentTypeError(f"--run takes K and ranges of K such as 5-12,16, not {text!r}")
+        ks.update(range(int(low), int(high or low) + 1))
+    return frozenset(ks)
+
+
+def _spans(ks: list[int]) -> str:
+    spans: list[list[int]] = []
+    for k in ks:
+        if spans and spans[-1][1] == k - 1:
+            spans[-1][1] = k
+        else:
+            spans.append([k, k])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a model spec, as parplan run takes it")
     parser.add_argument("--input-shape", required=True, help="N,C,H,W (N,C,D,H,W)")
     parser.add_argument("--run-up-to", type=int, default=3, help="run and verify K = 2 … this (K ranks each)")
+    parser.add_argument("--run", dest="run_ks", type=depths, help="run and verify these K instead (5-12,16)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per run")
     parser.add_argument("--json", dest="json_path", help="write every K's result here")
     args = parser.parse_args(argv)
@@ -88,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     most = deepest(graph)
     started = time.monotonic()
     rows: list[dict[str, Any]] = [{"stages": k, "preflight": preflight(model, graph, k)} for k in range(2, most + 1)]
+    chosen = args.run_ks or frozenset(range(2, args.run_up_to + 1))
     for row in rows:
-        if row["stages"] <= args.run_up_to and row["preflight"] == "pass":
+        if row["stages"] in chosen and row["preflight"] == "pass":
             row["run"] = run_verified(args.model, args.input_shape, row["stages"], args.timeout_s)
     for row in rows:
         if row["preflight"] != "pass" or row.get("run", "pass") != "pass":
@@ -98,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ran = [row for row in rows if "run" in row]
     print(f"{args.model} {args.input_shape}: {len(graph.compute_layers())} layers, cut into 2 … {most} stages: "
           f"{len(rows) - refused} of {len(rows)} pre-flighted, {refused} refused; run and verified in float64: "
-          f"{sum(row['run'] == 'pass' for row in ran)} of {len(ran)} (K ≤ {args.run_up_to}); "
+          f"{sum(row['run'] == 'pass' for row in ran)} of {len(ran)} (K = {_spans(sorted(chosen))}); "
           f"{time.monotonic() - started:.0f} s")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"format": "parplan.stage_sweep/1", "model": args.model,

@@ -258,15 +258,20 @@ def test_parplan_check_reports_each_check_as_json() -> None:
     assert document["counts"]["fail"] == 0
 
 
-def test_a_float32_gap_that_float64_closes_passes_and_says_so() -> None:
-    """RegNetY-400MF under w2 at batch 2: float32 gradients 0.3 off the unsplit float32 model (batch-norm over a
-    few values per channel amplifies rounding), float64 exact: the split is right, so the check passes (exit 0)."""
+def test_a_right_split_passes_however_its_float32_rounding_falls() -> None:
+    """RegNetY-400MF under w2 at batch 2 (batch-norm over a few values per channel amplifies rounding): its float32
+    gradients are 0.3 off the unsplit float32 model on an AVX2 AMD EPYC and within the rounding floor on an
+    AVX-512 Xeon (8.9e-3), float64 exact on both: the check passes (exit 0), and where the float32 comparison
+    went above its floor it says that the float64 recheck passed. (The recheck itself, on any CPU:
+    ``tests/test_verify_compare.py``'s planted rounding-sized halo error.)"""
     done = _parplan("--model", "torchvision:regnet_y_400mf", "--input-shape", "2,3,64,64", "--devices", "",
                     "--layouts", "w2", "--json")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     verify = json.loads(done.stdout)["checks"][-1]
-    assert verify["result"] == "pass" and verify["detail"]["float64"]["passed"], verify
-    assert "above tolerance" in verify["reason"] and "passes: float32 rounding" in verify["reason"], verify
+    assert verify["result"] == "pass", verify
+    if "float64" in verify["detail"]:
+        assert verify["detail"]["float64"]["passed"], verify
+        assert "above tolerance" in verify["reason"] and "passes: float32 rounding" in verify["reason"], verify
 
 
 @pytest.mark.parametrize("args, says", [
