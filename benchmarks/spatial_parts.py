@@ -80,6 +80,11 @@ SYNCED = Variant("n2", sync_batchnorm=True)
 """The sample split with batch-norm statistics over the whole batch, as the split and the unsplit model have them."""
 
 
+def variants(case: Case) -> tuple[Variant, Variant, Variant]:
+    """What each case times and profiles: ``n2``, :data:`SYNCED` and the split."""
+    return Variant("n2"), SYNCED, Variant(case.layout)
+
+
 def _run(case: Case, variant: Variant, steps: int, warmup: int) -> float:
     """The median step of one ``parplan run`` of ``variant`` (seconds)."""
     command = [str(ROOT / ".venv/bin/parplan"), "run", "--model", case.model, "--input-shape", case.shape,
@@ -95,17 +100,17 @@ def _run(case: Case, variant: Variant, steps: int, warmup: int) -> float:
 def time_case(name: str, case: Case, rounds: int, steps: int, warmup: int) -> dict[str, object]:
     """Interleaved medians of ``n2``, ``n2`` with synchronised batch-norm and the split; the split's ratios to both
     (each round's ratio first, then their median: a round's runs are minutes apart, the rounds may not be)."""
-    plain, split = Variant("n2"), Variant(case.layout)
-    times: dict[Variant, list[float]] = {plain: [], SYNCED: [], split: []}
+    plain, synced, split = variants(case)
+    times: dict[Variant, list[float]] = {plain: [], synced: [], split: []}
     for _ in range(rounds):
         for variant, values in times.items():
             values.append(_run(case, variant, steps, warmup))
     medians = {variant: statistics.median(values) for variant, values in times.items()}
     row = {"case": name, "model": case.model, "shape": case.shape, "layout": case.layout,
-           "n2_ms": round(medians[plain] * 1e3, 1), "n2_synced_ms": round(medians[SYNCED] * 1e3, 1),
+           "n2_ms": round(medians[plain] * 1e3, 1), "n2_synced_ms": round(medians[synced] * 1e3, 1),
            "split_ms": round(medians[split] * 1e3, 1),
            "ratio": round(statistics.median(a / b for a, b in zip(times[split], times[plain], strict=True)), 3),
-           "ratio_synced": round(statistics.median(a / b for a, b in zip(times[split], times[SYNCED], strict=True)),
+           "ratio_synced": round(statistics.median(a / b for a, b in zip(times[split], times[synced], strict=True)),
                                  3),
            "runs_ms": {str(variant): [round(t * 1e3, 1) for t in values] for variant, values in times.items()}}
     print(f"{name}: n2 {row['n2_ms']} ms, {SYNCED} {row['n2_synced_ms']} ms, {case.layout} {row['split_ms']} ms; "
@@ -120,12 +125,8 @@ def _part(op: str) -> str:
     return "the rest (dispatch, autograd)"
 
 
-def _profiled_variants(case: Case) -> tuple[Variant, ...]:
-    return Variant("n2"), SYNCED, Variant(case.layout)
-
-
 def _profiled(rank: int, world: int, case: Case, out: str) -> None:
-    """One rank of ``--parts``: ``n2`` and the split, 2 profiled steps each after 2 unprofiled."""
+    """One rank of ``--parts``: each of :func:`variants`, 2 profiled steps after 2 unprofiled."""
     import torch
     import torch.distributed as dist
 
@@ -146,7 +147,7 @@ def _profiled(rank: int, world: int, case: Case, out: str) -> None:
     cluster = Cluster(devices=world, devices_per_node=world, memory_bytes=2**36, intra=link, inter=link)
     parts: dict[str, dict[str, float]] = {}
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    for variant in _profiled_variants(case):
+    for variant in variants(case):
         torch.manual_seed(0)
         plan = uniform_plan(graph, cluster, [Layout.parse(variant.layout), Layout()])
         split = apply_plan(load_model(case.model), plan, graph=graph, sync_batchnorm=variant.sync_batchnorm)
@@ -180,7 +181,7 @@ def parts_case(name: str, case: Case) -> dict[str, dict[str, float]]:
     print(f"{name}: ms per step (rank 0, profiled) — part: n2 / {SYNCED} / {case.layout}")
     for part in [p for p, _ in PARTS] + ["the rest (dispatch, autograd)"]:
         print(f"  {part:32s} " + " / ".join(f"{parts[str(variant)].get(part, 0.0):8.1f}"
-                                            for variant in _profiled_variants(case)))
+                                            for variant in variants(case)))
     return parts
 
 
