@@ -5,11 +5,16 @@ acting as one rank of a job torchrun, ``mpirun`` or ``srun`` started (``processe
   backend — bad input exits 2 before any rank starts), then starts
   ``--nproc`` local ranks with ``torch.distributed.launcher.elastic_launch``
   (what ``torchrun --standalone`` uses: a c10d rendezvous on a free local
-  port, spawned processes, failures reported per rank) and collects rank 0's
-  measurement. When a rank fails, the agent stops the others (SIGTERM, then
+  port, failures reported per rank) and collects rank 0's measurement. The
+  ranks are forked from a fork server that has imported torch and the runtime
+  once (``runtime.rank_pool.PRELOAD``): they start in a fraction of a second
+  instead of importing torch each, and share its pages (resnet18's 69-stage
+  pipeline on one host needs 69 ranks); each takes the agent's environment at
+  the launch (``processes.forked``). When a rank fails, the agent stops the others (SIGTERM, then
   SIGKILL) and, up to ``max_restarts`` times, starts the group again
-  (``runtime.recovery`` resumes it from the last checkpoint). Each rank asks
-  the kernel to kill it when the agent's process dies (``PR_SET_PDEATHSIG``),
+  (``runtime.recovery`` resumes it from the last checkpoint). Each rank dies
+  with the agent's process (the kernel's ``PR_SET_PDEATHSIG`` when the fork
+  server, which exits with the agent, dies; and a thread polling the agent),
   so no rank outlives ``parplan run``. With :class:`Nodes` (``--nnodes N``)
   this host's agent is one of ``N``: they meet at ``--rdzv-endpoint`` (a c10d
   rendezvous, or static with ``--node-rank``) and each starts its ranks, numbered
@@ -40,10 +45,9 @@ watchdog hands its timeout to the rank instead of aborting the process
 
 from __future__ import annotations
 
-import ctypes
 import logging
+import multiprocessing
 import os
-import signal
 import socket
 import sys
 import time
@@ -56,6 +60,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 import torch.distributed as dist
 
 from cost_models.errors import InputError
+from processes.forked import die_with, take_environment
 from processes.job import ATTEMPT_VARIABLE, launcher_of, place_in_job, slurm_rendezvous
 from processes.rank_failures import (
     RankFailedError,
@@ -65,6 +70,7 @@ from processes.rank_failures import (
     raise_nccl_errors,
 )
 from runtime.options import RunOptions
+from runtime.rank_pool import PRELOAD
 from runtime.train import worker
 from runtime.waiting import RankFailure
 
@@ -172,15 +178,16 @@ def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    multiprocessing.set_forkserver_preload(list(PRELOAD))  # this process's fork server, started once
     config = LaunchConfig(nproc_per_node=nproc, max_restarts=max_restarts, monitor_interval=_MONITOR_S,
-                          start_method="spawn", **_rendezvous(nodes), **_shutdown_option(LaunchConfig))
+                          start_method="forkserver", **_rendezvous(nodes), **_shutdown_option(LaunchConfig))
     logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
     levels = [log.level for log in logs]
     for log in logs:  # a failed rank is reported in one line (_failure_line), not the agent's log
         log.setLevel(logging.CRITICAL)
     try:
         with nccl_errors_raised(backend):  # the agent passes it on to the ranks it starts
-            results = elastic_launch(config, _elastic_entry)(runs, backend, os.getpid())
+            results = elastic_launch(config, _elastic_entry)(runs, backend, os.getpid(), dict(os.environ))
     except ChildFailedError as err:
         refused = _bad_input(err)
         if refused is not None:
@@ -193,8 +200,10 @@ def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int
     return documents
 
 
-def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int) -> list[dict[str, object]] | None:
-    _die_with(agent_pid)
+def _elastic_entry(runs: list[RunOptions], backend: str, agent_pid: int,
+                   environ: dict[str, str]) -> list[dict[str, object]] | None:
+    take_environment(environ)  # the agent's, not the fork server's (processes.forked)
+    die_with(agent_pid)
     _join_group(backend, runs[0].timeout)
     try:
         documents = _each(runs)
@@ -322,18 +331,6 @@ def _join_group(backend: str, timeout: timedelta) -> None:
     os.environ[ATTEMPT_VARIABLE] = str(starts - 1)
     dist.init_process_group(backend, store=dist.PrefixStore(f"parplan/start-{starts}", store), rank=rank,
                             world_size=world, timeout=timeout)
-
-
-def _die_with(agent_pid: int) -> None:
-    """Have the kernel SIGKILL this rank when the agent's process dies (Linux; elsewhere nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != agent_pid:  # the agent died before the request took effect
-        os._exit(1)
 
 
 def abort_mpi_job(code: int) -> None:

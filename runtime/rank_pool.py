@@ -35,13 +35,14 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, TypedDict
+
+from processes.forked import alive, die_with, take_environment
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -55,9 +56,10 @@ __all__ = ["LOW_MEMORY_SHARE", "MEMORY_MARGIN", "PRELOAD", "RankPool", "RankPool
 TaskStatus = Literal["ok", "refused", "failed", "timeout"]
 """How a task ended (:class:`TaskOutcome`)."""
 
-PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.ir.graph", "runtime.apply",
-           "runtime.train", "runtime.pipeline.worker")
-"""Imported once by the fork server, so that every rank starts with them loaded."""
+PRELOAD = ("processes.forked", "torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.ir.graph",
+           "runtime.apply", "runtime.train", "runtime.pipeline.worker")
+"""Imported once by the fork server, so that every rank starts with them loaded (``processes.forked`` first: it
+records the server's environment)."""
 
 _INPUT_ERRORS = ("InputError", "TraceError", "PlanError")
 """``cost_models.errors``' classes, recognised by name: a rank that raised one refused its input."""
@@ -70,7 +72,6 @@ LOW_MEMORY_SHARE = 0.5
 """Below this share of the machine's memory available, ``RankPools`` stops idle pools before a task."""
 
 _POLL_S = 0.2
-_PARENT_POLL_S = 0.5
 _GRACE_S = 0.5
 """After a rank's failure report, how long to look for a rank killed by a signal (the likelier cause)."""
 
@@ -169,7 +170,7 @@ class RankPool:
         started = time.monotonic()
         deadline = started + timeout_s
         start_s = 0.0
-        if self.running and not all(map(_alive, self.pids)):  # a rank died idle (the OOM killer): start afresh
+        if self.running and not all(map(alive, self.pids)):  # a rank died idle (the OOM killer): start afresh
             self.close()
         if not self.running:
             failure = self._start(deadline, timeout_s)
@@ -224,7 +225,7 @@ class RankPool:
         self._processes = [
             context.Process(target=_rank_main, daemon=True, name=f"parplan-pool-rank-{rank}",
                             args=(rank, self.ranks, rendezvous, self._tasks[rank], self._results, os.getpid(),
-                                  self.threads, self.group_timeout_s))
+                                  dict(os.environ), self.threads, self.group_timeout_s))
             for rank in range(self.ranks)]
         for process in self._processes:
             process.start()
@@ -370,9 +371,11 @@ def _signal_text(rank: int, code: int) -> str:
 
 
 def _rank_main(rank: int, world: int, rendezvous: str, tasks: Queue[tuple[int, RunOptions] | None],
-               results: Queue[_Report], parent: int, threads: int, group_timeout_s: float) -> None:
+               results: Queue[_Report], parent: int, environ: dict[str, str], threads: int,
+               group_timeout_s: float) -> None:
     """One rank: join the group, then run tasks until told to stop (``None``) or one fails."""
-    _die_with_parent(parent)
+    take_environment(environ)
+    die_with(parent)
     import torch
     import torch.distributed as dist
 
@@ -423,36 +426,3 @@ def one_line(err: BaseException) -> str:
         if where:
             break
     return f"{type(err).__name__}: {text[0] if text else ''}{where}"
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL from the kernel when the fork server dies (Linux), and a thread that exits when ``parent`` is gone."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-        except (OSError, AttributeError):
-            pass
-
-    def watch() -> None:
-        while _alive(parent):
-            time.sleep(_PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parplan-pool-parent-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs: not gone, and not a zombie (killed, not yet reaped by its own parent)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel (a zombie then counts as alive until reaped)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True

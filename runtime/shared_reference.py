@@ -10,15 +10,22 @@ with more threads its float32 sums come out in another order than the split's, a
 float32 model (regnet_y_1_6gf) that difference exceeds the rounding floor. Its float64 twin, which only
 measures that floor, runs with the threads of all the ranks on the node.
 
+A rank that compares only some gradients (a pipeline stage's rank: its own parameters, ``wanted``) receives
+only those: the ranks first gather which gradients each wants, and where any rank wants fewer than all, rank 0
+sends each rank its own share point to point instead of broadcasting them all. A K-stage pipeline's ranks then
+hold one model's gradients between them, not K (resnet18 in float64: 94 MB a rank less); they hold the other
+parameters of their skeleton empty, and the model's largest gradient (the comparison's scale) comes in the header.
+
 A reference kept from an earlier run of the same model (``runtime.verify``'s ``reuse``) is used only if every
-rank holds it — a rank replaced after a crash holds none, and then rank 0 sends it again.
+rank holds it — a rank replaced after a crash holds none, and then rank 0 sends it again. A rank keeps only a
+whole reference (every gradient).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypedDict
 
@@ -53,12 +60,17 @@ class _Header(TypedDict):
     grads: list[bool]
     outputs: list[_Structure]
     loss: float
+    largest_gradient: float
 
 
 def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
                      batches: Batches, *, reuse: Hashable | None, device: torch.device,
-                     output: str | None = None, amp: str = "", loss: str = "") -> Reference:
-    """:func:`runtime.verify.reference_step`'s reference, computed on rank 0 and broadcast (module docstring)."""
+                     output: str | None = None, amp: str = "", loss: str = "",
+                     wanted: Collection[str] | None = None) -> Reference:
+    """:func:`runtime.verify.reference_step`'s reference, computed on rank 0 and broadcast (module docstring).
+
+    ``wanted``: the parameters whose gradients this rank compares (``runtime.verify.compared_parameters``;
+    ``None``: every one); another rank than 0 receives and holds only those."""
     batches = list(batches)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return reference_step(build, leaf_modules, dtype, batches, reuse=reuse, output=output, amp=amp, loss=loss)
@@ -71,8 +83,8 @@ def shared_reference(build: Callable[[torch.dtype], nn.Module], leaf_modules: Se
                                    amp=amp)  # ranks' threads
         _send(reference, device)
         return reference
-    reference = _receive(build(dtype), device)
-    if reuse is not None:
+    reference = _receive(build(dtype), device, wanted)
+    if reuse is not None and reference.largest_gradient is None:  # whole: every gradient received
         keep_reference(reuse, leaf_modules, dtype, batches, reference)
     return reference
 
@@ -123,29 +135,71 @@ def _every_core() -> Iterator[None]:
 
 
 def _send(reference: Reference, device: torch.device) -> None:
-    params = list(reference.model.parameters())
+    named = list(reference.model.named_parameters())
     leaves: list[torch.Tensor] = []
-    header: _Header = {"grads": [p.grad is not None for p in params],
-                       "outputs": [_structure(out, leaves) for out in reference.outputs], "loss": reference.loss}
+    header: _Header = {"grads": [p.grad is not None for _, p in named],
+                       "outputs": [_structure(out, leaves) for out in reference.outputs], "loss": reference.loss,
+                       "largest_gradient": reference.gradient_scale()}
     _broadcast_text(json.dumps(header), device)
-    with_grads = [p for p in params if p.grad is not None]
-    for group in _by_dtype(with_grads):  # one buffer per dtype: a complex weight's gradient stays complex
-        _broadcast(torch.cat([p.grad.reshape(-1) for p in group if p.grad is not None]).to(device),
-                   "the --verify reference gradients")
+    wants = _wants(header["grads"], device)
+    if _all_want_all(wants, header["grads"]):
+        for group in _by_dtype([p for _, p in named if p.grad is not None]):  # one buffer per dtype: complex stays
+            _broadcast(_flat_gradients(group, device), "the --verify reference gradients")
+    else:
+        for rank, wanted in enumerate(wants[1:], start=1):
+            for group in _by_dtype([p for (_, p), want in zip(named, wanted) if want]):
+                with exchange(f"the --verify reference gradients for rank {rank}"):
+                    dist.send(_flat_gradients(group, device), dst=rank)
     for leaf in leaves:
         _broadcast(leaf.contiguous().to(device), "the --verify reference outputs")
 
 
-def _receive(model: nn.Module, device: torch.device) -> Reference:
+def _receive(model: nn.Module, device: torch.device, wanted: Collection[str] | None) -> Reference:
     header: _Header = json.loads(_broadcast_text("", device))
-    params = [p for p, has in zip(model.parameters(), header["grads"]) if has]
-    for group in _by_dtype(params):
+    named = list(model.named_parameters())
+    mine = [has and (wanted is None or name in wanted) for (name, _), has in zip(named, header["grads"])]
+    wants = _wants(mine, device)
+    whole = _all_want_all(wants, header["grads"])
+    for group in _by_dtype([p for (_, p), want in zip(named, header["grads"] if whole else mine) if want]):
         flat = torch.empty(sum(p.numel() for p in group), dtype=group[0].dtype, device=device)
-        _broadcast(flat, "the --verify reference gradients")
+        if whole:
+            _broadcast(flat, "the --verify reference gradients")
+        else:
+            with exchange("the --verify reference gradients from rank 0"):
+                dist.recv(flat, src=0)
         offset = 0
         for p in group:
             p.grad, offset = flat[offset:offset + p.numel()].view_as(p), offset + p.numel()
-    return Reference(model, tuple(_rebuilt(out, device) for out in header["outputs"]), loss=header["loss"])
+    if not all(mine):
+        _release_unwanted(named, mine)
+    outputs = tuple(_rebuilt(out, device) for out in header["outputs"])
+    held = mine == header["grads"]  # every gradient: this rank's model gives the scale itself
+    return Reference(model, outputs, loss=header["loss"], largest_gradient=None if held else header["largest_gradient"])
+
+
+def _wants(mine: Sequence[bool], device: torch.device) -> list[list[bool]]:
+    """Every rank's ``mine`` (which gradients it wants, in the model's parameter order), gathered."""
+    mask = torch.tensor([1 if want else 0 for want in mine], dtype=torch.uint8, device=device)
+    rows = [torch.empty_like(mask) for _ in range(dist.get_world_size())]
+    with exchange("the --verify reference's wanted gradients"):
+        dist.all_gather(rows, mask)
+    return [[bool(v) for v in row.tolist()] for row in rows]
+
+
+def _all_want_all(wants: Sequence[Sequence[bool]], grads: Sequence[bool]) -> bool:
+    """Whether every rank but 0 wants every gradient there is (then one broadcast serves them all)."""
+    return all(list(row) == list(grads) for row in wants[1:])
+
+
+def _flat_gradients(params: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).to(device)
+
+
+def _release_unwanted(named: Sequence[tuple[str, nn.Parameter]], mine: Sequence[bool]) -> None:
+    """Empty the skeleton's parameters whose gradients this rank does not compare: it holds only its own."""
+    for (_, param), want in zip(named, mine):
+        if not want:
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
 
 def _by_dtype(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:

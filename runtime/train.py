@@ -212,6 +212,7 @@ def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.d
         Comparison,
         compare_gradients,
         compare_outputs,
+        compared_parameters,
         keep_references_of,
         random_report,
         reference_step,
@@ -232,7 +233,7 @@ def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.d
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
                                  reuse=reuse, device=device, output=options.output, amp=options.amp,
-                                 loss=options.loss)
+                                 loss=options.loss, wanted=compared_parameters(split))
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
                                                                reuse=reuse, output=options.output,

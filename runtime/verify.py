@@ -48,9 +48,10 @@ from runtime.waiting import all_reduce
 if TYPE_CHECKING:
     from runtime.apply import DistributedModel
 
-__all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_outputs",
-           "floating_leaves", "held_reference", "keep_reference", "keep_references_of", "random_report",
-           "float64_verdict", "recheck_in_float64", "reference_step", "rounding_error"]
+__all__ = ["CONCLUSIVE_FLOOR", "ROUNDING_FACTOR", "VERIFY_ATOL_EPS", "Comparison", "Reference", "compare_gradients",
+           "compare_outputs", "compared_parameters", "float64_verdict", "floating_leaves", "held_reference",
+           "keep_reference", "keep_references_of", "random_report", "recheck_in_float64", "reference_step",
+           "rounding_error"]
 
 VERIFY_ATOL_EPS = 100
 """The rounding floor in units of the dtype's epsilon times the model's scale (its largest gradient).
@@ -94,6 +95,15 @@ class Reference:
     outputs: tuple[Argument, ...]
     random: tuple[RandomOp, ...] = ()
     loss: float = float("nan")
+    largest_gradient: float | None = None
+    """The largest gradient magnitude over the whole model, where ``model`` holds only some of the gradients (a
+    pipeline stage's rank receives its own: ``runtime.shared_reference``); ``None``: read from ``model``."""
+
+    def gradient_scale(self) -> float:
+        """The model's scale for gradients: its largest gradient magnitude (:data:`VERIFY_ATOL_EPS`)."""
+        if self.largest_gradient is not None:
+            return self.largest_gradient
+        return _scale(p.grad for p in self.model.parameters() if p.grad is not None)
 
 
 def reference_step(build: Callable[[torch.dtype], nn.Module], leaf_modules: Sequence[str], dtype: torch.dtype,
@@ -226,7 +236,7 @@ class Comparison:
         """A comparison with ``reference``'s scales; floors from ``dtype``'s epsilon and, given the float64
         reference ``wide`` (or its ``noise``: ``runtime.shared_reference.shared_rounding``), from the
         reference's own rounding error (:data:`ROUNDING_FACTOR`)."""
-        gradients = _scale(p.grad for p in reference.model.parameters() if p.grad is not None)
+        gradients = reference.gradient_scale()
         outputs = _scale(leaf for out in reference.outputs for leaf in floating_leaves(out))
         floors = [VERIFY_ATOL_EPS * torch.finfo(dtype).eps] * 2
         if wide is not None and noise is None:
@@ -298,15 +308,24 @@ def compare_outputs(comparison: Comparison, split: DistributedModel, local: Argu
         comparison.output(value, expected[tuple(slice(a, b) for a, b in box)])
 
 
+def compared_parameters(split: DistributedModel) -> frozenset[str]:
+    """The names of the parameters whose gradients :func:`compare_gradients` compares on this rank: those
+    ``split`` trains (a pipeline stage: only its own)."""
+    mine = {id(param) for param in split.own_parameters}
+    return frozenset(name for name, param in split.model.named_parameters() if id(param) in mine)
+
+
 def compare_gradients(comparison: Comparison, split: DistributedModel, reference: nn.Module) -> None:
     """Compare every gradient ``split`` trains (a stage: only its own) with the reference's (its slice); a
     parameter the loss does not reach (``--output`` of another head) has no gradient or a zero one on either."""
     sliced = {piece.name: piece for piece in split.slices}
-    mine = {id(param) for param in split.own_parameters}
+    compared = compared_parameters(split)
     expected = dict(reference.named_parameters())
     for name, param in split.model.named_parameters():
+        if name not in compared:
+            continue
         full = expected[name].grad
-        if id(param) not in mine or (full is None and param.grad is None):
+        if full is None and param.grad is None:
             continue
         full = full if full is not None else torch.zeros_like(expected[name])
         if name in sliced:

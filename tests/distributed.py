@@ -27,7 +27,8 @@ import torch.multiprocessing as mp
 __all__ = ["run_ranks", "survivors"]
 
 RankFunction = Callable[..., Any]
-PRELOAD = ["torch", "torchvision", "torch.distributed", "distributed", "cost_models.ir.graph", "runtime.apply"]
+PRELOAD = ["processes.forked", "torch", "torchvision", "torch.distributed", "distributed", "cost_models.ir.graph",
+           "runtime.apply"]
 """Imported once by the fork server, so that every rank starts with them loaded."""
 
 

@@ -87,3 +87,37 @@ def test_a_kept_model_is_copied_as_a_fresh_build_would_be_with_the_generator_aft
     copied.conv1.weight.data.zero_()  # a copy's changes stay in it
     assert not torch.equal(seeded_model(spec, 3, torch.float64, device, reuse="pool").conv1.weight,
                            copied.conv1.weight)
+
+
+def _partial_rank(rank: int, world_size: int) -> dict[str, Any]:
+    from runtime.shared_reference import shared_reference
+
+    builds: list[int] = []
+
+    def counted(dtype: torch.dtype) -> nn.Module:
+        builds.append(1)
+        return _build(dtype)
+
+    torch.manual_seed(1)
+    x, labels = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randint(0, 5, (2, 6, 6))
+    batches = [(x, labels, DrawKey(0, 0))]
+    wanted = None if rank == 0 else {"left.weight", "left.bias"}  # rank 1: a stage holding one head
+    device = torch.device("cpu")
+    first = shared_reference(counted, (), torch.float64, batches, reuse=("two heads", 1), device=device,
+                             wanted=wanted)
+    shared_reference(counted, (), torch.float64, batches, reuse=("two heads", 1), device=device, wanted=wanted)
+    return {"grads": {n: None if p.grad is None else p.grad.clone() for n, p in first.model.named_parameters()},
+            "sizes": {n: p.numel() for n, p in first.model.named_parameters()}, "scale": first.gradient_scale(),
+            "left": first.outputs[0]["left"], "builds": len(builds)}
+
+
+def test_a_rank_that_compares_some_gradients_receives_and_holds_only_those() -> None:
+    zero, one = run_ranks(_partial_rank, world_size=2)
+    assert all(zero["grads"][n] is not None for n in zero["grads"])
+    assert {n for n, g in one["grads"].items() if g is not None} == {"left.weight", "left.bias"}
+    assert all(torch.equal(one["grads"][n], zero["grads"][n]) for n in ("left.weight", "left.bias"))
+    assert {n for n, size in one["sizes"].items() if size} == {"left.weight", "left.bias"}  # the rest released
+    assert one["scale"] == zero["scale"] > 0  # the whole model's largest gradient, from rank 0
+    assert max(float(g.abs().max()) for g in zero["grads"].values()) == zero["scale"]
+    assert torch.equal(one["left"], zero["left"])
+    assert zero["builds"] == 1 and one["builds"] == 2  # a partial reference is not kept: sent again

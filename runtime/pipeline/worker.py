@@ -67,6 +67,7 @@ from runtime.verify import (
     Comparison,
     compare_gradients,
     compare_outputs,
+    compared_parameters,
     keep_references_of,
     random_report,
     reference_step,
@@ -450,7 +451,8 @@ def _verify(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.d
     batches = [(*_whole(options, stage, b, dtype, device), keys(b)) for b in range(micro)]
     reuse = reference_identity(options)
     reference = shared_reference(lambda d: fresh_model(options, d, device), options.leaf_modules, dtype, batches,
-                                 reuse=reuse, device=device, output=options.output, loss=options.loss)
+                                 reuse=reuse, device=device, output=options.output, loss=options.loss,
+                                 wanted=compared_parameters(stage.model))
     noise = (shared_rounding(reference, lambda: reference_step(lambda d: fresh_model(options, d, device),
                                                                options.leaf_modules, torch.float64, batches,
                                                                reuse=reuse, output=options.output,
