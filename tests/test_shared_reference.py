@@ -10,6 +10,7 @@ random generator after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,19 +35,28 @@ def _build(dtype: torch.dtype) -> nn.Module:
     return _TwoHeads().to(dtype)
 
 
-def _rank(rank: int, world_size: int) -> dict[str, Any]:
-    from runtime.shared_reference import shared_reference
-    from runtime.verify import keep_references_of
-
-    builds: list[int] = []
+def _counted(builds: list[int]) -> Callable[[torch.dtype], nn.Module]:
+    """:func:`_build`, each call counted in ``builds``."""
 
     def counted(dtype: torch.dtype) -> nn.Module:
         builds.append(1)
         return _build(dtype)
 
+    return counted
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor, DrawKey]]:
     torch.manual_seed(1)
     x, labels = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randint(0, 5, (2, 6, 6))
-    batches = [(x, labels, DrawKey(0, 0))]
+    return [(x, labels, DrawKey(0, 0))]
+
+
+def _rank(rank: int, world_size: int) -> dict[str, Any]:
+    from runtime.shared_reference import shared_reference
+    from runtime.verify import keep_references_of
+
+    builds: list[int] = []
+    counted, batches = _counted(builds), _batches()
     device = torch.device("cpu")
     first = shared_reference(counted, (), torch.float64, batches, reuse=("two heads", 0), device=device)
     again = shared_reference(counted, (), torch.float64, batches, reuse=("two heads", 0), device=device)
@@ -93,14 +103,7 @@ def _partial_rank(rank: int, world_size: int) -> dict[str, Any]:
     from runtime.shared_reference import shared_reference
 
     builds: list[int] = []
-
-    def counted(dtype: torch.dtype) -> nn.Module:
-        builds.append(1)
-        return _build(dtype)
-
-    torch.manual_seed(1)
-    x, labels = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randint(0, 5, (2, 6, 6))
-    batches = [(x, labels, DrawKey(0, 0))]
+    counted, batches = _counted(builds), _batches()
     wanted = None if rank == 0 else {"left.weight", "left.bias"}  # rank 1: a stage holding one head
     device = torch.device("cpu")
     first = shared_reference(counted, (), torch.float64, batches, reuse=("two heads", 1), device=device,
