@@ -10,8 +10,8 @@ acting as one rank of a job torchrun, ``mpirun`` or ``srun`` started (``processe
   once (``runtime.rank_pool.PRELOAD``): they start in a fraction of a second
   instead of importing torch each, and share its pages (resnet18's 69-stage
   pipeline on one host needs 69 ranks); each takes the agent's environment at
-  the launch (``processes.forked``). When a rank fails, the agent stops the others (SIGTERM, then
-  SIGKILL) and, up to ``max_restarts`` times, starts the group again
+  the launch (``processes.forked``). When a rank fails, the agent stops the
+  others (SIGTERM, then SIGKILL) and, up to ``max_restarts`` times, starts the group again
   (``runtime.recovery`` resumes it from the last checkpoint). Each rank dies
   with the agent's process (the kernel's ``PR_SET_PDEATHSIG`` when the fork
   server, which exits with the agent, dies; and a thread polling the agent),

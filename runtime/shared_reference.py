@@ -36,6 +36,7 @@ from torch.fx.node import Argument
 
 from runtime.inputs import Inputs
 from runtime.random_ops import DrawKey
+from runtime.slicing import release_others
 from runtime.verify import Reference, held_reference, keep_reference, reference_step, rounding_error
 from runtime.waiting import all_reduce, exchange
 
@@ -170,8 +171,8 @@ def _receive(model: nn.Module, device: torch.device, wanted: Collection[str] | N
         offset = 0
         for p in group:
             p.grad, offset = flat[offset:offset + p.numel()].view_as(p), offset + p.numel()
-    if not all(mine):
-        _release_unwanted(named, mine)
+    if not all(mine):  # hold only the compared parameters
+        release_others(model, [p for (_, p), want in zip(named, mine) if want])
     outputs = tuple(_rebuilt(out, device) for out in header["outputs"])
     held = mine == header["grads"]  # every gradient: this rank's model gives the scale itself
     return Reference(model, outputs, loss=header["loss"], largest_gradient=None if held else header["largest_gradient"])
@@ -193,13 +194,6 @@ def _all_want_all(wants: Sequence[Sequence[bool]], grads: Sequence[bool]) -> boo
 
 def _flat_gradients(params: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).to(device)
-
-
-def _release_unwanted(named: Sequence[tuple[str, nn.Parameter]], mine: Sequence[bool]) -> None:
-    """Empty the skeleton's parameters whose gradients this rank does not compare: it holds only its own."""
-    for (_, param), want in zip(named, mine):
-        if not want:
-            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
 
 def _by_dtype(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:

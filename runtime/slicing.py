@@ -15,7 +15,7 @@ The replica group of a slice is the ranks with the same channel part
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,7 @@ from cost_models.redistribution import coordinates
 from runtime.groups import block_of
 from runtime.layers import Site
 
-__all__ = ["ParameterSlice", "slice_parameters"]
+__all__ = ["ParameterSlice", "release_others", "slice_parameters"]
 
 _SLICED_DIM = {"conv": 0, "linear": 0, "conv_transpose": 1, "batchnorm": 0}
 
@@ -131,3 +131,13 @@ def _cut(site: Site, index: int) -> list[tuple[ParameterSlice, nn.Parameter | No
             module.register_buffer(key, piece)
             cut.append((sliced, None))
     return cut
+
+
+def release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
+    """Empty ``model``'s parameters other than ``own`` on this rank: a pipeline stage's (the other stages train
+    theirs elsewhere), a ``--verify`` reference's that this rank does not compare (``runtime.shared_reference``)."""
+    mine = {id(param) for param in own}
+    for param in model.parameters():
+        if id(param) not in mine:
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+            param.requires_grad_(False)

@@ -21,7 +21,7 @@ from runtime.preflight import held_plan
 if TYPE_CHECKING:
     from cost_models.ir.graph import LayerGraph
 
-__all__ = ["activation_dtype", "buffers_of", "crossing_placements", "refuse_shared_parameters", "release_others"]
+__all__ = ["activation_dtype", "buffers_of", "crossing_placements", "refuse_shared_parameters"]
 
 
 def activation_dtype(model: nn.Module, plan: Plan) -> torch.dtype:
@@ -63,10 +63,3 @@ def buffers_of(names: Sequence[str], nodes: Sequence[Node], model: nn.Module) ->
     return list(found.values())
 
 
-def release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
-    """Empty the parameters of the other stages on this rank (they are trained elsewhere)."""
-    mine = {id(param) for param in own}
-    for param in model.parameters():
-        if id(param) not in mine:
-            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-            param.requires_grad_(False)

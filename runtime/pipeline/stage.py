@@ -75,18 +75,13 @@ from runtime.inputs import Inputs, as_inputs
 from runtime.pipeline.cut import StageCut, cut_stages
 from runtime.pipeline.moves import CrossingMoves, crossing_moves, wire_placement
 from runtime.pipeline.schedules import Event, EventKind
-from runtime.pipeline.setup import (
-    activation_dtype,
-    buffers_of,
-    crossing_placements,
-    refuse_shared_parameters,
-    release_others,
-)
+from runtime.pipeline.setup import activation_dtype, buffers_of, crossing_placements, refuse_shared_parameters
 from runtime.pipeline.stash import InFlight, Stash, as_leaf, crossing_tensor, detached, operand, saved_stash
 from runtime.placement import Placement, box_extent, box_view
 from runtime.preflight import check_plan
 from runtime.random_ops import DrawKey
 from runtime.shapes import static_nodes, tensor_names
+from runtime.slicing import release_others
 from runtime.waiting import at, exchange, wait_all
 
 if TYPE_CHECKING:
