@@ -6,7 +6,8 @@ its environment since (a test that sets ``PARPLAN_FAULT``, a caller that sets a 
 start ranks that do not see the change, where spawned ranks would. So the fork server imports this module
 (its ``preload``), which records the server's environment (:data:`SERVER_ENVIRONMENT`); a forked rank then
 takes its launcher's environment (:func:`take_environment`), keeping what its starter set on top of the
-server's (torch elastic's ``RANK``, ``MASTER_PORT``, …).
+server's (torch elastic's ``RANK``, ``MASTER_PORT``, …). :func:`server_preload` lists the modules such a server imports:
+this one first, :mod:`processes.preloaded` (which freezes them for the garbage collector) last.
 
 A forked rank's parent is the fork server, not its launcher: :func:`die_with` asks the kernel for SIGKILL
 when the fork server dies (it exits when its launcher does) and polls the launcher itself.
@@ -20,15 +21,22 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-__all__ = ["SERVER_ENVIRONMENT", "alive", "die_with", "take_environment"]
+__all__ = ["SERVER_ENVIRONMENT", "alive", "die_with", "server_preload", "take_environment"]
 
 SERVER_ENVIRONMENT = dict(os.environ)
 """The environment of the process that first imported this module: a fork server's when it preloads it."""
 
 _IMPORTED_BY = os.getpid()
 _POLL_S = 0.5
+
+
+def server_preload(modules: Sequence[str]) -> list[str]:
+    """What a fork server that forks ranks should import: this module first (it records the server's
+    environment), ``modules``, and :mod:`processes.preloaded` last (it freezes what they made)."""
+    first, last = __name__, "processes.preloaded"
+    return [first, *(name for name in dict.fromkeys(modules) if name not in (first, last)), last]
 
 
 def take_environment(launcher: Mapping[str, str]) -> None:

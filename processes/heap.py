@@ -30,7 +30,7 @@ import ctypes
 import os
 import platform
 
-__all__ = ["steady_heap"]
+__all__ = ["hand_back_free", "steady_heap"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 _HEAP_BLOCK_BYTES = (1 << 30, 32 << 20)  # the largest first; older glibc accept up to 32 MiB
@@ -72,3 +72,18 @@ def _set_glibc_thresholds() -> bool:
     if not any(libc.mallopt(_M_MMAP_THRESHOLD, size) == 1 for size in _HEAP_BLOCK_BYTES):
         return False
     return libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES) == 1
+
+
+def hand_back_free() -> bool:
+    """Hand the heap's free pages back to the OS now (glibc's ``malloc_trim``); whether any were.
+
+    For a one-off drop that a steady heap would otherwise keep for the life of the process: the parts of a
+    whole model that a pipeline stage or a ``--verify`` reference empties after building it. A no-op
+    (``False``) on hosts without glibc.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim(0) == 1
+    except (OSError, AttributeError):
+        return False

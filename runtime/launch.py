@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 import torch.distributed as dist
 
 from cost_models.errors import InputError
-from processes.forked import die_with, take_environment
+from processes.forked import die_with, server_preload, take_environment
 from processes.job import ATTEMPT_VARIABLE, launcher_of, place_in_job, slurm_rendezvous
 from processes.rank_failures import (
     RankFailedError,
@@ -178,7 +178,7 @@ def _elastic(runs: list[RunOptions], nproc: int, backend: str, max_restarts: int
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    multiprocessing.set_forkserver_preload(list(PRELOAD))  # this process's fork server, started once
+    multiprocessing.set_forkserver_preload(server_preload(PRELOAD))  # this process's fork server, started once
     config = LaunchConfig(nproc_per_node=nproc, max_restarts=max_restarts, monitor_interval=_MONITOR_S,
                           start_method="forkserver", **_rendezvous(nodes), **_shutdown_option(LaunchConfig))
     logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]

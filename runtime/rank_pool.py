@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, TypedDict
 
-from processes.forked import alive, die_with, take_environment
+from processes.forked import alive, die_with, server_preload, take_environment
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -56,10 +56,10 @@ __all__ = ["LOW_MEMORY_SHARE", "MEMORY_MARGIN", "PRELOAD", "RankPool", "RankPool
 TaskStatus = Literal["ok", "refused", "failed", "timeout"]
 """How a task ended (:class:`TaskOutcome`)."""
 
-PRELOAD = ("processes.forked", "torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.ir.graph",
-           "runtime.apply", "runtime.train", "runtime.pipeline.worker")
-"""Imported once by the fork server, so that every rank starts with them loaded (``processes.forked`` first: it
-records the server's environment)."""
+PRELOAD = ("torch", "torchvision", "torch.distributed", "torch.fx", "cost_models.ir.graph", "runtime.apply",
+           "runtime.train", "runtime.pipeline.worker")
+"""Imported once by the fork server, so that every rank starts with them loaded (in the order
+``processes.forked.server_preload`` gives them)."""
 
 _INPUT_ERRORS = ("InputError", "TraceError", "PlanError")
 """``cost_models.errors``' classes, recognised by name: a rank that raised one refused its input."""
@@ -132,7 +132,7 @@ class RankPool:
         if ranks < 1:
             raise ValueError(f"a pool needs at least one rank, not {ranks}")
         self.ranks, self.threads, self.group_timeout_s, self.max_tasks = ranks, threads, group_timeout_s, max_tasks
-        self.preload = tuple(dict.fromkeys((*PRELOAD, *preload)))
+        self.preload = tuple(server_preload([*PRELOAD, *preload]))
         self.starts = 0
         self.last_peak_bytes = 0
         """The most its ranks held together during the last task (their peak resident sets summed; 0: none yet)."""

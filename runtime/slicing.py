@@ -24,6 +24,7 @@ from torch import nn
 from cost_models.errors import PlanError
 from cost_models.halo import partition
 from cost_models.redistribution import coordinates
+from processes.heap import hand_back_free
 from runtime.groups import block_of
 from runtime.layers import Site
 
@@ -141,3 +142,4 @@ def release_others(model: nn.Module, own: Sequence[nn.Parameter]) -> None:
         if id(param) not in mine:
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
             param.requires_grad_(False)
+    hand_back_free()

@@ -24,11 +24,13 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from processes.forked import server_preload
+
 __all__ = ["run_ranks", "survivors"]
 
 RankFunction = Callable[..., Any]
-PRELOAD = ["processes.forked", "torch", "torchvision", "torch.distributed", "distributed", "cost_models.ir.graph",
-           "runtime.apply"]
+PRELOAD = server_preload(["torch", "torchvision", "torch.distributed", "distributed", "cost_models.ir.graph",
+                          "runtime.apply"])
 """Imported once by the fork server, so that every rank starts with them loaded."""
 
 

@@ -36,6 +36,24 @@ def _nothing(rank: int, world_size: int) -> int:
     return rank
 
 
+def _frozen(rank: int, world_size: int) -> tuple[int, bool]:
+    import gc
+
+    import torch
+
+    return gc.get_freeze_count(), any(obj is torch.nn.Module for obj in gc.get_objects())
+
+
+def test_what_the_fork_server_preloaded_is_frozen_for_the_ranks_collector() -> None:
+    from processes.forked import server_preload
+
+    assert server_preload(["torch", "processes.preloaded", "torch", "processes.forked", "timm"]) == [
+        "processes.forked", "torch", "timm", "processes.preloaded"]
+    for frozen, collected in run_ranks(_frozen, world_size=2):
+        assert frozen > 100_000  # import torch's objects, which a collection would otherwise write to
+        assert not collected  # torch's classes are not among what the rank's collections examine
+
+
 def test_a_fault_set_after_the_fork_server_started_strikes_the_next_run(monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert run_ranks(_nothing, world_size=2) == [0, 1]  # this process's fork server runs, without the fault
