@@ -379,9 +379,11 @@ def _rank_main(rank: int, world: int, rendezvous: str, tasks: Queue[tuple[int, R
     import torch
     import torch.distributed as dist
 
+    from processes.cores import pin_rank
     from processes.heap import steady_heap
 
     torch.set_num_threads(threads)
+    pin_rank(rank, world, threads)  # a pool's ranks are all on this host
     steady_heap()
     try:
         dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world,

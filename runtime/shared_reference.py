@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.fx.node import Argument
 
+from processes.cores import unpinned
 from runtime.inputs import Inputs
 from runtime.random_ops import DrawKey
 from runtime.slicing import release_others
@@ -128,11 +129,12 @@ def _every_core() -> Iterator[None]:
     threads = torch.get_num_threads()
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.set_num_threads(max(threads, min(os.cpu_count() or 1, threads * local)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    with unpinned():  # the other ranks' cores too (processes.cores)
+        torch.set_num_threads(max(threads, min(os.cpu_count() or 1, threads * local)))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
 def _send(reference: Reference, device: torch.device) -> None:

@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from processes.cores import pin_rank
 from processes.heap import steady_heap
+from processes.job import launcher_of, place_in_job
 from runtime.batches import Batch, factory_batches, synthetic_inputs, synthetic_target
 from runtime.checkpoint import Progress
 from runtime.fault_injection import planned, strike
@@ -62,6 +64,7 @@ def worker(options: RunOptions) -> dict[str, object] | None:
 
     if options.threads:
         torch.set_num_threads(options.threads)
+    _pin(options)
     steady_heap()
     device = device_of_rank()
     plan = Plan.from_dict(options.plan)
@@ -193,6 +196,14 @@ def _step(split: DistributedModel, optimizer: torch.optim.Optimizer,
     elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
     all_reduce(elapsed, "the step-time allreduce", dist.ReduceOp.MAX)
     return float(elapsed.item()), split.global_value(share)
+
+
+def _pin(options: RunOptions) -> None:
+    """This rank's threads on cores of their own (``processes.cores.pin_rank``), where its launcher says which
+    local rank it is (torchrun, parplan's own, Slurm) and ``mpirun`` did not start it (it binds by itself)."""
+    place = place_in_job() if launcher_of() != "mpi" else None
+    if place is not None:
+        pin_rank(place.local_rank, place.local_world_size, options.threads or torch.get_num_threads())
 
 
 def _verified(options: RunOptions, plan: Plan, dtype: torch.dtype, device: torch.device) -> dict[str, object]:
