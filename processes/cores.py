@@ -3,14 +3,15 @@
 ``cost_models.estimate`` bounds an iteration by the work all of a host's ranks need over the ranks that can
 compute at once (``Cluster``'s shared cores); :func:`host_shared_cores` reads that number off the host.
 
-:func:`pin_rank` binds each local rank, all its threads (gloo's included), to cores of its own. Unbound, the
-kernel places a woken thread near its waker: a halo or statistics message from rank 0 wakes rank 1's gloo
-thread on rank 0's core, which then waits while rank 0 computes — and every exchange of a spatial split
-(resnet18's ``h2``: ~77 a step) is a point where the ranks wait for each other. On the 2-core VM
-(2026-12-08, resnet18 8×3×256², 2 ranks × 1 thread, ``parplan run --steps 6``, unbound and bound runs
-interleaved, 2 rounds): ``h2`` 1021, 1064 ms unbound against 931, 967 ms bound; ``n2`` 761, 740 against 749,
-736 ms. Unbound, each rank's compute thread spent ~10 % of its CPU time runnable but not running
-(``/proc/…/schedstat``) while gloo's threads woke ~2,000 times a step.
+:func:`pin_rank` binds each local rank, all its threads (gloo's included), to cores of its own. Unbound, each
+rank's compute thread spent ~10 % of its CPU time runnable but not running (``/proc/…/schedstat``) while gloo's
+threads woke ~2,000 times a step — likely placed by the kernel near their waker, on the other rank's busy
+core — and every exchange of a spatial split (resnet18's ``h2``: ~77 a step) is a point where the ranks wait
+for each other. On the 2-core VM (2026-12-08, resnet18 8×3×256², 2 ranks × 1 thread, ``parplan run --steps
+6``, unbound and bound runs interleaved): bound from outside with ``taskset``, 2 rounds, ``h2`` 1021, 1064 ms
+unbound against 931, 967 ms bound, ``n2`` 761, 740 against 749, 736 ms; bound by this function against the
+tree before it, 3 rounds, ``h2`` 1070, 1013, 1167 against 1024, 1013, 1003 ms, ``n2`` 717, 729, 704 against
+726, 679, 719 ms.
 
 Assumptions: the cores a process may use (``sched_getaffinity``) are the host's for all its local ranks, the same
 for each; where they cannot give every rank ``threads`` cores of its own (more ranks × threads than cores), or a
